@@ -1,0 +1,336 @@
+"""ffload's LMDB schema, both directions. Readable with plain ``lmdb`` + ``numpy`` (no pickle).
+
+Schema, version 1 (also in README.md, "LMDB schema"):
+
+* An LMDB environment directory (``data.mdb``, ``lock.mdb``), one unnamed database.
+* Key ``b"__ffload__"``: the metadata record, UTF-8 JSON::
+
+      {"format": "ffload-lmdb", "version": 1, "num_samples": N,
+       "fields": [{"name": "image", "type": "RGBImageField", "type_id": 2,
+                   "arguments": {...}}, {"name": "label", "type": "IntField", ...}],
+       "record_dtype": [["image", [["mode", "|u1"], ...]], ["label", "<i8"]],
+       "record_size": 24}
+
+* Keys ``b"%010d" % i`` for samples ``i = 0..N-1`` (10 ASCII digits: fixed width, so LMDB's
+  byte order is sample order). Each value is::
+
+      record   record_size bytes: the sample's metadata record (numpy structured dtype
+               ``record_dtype``, identical to the .beton metadata row), whose pointer sub-fields
+               (``data_ptr``, ``ptr``, the NDArray offset) hold the payload's offset from the
+               start of the value
+      payloads the fields' payloads (same encodings as .beton) concatenated in field order; a
+               payload's size is the distance to the next payload's offset (or to the value end)
+
+Reading a sample with nothing but lmdb and numpy::
+
+    env = lmdb.open(path, readonly=True, lock=False)
+    with env.begin() as txn:
+        meta = json.loads(txn.get(b"__ffload__"))
+        dt = np.dtype([(n, _to_dtype(t)) for n, t in meta["record_dtype"]])
+        value = txn.get(b"%010d" % 0)
+        rec = np.frombuffer(value[:meta["record_size"]], dtype=dt)[0]
+        jpeg_or_pixels = value[rec["image"]["data_ptr"]:]    # image is the only payload here
+
+``map_size`` grows by itself while writing (doubling on ``MapFullError``).
+
+Reading zero-copy: after opening, the reader finds LMDB's own mapping of ``data.mdb`` in
+``/proc/self/maps`` and subtracts its start from the address of each value (``buffers=True``):
+the result is the value's offset inside ``data.mdb``. One pass at open yields an offset table,
+and LMDB samples then go through the same memory-mapped gather as ``.beton``. Where no such
+mapping is visible, values are copied into process memory instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .fields import FIELD_CLASSES, Field, metadata_dtype
+from .view import DatasetError, DatasetView
+
+META_KEY = b"__ffload__"
+FORMAT_NAME = "ffload-lmdb"
+VERSION = 1
+KEY_FORMAT = b"%010d"
+PROCESS_CACHE_PAGE = 1 << 21
+
+
+def sample_key(index: int) -> bytes:
+    """The LMDB key of sample ``index``: 10 ASCII digits."""
+    return KEY_FORMAT % index
+
+
+def _named_dtype(fields: Dict[str, Field]) -> np.dtype:
+    base = metadata_dtype(list(fields.values()))
+    return np.dtype({"names": list(fields), "formats": [base.fields[f"f{k}"][0] for k in range(len(fields))],
+                     "offsets": [base.fields[f"f{k}"][1] for k in range(len(fields))],
+                     "itemsize": base.itemsize})
+
+
+def _dtype_to_json(dt: np.dtype):
+    if dt.names:
+        return [[n, _dtype_to_json(dt.fields[n][0])] for n in dt.names]
+    return dt.str
+
+
+class LMDBWriter:
+    """Writes samples, in index order, into a new LMDB environment directory at ``path``.
+
+    Args:
+        path: directory to create (the caller renames it into place when complete).
+        fields: name -> Field, in order.
+        num_samples: N.
+        txn_bytes: commit a write transaction every this many bytes (and at close).
+    """
+
+    def __init__(self, path: str, fields: Dict[str, Field], num_samples: int,
+                 txn_bytes: int = 64 << 20, initial_map_size: int = 64 << 20):
+        import lmdb
+
+        self._lmdb = lmdb
+        self.path, self.fields, self.num_samples = path, dict(fields), int(num_samples)
+        self.record_dtype = _named_dtype(self.fields)
+        self._field_list = list(self.fields.values())
+        self.map_size = int(initial_map_size)
+        self.env = lmdb.open(path, map_size=self.map_size, subdir=True, meminit=False,
+                             sync=False, metasync=False, readahead=False, max_dbs=0)
+        self._pending: List = []
+        self._pending_bytes = 0
+        self._txn_bytes = txn_bytes
+        self._next = 0
+
+    def add(self, index: int, metas: Sequence, payloads: Sequence[Optional[np.ndarray]]) -> None:
+        """Append sample ``index`` (must be the next one)."""
+        if index != self._next:
+            raise ValueError(f"samples must be added in order: expected {self._next}, got {index}")
+        rec = np.zeros((), dtype=self.record_dtype)
+        pos = self.record_dtype.itemsize
+        parts = [None]
+        for k, (name, f) in enumerate(self.fields.items()):
+            rec[name] = metas[k]
+            payload = payloads[k]
+            if f.ptr_name is None:
+                continue
+            if f.ptr_name == "":
+                rec[name] = pos
+            else:
+                rec[name][f.ptr_name] = pos
+            parts.append(memoryview(np.ascontiguousarray(payloads[k])).cast("B"))
+            pos += payload.nbytes
+        parts[0] = rec.tobytes()
+        value = b"".join(parts)
+        self._pending.append((sample_key(index), value))
+        self._pending_bytes += len(value)
+        self._next += 1
+        if self._pending_bytes >= self._txn_bytes:
+            self._flush()
+
+    def _put_all(self, items) -> None:
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for key, value in items:
+                        txn.put(key, value, append=key != META_KEY, overwrite=key == META_KEY)
+                return
+            except self._lmdb.MapFullError:
+                self.map_size *= 2
+                self.env.set_mapsize(self.map_size)
+
+    def _flush(self) -> None:
+        if self._pending:
+            # grow ahead: LMDB needs room for the values plus page overhead
+            need = self.env.info()["last_pgno"] * self.env.stat()["psize"] + 2 * self._pending_bytes
+            while self.map_size < need:
+                self.map_size *= 2
+                self.env.set_mapsize(self.map_size)
+            self._put_all(self._pending)
+        self._pending, self._pending_bytes = [], 0
+
+    def close(self) -> None:
+        """Write the metadata record, sync to disk and close the environment."""
+        if self._next != self.num_samples:
+            raise ValueError(f"only {self._next} of {self.num_samples} samples were added")
+        self._flush()
+        meta = {"format": FORMAT_NAME, "version": VERSION, "num_samples": self.num_samples,
+                "fields": [{"name": n, "type": type(f).__name__, "type_id": f.type_id,
+                            "arguments": f.arguments()} for n, f in self.fields.items()],
+                "record_dtype": _dtype_to_json(self.record_dtype),
+                "record_size": self.record_dtype.itemsize}
+        self._put_all([(META_KEY, json.dumps(meta).encode("utf8"))])
+        self.env.sync(True)
+        self.env.close()
+
+    def abort(self) -> None:
+        """Close without finishing (the caller deletes the directory)."""
+        try:
+            self.env.close()
+        except Exception:  # the environment may already be unusable
+            pass
+
+
+def _fail(path: str, cause: str) -> DatasetError:
+    return DatasetError(f"{path}: {cause}")
+
+
+def _read_meta(path: str, txn) -> dict:
+    raw = txn.get(META_KEY)
+    if raw is None:
+        raise _fail(path, f"an LMDB database without ffload's metadata record ({META_KEY!r}): "
+                          "not written by ffload")
+    try:
+        meta = json.loads(bytes(raw).decode("utf8"))
+    except ValueError as e:
+        raise _fail(path, f"corrupt metadata record: {e}") from e
+    if meta.get("format") != FORMAT_NAME:
+        raise _fail(path, f"metadata record names format {meta.get('format')!r}, not {FORMAT_NAME!r}")
+    if meta.get("version") != VERSION:
+        raise _fail(path, f"unsupported ffload LMDB version {meta.get('version')!r} (this ffload "
+                          f"reads version {VERSION})")
+    return meta
+
+
+def _fields_from_meta(path: str, meta: dict) -> Dict[str, Field]:
+    fields = {}
+    for spec in meta.get("fields", []):
+        cls = FIELD_CLASSES.get(spec.get("type"))
+        if cls is None:
+            raise _fail(path, f"unknown field type {spec.get('type')!r}")
+        fields[spec["name"]] = cls.from_arguments(spec.get("arguments", {}))
+    if not fields:
+        raise _fail(path, "metadata record lists no fields")
+    return fields
+
+
+def _lmdb_map_base(data_path: str) -> Optional[int]:
+    """Start address of this process's mapping of ``data_path`` (LMDB's own), from /proc."""
+    try:
+        st = os.stat(data_path)
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                parts = line.split()
+                if len(parts) >= 6 and int(parts[4]) == st.st_ino and parts[5] == os.path.realpath(data_path):
+                    if int(parts[2], 16) == 0:
+                        return int(parts[0].split("-")[0], 16)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _address(buf) -> int:
+    """Memory address of a buffer's first byte (a ``buffers=True`` LMDB value)."""
+    return np.frombuffer(buf, dtype=np.uint8).ctypes.data
+
+
+def open_lmdb(path: str) -> DatasetView:
+    """Open an ffload LMDB directory: validate the schema and build the offset table.
+
+    Raises:
+        DatasetError: not an LMDB environment, no/invalid metadata record, missing or malformed
+            sample records.
+    """
+    import lmdb
+
+    data_path = os.path.join(path, "data.mdb")
+    if not os.path.isfile(data_path):
+        raise _fail(path, "not an LMDB database (no data.mdb)")
+    try:
+        env = lmdb.open(path, readonly=True, lock=False, subdir=True, readahead=False)
+    except lmdb.Error as e:
+        raise _fail(path, f"not a readable LMDB database ({e})") from e
+    try:
+        with env.begin(buffers=True) as txn:
+            meta = _read_meta(path, txn)
+            fields = _fields_from_meta(path, meta)
+            n = int(meta["num_samples"])
+            rec_dtype = _named_dtype(fields)
+            if int(meta.get("record_size", -1)) != rec_dtype.itemsize:
+                raise _fail(path, "metadata record_size does not match its fields")
+            base = _lmdb_map_base(data_path)
+            data_size = os.path.getsize(data_path)
+            offsets = np.zeros(n, dtype=np.uint64)
+            lengths = np.zeros(n, dtype=np.uint64)
+            cursor = txn.cursor()
+            i = 0
+            if n and not cursor.set_key(sample_key(0)):
+                raise _fail(path, "sample 0 is missing")
+            for key, value in cursor if n else ():
+                if i == n:
+                    break
+                if bytes(key) != sample_key(i):
+                    raise _fail(path, f"sample {i} is missing (found key {bytes(key)!r})")
+                length = len(value)
+                lengths[i] = length
+                if base is not None:
+                    off = _address(value) - base
+                    if not 0 <= off <= data_size - length:
+                        base = None  # not inside LMDB's map after all: fall back to copying
+                    offsets[i] = off
+                i += 1
+            if i != n:
+                raise _fail(path, f"sample {i} is missing ({i} of {n} records)")
+    finally:
+        env.close()
+    if base is None:
+        # no visible map of data.mdb: copy every value into one in-memory region
+        memory = _copy_values(path, n)
+        lengths = np.array([len(v) for v in memory], dtype=np.uint64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.uint64) if n else offsets
+        region = np.frombuffer(b"".join(memory), dtype=np.uint8) if n else np.zeros(0, np.uint8)
+        data_path_used, data_size = None, int(region.size)
+    else:
+        region, data_path_used = None, data_path
+    return _build_view(path, fields, rec_dtype, offsets, lengths, data_path_used, data_size, region)
+
+
+def _copy_values(path: str, n: int) -> List[bytes]:
+    import lmdb
+
+    env = lmdb.open(path, readonly=True, lock=False, subdir=True)
+    try:
+        with env.begin() as txn:
+            return [txn.get(sample_key(i)) for i in range(n)]
+    finally:
+        env.close()
+
+
+def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, memory) -> DatasetView:
+    n = offsets.size
+    if n and np.any(lengths < rec_dtype.itemsize):
+        i = int(np.flatnonzero(lengths < rec_dtype.itemsize)[0])
+        raise _fail(path, f"sample {i}: value of {int(lengths[i])} bytes is shorter than its record")
+    if memory is None:
+        source = np.memmap(data_path, dtype=np.uint8, mode="r") if n else np.zeros(0, np.uint8)
+    else:
+        source = memory
+    idx = offsets[:, None].astype(np.int64) + np.arange(rec_dtype.itemsize)[None, :]
+    metadata = np.ascontiguousarray(source[idx]).view(rec_dtype).reshape(n) if n else np.zeros(0, rec_dtype)
+    del source
+    starts = []
+    for name, f in fields.items():
+        if f.ptr_name is None:
+            continue
+        rel = (metadata[name] if f.ptr_name == "" else metadata[name][f.ptr_name]).astype(np.uint64)
+        starts.append((name, rel))
+    ptrs, sizes = {}, {}
+    for j, (name, rel) in enumerate(starts):
+        end = starts[j + 1][1] if j + 1 < len(starts) else lengths
+        bad = np.flatnonzero((rel < rec_dtype.itemsize) | (rel > end) | (end > lengths))
+        if bad.size:
+            i = int(bad[0])
+            raise _fail(path, f"sample {i}, field {name!r}: payload offset {int(rel[i])} outside "
+                              f"its {int(lengths[i])}-byte value")
+        ptrs[name] = offsets + rel
+        sizes[name] = (end - rel).astype(np.uint64)
+        f = fields[name]
+        if f.ptr_name == "":
+            metadata[name] = ptrs[name]
+        else:
+            metadata[name][f.ptr_name] = ptrs[name]
+        problem = f.check_payloads(metadata[name], sizes[name])
+        if problem:
+            raise _fail(path, f"field {name!r}: {problem}")
+    return DatasetView(path=path, format="lmdb", num_samples=n, fields=fields, metadata=metadata,
+                       ptrs=ptrs, sizes=sizes, data_path=data_path, data_size=data_size,
+                       page_size=PROCESS_CACHE_PAGE, memory=memory)

@@ -1,0 +1,84 @@
+"""The one view of a dataset that the loader sees, whichever container holds it."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import numpy as np
+
+from .fields import Field
+
+
+class DatasetError(ValueError):
+    """A file is not a readable ffload/FFCV dataset: the message names the path and the cause."""
+
+
+@dataclass
+class DatasetView:
+    """A dataset opened for reading: per-sample metadata plus payload offsets into one data file.
+
+    Attributes:
+        path: what was opened (a ``.beton`` file or an LMDB directory).
+        format: ``'beton'`` or ``'lmdb'``.
+        num_samples: number of samples N.
+        fields: field name -> :class:`Field`, in field order.
+        metadata: ``(N,)`` structured array; ``metadata[name]`` is that field's column (pointer
+            sub-fields hold absolute offsets into ``data_path``).
+        ptrs: field name -> ``(N,) uint64`` absolute byte offsets of payloads in ``data_path``
+            (fields with payloads only).
+        sizes: field name -> ``(N,) uint64`` payload sizes in bytes. Every ``ptr + size`` was
+            checked to be ``<= data_size`` at open, so compiled code may index without checks.
+        data_path: the file the offsets index (the ``.beton`` itself, LMDB's ``data.mdb``), or
+            ``None`` when payloads live in ``memory`` (LMDB without a visible memory map).
+        data_size: bytes in the data file (or in ``memory``).
+        page_size: bytes; the ``.beton`` page size, for LMDB the process-cache granularity.
+        memory: the payload bytes held in process memory when ``data_path`` is None.
+    """
+
+    path: str
+    format: str
+    num_samples: int
+    fields: Dict[str, Field]
+    metadata: np.ndarray
+    ptrs: Dict[str, np.ndarray]
+    sizes: Dict[str, np.ndarray]
+    data_path: Optional[str]
+    data_size: int
+    page_size: int
+    memory: Optional[np.ndarray] = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def field_names(self):
+        return list(self.fields)
+
+    @property
+    def sample_pages(self) -> np.ndarray:
+        """``(N,) int64``: the page (``ptr // page_size``) holding each sample's first payload,
+        -1 for samples without payloads (used by the quasi-random order and the process cache)."""
+        if not self.ptrs:
+            return np.full(self.num_samples, -1, dtype=np.int64)
+        first = np.min(np.stack(list(self.ptrs.values())), axis=0)
+        return (first // np.uint64(self.page_size)).astype(np.int64)
+
+    def open_region(self) -> np.ndarray:
+        """A read-only ``uint8`` 1-D view of the data file, memory-mapped so that the OS page
+        cache serves it (several processes share one copy), or the in-memory payloads."""
+        if self.data_path is None:
+            return self.memory
+        if self.data_size == 0:
+            return np.zeros(0, dtype=np.uint8)
+        return np.memmap(self.data_path, dtype=np.uint8, mode="r", shape=(self.data_size,))
+
+    def payload(self, name: str, index: int, region: Optional[np.ndarray] = None) -> np.ndarray:
+        """The raw payload bytes of field ``name`` of sample ``index`` (a view when possible)."""
+        region = self.open_region() if region is None else region
+        p, s = int(self.ptrs[name][index]), int(self.sizes[name][index])
+        return region[p:p + s]
+
+    def file_bytes(self) -> int:
+        """Total bytes on disk (the .beton file, or the LMDB directory's files)."""
+        if os.path.isdir(self.path):
+            return sum(e.stat().st_size for e in os.scandir(self.path) if e.is_file())
+        return os.path.getsize(self.path)
