@@ -77,13 +77,16 @@ def field_descriptors(fields: Dict[str, Field]) -> np.ndarray:
 class BetonWriter:
     """Streams samples, in index order, into a ``.beton`` file at ``path``.
 
-    Use :meth:`add` for samples ``0..num_samples-1`` in order, then :meth:`close`. The caller owns
+    Use :meth:`add` for samples ``0, 1, 2, ...`` in order, then :meth:`close`. The caller owns
     atomicity (write to a temporary name, rename after ``close``): see ``formats.writer``.
 
     Args:
         path: output file (created/truncated).
         fields: name -> Field, in order.
-        num_samples: N, known up front (the metadata table precedes the data).
+        num_samples: at most this many samples will be added (the metadata table precedes the
+            data, so room is reserved up front); fewer may be (skipped inputs): the file then
+            records the number actually added, and the unused room stays as padding before the
+            first page.
         page_size: bytes, power of two >= 2 MiB; grows automatically for larger samples.
     """
 
@@ -108,8 +111,9 @@ class BetonWriter:
 
     def add(self, index: int, metas: Sequence, payloads: Sequence[Optional[np.ndarray]]) -> None:
         """Append sample ``index`` (must be the next one): its metadata records and payloads."""
-        if index != self._next:
-            raise ValueError(f"samples must be added in order: expected {self._next}, got {index}")
+        if index != self._next or index >= self.num_samples:
+            raise ValueError(f"samples must be added in order, at most {self.num_samples}: "
+                             f"expected {self._next}, got {index}")
         sizes = [0 if p is None else int(p.nbytes) for p in payloads]
         total = sum(sizes)
         if total > self.page_size:
@@ -157,8 +161,6 @@ class BetonWriter:
 
     def close(self) -> None:
         """Pad the last page, write metadata, allocation table and header; fsync."""
-        if self._next != self.num_samples:
-            raise ValueError(f"only {self._next} of {self.num_samples} samples were added")
         if self._pos % self.page_size:
             self._pad(self.page_size - self._pos % self.page_size)
         base = np.uint64(self._data_start)
@@ -166,11 +168,11 @@ class BetonWriter:
             if f.ptr_name is None:
                 continue
             ptrs = np.asarray(self._rel_ptrs[k], dtype=np.uint64) + base
-            col = f"f{k}"
+            col = self.metadata[f"f{k}"][: self._next]
             if f.ptr_name == "":
-                self.metadata[col] = ptrs
+                col[:] = ptrs
             else:
-                self.metadata[col][f.ptr_name] = ptrs
+                col[f.ptr_name] = ptrs
         table = np.array(self._allocs, dtype=ALLOC_TYPE)
         if table.size:
             table["ptr"] += base
@@ -180,9 +182,10 @@ class BetonWriter:
         header["version"] = VERSION
         header["num_fields"] = len(self.fields)
         header["page_size"] = self.page_size
-        header["num_samples"] = self.num_samples
+        header["num_samples"] = self._next
         header["alloc_table_ptr"] = self._data_start + self._pos
-        os.pwrite(self._fp.fileno(), header.tobytes() + self._desc.tobytes() + self.metadata.tobytes(), 0)
+        head = header.tobytes() + self._desc.tobytes() + self.metadata[: self._next].tobytes()
+        os.pwrite(self._fp.fileno(), head, 0)
         os.fsync(self._fp.fileno())
         self._fp.close()
 

@@ -8,8 +8,14 @@ Schema, version 1 (also in README.md, "LMDB schema"):
       {"format": "ffload-lmdb", "version": 1, "num_samples": N,
        "fields": [{"name": "image", "type": "RGBImageField", "type_id": 2,
                    "arguments": {...}}, {"name": "label", "type": "IntField", ...}],
-       "record_dtype": [["image", [["mode", "|u1"], ...]], ["label", "<i8"]],
+       "record_dtype": {"names": ["image", "label"],
+                        "formats": [[["mode", "|u1"], ["width", "<u2"], ["height", "<u2"],
+                                     ["data_ptr", "<u8"]], "<i8"],
+                        "offsets": [0, 16], "itemsize": 24},
        "record_size": 24}
+
+  ``record_dtype`` is numpy's dict form of the record dtype (a packed nested record is a list
+  of ``[name, type]`` pairs, a scalar a numpy type string).
 
 * Keys ``b"%010d" % i`` for samples ``i = 0..N-1`` (10 ASCII digits: fixed width, so LMDB's
   byte order is sample order). Each value is::
@@ -23,10 +29,17 @@ Schema, version 1 (also in README.md, "LMDB schema"):
 
 Reading a sample with nothing but lmdb and numpy::
 
+    def to_dtype(t):
+        if isinstance(t, str):
+            return np.dtype(t)
+        if isinstance(t, list):
+            return np.dtype([(n, to_dtype(s)) for n, s in t])
+        return np.dtype({**t, "formats": [to_dtype(f) for f in t["formats"]]})
+
     env = lmdb.open(path, readonly=True, lock=False)
     with env.begin() as txn:
         meta = json.loads(txn.get(b"__ffload__"))
-        dt = np.dtype([(n, _to_dtype(t)) for n, t in meta["record_dtype"]])
+        dt = to_dtype(meta["record_dtype"])
         value = txn.get(b"%010d" % 0)
         rec = np.frombuffer(value[:meta["record_size"]], dtype=dt)[0]
         jpeg_or_pixels = value[rec["image"]["data_ptr"]:]    # image is the only payload here
@@ -70,9 +83,18 @@ def _named_dtype(fields: Dict[str, Field]) -> np.dtype:
 
 
 def _dtype_to_json(dt: np.dtype):
-    if dt.names:
-        return [[n, _dtype_to_json(dt.fields[n][0])] for n in dt.names]
-    return dt.str
+    """numpy's dict form of a record dtype (names, formats, offsets, itemsize) as JSON; nested
+    records (packed, as the image record) become ``[[name, type], ...]`` lists."""
+    if not dt.names:
+        return dt.str
+    fmts = [dt.fields[n][0] for n in dt.names]
+    offsets = [dt.fields[n][1] for n in dt.names]
+    packed = offsets == list(np.cumsum([0] + [f.itemsize for f in fmts[:-1]])) and \
+        dt.itemsize == sum(f.itemsize for f in fmts)
+    if packed:
+        return [[n, _dtype_to_json(f)] for n, f in zip(dt.names, fmts)]
+    return {"names": list(dt.names), "formats": [_dtype_to_json(f) for f in fmts],
+            "offsets": offsets, "itemsize": dt.itemsize}
 
 
 class LMDBWriter:
@@ -81,7 +103,7 @@ class LMDBWriter:
     Args:
         path: directory to create (the caller renames it into place when complete).
         fields: name -> Field, in order.
-        num_samples: N.
+        num_samples: at most this many samples will be added (fewer when inputs are skipped).
         txn_bytes: commit a write transaction every this many bytes (and at close).
     """
 
@@ -103,8 +125,9 @@ class LMDBWriter:
 
     def add(self, index: int, metas: Sequence, payloads: Sequence[Optional[np.ndarray]]) -> None:
         """Append sample ``index`` (must be the next one)."""
-        if index != self._next:
-            raise ValueError(f"samples must be added in order: expected {self._next}, got {index}")
+        if index != self._next or index >= self.num_samples:
+            raise ValueError(f"samples must be added in order, at most {self.num_samples}: "
+                             f"expected {self._next}, got {index}")
         rec = np.zeros((), dtype=self.record_dtype)
         pos = self.record_dtype.itemsize
         parts = [None]
@@ -150,10 +173,8 @@ class LMDBWriter:
 
     def close(self) -> None:
         """Write the metadata record, sync to disk and close the environment."""
-        if self._next != self.num_samples:
-            raise ValueError(f"only {self._next} of {self.num_samples} samples were added")
         self._flush()
-        meta = {"format": FORMAT_NAME, "version": VERSION, "num_samples": self.num_samples,
+        meta = {"format": FORMAT_NAME, "version": VERSION, "num_samples": self._next,
                 "fields": [{"name": n, "type": type(f).__name__, "type_id": f.type_id,
                             "arguments": f.arguments()} for n, f in self.fields.items()],
                 "record_dtype": _dtype_to_json(self.record_dtype),

@@ -1,0 +1,107 @@
+"""What is inside a dataset: fields, counts, sizes, class histogram, and a thumbnail grid."""
+from __future__ import annotations
+
+from typing import Optional
+
+import cv2
+import numpy as np
+
+from .formats import DatasetView
+from .formats.fields import JPG, IntField, RGBImageField
+
+
+def _stats(x: np.ndarray) -> dict:
+    if x.size == 0:
+        return {}
+    return {"min": int(x.min()), "mean": round(float(x.mean()), 1), "max": int(x.max())}
+
+
+def label_field(view: DatasetView) -> Optional[str]:
+    """The name of the label field: ``'label'`` if present, else the first IntField."""
+    if isinstance(view.fields.get("label"), IntField):
+        return "label"
+    return next((n for n, f in view.fields.items() if isinstance(f, IntField)), None)
+
+
+def summarize(view: DatasetView) -> dict:
+    """A JSON-able description of ``view``: format, samples, bytes, per-field details (payload
+    sizes in bytes, image sizes in pixels and write modes), and the label histogram."""
+    n = view.num_samples
+    total = view.file_bytes()
+    fields = []
+    for name, f in view.fields.items():
+        entry = {"name": name, "type": type(f).__name__, "arguments": f.arguments()}
+        if name in view.sizes:
+            entry["payload_bytes"] = _stats(view.sizes[name])
+            entry["payload_bytes_total"] = int(view.sizes[name].sum())
+        if isinstance(f, RGBImageField):
+            col = view.metadata[name]
+            entry["width"], entry["height"] = _stats(col["width"]), _stats(col["height"])
+            entry["modes"] = {"jpg": int((col["mode"] == JPG).sum()), "raw": int((col["mode"] != JPG).sum())}
+        fields.append(entry)
+    out = {"path": view.path, "format": view.format, "samples": n, "bytes": total,
+           "bytes_per_sample": round(total / n, 1) if n else 0, "page_size": view.page_size,
+           "fields": fields}
+    lab = label_field(view)
+    if lab is not None and n:
+        labels = view.metadata[lab]
+        values, counts = np.unique(labels, return_counts=True)
+        out["label_field"] = lab
+        out["classes"] = int(values.size)
+        out["histogram"] = {str(int(v)): int(c) for v, c in zip(values, counts)}
+    return out
+
+
+def decode_image(view: DatasetView, name: str, index: int, region=None) -> np.ndarray:
+    """Decode image ``index`` of field ``name`` to ``(H, W, 3) uint8`` RGB (reference decoder:
+    raw bytes reshaped, or OpenCV's JPEG decode).
+
+    Raises:
+        ValueError: the JPEG payload does not decode, naming the sample.
+    """
+    meta = view.metadata[name][index]
+    data = view.payload(name, index, region)
+    h, w = int(meta["height"]), int(meta["width"])
+    if int(meta["mode"]) == JPG:
+        img = cv2.imdecode(np.asarray(data), cv2.IMREAD_COLOR_RGB)
+        if img is None or img.shape != (h, w, 3):
+            raise ValueError(f"{view.path}: sample {index}: the JPEG payload of field {name!r} "
+                             "does not decode")
+        return img
+    return np.asarray(data).reshape(h, w, 3)
+
+
+def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, thumb: int = 96) -> int:
+    """Write a PNG grid of ``count`` evenly spaced samples' images with their labels.
+
+    Returns the number of images drawn. Raises ValueError when there is no image field.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    img_field = next((n for n, f in view.fields.items() if isinstance(f, RGBImageField)), None)
+    if img_field is None:
+        raise ValueError(f"{view.path}: no RGBImageField to draw")
+    lab = label_field(view)
+    count = min(count, view.num_samples)
+    idx = np.linspace(0, view.num_samples - 1, count).astype(int) if count else []
+    cols = int(np.ceil(np.sqrt(count))) or 1
+    rows = int(np.ceil(count / cols)) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.4, rows * 1.55), squeeze=False)
+    region = view.open_region()
+    for ax in axes.ravel():
+        ax.axis("off")
+    for ax, i in zip(axes.ravel(), idx):
+        img = decode_image(view, img_field, int(i), region)
+        scale = thumb / max(img.shape[:2])
+        if scale < 1:
+            img = cv2.resize(img, (max(1, int(img.shape[1] * scale)), max(1, int(img.shape[0] * scale))),
+                             interpolation=cv2.INTER_AREA)
+        ax.imshow(img, interpolation="nearest")
+        title = f"#{i}" + (f"  label {int(view.metadata[lab][i])}" if lab else "")
+        ax.set_title(title, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return len(idx)

@@ -1,0 +1,345 @@
+"""The on-disk formats: round trips, ffcv interoperability both ways, page growth, bad files."""
+import gzip
+import json
+import os
+import shutil
+
+import cv2
+import numpy as np
+import pytest
+
+from ffload.formats import (BytesField, DatasetError, FloatField, IntField, JSONField, NDArrayField,
+                            RGBImageField, open_dataset, write_dataset)
+from ffload.formats.beton import ALLOC_TYPE, HEADER_TYPE
+from ffload.formats.fields import encode_jpeg
+from ffload.inspect import decode_image
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+
+
+def photos():
+    from skimage import data
+    return [data.astronaut(), data.chelsea(), np.ascontiguousarray(data.coffee()[:120, :150]),
+            np.ascontiguousarray(data.rocket()[::3, ::3])]
+
+
+def all_field_samples():
+    imgs = photos()
+    fields = {"image": RGBImageField("raw"), "label": IntField(), "value": FloatField(),
+              "blob": BytesField(), "array": NDArrayField(np.dtype("<f4"), (3, 4)), "doc": JSONField()}
+    samples = [(im, i - 1, i * 0.25 - 3, np.arange(i * 5 + 1, dtype=np.uint8),
+                np.full((3, 4), i, np.float32) / 3, {"i": i, "s": "é" * i}) for i, im in enumerate(imgs)]
+    return fields, samples
+
+
+def check_view(view, samples, exact_images=True):
+    assert view.num_samples == len(samples)
+    region = view.open_region()
+    for i, (img, label, value, blob, array, doc) in enumerate(samples):
+        got = decode_image(view, "image", i, region)
+        if exact_images:
+            np.testing.assert_array_equal(got, img)
+        else:
+            assert got.shape == img.shape
+            assert np.abs(got.astype(int) - img).mean() < 4
+        assert view.metadata["label"][i] == label
+        assert view.metadata["value"][i] == value
+        assert bytes(view.payload("blob", i, region)) == blob.tobytes()
+        np.testing.assert_array_equal(np.frombuffer(view.payload("array", i, region).tobytes(), "<f4").reshape(3, 4), array)
+        assert JSONField.unpack(np.asarray(view.payload("doc", i, region))) == doc
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_every_field_round_trips(tmp_path, suffix):
+    fields, samples = all_field_samples()
+    dst = str(tmp_path / f"d{suffix}")
+    write_dataset(dst, fields, samples, len(samples))
+    view = open_dataset(dst)
+    assert view.format == suffix[1:]
+    assert list(view.fields) == list(fields)
+    assert view.fields == fields
+    check_view(view, samples)
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_jpeg_and_mixed_modes(tmp_path, suffix):
+    imgs = photos()
+    for mode, expect in [("jpg", {0}), ("smart", {0, 1}), ("proportion", {0, 1})]:
+        field = RGBImageField(mode, smart_threshold=100_000, compress_probability=0.5, jpeg_quality=95)
+        dst = str(tmp_path / f"{mode}{suffix}")
+        write_dataset(dst, {"image": field}, [(im,) for im in imgs * 4], len(imgs) * 4)
+        view = open_dataset(dst)
+        modes = set(view.metadata["image"]["mode"].tolist())
+        assert modes == expect, mode
+        for i, im in enumerate(imgs * 4):
+            got = decode_image(view, "image", i)
+            if view.metadata["image"]["mode"][i] == 0:  # exactly libjpeg's round trip at q95
+                ref = cv2.imdecode(encode_jpeg(im, 95), cv2.IMREAD_COLOR_RGB)
+                np.testing.assert_array_equal(got, ref)
+                assert np.abs(got.astype(int) - im).mean() < 6
+            else:
+                np.testing.assert_array_equal(got, im)
+        if mode == "smart":  # FFCV's rule: JPEG exactly when the raw image exceeds the threshold
+            raw_bytes = np.array([im.nbytes for im in imgs * 4])
+            np.testing.assert_array_equal(view.metadata["image"]["mode"] == 0, raw_bytes > 100_000)
+
+
+def test_max_resolution_caps_longer_side(tmp_path):
+    img = photos()[0]  # 512 x 512
+    wide = np.ascontiguousarray(img[:200])  # 200 x 512
+    dst = str(tmp_path / "m.beton")
+    write_dataset(dst, {"image": RGBImageField("raw", max_resolution=128)}, [(img,), (wide,)], 2)
+    view = open_dataset(dst)
+    assert tuple(view.metadata["image"][["height", "width"]][0]) == (128, 128)
+    assert tuple(view.metadata["image"][["height", "width"]][1]) == (50, 128)
+    expected = cv2.resize(wide, (128, 50), interpolation=cv2.INTER_AREA)
+    np.testing.assert_array_equal(decode_image(view, "image", 1), expected)
+
+
+def test_sample_larger_than_page_grows_page_size(tmp_path):
+    small = photos()[1]
+    big = np.random.default_rng(0).integers(0, 255, (1100, 1000, 3), dtype=np.uint8)  # 3.3 MB raw
+    samples = [(small, 0), (big, 1), (small, 2)]
+    dst = str(tmp_path / "big.beton")
+    write_dataset(dst, {"image": RGBImageField("raw"), "label": IntField()}, samples, 3,
+                  page_size=1 << 21)
+    view = open_dataset(dst)
+    assert view.page_size == 1 << 22
+    for i, (img, label) in enumerate(samples):
+        np.testing.assert_array_equal(decode_image(view, "image", i), img)
+        assert view.metadata["label"][i] == label
+    # pages stay aligned and no payload straddles a page
+    p, s = view.ptrs["image"], view.sizes["image"]
+    assert np.all(p // view.page_size == (p + s - 1) // view.page_size)
+
+
+def _expected_fixture_samples():
+    exp = np.load(os.path.join(FIXTURES, "ffcv_fixtures_expected.npz"))
+    images, pos = [], 0
+    for shape in exp["shapes"]:
+        n = int(np.prod(shape))
+        images.append(exp["pixels"][pos:pos + n].reshape(shape))
+        pos += n
+    blobs, pos = [], 0
+    for n in exp["blob_lengths"]:
+        blobs.append(exp["blobs"][pos:pos + n])
+        pos += n
+    return images, exp, blobs
+
+
+def _unzip_fixture(tmp_path, name):
+    out = tmp_path / name
+    with gzip.open(os.path.join(FIXTURES, name + ".gz"), "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return str(out)
+
+
+def test_reads_files_written_by_ffcv(tmp_path):
+    images, exp, blobs = _expected_fixture_samples()
+    view = open_dataset(_unzip_fixture(tmp_path, "ffcv_all_fields_raw.beton"))
+    assert list(view.fields) == ["image", "label", "value", "array", "blob", "doc"]
+    assert view.fields["array"] == NDArrayField(np.dtype("float32"), (2, 3))
+    region = view.open_region()
+    for i, img in enumerate(images):
+        np.testing.assert_array_equal(decode_image(view, "image", i, region), img)
+        assert view.metadata["label"][i] == exp["labels"][i]
+        assert view.metadata["value"][i] == exp["floats"][i]
+        arr = np.frombuffer(view.payload("array", i, region).tobytes(), np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(arr, exp["arrays"][i])
+        np.testing.assert_array_equal(np.asarray(view.payload("blob", i, region)), blobs[i])
+        doc = JSONField.unpack(np.asarray(view.payload("doc", i, region)))
+        assert doc == {"index": i, "name": f"sample-{i}", "tags": list(range(i % 3))}
+    jpg = open_dataset(_unzip_fixture(tmp_path, "ffcv_images_jpg.beton"))
+    assert set(jpg.metadata["image"]["mode"].tolist()) == {0}
+    for i, img in enumerate(images):
+        got = decode_image(jpg, "image", i)
+        assert got.shape == img.shape
+        assert np.abs(got.astype(int) - img).mean() < 6
+
+
+def test_ffcv_loader_reads_our_files(tmp_path):
+    pytest.importorskip("ffcv", reason="ffcv 1.0.2 (extra 'ffcv') is not installed")
+    from ffcv.fields.basics import FloatDecoder, IntDecoder
+    from ffcv.fields.bytes import BytesDecoder
+    from ffcv.fields.ndarray import NDArrayDecoder
+    from ffcv.fields.rgb_image import SimpleRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+
+    rng = np.random.default_rng(1)
+    imgs = [rng.integers(0, 255, (24, 20, 3), dtype=np.uint8) for _ in range(10)]
+    fields = {"image": RGBImageField("raw"), "label": IntField(), "value": FloatField(),
+              "array": NDArrayField(np.dtype("<i2"), (5,)), "blob": BytesField(), "doc": JSONField()}
+    samples = [(im, i * 3, i / 8, np.arange(5, dtype=np.int16) * i, np.arange(i + 1, dtype=np.uint8), {"i": i})
+               for i, im in enumerate(imgs)]
+    dst = str(tmp_path / "ours.beton")
+    write_dataset(dst, fields, samples, len(samples))
+    loader = Loader(dst, batch_size=4, num_workers=1, order=OrderOption.SEQUENTIAL, drop_last=False,
+                    pipelines={"image": [SimpleRGBImageDecoder()], "label": [IntDecoder()],
+                               "value": [FloatDecoder()], "array": [NDArrayDecoder()],
+                               "blob": [BytesDecoder()], "doc": [BytesDecoder()]})
+    seen = 0
+    for image, label, value, array, blob, doc in loader:
+        for j in range(len(label)):
+            i = seen + j
+            np.testing.assert_array_equal(np.asarray(image[j]), imgs[i])
+            assert int(label[j][0]) == i * 3 and float(value[j][0]) == i / 8
+            np.testing.assert_array_equal(np.asarray(array[j]), samples[i][3])
+            np.testing.assert_array_equal(np.asarray(blob[j][: i + 1]), samples[i][4])
+            assert JSONField.unpack(np.asarray(doc[j])) == {"i": i}
+        seen += len(label)
+    assert seen == 10
+
+
+def test_ffcv_reads_jpeg_and_grown_pages(tmp_path):
+    pytest.importorskip("ffcv", reason="ffcv 1.0.2 (extra 'ffcv') is not installed")
+    from ffcv.fields.basics import IntDecoder
+    from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+
+    from ffcv.fields.bytes import BytesDecoder
+
+    blob = np.random.default_rng(0).integers(0, 255, 3_000_000, dtype=np.uint8)  # > 2 MiB
+    samples = [(p, i, blob[: 10 + i]) for i, p in enumerate(photos())] + [(photos()[0], 9, blob)]
+    dst = str(tmp_path / "mixed.beton")
+    write_dataset(dst, {"image": RGBImageField("smart", smart_threshold=500_000), "label": IntField(),
+                        "blob": BytesField()}, samples, len(samples), page_size=1 << 21)
+    view = open_dataset(dst)
+    assert view.page_size == 1 << 22  # the 3 MB sample did not fit 2 MiB pages
+    assert set(view.metadata["image"]["mode"].tolist()) == {0, 1}
+    loader = Loader(dst, batch_size=5, num_workers=1, order=OrderOption.SEQUENTIAL,
+                    pipelines={"image": [CenterCropRGBImageDecoder((64, 64), 1.0)], "label": [IntDecoder()],
+                               "blob": [BytesDecoder()]})
+    (images, labels, blobs), = list(loader)
+    assert labels.ravel().tolist() == [0, 1, 2, 3, 9]
+    assert images.shape == (5, 64, 64, 3)
+    np.testing.assert_array_equal(blobs[4], blob)
+    np.testing.assert_array_equal(blobs[1][:11], blob[:11])
+
+
+# ---- bad files --------------------------------------------------------------------------------
+
+def _good_beton(tmp_path):
+    fields, samples = all_field_samples()
+    dst = str(tmp_path / "good.beton")
+    write_dataset(dst, fields, samples, len(samples))
+    return dst
+
+
+def test_missing_and_not_a_dataset(tmp_path):
+    with pytest.raises(DatasetError, match="no such file"):
+        open_dataset(str(tmp_path / "nope.beton"))
+    junk = tmp_path / "junk.beton"
+    junk.write_bytes(b"hello, this is not a dataset at all" * 10)
+    with pytest.raises(DatasetError, match="junk.beton.*version"):
+        open_dataset(str(junk))
+    empty = tmp_path / "empty.beton"
+    empty.write_bytes(b"")
+    with pytest.raises(DatasetError, match="shorter than the header"):
+        open_dataset(str(empty))
+
+
+def test_wrong_version(tmp_path):
+    dst = _good_beton(tmp_path)
+    with open(dst, "r+b") as f:
+        f.write(np.array(3, "<u2").tobytes())
+    with pytest.raises(DatasetError, match="version field reads 3"):
+        open_dataset(dst)
+
+
+@pytest.mark.parametrize("keep", [30, 2000, 0.5, -24])
+def test_truncated_files_are_refused(tmp_path, keep):
+    dst = _good_beton(tmp_path)
+    size = os.path.getsize(dst)
+    keep = int(size * keep) if isinstance(keep, float) else (size + keep if keep < 0 else keep)
+    with open(dst, "r+b") as f:
+        f.truncate(keep)
+    with pytest.raises(DatasetError, match="good.beton"):
+        open_dataset(dst)
+
+
+def test_allocation_table_past_the_end_is_refused(tmp_path):
+    dst = _good_beton(tmp_path)
+    with open(dst, "rb") as f:
+        header = np.frombuffer(f.read(HEADER_TYPE.itemsize), HEADER_TYPE)[0]
+    table_ptr = int(header["alloc_table_ptr"])
+    entry = np.zeros((), ALLOC_TYPE)
+    with open(dst, "r+b") as f:
+        f.seek(table_ptr)
+        entry = np.frombuffer(f.read(ALLOC_TYPE.itemsize), ALLOC_TYPE).copy()
+        entry["size"] = 1 << 40
+        f.seek(table_ptr)
+        f.write(entry.tobytes())
+    with pytest.raises(DatasetError, match="outside the data region"):
+        open_dataset(dst)
+
+
+def test_metadata_pointer_not_allocated_is_refused(tmp_path):
+    dst = _good_beton(tmp_path)
+    view = open_dataset(dst)
+    off = HEADER_TYPE.itemsize + 1041 * len(view.fields) + view.metadata.dtype.fields["image"][1] + 5
+    with open(dst, "r+b") as f:  # data_ptr of sample 0's image
+        f.seek(off)
+        f.write(np.array(123456789, "<u8").tobytes())
+    with pytest.raises(DatasetError, match="sample 0, field 'image'"):
+        open_dataset(dst)
+
+
+def test_lmdb_without_our_metadata_is_refused(tmp_path):
+    import lmdb
+    path = str(tmp_path / "foreign.lmdb")
+    env = lmdb.open(path, map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        txn.put(b"0000000000", b"something")
+    env.close()
+    with pytest.raises(DatasetError, match="without ffload's metadata record"):
+        open_dataset(path)
+    os.makedirs(tmp_path / "plain.lmdb")
+    with pytest.raises(DatasetError, match="no data.mdb"):
+        open_dataset(str(tmp_path / "plain.lmdb"))
+
+
+def test_lmdb_schema_readable_with_plain_lmdb(tmp_path):
+    """The README's recipe: json metadata + fixed-width keys + a numpy record, no ffload."""
+    import lmdb
+    fields, samples = all_field_samples()
+    path = str(tmp_path / "s.lmdb")
+    write_dataset(path, fields, samples, len(samples))
+    env = lmdb.open(path, readonly=True, lock=False)
+    with env.begin() as txn:
+        meta = json.loads(txn.get(b"__ffload__"))
+        assert meta["num_samples"] == len(samples)
+        assert [f["name"] for f in meta["fields"]] == list(fields)
+
+        def to_dtype(t):
+            if isinstance(t, str):
+                return np.dtype(t)
+            if isinstance(t, list):
+                return np.dtype([(n, to_dtype(s)) for n, s in t])
+            return np.dtype({**t, "formats": [to_dtype(f) for f in t["formats"]]})
+        dt = to_dtype(meta["record_dtype"])
+        assert dt.itemsize == meta["record_size"]
+        keys = [bytes(k) for k, _ in txn.cursor()]
+        assert keys == [b"%010d" % i for i in range(len(samples))] + [b"__ffload__"]
+        value = txn.get(b"%010d" % 2)
+        rec = np.frombuffer(value[:dt.itemsize], dtype=dt)[0]
+        h, w = int(rec["image"]["height"]), int(rec["image"]["width"])
+        start = int(rec["image"]["data_ptr"])
+        pixels = np.frombuffer(value[start:start + h * w * 3], np.uint8).reshape(h, w, 3)
+        np.testing.assert_array_equal(pixels, samples[2][0])
+        assert int(rec["label"]) == samples[2][1]
+    env.close()
+
+
+def test_lmdb_corrupt_record_offsets_refused(tmp_path):
+    import lmdb
+    fields, samples = all_field_samples()
+    path = str(tmp_path / "c.lmdb")
+    write_dataset(path, fields, samples, len(samples))
+    env = lmdb.open(path, map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(b"0000000001"))
+        value[5:13] = np.array(10 ** 9, "<u8").tobytes()  # image data_ptr far outside the value
+        txn.put(b"0000000001", bytes(value))
+    env.close()
+    with pytest.raises(DatasetError, match="sample 1, field 'image'"):
+        open_dataset(path)
