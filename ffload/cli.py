@@ -28,8 +28,8 @@ def main():
 @click.argument("dst", type=click.Path())
 @click.option("--source", "source_kind", type=click.Choice(["auto", "imagefolder", "cifar10", "cifar100"]),
               default="auto", show_default=True, help="Source layout (detected by default).")
-@click.option("--split", type=click.Choice(["train", "test"]), default="train", show_default=True,
-              help="Which split of a CIFAR archive to convert.")
+@click.option("--split", default=None,
+              help="CIFAR: 'train' (default) or 'test'. ImageFolder: convert SRC/<split> instead of SRC.")
 @click.option("--write-mode", type=click.Choice(["raw", "jpg", "smart", "proportion"]), default="raw",
               show_default=True, help="How images are stored (FFCV's RGBImageField write_mode).")
 @click.option("--max-resolution", type=click.IntRange(min=1), default=None,

@@ -1,0 +1,239 @@
+"""`ffload convert` / `convert_dataset`: real data end to end, parallel = serial, and bad input."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import cv2
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ffload.cli import main
+from ffload.convert import ConvertError, convert_dataset
+from ffload.convert.sources import ArraySource, ImageFolderSource, IndexableSource, SourceError
+from ffload.formats import open_dataset
+from ffload.inspect import decode_image
+
+
+@pytest.fixture(scope="module")
+def digits_folder(tmp_path_factory):
+    """sklearn's 1797 real digits as an ImageFolder of 3-channel PNGs (classes '0'..'9')."""
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    root = tmp_path_factory.mktemp("digits")
+    images, labels = [], []
+    for i, (img, label) in enumerate(zip(d.images, d.target)):
+        rgb = np.repeat((img * 255 / 16).round().astype(np.uint8)[:, :, None], 3, axis=2)
+        rgb[:, :, 0] = 255 - rgb[:, :, 0]  # make channels differ so an RGB/BGR swap would show
+        folder = root / str(label)
+        folder.mkdir(exist_ok=True)
+        cv2.imwrite(str(folder / f"{i:04d}.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+        images.append(rgb)
+        labels.append(int(label))
+    return root, images, labels
+
+
+def expected_order(root, images, labels):
+    """ImageFolder order: classes sorted, files sorted within a class."""
+    entries = sorted((str(lab), f"{i:04d}.png", i) for i, lab in enumerate(labels))
+    return [images[i] for _, _, i in entries], [labels[i] for _, _, i in entries]
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_digits_folder_round_trip(tmp_path, digits_folder, suffix):
+    root, images, labels = digits_folder
+    dst = str(tmp_path / f"digits{suffix}")
+    result = CliRunner().invoke(main, ["convert", str(root), dst, "--workers", "2", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "samples        1797" in result.output and "classes        10" in result.output
+    view = open_dataset(dst)
+    exp_images, exp_labels = expected_order(root, images, labels)
+    assert view.num_samples == 1797
+    np.testing.assert_array_equal(view.metadata["label"], exp_labels)
+    region = view.open_region()
+    for i in range(view.num_samples):
+        np.testing.assert_array_equal(decode_image(view, "image", i, region), exp_images[i])
+
+
+def test_parallel_output_is_identical_to_serial(tmp_path, digits_folder):
+    root = digits_folder[0]
+    a, b = str(tmp_path / "a.beton"), str(tmp_path / "b.beton")
+    convert_dataset(str(root), a, write_mode="jpg", num_workers=0, progress=False)
+    convert_dataset(str(root), b, write_mode="jpg", num_workers=2, chunk_size=7, progress=False)
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        assert fa.read() == fb.read()
+
+
+def test_arrays_and_indexable_sources(tmp_path):
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 255, (20, 12, 10, 3), dtype=np.uint8)
+    labels = rng.integers(0, 4, 20)
+    r1 = convert_dataset(ArraySource(imgs, labels), str(tmp_path / "a.lmdb"), progress=False, num_workers=2)
+    assert r1.samples == 20 and r1.label_counts.tolist() == np.bincount(labels, minlength=4).tolist()
+
+    class Pairs:  # any indexable of (image, label); grayscale images become RGB
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return imgs[i, :, :, 0], int(labels[i])
+
+    convert_dataset(IndexableSource(Pairs()), str(tmp_path / "b.beton"), progress=False)
+    view = open_dataset(str(tmp_path / "b.beton"))
+    for i in range(5):
+        np.testing.assert_array_equal(decode_image(view, "image", i), np.repeat(imgs[i, :, :, :1], 3, axis=2))
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+def run_cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_missing_or_empty_source(tmp_path):
+    r = run_cli("convert", tmp_path / "nope", tmp_path / "x.beton")
+    assert r.exit_code != 0 and "nope" in r.output and "no such" in r.output.lower()
+    (tmp_path / "empty").mkdir()
+    r = run_cli("convert", tmp_path / "empty", tmp_path / "x.beton")
+    assert r.exit_code != 0 and "empty" in r.output
+    (tmp_path / "c" / "cat").mkdir(parents=True)
+    (tmp_path / "c" / "dog").mkdir(parents=True)
+    cv2.imwrite(str(tmp_path / "c" / "dog" / "a.png"), np.zeros((4, 4, 3), np.uint8))
+    r = run_cli("convert", tmp_path / "c", tmp_path / "x.beton")
+    assert r.exit_code != 0 and "cat" in r.output
+    assert not (tmp_path / "x.beton").exists()
+
+
+def bad_files_folder(tmp_path):
+    root = tmp_path / "src"
+    good = np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for k in range(3):
+            cv2.imwrite(str(root / cls / f"good{k}.png"), good)
+    ok, jpg = cv2.imencode(".jpg", good)
+    (root / "a" / "truncated.jpg").write_bytes(jpg.tobytes()[: len(jpg) // 2])
+    (root / "b" / "empty.png").write_bytes(b"")
+    (root / "b" / "notes.jpeg").write_bytes(b"this is not an image")
+    return root
+
+
+def test_bad_files_fail_with_path(tmp_path):
+    root = bad_files_folder(tmp_path)
+    dst = tmp_path / "out.beton"
+    r = run_cli("convert", root, dst, "--quiet", "--workers", "2")
+    assert r.exit_code != 0
+    assert "truncated.jpg" in r.output  # the first bad file in source order, with its path
+    assert not dst.exists()
+    assert os.listdir(tmp_path) == ["src"]  # no stray temporary file
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_bad_files_skipped_and_listed(tmp_path, suffix):
+    root = bad_files_folder(tmp_path)
+    dst = tmp_path / f"out{suffix}"
+    r = run_cli("convert", root, dst, "--quiet", "--on-error", "skip", "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    assert report["samples"] == 6
+    skipped = {os.path.basename(s["input"]): s["cause"] for s in report["skipped"]}
+    assert set(skipped) == {"truncated.jpg", "empty.png", "notes.jpeg"}
+    assert all(skipped.values())
+    view = open_dataset(str(dst))
+    assert view.num_samples == 6
+    assert view.metadata["label"].tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_existing_destination_needs_overwrite(tmp_path, digits_folder):
+    root = digits_folder[0]
+    dst = tmp_path / "d.beton"
+    dst.write_bytes(b"precious")
+    r = run_cli("convert", root, dst, "--quiet")
+    assert r.exit_code != 0 and "already exists" in r.output
+    assert dst.read_bytes() == b"precious"
+    r = run_cli("convert", root, dst, "--quiet", "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert open_dataset(str(dst)).num_samples == 1797
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_full_disk_leaves_nothing(tmp_path, monkeypatch, suffix):
+    from ffload.formats import beton, lmdb_format
+
+    calls = {"n": 0}
+    cls = beton.BetonWriter if suffix == ".beton" else lmdb_format.LMDBWriter
+    original = cls.add
+
+    def add(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, *args)
+
+    monkeypatch.setattr(cls, "add", add)
+    rng = np.random.default_rng(0)
+    src = ArraySource(rng.integers(0, 255, (10, 8, 8, 3), dtype=np.uint8), np.arange(10))
+    with pytest.raises(ConvertError, match="no space left"):
+        convert_dataset(src, str(tmp_path / f"out{suffix}"), progress=False, num_workers=0)
+    assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_leaves_no_output(tmp_path):
+    """SIGINT in the middle of a conversion: no destination and no temporary file remain."""
+    script = textwrap.dedent(f"""
+        import time, numpy as np, sys
+        from ffload.convert import convert_dataset
+        from ffload.convert.sources import IndexableSource
+        class Slow:
+            def __len__(self): return 400
+            def __getitem__(self, i):
+                if i == 3: print("started", flush=True)
+                time.sleep(0.02)
+                return np.zeros((8, 8, 3), np.uint8), 0
+        convert_dataset(IndexableSource(Slow()), {str(tmp_path / 'out.beton')!r}, num_workers=2,
+                        progress=False, chunk_size=4)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"started"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    assert proc.returncode != 0
+    assert os.listdir(tmp_path) == []
+
+
+def test_inspect_reports_and_refuses(tmp_path, digits_folder):
+    root = digits_folder[0]
+    dst = tmp_path / "d.lmdb"
+    assert run_cli("convert", root, dst, "--quiet").exit_code == 0
+    r = run_cli("inspect", dst, "--json", "--grid", tmp_path / "grid.png")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    assert info["samples"] == 1797 and info["classes"] == 10
+    assert sum(info["histogram"].values()) == 1797
+    assert [f["name"] for f in info["fields"]] == ["image", "label"]
+    assert cv2.imread(str(tmp_path / "grid.png")) is not None
+    text = run_cli("inspect", dst)
+    assert text.exit_code == 0 and "RGBImageField" in text.output
+    junk = tmp_path / "junk.beton"
+    junk.write_bytes(os.urandom(5000))
+    r = run_cli("inspect", junk)
+    assert r.exit_code != 0 and "junk.beton" in r.output
+    with open(tmp_path / "cut.beton", "wb") as f:  # a truncated copy of a real .beton
+        convert_dataset(str(root), str(tmp_path / "full.beton"), progress=False)
+        data = (tmp_path / "full.beton").read_bytes()
+        f.write(data[: len(data) // 3])
+    r = run_cli("inspect", tmp_path / "cut.beton")
+    assert r.exit_code != 0 and "truncated" in r.output
+
+
+def test_source_errors_raise_before_writing(tmp_path):
+    with pytest.raises(SourceError):
+        ImageFolderSource(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="suffix"):
+        convert_dataset(ArraySource(np.zeros((1, 2, 2, 3), np.uint8), [0]), str(tmp_path / "x.zip"))
