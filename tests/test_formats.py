@@ -343,3 +343,17 @@ def test_lmdb_corrupt_record_offsets_refused(tmp_path):
     env.close()
     with pytest.raises(DatasetError, match="sample 1, field 'image'"):
         open_dataset(path)
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_no_payload_fields_and_empty_payloads(tmp_path, suffix):
+    dst = str(tmp_path / f"ints{suffix}")
+    write_dataset(dst, {"a": IntField(), "b": FloatField()}, [(i, i / 2) for i in range(5)], 5)
+    view = open_dataset(dst)
+    assert view.metadata["a"].tolist() == list(range(5))
+    dst = str(tmp_path / f"bytes{suffix}")
+    blobs = [b"x", b"", b"yz", b"", b""]
+    write_dataset(dst, {"b": BytesField(), "c": IntField()}, [(b, i) for i, b in enumerate(blobs)], 5)
+    view = open_dataset(dst)
+    assert [bytes(view.payload("b", i)) for i in range(5)] == blobs
+    assert view.metadata["c"].tolist() == list(range(5))

@@ -161,6 +161,9 @@ class BetonWriter:
 
     def close(self) -> None:
         """Pad the last page, write metadata, allocation table and header; fsync."""
+        if self._pos == 0:  # no payloads at all: the table follows the metadata (as in ffcv)
+            self._data_start = self._meta_end
+            self._out.seek(self._data_start)
         if self._pos % self.page_size:
             self._pad(self.page_size - self._pos % self.page_size)
         base = np.uint64(self._data_start)
@@ -258,22 +261,29 @@ def open_beton(path: str) -> DatasetView:
     if table.size and (ends.max() > table_ptr or table["ptr"].min() < meta_end
                        or table["sample_id"].max() >= n or np.any(ends < table["ptr"])):
         raise _fail(path, "allocation table points outside the data region")
-    order = np.argsort(table["ptr"], kind="stable")
-    sorted_ptrs, sorted_sizes = table["ptr"][order], table["size"][order]
+    # Look up each payload's allocation by (ptr, sample id): a zero-size payload shares its
+    # offset with the next one, so the offset alone can be ambiguous.
+    order = np.lexsort((table["sample_id"], table["ptr"]))
+    t_ptr, t_sid, t_size = table["ptr"][order], table["sample_id"][order], table["size"][order]
     ptrs, sizes = {}, {}
     for k, (name, f) in enumerate(fields.items()):
         if f.ptr_name is None:
             continue
         col = metadata[f"f{k}"]
         p = (col if f.ptr_name == "" else col[f.ptr_name]).astype(np.uint64)
-        pos = np.searchsorted(sorted_ptrs, p)
-        pos_c = np.minimum(pos, max(len(sorted_ptrs) - 1, 0))
-        found = (pos < len(sorted_ptrs)) & (sorted_ptrs[pos_c] == p) if len(sorted_ptrs) else np.zeros(n, bool)
-        if not np.all(found):
-            i = int(np.flatnonzero(~found)[0])
-            raise _fail(path, f"sample {i}, field {name!r}: payload offset {int(p[i])} is not in "
-                              "the allocation table (corrupt file)")
-        ptrs[name], sizes[name] = p, sorted_sizes[pos_c].astype(np.uint64)
+        pos = np.searchsorted(t_ptr, p)
+        pos_c = np.minimum(pos, max(len(t_ptr) - 1, 0))
+        sid = np.arange(n, dtype=np.uint64)
+        found = (pos < len(t_ptr)) & (t_ptr[pos_c] == p) & (t_sid[pos_c] == sid) if len(t_ptr) \
+            else np.zeros(n, bool)
+        for i in np.flatnonzero(~found):  # rare: several allocations at one offset
+            hi = np.searchsorted(t_ptr, p[i], side="right")
+            match = np.flatnonzero(t_sid[pos[i]:hi] == i)
+            if match.size == 0:
+                raise _fail(path, f"sample {int(i)}, field {name!r}: payload offset {int(p[i])} is "
+                                  "not in the allocation table (corrupt file)")
+            pos_c[i] = pos[i] + match[0]
+        ptrs[name], sizes[name] = p, t_size[pos_c].astype(np.uint64)
         problem = f.check_payloads(col, sizes[name])
         if problem:
             raise _fail(path, f"field {name!r}: {problem}")

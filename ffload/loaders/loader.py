@@ -1,0 +1,319 @@
+"""``ffload.Loader``: batches of a ``.beton`` file or an LMDB dataset as torch tensors.
+
+The drop-in counterpart of FFCV's ``ffcv.loader.Loader`` (same argument names), with an explicit
+contract for buffer reuse, no thread or memory leak per epoch, resumable ``state_dict()``, and
+batches that do not depend on ``num_workers``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from ..formats import open_dataset
+from .iterator import BatchRunner, EpochIterator
+from .memory import OSCacheMemory, ProcessCacheMemory
+from .orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
+from .pipeline import build_pipelines, cuda_device
+
+logger = logging.getLogger(__name__)
+
+_STATE_KEYS = ("epoch", "batches_yielded", "seed", "batch_size", "order", "drop_last",
+               "num_indices", "world_size")
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _default_num_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class Loader:
+    """Iterate over a dataset in batches of torch tensors (FFCV's ``Loader`` semantics).
+
+    ``for image, label in Loader('train.beton', batch_size=256): ...`` yields one entry per
+    enabled field, in the dataset's field order: with the default pipelines an image field gives
+    ``(B, H, W, 3) uint8``, an IntField ``(B,) int64``, a FloatField ``(B,) float64``, an
+    NDArrayField ``(B, *shape)`` of its dtype, a Bytes/JSONField ``(B, max_size) uint8``.
+
+    Args:
+        path: a ``.beton`` file or an LMDB directory (see :func:`ffload.formats.open_dataset`).
+        batch_size: samples per batch (>= 1); the last batch of an epoch may be smaller unless
+            ``drop_last``.
+        num_workers: worker threads (>= 1); ``None`` or ``-1``: the CPUs this process may use.
+        order: ``'sequential'``, ``'random'`` or ``'quasi_random'`` (or :class:`OrderOption`), see
+            :mod:`ffload.loaders.orders`.
+        os_cache: True: memory-map the file (the OS page cache serves and shares it); False: read
+            the pages each batch needs into a private process cache, once each.
+        pipelines: field name -> list of operations (decoder first), ``None`` to disable a field;
+            unlisted fields get the default pipeline (decoder + ``ToTensor``). Images of several
+            sizes have no default (pass a crop decoder).
+        drop_last: drop the last incomplete batch of each epoch (and, when distributed, truncate
+            the epoch to a multiple of the world size instead of padding it).
+        distributed: split every epoch across the ``torch.distributed`` ranks like
+            ``torch.utils.data.DistributedSampler`` (same order on every rank, rank ``r`` takes
+            ``order[r::world_size]``); the process group must be initialised first.
+        seed: non-negative int; fixes the epoch orders and every per-sample random choice.
+        indices: ``(M,)`` dataset indices to visit (a subset, in this order for ``'sequential'``).
+        batches_ahead: batches prepared in advance (>= 0). The loader keeps
+            ``max(batches_ahead, num_workers)`` batches in flight so that every worker is busy.
+        pin_memory: place the inputs of ``ToTensor`` in pinned memory (fast asynchronous copies
+            to the GPU). ``None``: True when CUDA is available and some field ends on a CUDA
+            device.
+
+    Buffer reuse (as in FFCV, batches are views of reused buffers): a yielded batch stays valid
+    while you handle it and the next one; requesting the batch after that may overwrite it.
+    ``.clone()`` what you keep longer. One epoch iterator is live per loader: ``iter(loader)``
+    closes the previous one (further ``next()`` on it raises ``RuntimeError``).
+
+    Epochs: each ``iter(loader)`` starts the next epoch (0, 1, 2, ...), re-shuffled; see
+    :meth:`state_dict` to resume mid-epoch. Per-sample seeds are
+    ``rng.sample_seeds(seed, epoch, index)``, so batches are identical for any ``num_workers``.
+
+    Raises:
+        ffload.formats.DatasetError: the path is not a dataset.
+        ValueError: bad ``batch_size``, ``num_workers``, ``order``, ``seed``, ``indices``
+            (out of range, not integers, empty), unknown field names in ``pipelines``.
+        TypeError: a pipeline that does not fit its field (the message names the field).
+        RuntimeError: ``distributed=True`` without an initialised process group;
+            ``pin_memory=True`` without CUDA.
+        LoaderError (while iterating): a sample failed to decode (names the sample and field).
+    """
+
+    def __init__(self, path: Union[str, os.PathLike], batch_size: int,
+                 num_workers: Optional[int] = None, order: Union[str, OrderOption] = "random",
+                 os_cache: bool = True,
+                 pipelines: Optional[Mapping[str, Optional[Sequence[Any]]]] = None,
+                 drop_last: bool = False, distributed: bool = False, seed: int = 0,
+                 indices: Optional[Sequence[int]] = None, batches_ahead: int = 3,
+                 pin_memory: Optional[bool] = None):
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        if num_workers is None or num_workers == -1:
+            num_workers = _default_num_workers()
+        self.num_workers = _check_int("num_workers", num_workers, 1)
+        self.batches_ahead = _check_int("batches_ahead", batches_ahead, 0)
+        self.seed = _check_int("seed", seed, 0)
+        self.order = parse_order(order)
+        self.drop_last, self.distributed, self.os_cache = bool(drop_last), bool(distributed), bool(os_cache)
+        self.rank, self.world_size = _distributed_rank() if self.distributed else (0, 1)
+
+        self.view = open_dataset(os.fspath(path))
+        self.path = self.view.path
+        self.indices = _check_indices(indices, self.view)
+        self._pipelines = build_pipelines(self.view, pipelines, self.batch_size)
+        self.field_names: List[str] = [p.name for p in self._pipelines]
+        self._device = cuda_device(self._pipelines)
+        if pin_memory is None:
+            pin_memory = self._device is not None and torch.cuda.is_available()
+        elif pin_memory and not torch.cuda.is_available():
+            raise RuntimeError("pin_memory=True needs CUDA, which torch cannot use here")
+        self.pin_memory = bool(pin_memory)
+
+        if self.order is OrderOption.QUASI_RANDOM:
+            window = max(2 * self.batch_size * self.world_size, 4 * _samples_per_page(self.view))
+            self._order = make_order(self.order, self.indices, self.seed, self.view.sample_pages,
+                                     window)
+        else:
+            self._order = make_order(self.order, self.indices, self.seed)
+        self._ahead = max(self.batches_ahead, self.num_workers)
+        self._next_epoch, self._start_batch = 0, 0
+        self._memory = None
+        self._runner: Optional[BatchRunner] = None
+        self._current: Optional[weakref.ref] = None
+        self._closed = False
+        if len(self) == 0:
+            logger.warning("%s: the loader yields no batch (%d samples per rank, batch_size %d, "
+                           "drop_last=%s)", self.path, self._samples_per_rank(), self.batch_size,
+                           self.drop_last)
+
+    @property
+    def pipelines(self) -> Dict[str, List[Any]]:
+        """Enabled field name -> its operations (defaults filled in), in output order."""
+        return {p.name: list(p.ops) for p in self._pipelines}
+
+    # ----------------------------------------------------------------- epochs
+    def _samples_per_rank(self) -> int:
+        return samples_per_rank(len(self.indices), self.world_size, self.drop_last)
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank: ``floor`` (``drop_last``) or ``ceil`` of samples per
+        rank / ``batch_size``."""
+        n = self._samples_per_rank()
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The ``(len(self) * batch_size or fewer,) int64`` sample ids this rank visits in
+        ``epoch``, in order (the concatenation of the epoch's batches)."""
+        order = self._order.sample_order(epoch)
+        if self.distributed:
+            order = distributed_split(order, self.rank, self.world_size, self.drop_last)
+        if self.drop_last:
+            order = order[:len(self) * self.batch_size]
+        return np.ascontiguousarray(order, dtype=np.int64)  # kernels get C-contiguous batches
+
+    @property
+    def next_epoch(self) -> int:
+        """The epoch the next ``iter(loader)`` runs (FFCV's attribute); setting it starts that
+        epoch from its first batch."""
+        return self._next_epoch
+
+    @next_epoch.setter
+    def next_epoch(self, epoch: int) -> None:
+        self._next_epoch, self._start_batch = _check_int("next_epoch", epoch, 0), 0
+
+    def __iter__(self) -> EpochIterator:
+        """Start the next epoch (closing the previous iterator); see the class docstring."""
+        if self._closed:
+            raise RuntimeError(f"the loader of {self.path} is closed")
+        self._close_current()
+        runner = self._get_runner()
+        runner.wait_idle()  # jobs of an abandoned iterator may still write into the slots
+        epoch, start = self._next_epoch, self._start_batch
+        self._next_epoch, self._start_batch = epoch + 1, 0
+        order = self.epoch_order(epoch)
+        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        iterator = EpochIterator(runner, batches, epoch, start, self._ahead)
+        self._current = weakref.ref(iterator)
+        return iterator
+
+    def _get_runner(self) -> BatchRunner:
+        if self._runner is None:
+            names = [p.name for p in self._pipelines]
+            if self.os_cache or self.view.data_path is None:
+                self._memory = OSCacheMemory(self.view)
+            else:
+                self._memory = ProcessCacheMemory(self.view, names)
+            self._runner = BatchRunner(self._pipelines, self._memory, self.view, self.seed,
+                                       self.num_workers, self._ahead + 2, self.pin_memory,
+                                       self._device)
+        return self._runner
+
+    def _live_iterator(self) -> Optional[EpochIterator]:
+        iterator = self._current() if self._current is not None else None
+        return iterator if iterator is not None and iterator.active else None
+
+    def _close_current(self) -> None:
+        iterator = self._live_iterator()
+        if iterator is not None:
+            iterator.close(reason=f"this iterator over {self.path} (epoch {iterator.epoch}) was "
+                                  f"closed by a newer iter(loader) or load_state_dict()")
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> Dict[str, int]:
+        """Where the loader stands, to resume with :meth:`load_state_dict`.
+
+        Returns:
+            ``{'epoch', 'batches_yielded', 'seed', 'batch_size', 'order', 'drop_last',
+            'num_indices', 'world_size'}`` (plain ints/str/bool). Inside a live epoch:
+            that epoch and the batches handed out so far; otherwise the next epoch and 0.
+            A finished epoch is reported as the start of the next one.
+        """
+        iterator = self._live_iterator()
+        if iterator is not None:
+            epoch, done = iterator.epoch, iterator.batches_yielded
+        else:
+            epoch, done = self._next_epoch, self._start_batch
+        if done >= len(self):
+            epoch, done = epoch + 1, 0
+        return {"epoch": int(epoch), "batches_yielded": int(done), "seed": self.seed,
+                "batch_size": self.batch_size, "order": self.order.value,
+                "drop_last": self.drop_last, "num_indices": int(len(self.indices)),
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the next ``iter(loader)`` yields the remaining batches of ``state['epoch']``,
+        bit-identical to an uninterrupted run, and later iterators continue with the following
+        epochs. Closes a live iterator.
+
+        Raises:
+            ValueError: missing keys, or a state saved with another seed, batch size, order,
+                ``drop_last``, number of indices or world size (batches would not line up).
+        """
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(f"loader state lacks {', '.join(missing)}")
+        mine = self.state_dict()
+        bad = [f"{k}={state[k]!r} (this loader: {mine[k]!r})" for k in _STATE_KEYS[2:]
+               if state[k] != mine[k]]
+        if bad:
+            raise ValueError("loader state does not match this loader: " + ", ".join(bad))
+        epoch = _check_int("state['epoch']", state["epoch"], 0)
+        done = _check_int("state['batches_yielded']", state["batches_yielded"], 0)
+        if done > len(self):
+            raise ValueError(f"state['batches_yielded']={done} exceeds the {len(self)} batches "
+                             f"per epoch")
+        self._close_current()
+        self._next_epoch, self._start_batch = (epoch + 1, 0) if done == len(self) else (epoch, done)
+
+    # -------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Stop the epoch, join the worker threads, release the file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_current()
+        if self._runner is not None:
+            self._runner.shutdown(wait=True)
+            self._memory.close()
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        runner = getattr(self, "_runner", None)
+        if runner is not None:
+            runner.shutdown(wait=False)
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.path!r}, batch_size={self.batch_size}, num_workers="
+                f"{self.num_workers}, order={self.order.value!r}, fields={self.field_names})")
+
+
+def _distributed_rank():
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("distributed=True needs torch.distributed.init_process_group() to be "
+                           "called before the Loader is built")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _check_indices(indices, view) -> np.ndarray:
+    n = view.num_samples
+    if indices is None:
+        return np.arange(n, dtype=np.int64)
+    arr = np.asarray(indices)
+    if arr.dtype == bool:
+        raise ValueError("indices is a boolean mask; pass np.flatnonzero(mask)")
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"indices must be a 1-D sequence of integers, got {arr.dtype} of shape "
+                         f"{arr.shape}")
+    if arr.size == 0:
+        raise ValueError("indices is empty")
+    bad = np.flatnonzero((arr < 0) | (arr >= n))
+    if bad.size:
+        raise ValueError(f"indices[{int(bad[0])}] = {int(arr[bad[0]])} is out of range: "
+                         f"{view.path} has {n} samples")
+    return arr.astype(np.int64)
+
+
+def _samples_per_page(view) -> int:
+    pages = view.sample_pages
+    pages = pages[pages >= 0]
+    if pages.size == 0:
+        return 1
+    return -(-pages.size // np.unique(pages).size)

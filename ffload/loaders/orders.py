@@ -1,0 +1,169 @@
+"""Traversal orders: which samples an epoch visits, in which order, on which rank.
+
+An order maps ``epoch -> (M,) int64`` sample ids. Three orders follow FFCV's ``OrderOption``:
+
+* ``SEQUENTIAL``: the ``indices`` as given, every epoch.
+* ``RANDOM``: a full permutation of ``indices`` per epoch, from
+  ``np.random.default_rng([seed, epoch, 0])``.
+* ``QUASI_RANDOM``: a page-aware shuffle (FFCV's ``QuasiRandom`` idea): the data pages are
+  shuffled, consecutive shuffled pages are grouped into windows of a few pages' samples, and
+  samples are shuffled within each window only, so that each batch reads few pages. Useful with
+  ``os_cache=False`` on datasets larger than RAM.
+
+Distributed training splits the epoch order across ranks as ``torch.utils.data.DistributedSampler``
+does: every rank computes the same order, pads it by repeating it from the start up to a multiple
+of ``world_size`` (or truncates it to one when ``drop_last``), and rank ``r`` takes
+``order[r::world_size]``.
+
+Everything here is plain numpy (nothing to compile), so building a loader stays cheap.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Optional, Union
+
+import numpy as np
+
+
+class OrderOption(enum.Enum):
+    """The traversal orders (FFCV's ``ffcv.loader.OrderOption`` names)."""
+
+    SEQUENTIAL = "sequential"
+    RANDOM = "random"
+    QUASI_RANDOM = "quasi_random"
+
+
+def parse_order(order: Union[str, OrderOption]) -> OrderOption:
+    """Accept an :class:`OrderOption` or its name (``'random'``, ``'RANDOM'``, ...).
+
+    Raises:
+        ValueError: unknown order name or type.
+    """
+    if isinstance(order, OrderOption):
+        return order
+    if isinstance(order, str):
+        key = order.strip().lower()
+        for option in OrderOption:
+            if option.value == key:
+                return option
+    choices = ", ".join(repr(o.value) for o in OrderOption)
+    raise ValueError(f"unknown order {order!r}; use one of {choices} or an ffload.OrderOption")
+
+
+class TraversalOrder:
+    """Base class: the order of the samples of one epoch (before the distributed split).
+
+    Args:
+        indices: ``(M,) int64`` sample ids the epochs visit (a subset of the dataset, possibly
+            with repeats), already validated against the dataset size.
+        seed: non-negative int, the loader's seed.
+    """
+
+    def __init__(self, indices: np.ndarray, seed: int):
+        self.indices = indices
+        self.seed = int(seed)
+
+    def sample_order(self, epoch: int) -> np.ndarray:
+        """The ``(M,) int64`` sample ids of ``epoch`` in visiting order (deterministic)."""
+        raise NotImplementedError
+
+
+class Sequential(TraversalOrder):
+    """The indices in the given order, the same every epoch (FFCV ``Sequential``)."""
+
+    def sample_order(self, epoch: int) -> np.ndarray:
+        return self.indices.copy()
+
+
+class Random(TraversalOrder):
+    """A uniform permutation of the indices per epoch from ``default_rng([seed, epoch, 0])``.
+
+    The same ``(seed, epoch)`` gives the same permutation on every rank and in every process.
+    """
+
+    def sample_order(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, int(epoch), 0])
+        return rng.permutation(self.indices)
+
+
+class QuasiRandom(TraversalOrder):
+    """A page-aware shuffle: shuffled pages, grouped into windows, shuffled within windows.
+
+    Per epoch (rng ``default_rng([seed, epoch, 1])``): the distinct pages of the samples are put in
+    a random order and laid out one after the other; window ``k`` holds the pages whose first
+    sample lands in positions ``[k * window_size, (k + 1) * window_size)`` of that layout (a page
+    is never split); the samples of each window are then shuffled. A window therefore spans about
+    ``window_size`` samples from a few pages, and a batch of ``batch_size <= window_size / 2``
+    consecutive samples reads the pages of one or two windows instead of ``batch_size`` pages.
+    Samples without a payload (page ``-1``) count as pages of their own, so they are shuffled
+    like :class:`Random` samples.
+
+    Args:
+        indices, seed: see :class:`TraversalOrder`.
+        sample_pages: ``(N,) int64`` page of each dataset sample (``DatasetView.sample_pages``).
+        window_size: samples per window, at least 1; the loader uses
+            ``max(2 * batch_size * world_size, 4 * mean samples per page)``.
+    """
+
+    def __init__(self, indices: np.ndarray, seed: int, sample_pages: np.ndarray, window_size: int):
+        super().__init__(indices, seed)
+        if window_size < 1:
+            raise ValueError(f"window_size must be >= 1, got {window_size}")
+        self.window_size = int(window_size)
+        pages = np.asarray(sample_pages, dtype=np.int64)[indices]
+        no_page = pages < 0
+        # Samples without a payload become single-sample pseudo pages after the real ones.
+        pages = pages.copy()
+        pages[no_page] = pages.max(initial=-1) + 1 + np.arange(int(no_page.sum()))
+        _, self._page_of = np.unique(pages, return_inverse=True)  # dense page id per position
+        self._num_pages = int(self._page_of.max(initial=-1)) + 1
+
+    def sample_order(self, epoch: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, int(epoch), 1])
+        page_rank = rng.permutation(self._num_pages)[self._page_of]  # shuffled page position
+        counts = np.bincount(page_rank, minlength=self._num_pages)
+        start_of_rank = np.cumsum(counts) - counts  # samples before each page in the walk
+        window = (start_of_rank // self.window_size)[page_rank]
+        # Windows in walk order, samples shuffled inside each window.
+        positions = np.lexsort((rng.random(len(window)), window))
+        return self.indices[positions]
+
+
+def make_order(option: OrderOption, indices: np.ndarray, seed: int,
+               sample_pages: Optional[np.ndarray] = None, window_size: int = 1) -> TraversalOrder:
+    """Build the :class:`TraversalOrder` for ``option`` (``sample_pages``/``window_size`` are
+    used by ``QUASI_RANDOM`` only)."""
+    if option is OrderOption.SEQUENTIAL:
+        return Sequential(indices, seed)
+    if option is OrderOption.RANDOM:
+        return Random(indices, seed)
+    return QuasiRandom(indices, seed, sample_pages, window_size)
+
+
+def distributed_split(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
+    """This rank's share of an epoch order, as ``torch.utils.data.DistributedSampler``.
+
+    Args:
+        order: ``(M,) int64`` the epoch order (identical on every rank).
+        rank, world_size: ``0 <= rank < world_size``.
+        drop_last: truncate to ``(M // world_size) * world_size`` samples instead of padding to
+            ``ceil(M / world_size) * world_size`` by repeating the order from its start.
+
+    Returns:
+        ``(M_r,) int64`` ``padded[rank::world_size]``; every rank gets the same count.
+    """
+    n = len(order)
+    if drop_last:
+        total = (n // world_size) * world_size
+        padded = order[:total]
+    else:
+        total = -(-n // world_size) * world_size
+        padded = np.resize(order, total)  # repeats the order from its start
+    return padded[rank:total:world_size]
+
+
+def samples_per_rank(num_indices: int, world_size: int, drop_last: bool) -> int:
+    """Number of samples each rank visits per epoch (see :func:`distributed_split`)."""
+    if drop_last:
+        return num_indices // world_size
+    return -(-num_indices // world_size)

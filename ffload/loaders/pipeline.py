@@ -1,0 +1,234 @@
+"""Field pipelines: build and validate each field's operation chain, allocate its buffers, run it.
+
+A pipeline is ``[decoder, transform, ...]`` (FFCV's convention, see :mod:`.operation`). At
+loader construction :func:`build_pipelines` checks every chain (the first operation is a decoder
+for the field's type, each ``declare`` accepts its input) so that mistakes surface as a
+``TypeError``/``ValueError`` naming the field before any batch runs. ``torch.nn.Module`` instances
+may follow :class:`ToTensor` (as in FFCV); they are applied to the batch tensor and assumed to keep
+its shape, dtype and device.
+"""
+from __future__ import annotations
+
+from typing import List, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..formats.fields import (BytesField, FloatField, IntField, JSONField, NDArrayField,
+                              RGBImageField)
+from .decoders import (BytesDecoder, FloatDecoder, IntDecoder, NDArrayDecoder,
+                       SimpleRGBImageDecoder)
+from .operation import BatchContext, Operation, Spec
+from .torch_ops import ToTensor
+
+
+class ModuleOp(Operation):
+    """Adapter running a ``torch.nn.Module`` on the batch tensor (after :class:`ToTensor`).
+
+    The module gets the whole ``(B, ...)`` tensor and must return a tensor of the same per-sample
+    shape, dtype and device (FFCV's ``ModuleWrapper`` makes the same assumption).
+    """
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def declare(self, spec, field, view):
+        if spec is None or not spec.on_torch:
+            raise TypeError(f"torch module {type(self.module).__name__} must come after ToTensor "
+                            f"(it receives a numpy batch here)")
+        return spec
+
+    def __call__(self, src, dst, ctx):
+        return self.module(src)
+
+    def __repr__(self):
+        return f"ModuleOp({self.module!r})"
+
+
+_DEFAULT_DECODERS = [(RGBImageField, SimpleRGBImageDecoder), (IntField, IntDecoder),
+                     (FloatField, FloatDecoder), (NDArrayField, NDArrayDecoder),
+                     (JSONField, BytesDecoder), (BytesField, BytesDecoder)]
+
+
+def default_pipeline(name: str, field, view) -> List[Operation]:
+    """The pipeline used for a field missing from ``pipelines`` (FFCV: default decoder + ToTensor).
+
+    ``RGBImageField`` -> ``[SimpleRGBImageDecoder(), ToTensor()]`` (all images must share one
+    size), ``IntField``/``FloatField``/``NDArrayField``/``BytesField``/``JSONField`` -> their
+    decoder + ``ToTensor()``.
+
+    Raises:
+        ValueError: images of several sizes (a crop decoder is needed).
+        TypeError: no default for the field's type.
+    """
+    if isinstance(field, RGBImageField) and view.num_samples:
+        col = view.metadata[name]
+        heights, widths = col["height"], col["width"]
+        if heights.min() != heights.max() or widths.min() != widths.max():
+            raise ValueError(
+                f"field {name!r} of {view.path} holds images of several sizes (height "
+                f"{heights.min()}..{heights.max()}, width {widths.min()}..{widths.max()} pixels), "
+                f"so batches need a crop: pass e.g. pipelines={{{name!r}: "
+                f"[CenterCropRGBImageDecoder((224, 224), ratio=224 / 256), ToTensor()]}} or "
+                f"RandomResizedCropRGBImageDecoder((224, 224))")
+    for field_type, decoder in _DEFAULT_DECODERS:
+        if isinstance(field, field_type):
+            return [decoder(), ToTensor()]
+    raise TypeError(f"field {name!r} has type {type(field).__name__}, which has no default "
+                    f"pipeline; pass pipelines={{{name!r}: [decoder, ...]}}")
+
+
+class FieldPipeline:
+    """One field's validated chain.
+
+    Attributes:
+        name: the field name.
+        field: its :class:`ffload.formats.fields.Field`.
+        ops: the operations (``torch.nn.Module`` wrapped in :class:`ModuleOp`).
+        specs: the output :class:`Spec` of each operation (``specs[-1]`` is the batch's).
+        buffer_specs: per operation, the buffer :class:`Spec` of ``batch_size`` rows, or ``None``.
+    """
+
+    def __init__(self, name: str, field, ops: List[Operation], view, batch_size: int):
+        self.name, self.field, self.ops = name, field, ops
+        self._check_decoder()
+        self.specs: List[Spec] = []
+        spec = None
+        for i, op in enumerate(ops):
+            try:
+                spec = op.declare(spec, field, view)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"pipeline of field {name!r}, operation {i} "
+                              f"({type(op).__name__}): {e}") from e
+            if not isinstance(spec, Spec):
+                raise TypeError(f"pipeline of field {name!r}: {type(op).__name__}.declare returned "
+                                f"{type(spec).__name__}, not a Spec")
+            self.specs.append(spec)
+        self.buffer_specs = [op.buffer_spec(s, batch_size) for op, s in zip(ops, self.specs)]
+        self._to_pin = self._torch_input_buffer()
+
+    def _torch_input_buffer(self) -> Optional[int]:
+        # The numpy buffer ToTensor wraps: the last one allocated before the first torch stage
+        # (in-place operations in between return their input, so they own no buffer).
+        first_torch = next((i for i, s in enumerate(self.specs) if s.on_torch), None)
+        if first_torch is None:
+            return None
+        return next((i for i in range(first_torch - 1, -1, -1)
+                     if self.buffer_specs[i] is not None), None)
+
+    def _check_decoder(self) -> None:
+        first = self.ops[0]
+        if not first.is_decoder:
+            raise TypeError(f"pipeline of field {self.name!r} must start with a decoder, got "
+                            f"{type(first).__name__}")
+        if not isinstance(self.field, tuple(first.field_types)):
+            kinds = ", ".join(t.__name__ for t in first.field_types) or "no field type"
+            raise TypeError(f"field {self.name!r} is a {type(self.field).__name__}, but "
+                            f"{type(first).__name__} decodes {kinds}")
+        for i, op in enumerate(self.ops[1:], start=1):
+            if op.is_decoder:
+                raise TypeError(f"pipeline of field {self.name!r}: operation {i} "
+                                f"({type(op).__name__}) is a decoder; only the first may be")
+
+    @property
+    def output_spec(self) -> Spec:
+        """Per-sample spec of the field's batches."""
+        return self.specs[-1]
+
+    def allocate(self, pin_memory: bool) -> List[Optional[object]]:
+        """One slot's buffers: per operation a ``(batch_size, ...)`` array (numpy, or torch for a
+        torch buffer spec) or ``None``. With ``pin_memory``, the numpy buffer that
+        :class:`ToTensor` wraps (the last one allocated before it: in-place operations own none)
+        lives in pinned (page-locked) memory so that host-to-device copies can be asynchronous."""
+        buffers = []
+        for i, bspec in enumerate(self.buffer_specs):
+            if bspec is None:
+                buffers.append(None)
+            elif bspec.on_torch:
+                buffers.append(torch.empty(bspec.shape, dtype=bspec.dtype, device=bspec.device))
+            elif pin_memory and i == self._to_pin:
+                dtype = torch.from_numpy(np.empty(0, dtype=bspec.dtype)).dtype
+                buffers.append(torch.empty(bspec.shape, dtype=dtype, pin_memory=True).numpy())
+            else:
+                buffers.append(np.empty(bspec.shape, dtype=bspec.dtype))
+        return buffers
+
+    def run(self, buffers: Sequence, ctx: BatchContext):
+        """Apply the chain to one batch (``ctx.indices``) with one slot's ``buffers``."""
+        x = None
+        for op, buf in zip(self.ops, buffers):
+            x = op(x, buf, ctx)
+        return x
+
+
+def build_pipelines(view, pipelines: Optional[Mapping[str, Optional[Sequence]]],
+                    batch_size: int) -> List[FieldPipeline]:
+    """Validate ``pipelines`` against the dataset and build the enabled fields' chains.
+
+    Args:
+        view: the :class:`ffload.formats.DatasetView`.
+        pipelines: field name -> list of operations (``None`` disables the field); fields not
+            listed get :func:`default_pipeline`. ``None`` means all defaults.
+        batch_size: rows of each buffer.
+
+    Returns:
+        The enabled fields' :class:`FieldPipeline`, in the dataset's field order.
+
+    Raises:
+        ValueError: unknown field names, an empty pipeline, every field disabled.
+        TypeError: a pipeline that is not a list of operations, or fails validation.
+    """
+    pipelines = {} if pipelines is None else pipelines
+    if not isinstance(pipelines, Mapping):
+        raise TypeError(f"pipelines must be a dict of field name -> list of operations, got "
+                        f"{type(pipelines).__name__}")
+    unknown = [k for k in pipelines if k not in view.fields]
+    if unknown:
+        raise ValueError(f"pipelines names unknown field(s) {', '.join(map(repr, unknown))}; "
+                         f"{view.path} has fields {', '.join(map(repr, view.fields))}")
+    built: List[FieldPipeline] = []
+    for name, field in view.fields.items():
+        if name in pipelines and pipelines[name] is None:
+            continue
+        ops = (_as_operations(name, pipelines[name]) if name in pipelines
+               else default_pipeline(name, field, view))
+        built.append(FieldPipeline(name, field, ops, view, batch_size))
+    if not built:
+        raise ValueError(f"every field of {view.path} is disabled in pipelines; enable at least one")
+    return built
+
+
+def _as_operations(name: str, ops) -> List[Operation]:
+    if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
+        raise TypeError(f"pipeline of field {name!r} must be a list of operations (or None), got "
+                        f"{type(ops).__name__}")
+    if not ops:
+        raise ValueError(f"pipeline of field {name!r} is empty; pass None to disable the field")
+    out: List[Operation] = []
+    for i, op in enumerate(ops):
+        if isinstance(op, Operation):
+            out.append(op)
+        elif isinstance(op, torch.nn.Module):
+            out.append(ModuleOp(op))
+        else:
+            raise TypeError(f"pipeline of field {name!r}: item {i} is {op!r}, not an ffload "
+                            f"Operation or a torch.nn.Module")
+    return out
+
+
+def cuda_device(pipelines: Sequence[FieldPipeline]) -> Optional[torch.device]:
+    """The CUDA device the batches end on (the first pipeline whose output is on CUDA), or None.
+
+    Raises:
+        ValueError: fields end on different CUDA devices (one loader feeds one device).
+    """
+    devices = set()
+    for p in pipelines:
+        device = torch.device(p.output_spec.device)
+        if p.output_spec.on_torch and device.type == "cuda":
+            devices.add(device if device.index is not None
+                        else torch.device("cuda", torch.cuda.current_device()))
+    if len(devices) > 1:
+        raise ValueError(f"fields end on several CUDA devices {sorted(map(str, devices))}; "
+                         f"one loader feeds one device")
+    return devices.pop() if devices else None

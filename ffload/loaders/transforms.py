@@ -1,0 +1,313 @@
+"""Image transforms of the numpy NHWC stage: one compiled kernel per batch, in place when the
+shape and dtype do not change (then ``buffer_spec`` is ``None``).
+
+Random decisions derive from ``ctx.seeds`` (one seed per sample) and the operation's ``salt``
+(see :mod:`ffload.loaders.rng`), so a sample's augmentation depends only on ``(seed, epoch,
+sample id)``. Kernels move pixels as unsigned integers of the element size, so every dtype works
+(float16 included, which numba cannot compute with).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from numba import njit
+
+from .decoders import field_name, flat_view
+from .operation import Operation, Spec
+from .rng import op_salt, randint, seed_state, uniform
+from .torch_ops import numpy_dtype, torch_dtype
+
+
+def _bits(array: np.ndarray) -> np.ndarray:
+    """``array`` viewed as unsigned integers of the same element size."""
+    return array.view(np.dtype(f"u{array.dtype.itemsize}"))
+
+
+class _NHWCTransform(Operation):
+    """Base of the in-place random transforms: checks for a numpy ``(H, W, C)`` input, needs no
+    buffer.
+
+    Attributes:
+        salt: ``uint64`` mixed into every sample seed, set at declare from the class and field
+            names (two fields, or two different ops, draw independently).
+    """
+
+    def declare(self, spec, field, view):
+        name = field_name(field, view)
+        if spec is None or spec.on_torch or len(spec.shape) != 3:
+            raise TypeError(f"{type(self).__name__} (field '{name}') works on numpy (H, W, C) "
+                            f"images before ToTensor, got {spec}")
+        self.salt = op_salt(type(self).__name__, name)
+        self.field_name = name
+        return spec
+
+    def buffer_spec(self, spec_out, batch_size):
+        return None
+
+    def _fill(self, fill, spec) -> np.ndarray:
+        """The fill colour as ``(C,)`` unsigned bits of the image dtype."""
+        fill = np.asarray(fill, dtype=np.float64).reshape(-1)
+        channels = spec.shape[2]
+        if fill.size != channels:
+            raise ValueError(f"{type(self).__name__} (field '{self.field_name}'): fill has "
+                             f"{fill.size} values for {channels} channels")
+        dtype = np.dtype(spec.dtype)
+        if dtype.kind in "ui":
+            info = np.iinfo(dtype)
+            if fill.min() < info.min or fill.max() > info.max or np.any(fill != np.round(fill)):
+                raise ValueError(f"{type(self).__name__} (field '{self.field_name}'): fill "
+                                 f"{fill.tolist()} is not representable as {dtype}")
+        return _bits(fill.astype(dtype))
+
+
+@njit(nogil=True, cache=True)
+def _reverse_pixels(flat, left, right, count, channels):
+    # swap `count` pixels walking inwards from element offsets left and right
+    for _ in range(count):
+        for c in range(channels):
+            t = flat[left + c]
+            flat[left + c] = flat[right + c]
+            flat[right + c] = t
+        left += channels
+        right -= channels
+
+
+@njit(nogil=True, cache=True)
+def _flip(flat, batch, height, width, channels, seeds, salt, prob):
+    # flat: (B * H * W * C,) elements; unsigned offsets keep the loops free of index checks
+    row = np.uint64(width * channels)
+    for b in range(batch):
+        u, _ = uniform(seed_state(seeds[b], salt))
+        if u < prob:
+            for r in range(height):
+                left = np.uint64((b * height + r) * width * channels)
+                if channels == 3:  # a constant channel count lets LLVM unroll the swap
+                    _reverse_pixels(flat, left, left + row - np.uint64(3), width // 2, np.uint64(3))
+                else:
+                    c_n = np.uint64(channels)
+                    _reverse_pixels(flat, left, left + row - c_n, width // 2, c_n)
+
+
+class RandomHorizontalFlip(_NHWCTransform):
+    """Flip each ``(H, W, C)`` image left-right with probability ``flip_prob``, in place
+    (FFCV's / torchvision's ``RandomHorizontalFlip``).
+
+    Sample b flips when ``uniform(seed_state(seeds[b], salt)) < flip_prob``.
+
+    Raises:
+        ValueError: ``flip_prob`` outside [0, 1]. TypeError (declare): input not numpy (H, W, C).
+    """
+
+    def __init__(self, flip_prob: float = 0.5):
+        if not 0.0 <= flip_prob <= 1.0:
+            raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
+        self.flip_prob = float(flip_prob)
+
+    def __call__(self, src, dst, ctx):
+        _flip(flat_view(_bits(src)), *src.shape, ctx.seeds, self.salt, self.flip_prob)
+        return src
+
+
+@njit(nogil=True, cache=True)
+def _fill_pixels(flat, start, count, fill):
+    # count pixels of fill from element offset start
+    c_n = np.uint64(fill.shape[0])
+    d = np.uint64(start)
+    for _ in range(count):
+        for c in range(c_n):
+            flat[d + c] = fill[c]
+        d += c_n
+
+
+@njit(nogil=True, cache=True)
+def _translate(flat, batch, height, width, channels, seeds, salt, padding, fill):
+    # flat: (B * H * W * C,); out[r, c] = in[r + dy, c + dx] where inside, else fill
+    row = width * channels
+    for b in range(batch):
+        state = seed_state(seeds[b], salt)
+        y, state = randint(state, 2 * padding + 1)
+        x, state = randint(state, 2 * padding + 1)
+        dy = y - padding
+        dx = x - padding
+        lo = min(max(-dx, 0), width)  # destination columns [lo, hi) have a source
+        hi = max(min(width - dx, width), lo)
+        n = np.uint64((hi - lo) * channels)
+        for rr in range(height):
+            r = rr if dy >= 0 else height - 1 - rr  # read rows before they are overwritten
+            sr = r + dy
+            d_row = (b * height + r) * row
+            if sr < 0 or sr >= height:
+                _fill_pixels(flat, d_row, width, fill)
+                continue
+            d0 = np.uint64(d_row + lo * channels)
+            s0 = np.uint64((b * height + sr) * row + (lo + dx) * channels)
+            if dx >= 0 or sr != r:
+                for k in range(n):
+                    flat[d0 + k] = flat[s0 + k]
+            else:  # same row, source on the left: copy right to left
+                for k in range(n):
+                    flat[d0 + n - 1 - k] = flat[s0 + n - 1 - k]
+            _fill_pixels(flat, d_row, lo, fill)
+            _fill_pixels(flat, d_row + hi * channels, width - hi, fill)
+
+
+class RandomTranslate(_NHWCTransform):
+    """Shift each image by a random offset, in place (FFCV's ``RandomTranslate``).
+
+    FFCV semantics: the image is padded by ``padding`` pixels of ``fill`` on every side and a
+    ``H x W`` window is cut at ``(y, x)``, ``y`` then ``x`` uniform in ``{0, ..., 2 * padding}``
+    (drawn in that order from the sample's generator): ``out[r, c] = in[r + y - padding,
+    c + x - padding]`` where inside, else ``fill``.
+
+    Args:
+        padding: pixels, >= 0.
+        fill: per-channel colour (``C`` values representable in the image dtype).
+
+    Raises:
+        ValueError: negative padding, bad fill. TypeError (declare): input not numpy (H, W, C).
+    """
+
+    def __init__(self, padding: int, fill: Sequence[float] = (0, 0, 0)):
+        if int(padding) < 0:
+            raise ValueError(f"padding must be >= 0, got {padding}")
+        self.padding = int(padding)
+        self.fill = tuple(fill)
+
+    def declare(self, spec, field, view):
+        spec = super().declare(spec, field, view)
+        self._fill_bits = self._fill(self.fill, spec)
+        return spec
+
+    def __call__(self, src, dst, ctx):
+        _translate(flat_view(_bits(src)), *src.shape, ctx.seeds, self.salt, self.padding,
+                   self._fill_bits)
+        return src
+
+
+@njit(nogil=True, cache=True)
+def _cutout(images, seeds, salt, size, fill):
+    batch, height, width, channels = images.shape
+    for b in range(batch):
+        state = seed_state(seeds[b], salt)
+        cy, state = randint(state, height)
+        cx, state = randint(state, width)
+        y0 = cy - size // 2
+        x0 = cx - size // 2
+        for r in range(max(y0, 0), min(y0 + size, height)):
+            for c in range(max(x0, 0), min(x0 + size, width)):
+                for ch in range(channels):
+                    images[b, r, c, ch] = fill[ch]
+
+
+class Cutout(_NHWCTransform):
+    """Fill a random square of each image with ``fill``, in place (Cutout, DeVries & Taylor
+    2017, https://arxiv.org/abs/1708.04552).
+
+    The square has side ``crop_size`` and is centred at a pixel ``(cy, cx)`` uniform over the
+    image (``cy`` drawn first): rows ``cy - crop_size // 2`` to ``cy - crop_size // 2 + crop_size``
+    (exclusive), likewise columns, clipped at the borders, as in the paper (it may cover less
+    than ``crop_size**2`` pixels). FFCV 1.0.2's ``Cutout`` instead draws the top-left corner so
+    that the square always lies inside.
+
+    Args:
+        crop_size: pixels, >= 1.
+        fill: per-channel colour (``C`` values representable in the image dtype).
+
+    Raises:
+        ValueError: crop_size < 1, bad fill. TypeError (declare): input not numpy (H, W, C).
+    """
+
+    def __init__(self, crop_size: int, fill: Sequence[float] = (0, 0, 0)):
+        if int(crop_size) < 1:
+            raise ValueError(f"crop_size must be >= 1, got {crop_size}")
+        self.crop_size = int(crop_size)
+        self.fill = tuple(fill)
+
+    def declare(self, spec, field, view):
+        spec = super().declare(spec, field, view)
+        self._fill_bits = self._fill(self.fill, spec)
+        return spec
+
+    def __call__(self, src, dst, ctx):
+        _cutout(_bits(src), ctx.seeds, self.salt, self.crop_size, self._fill_bits)
+        return src
+
+
+@njit(nogil=True, cache=True)
+def _lookup(src, table, out):
+    # src, out: flat (B * H * W * C,); table: (256 * C,) flattened (256, C)
+    c_n = np.uint64(table.shape[0] // 256)
+    k = np.uint64(0)
+    for _ in range(np.uint64(src.shape[0]) // c_n):
+        for c in range(c_n):
+            out[k + c] = table[np.uint64(src[k + c]) * c_n + c]
+        k += c_n
+
+
+class NormalizeImage(Operation):
+    """``(x - mean) / std`` per channel, fused with the uint8 -> float conversion (FFCV's
+    ``NormalizeImage``).
+
+    Numpy stage (before ToTensor): ``(H, W, C) uint8`` -> ``(H, W, C) dtype`` in one pass through
+    a 256-entry table per channel computed in float64, so values equal
+    ``((x - mean) / std).astype(dtype)`` exactly.
+
+    Torch stage (after ToTensor / ToTorchImage / ToDevice, CPU or CUDA): a ``uint8`` tensor ->
+    ``dtype`` by one fused ``addcmul(-mean / std, x, 1 / std)`` (float rounding differs from the
+    float64 formula by about one ulp); the layout (NCHW, channels_last) is kept. The channel
+    axis is the first per-sample axis of size C (``(C, H, W)`` after ToTorchImage), else the last.
+
+    Args:
+        mean, std: ``(C,)`` in the units of the uint8 input (e.g. ImageNet ``255 * [0.485, ...]``).
+        dtype: floating output type, numpy (``np.float16``, ``np.float32``, ``np.float64``) or
+            the torch equivalent.
+
+    Raises:
+        ValueError: mean/std lengths differ or a std is 0; TypeError (declare): input not uint8
+            or without a C-sized axis.
+    """
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], dtype=np.float32):
+        self.mean = np.asarray(mean, dtype=np.float64).reshape(-1)
+        self.std = np.asarray(std, dtype=np.float64).reshape(-1)
+        if self.mean.size != self.std.size or not np.all(self.std != 0):
+            raise ValueError(f"mean and std need one value per channel and std != 0, got "
+                             f"{self.mean.tolist()} and {self.std.tolist()}")
+        self.dtype = numpy_dtype(dtype)
+        if self.dtype.kind != "f":
+            raise ValueError(f"NormalizeImage outputs a floating dtype, got {self.dtype}")
+        self.on_torch = False
+
+    def declare(self, spec, field, view):
+        name = field_name(field, view)
+        channels = self.mean.size
+        uint8 = torch.uint8 if spec is not None and spec.on_torch else np.dtype(np.uint8)
+        if spec is None or spec.dtype != uint8 or len(spec.shape) != 3 or channels not in (
+                spec.shape[0], spec.shape[-1]):
+            raise TypeError(f"NormalizeImage (field '{name}') needs a uint8 image with {channels} "
+                            f"channels, got {spec}")
+        self.on_torch = spec.on_torch
+        if not spec.on_torch:
+            if spec.shape[-1] != channels:
+                raise TypeError(f"NormalizeImage (field '{name}') needs numpy (H, W, {channels}) "
+                                f"images, got {spec}")
+            table = (np.arange(256, dtype=np.float64)[:, None] - self.mean) / self.std
+            self._table = _bits(table.astype(self.dtype)).reshape(-1)
+            return Spec(spec.shape, self.dtype)
+        axis = 0 if spec.shape[0] == channels else 2
+        shape = [1, 1, 1, 1]
+        shape[axis + 1] = channels
+        out_dtype = torch_dtype(self.dtype)
+        self._scale = torch.tensor(1.0 / self.std, dtype=out_dtype, device=spec.device).reshape(shape)
+        self._bias = torch.tensor(-self.mean / self.std, dtype=out_dtype,
+                                  device=spec.device).reshape(shape)
+        return Spec(spec.shape, out_dtype, on_torch=True, device=spec.device)
+
+    def __call__(self, src, dst, ctx):
+        if self.on_torch:
+            return torch.addcmul(self._bias, src, self._scale)
+        out = dst[:src.shape[0]]
+        _lookup(flat_view(src), self._table, flat_view(_bits(out)))
+        return out

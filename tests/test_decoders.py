@@ -1,0 +1,401 @@
+"""Decoders (ffload.loaders.decoders) and crop geometry (ffload.loaders.crops).
+
+Datasets are written with ffload.formats from real photos (scikit-image, scikit-learn); decoded
+pixels are compared with OpenCV reference decodes of the same payloads.
+"""
+import math
+import random
+
+import cv2
+import numpy as np
+import pytest
+from skimage import data
+from sklearn.datasets import load_sample_images
+
+from ffload.formats import (BytesField, FloatField, IntField, JSONField, NDArrayField, RGBImageField,
+                            open_dataset, write_dataset)
+from ffload.loaders.crops import center_crop_boxes, jpeg_reductions, random_resized_crop_boxes
+from ffload.loaders.decoders import (BytesDecoder, CenterCropRGBImageDecoder, FloatDecoder, IntDecoder,
+                                     NDArrayDecoder, RandomResizedCropRGBImageDecoder,
+                                     SimpleRGBImageDecoder)
+from ffload.loaders.operation import BatchContext
+from ffload.loaders.rng import op_salt, sample_seeds
+
+
+def _resize(image, long_side):
+    h, w = image.shape[:2]
+    r = long_side / max(h, w)
+    return cv2.resize(image, (max(1, round(w * r)), max(1, round(h * r))), interpolation=cv2.INTER_AREA)
+
+
+@pytest.fixture(scope="module")
+def photos():
+    """Seven RGB photos of assorted sizes (long side 60..512 pixels)."""
+    china, flower = load_sample_images().images
+    return [_resize(china, 160), _resize(flower, 120), data.astronaut(), _resize(data.chelsea(), 150),
+            _resize(data.coffee(), 140), _resize(data.rocket(), 60), _resize(data.chelsea()[:, :120], 90)]
+
+
+@pytest.fixture(scope="module")
+def tiles(photos):
+    """Twelve 40 x 56 RGB tiles cut from the photos (fixed-size images)."""
+    out = []
+    for k in range(12):
+        p = photos[k % 5]
+        y, x = (7 * k) % (p.shape[0] - 40), (11 * k) % (p.shape[1] - 56)
+        out.append(np.ascontiguousarray(p[y:y + 40, x:x + 56]))
+    return out
+
+
+def write(path, fields, rows):
+    write_dataset(str(path), fields, rows, len(rows))
+    return open_dataset(str(path))
+
+
+def decode(op, view, name, indices, epoch=0, seed=0, region=None):
+    """Run a decoder as the loader does: declare, allocate from buffer_spec, call on a batch."""
+    spec = op.declare(None, view.fields[name], view)
+    bspec = op.buffer_spec(spec, 16)
+    buf = np.empty(bspec.shape, bspec.dtype)
+    indices = np.asarray(indices, dtype=np.int64)
+    ctx = BatchContext(indices, sample_seeds(seed, epoch, indices),
+                       view.open_region() if region is None else region, view.metadata[name],
+                       view.ptrs.get(name), view.sizes.get(name), epoch)
+    out = op(None, buf, ctx)
+    assert out.shape == (len(indices),) + bspec.shape[1:]
+    return np.array(out)
+
+
+def payload(view, name, i):
+    return np.array(view.payload(name, i))
+
+
+def reference_resize(image, box, out_hw):
+    """OpenCV crop + resize with the documented rule: INTER_AREA when a side shrinks >= 2x."""
+    top, left, h, w = box
+    oh, ow = out_hw
+    interp = cv2.INTER_AREA if h >= 2 * oh or w >= 2 * ow else cv2.INTER_LINEAR
+    return cv2.resize(image[top:top + h, left:left + w], (ow, oh), interpolation=interp)
+
+
+# ---------------------------------------------------------------- SimpleRGBImageDecoder
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_simple_raw_equals_source(tmp_path, tiles, suffix):
+    view = write(tmp_path / f"d{suffix}", {"image": RGBImageField("raw")}, [(t,) for t in tiles])
+    order = [5, 0, 11, 3, 3, 7]
+    out = decode(SimpleRGBImageDecoder(), view, "image", order)
+    assert out.dtype == np.uint8 and out.shape == (6, 40, 56, 3)
+    for row, i in zip(out, order):
+        assert np.array_equal(row, tiles[i])
+
+
+def test_simple_jpg_equals_opencv_decode(tmp_path, tiles):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)},
+                 [(t,) for t in tiles])
+    order = [2, 9, 4]
+    out = decode(SimpleRGBImageDecoder(), view, "image", order)
+    for row, i in zip(out, order):
+        assert np.array_equal(row, cv2.imdecode(payload(view, "image", i), cv2.IMREAD_COLOR_RGB))
+        assert np.abs(row.astype(int) - tiles[i]).mean() < 8  # and it is the photo, JPEG-close
+
+
+def test_simple_mixed_jpg_and_raw(tmp_path, tiles):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("proportion", compress_probability=0.5)},
+                 [(t,) for t in tiles])
+    modes = view.metadata["image"]["mode"]
+    assert set(modes.tolist()) == {0, 1}
+    order = list(range(12))[::-1]
+    out = decode(SimpleRGBImageDecoder(), view, "image", order)
+    for row, i in zip(out, order):
+        ref = tiles[i] if modes[i] == 1 else cv2.imdecode(payload(view, "image", i), cv2.IMREAD_COLOR_RGB)
+        assert np.array_equal(row, ref)
+
+
+def test_simple_rejects_variable_sizes(tmp_path, photos):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("raw")}, [(p,) for p in photos[:3]])
+    with pytest.raises(TypeError, match="CenterCropRGBImageDecoder"):
+        SimpleRGBImageDecoder().declare(None, view.fields["image"], view)
+
+
+def _corrupt(view, name, index):
+    region = np.array(view.open_region())
+    p, n = int(view.ptrs[name][index]), int(view.sizes[name][index])
+    region[p:p + n] = np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8)
+    return region
+
+
+@pytest.mark.parametrize("make", [SimpleRGBImageDecoder, lambda: CenterCropRGBImageDecoder(16),
+                                  lambda: RandomResizedCropRGBImageDecoder(16)])
+def test_corrupt_jpeg_names_the_sample(tmp_path, tiles, make):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(t,) for t in tiles])
+    region = _corrupt(view, "image", 7)
+    assert decode(make(), view, "image", [1, 2], region=region).shape[0] == 2
+    with pytest.raises(ValueError, match=r"'image', sample 7\b.*JPEG"):
+        decode(make(), view, "image", [1, 7, 2], region=region)
+
+
+# ---------------------------------------------------------------- field type checks
+
+
+@pytest.mark.parametrize("op, wrong", [
+    (SimpleRGBImageDecoder(), "label"), (CenterCropRGBImageDecoder(8), "score"),
+    (RandomResizedCropRGBImageDecoder(8), "blob"), (IntDecoder(), "image"),
+    (FloatDecoder(), "label"), (NDArrayDecoder(), "blob"), (BytesDecoder(), "array")])
+def test_wrong_field_type_names_the_field(tmp_path, tiles, op, wrong):
+    fields = {"image": RGBImageField(), "label": IntField(), "score": FloatField(),
+              "array": NDArrayField(np.float32, (2,)), "blob": BytesField()}
+    view = write(tmp_path / "d.beton", fields,
+                 [(tiles[0], 1, 0.5, np.zeros(2, np.float32), b"xy")])
+    with pytest.raises(TypeError, match=f"field '{wrong}' is a {type(fields[wrong]).__name__}"):
+        op.declare(None, view.fields[wrong], view)
+
+
+# ---------------------------------------------------------------- CenterCropRGBImageDecoder
+
+
+def center_box(h, w, ratio):
+    side = int(ratio * min(h, w))
+    return (h - side) // 2, (w - side) // 2, side, side
+
+
+@pytest.mark.parametrize("out_hw", [(48, 48), (64, 40), (150, 150)])
+def test_center_crop_raw_equals_reference(tmp_path, photos, out_hw):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("raw")}, [(p,) for p in photos])
+    order = [6, 2, 0, 5, 1, 3, 4]
+    out = decode(CenterCropRGBImageDecoder(out_hw, ratio=0.8), view, "image", order)
+    for row, i in zip(out, order):
+        ref = reference_resize(photos[i], center_box(*photos[i].shape[:2], 0.8), out_hw)
+        assert np.array_equal(row, ref)
+
+
+def test_center_crop_jpg_equals_full_decode_reference_when_not_reduced(tmp_path, photos):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(p,) for p in photos])
+    order = [0, 3, 5, 6]
+    out = decode(CenterCropRGBImageDecoder((72, 80)), view, "image", order)
+    for row, i in zip(out, order):
+        full = cv2.imdecode(payload(view, "image", i), cv2.IMREAD_COLOR_RGB)
+        box = center_box(*full.shape[:2], 224 / 256)
+        assert box[2] < 2 * 72  # no DCT reduction for these: the computation is OpenCV's own
+        assert np.array_equal(row, reference_resize(full, box, (72, 80)))
+
+
+@pytest.mark.parametrize("out, k", [(200, 2), (100, 4), (48, 8)])
+def test_center_crop_jpg_reduced_decoding_is_jpeg_close(tmp_path, photos, out, k):
+    astronaut = photos[2]  # 512 x 512: centre box 448, decoded at 1/k
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)}, [(astronaut,)])
+    row = decode(CenterCropRGBImageDecoder(out), view, "image", [0])[0]
+    full = cv2.imdecode(payload(view, "image", 0), cv2.IMREAD_COLOR_RGB)
+    box = center_box(512, 512, 224 / 256)
+    assert box[2] >= k * out and box[2] < 2 * k * out
+    ref = reference_resize(full, box, (out, out))
+    diff = np.abs(row.astype(int) - ref)
+    psnr = 10 * math.log10(255 ** 2 / np.mean(diff.astype(float) ** 2))
+    assert diff.mean() < 6 and psnr > 28
+    # a different image would be far: the tolerance is meaningful
+    other = reference_resize(full[::-1], box, (out, out))
+    assert np.abs(row.astype(int) - other).mean() > 20
+
+
+# ---------------------------------------------------------------- crop geometry
+
+
+def tv_get_params(rnd, height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision.transforms.RandomResizedCrop.get_params, in pure Python."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rnd.uniform(scale[0], scale[1])
+        aspect_ratio = math.exp(rnd.uniform(log_ratio[0], log_ratio[1]))
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            i = rnd.randint(0, height - h)
+            j = rnd.randint(0, width - w)
+            return i, j, h, w
+    in_ratio = float(width) / float(height)
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w = width
+        h = height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def ours(height, width, n, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), seed=0):
+    idx = np.arange(n, dtype=np.int64)
+    boxes = np.empty((n, 4), dtype=np.int64)
+    random_resized_crop_boxes(idx, np.full(n, height, np.uint16), np.full(n, width, np.uint16),
+                              sample_seeds(seed, 0, idx), op_salt("test"), scale[0], scale[1],
+                              ratio[0], ratio[1], boxes)
+    return boxes
+
+
+def theirs(height, width, n, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    rnd = random.Random(0)
+    return np.array([tv_get_params(rnd, height, width, scale, ratio) for _ in range(n)])
+
+
+@pytest.mark.parametrize("height, width, scale, ratio", [
+    (300, 400, (0.08, 1.0), (3 / 4, 4 / 3)), (120, 45, (0.08, 1.0), (3 / 4, 4 / 3)),
+    (200, 200, (0.35, 1.0), (0.5, 2.0))])
+def test_random_resized_crop_distribution_matches_torchvision(height, width, scale, ratio):
+    n = 20000
+    a, b = ours(height, width, n, scale, ratio), theirs(height, width, n, scale, ratio)
+    for boxes in (a, b):
+        assert boxes[:, 2].min() >= 1 and boxes[:, 3].min() >= 1
+    stats = {
+        "area": lambda x: x[:, 2] * x[:, 3] / (height * width),
+        "log_aspect": lambda x: np.log(x[:, 3] / x[:, 2]),
+        "top": lambda x: (x[:, 0] + 0.5) / (height - x[:, 2] + 1),
+        "left": lambda x: (x[:, 1] + 0.5) / (width - x[:, 3] + 1),
+    }
+    for name, f in stats.items():
+        qa, qb = np.quantile(f(a), [0.1, 0.25, 0.5, 0.75, 0.9]), np.quantile(f(b), [0.1, 0.25, 0.5, 0.75, 0.9])
+        spread = np.quantile(f(b), 0.9) - np.quantile(f(b), 0.1) + 1e-9
+        assert abs(f(a).mean() - f(b).mean()) < 0.03 * spread, name
+        assert np.all(np.abs(qa - qb) < 0.05 * spread), name
+    full = lambda x: np.mean((x[:, 2] == height) | (x[:, 3] == width))  # fallback-like boxes
+    assert abs(full(a) - full(b)) < 0.02
+
+
+def test_random_resized_crop_fallback_is_torchvisions():
+    # 20 x 400 never fits an area >= 8 % at aspect <= 4/3: the fallback box every time
+    a = ours(20, 400, 50)
+    assert np.all(a == np.array(tv_get_params(random.Random(0), 20, 400)))
+    assert tuple(a[0]) == (0, (400 - 27) // 2, 20, 27)
+
+
+def test_random_resized_crop_boxes_stay_inside_images():
+    rng = np.random.default_rng(0)
+    n = 5000
+    heights = rng.integers(1, 700, n).astype(np.uint16)
+    widths = rng.integers(1, 700, n).astype(np.uint16)
+    idx = np.arange(n, dtype=np.int64)
+    boxes = np.empty((n, 4), dtype=np.int64)
+    random_resized_crop_boxes(idx, heights, widths, sample_seeds(1, 0, idx), op_salt("x"),
+                              0.08, 1.0, 0.75, 4 / 3, boxes)
+    top, left, h, w = boxes.T
+    assert np.all((top >= 0) & (left >= 0) & (h >= 1) & (w >= 1))
+    assert np.all((top + h <= heights) & (left + w <= widths))
+    center = np.empty((n, 4), dtype=np.int64)
+    center_crop_boxes(idx, heights, widths, 224 / 256, center)
+    assert np.all(center[:, 2:] >= 1) and np.all(center[:, 0] + center[:, 2] <= heights)
+    assert np.all(center[:, 1] + center[:, 3] <= widths)
+
+
+def test_jpeg_reductions_pick_the_largest_factor_and_map_boxes():
+    idx = np.arange(4, dtype=np.int64)
+    modes = np.array([0, 0, 1, 0], np.uint8)
+    heights = np.array([512, 301, 512, 100], np.uint16)
+    widths = np.array([512, 299, 512, 100], np.uint16)
+    boxes = np.array([[32, 32, 448, 448], [1, 3, 300, 296], [32, 32, 448, 448], [0, 0, 100, 100]], np.int64)
+    factors = np.empty(4, np.int64)
+    dec = np.empty((4, 4), np.int64)
+    jpeg_reductions(idx, modes, heights, widths, boxes, 100, 100, 0, factors, dec)
+    assert factors.tolist() == [4, 2, 1, 1]  # raw images (mode 1) are never reduced
+    assert dec[0].tolist() == [8, 8, 112, 112]
+    # edges / 2 rounded half up: rows 0.5 -> 1 .. 150.5 -> 151 (the 151 x 150 image's last row)
+    assert dec[1].tolist() == [1, 2, 150, 148]
+    assert dec[2].tolist() == boxes[2].tolist() and dec[3].tolist() == boxes[3].tolist()
+
+
+# ---------------------------------------------------------------- RandomResizedCropRGBImageDecoder
+
+
+def test_random_resized_crop_pixels_follow_the_boxes(tmp_path, photos):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("raw")}, [(p,) for p in photos])
+    op = RandomResizedCropRGBImageDecoder((40, 56))
+    order = np.array([3, 6, 0, 2, 5], np.int64)
+    out = decode(op, view, "image", order, epoch=4, seed=9)
+    col = view.metadata["image"]
+    boxes = np.empty((5, 4), np.int64)
+    random_resized_crop_boxes(order, col["height"], col["width"], sample_seeds(9, 4, order), op.salt,
+                              0.08, 1.0, 3 / 4, 4 / 3, boxes)
+    for row, i, box in zip(out, order, boxes):
+        assert np.array_equal(row, reference_resize(photos[i], box, (40, 56)))
+
+
+def test_random_resized_crop_is_deterministic_per_sample(tmp_path, photos):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(p,) for p in photos])
+    a = decode(RandomResizedCropRGBImageDecoder(32), view, "image", [3, 1, 4], epoch=2)
+    b = decode(RandomResizedCropRGBImageDecoder(32), view, "image", [3, 1, 4], epoch=2)
+    c = decode(RandomResizedCropRGBImageDecoder(32), view, "image", [4, 0, 3], epoch=2)
+    d = decode(RandomResizedCropRGBImageDecoder(32), view, "image", [3, 1, 4], epoch=3)
+    assert np.array_equal(a, b)
+    assert np.array_equal(a[0], c[2]) and np.array_equal(a[2], c[0])  # batch composition is irrelevant
+    assert not np.array_equal(a, d)
+
+
+def test_crop_decoder_arguments_are_checked():
+    with pytest.raises(ValueError):
+        CenterCropRGBImageDecoder(0)
+    with pytest.raises(ValueError):
+        CenterCropRGBImageDecoder(32, ratio=1.5)
+    with pytest.raises(ValueError):
+        RandomResizedCropRGBImageDecoder(32, scale=(0.5, 0.1))
+    with pytest.raises(ValueError):
+        RandomResizedCropRGBImageDecoder(32, ratio=(0, 1))
+
+
+# ---------------------------------------------------------------- scalar, array and bytes fields
+
+
+def test_int_float_and_ndarray_decoders(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 20
+    labels = rng.integers(-10 ** 12, 10 ** 12, n)
+    scores = rng.normal(size=n)
+    arrays = rng.normal(size=(n, 3, 4)).astype(np.float32)
+    small = rng.integers(-300, 300, (n, 2)).astype(np.int16)
+    view = write(tmp_path / "d.beton", {"label": IntField(), "score": FloatField(),
+                                        "array": NDArrayField(np.float32, (3, 4)),
+                                        "small": NDArrayField(np.int16, (2,))},
+                 [(labels[i], scores[i], arrays[i], small[i]) for i in range(n)])
+    order = np.array([19, 0, 7, 7, 3])
+    got = decode(IntDecoder(), view, "label", order)
+    assert got.dtype == np.int64 and np.array_equal(got, labels[order])
+    got = decode(FloatDecoder(), view, "score", order)
+    assert got.dtype == np.float64 and np.array_equal(got, scores[order])
+    got = decode(NDArrayDecoder(), view, "array", order)
+    assert got.dtype == np.float32 and np.array_equal(got, arrays[order])
+    got = decode(NDArrayDecoder(), view, "small", order)
+    assert got.dtype == np.int16 and np.array_equal(got, small[order])
+
+
+def test_bytes_and_json_decoders_zero_pad(tmp_path):
+    blobs = [b"\x05", b"hello", bytes(range(256)) * 3, b"\x00\x01"]
+    docs = [{"a": 1}, ["x", 2.5], "text", {"nested": {"k": [1, 2, 3]}}]
+    view = write(tmp_path / "d.beton", {"blob": BytesField(), "doc": JSONField()},
+                 [(b, d) for b, d in zip(blobs, docs)])
+    order = [2, 0, 3, 1]
+    got = decode(BytesDecoder(), view, "blob", order)
+    assert got.shape == (4, 768) and got.dtype == np.uint8
+    for row, i in zip(got, order):
+        assert row[:len(blobs[i])].tobytes() == blobs[i] and not row[len(blobs[i]):].any()
+    # rows are reused between batches: padding must be rewritten, not left over
+    op = BytesDecoder()
+    spec = op.declare(None, view.fields["blob"], view)
+    buf = np.full(op.buffer_spec(spec, 4).shape, 7, np.uint8)
+    idx = np.array([1, 3])
+    ctx = BatchContext(idx, sample_seeds(0, 0, idx), view.open_region(), view.metadata["blob"],
+                       view.ptrs["blob"], view.sizes["blob"], 0)
+    out = op(None, buf, ctx)
+    assert out[0, :5].tobytes() == b"hello" and not out[0, 5:].any() and not out[1, 2:].any()
+    got = decode(BytesDecoder(), view, "doc", order)
+    assert JSONField.unpack(got) == [docs[i] for i in order]
+
+
+def test_decoders_work_with_an_in_memory_region(tmp_path, tiles):
+    # the process cache hands a plain ndarray instead of a memory map
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("raw")}, [(t,) for t in tiles])
+    region = np.array(view.open_region())
+    out = decode(SimpleRGBImageDecoder(), view, "image", [4, 8], region=region)
+    assert np.array_equal(out[0], tiles[4]) and np.array_equal(out[1], tiles[8])
+    with pytest.raises(ValueError, match="sample 8: payload lies outside"):
+        decode(SimpleRGBImageDecoder(), view, "image", [4, 8], region=region[:int(view.ptrs["image"][8]) + 10])

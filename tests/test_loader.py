@@ -1,0 +1,408 @@
+"""ffload.Loader: contents, epochs and orders, determinism across workers, memory managers, buffer
+reuse, thread hygiene, error propagation and construction errors."""
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import ffload
+from ffload.formats import (BytesField, FloatField, IntField, NDArrayField, RGBImageField,
+                            open_dataset, write_dataset)
+from ffload.loaders import (CenterCropRGBImageDecoder, Cutout, IntDecoder, LoaderError,
+                            RandomHorizontalFlip, RandomResizedCropRGBImageDecoder,
+                            SimpleRGBImageDecoder, ToDevice, ToTensor, ToTorchImage)
+from ffload.loaders.memory import ProcessCacheMemory, pages_spanned
+
+N = 101  # not a multiple of any batch size used below
+
+
+def digit_images(n):
+    """(n, 8, 8, 3) uint8 RGB images from sklearn's handwritten digits, and their labels."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    gray = (digits.images[:n] * 15).astype(np.uint8)
+    return np.repeat(gray[..., None], 3, axis=3), digits.target[:n].astype(np.int64)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return digit_images(N)
+
+
+def write_digits(path, images, labels, write_mode="raw"):
+    n = len(images)
+    fields = {"image": RGBImageField(write_mode), "label": IntField(), "index": IntField(),
+              "weight": FloatField(), "vec": NDArrayField(np.dtype("<f4"), (2,))}
+    samples = ((images[i], labels[i], i, i / 4, np.array([i, -i], np.float32)) for i in range(n))
+    return write_dataset(str(path), fields, samples, n)
+
+
+@pytest.fixture(scope="module", params=["beton", "lmdb"])
+def dataset(request, tmp_path_factory, digits):
+    path = tmp_path_factory.mktemp("ds") / f"digits.{request.param}"
+    return write_digits(path, *digits)
+
+
+def epoch_indices(loader):
+    """Sample ids of one epoch, batch by batch (the 'index' field)."""
+    return [b[loader.field_names.index("index")].numpy().copy() for b in loader]
+
+
+def indices_only():
+    return {"image": None, "label": None, "weight": None, "vec": None}
+
+
+# ------------------------------------------------------------------ contents
+def test_default_pipelines_decode_every_field(dataset, digits):
+    images, labels = digits
+    with ffload.Loader(dataset, batch_size=16, num_workers=2, order="sequential") as loader:
+        assert loader.field_names == ["image", "label", "index", "weight", "vec"]
+        seen = 0
+        for image, label, index, weight, vec in loader:
+            rows = slice(seen, seen + len(index))
+            assert image.dtype == torch.uint8 and image.shape[1:] == (8, 8, 3)
+            np.testing.assert_array_equal(image.numpy(), images[rows])
+            np.testing.assert_array_equal(label.numpy(), labels[rows])
+            assert label.dtype == torch.int64 and weight.dtype == torch.float64
+            np.testing.assert_array_equal(index.numpy(), np.arange(N)[rows])
+            np.testing.assert_array_equal(weight.numpy(), np.arange(N)[rows] / 4)
+            assert vec.dtype == torch.float32
+            np.testing.assert_array_equal(vec[:, 1].numpy(), -np.arange(N)[rows])
+            seen += len(index)
+        assert seen == N
+
+
+def test_disabled_fields_and_custom_pipeline(dataset, digits):
+    images, _ = digits
+    pipelines = {"label": None, "weight": None, "vec": None,
+                 "image": [CenterCropRGBImageDecoder((4, 4), ratio=1.0), ToTensor(), ToTorchImage(),
+                           torch.nn.Identity()]}
+    loader = ffload.Loader(dataset, batch_size=10, num_workers=1, order="sequential",
+                           pipelines=pipelines)
+    assert loader.field_names == ["image", "index"]
+    assert [type(op) for op in loader.pipelines["index"]] == [IntDecoder, ToTensor]
+    image, index = next(iter(loader))
+    assert image.shape == (10, 3, 4, 4) and index.shape == (10,)
+
+
+def test_loads_bytes_fields(tmp_path):
+    blobs = [np.arange(i % 7 + 1, dtype=np.uint8) + 1 for i in range(20)]
+    path = write_dataset(str(tmp_path / "b.beton"), {"blob": BytesField(), "i": IntField()},
+                         ((b, i) for i, b in enumerate(blobs)), 20)
+    loader = ffload.Loader(path, batch_size=6, num_workers=2, order="random")
+    for blob, i in loader:
+        assert blob.shape[1] == 7
+        for row, k in zip(blob.numpy(), i.numpy()):
+            np.testing.assert_array_equal(row[:len(blobs[k])], blobs[k])
+            assert not row[len(blobs[k]):].any()
+
+
+# ------------------------------------------------------------ epochs / orders
+@pytest.mark.parametrize("order", ["sequential", "random", "quasi_random"])
+@pytest.mark.parametrize("batch_size", [1, 7, N, 2 * N])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_sample_once_per_epoch(dataset, order, batch_size, drop_last):
+    loader = ffload.Loader(dataset, batch_size=batch_size, num_workers=2, order=order,
+                           drop_last=drop_last, pipelines=indices_only())
+    expected_len = N // batch_size if drop_last else -(-N // batch_size)
+    assert len(loader) == expected_len
+    for _ in range(2):
+        batches = epoch_indices(loader)
+        assert len(batches) == expected_len
+        assert all(len(b) == batch_size for b in batches[:-1])
+        got = np.concatenate(batches) if batches else np.empty(0, np.int64)
+        assert len(np.unique(got)) == len(got)  # nothing twice
+        if drop_last:
+            assert len(got) == expected_len * batch_size
+        else:
+            np.testing.assert_array_equal(np.sort(got), np.arange(N))
+        if order == "sequential":
+            np.testing.assert_array_equal(got, np.arange(len(got)))
+    loader.close()
+
+
+@pytest.mark.parametrize("order", ["random", "quasi_random"])
+def test_epochs_reshuffle(dataset, order):
+    loader = ffload.Loader(dataset, batch_size=10, num_workers=2, order=order,
+                           pipelines=indices_only())
+    e0, e1 = (np.concatenate(epoch_indices(loader)) for _ in range(2))
+    assert not np.array_equal(e0, e1)
+    assert loader.next_epoch == 2
+    again = ffload.Loader(dataset, batch_size=10, num_workers=1, order=order,
+                          pipelines=indices_only())
+    np.testing.assert_array_equal(np.concatenate(epoch_indices(again)), e0)
+    other_seed = ffload.Loader(dataset, batch_size=10, num_workers=1, order=order, seed=5,
+                               pipelines=indices_only())
+    assert not np.array_equal(np.concatenate(epoch_indices(other_seed)), e0)
+
+
+def test_indices_subset(dataset):
+    subset = [40, 3, 77, 3, 12, 100]
+    seq = ffload.Loader(dataset, batch_size=4, num_workers=1, order="sequential", indices=subset,
+                        pipelines=indices_only())
+    assert len(seq) == 2
+    np.testing.assert_array_equal(np.concatenate(epoch_indices(seq)), subset)
+    rnd = ffload.Loader(dataset, batch_size=4, num_workers=2, order="random",
+                        indices=np.array(subset), pipelines=indices_only())
+    np.testing.assert_array_equal(np.sort(np.concatenate(epoch_indices(rnd))), np.sort(subset))
+
+
+def test_quasi_random_reads_few_pages_per_batch(tmp_path):
+    # 2 MiB pages holding ~20 payloads of 100 kB each: 12 pages
+    n = 240
+    path = write_dataset(str(tmp_path / "pages.beton"), {"blob": BytesField(), "i": IntField()},
+                         ((np.full(100_000, i % 251, np.uint8), i) for i in range(n)), n,
+                         page_size=1 << 21)
+    pages = open_dataset(path).sample_pages
+    assert len(np.unique(pages)) >= 12
+
+    def pages_per_batch(order):
+        loader = ffload.Loader(path, batch_size=40, num_workers=1, order=order,
+                               pipelines={"blob": None})
+        got = [np.unique(pages[b[0].numpy()]).size for b in loader]
+        loader.close()
+        return np.mean(got)
+
+    assert pages_per_batch("quasi_random") * 2 < pages_per_batch("random")
+
+
+# --------------------------------------------------------------- determinism
+def augmented():
+    return {"image": [RandomResizedCropRGBImageDecoder((6, 6), scale=(0.3, 1.0)),
+                      RandomHorizontalFlip(), Cutout(2), ToTensor()], "label": None,
+            "weight": None, "vec": None}
+
+
+def run_epochs(path, epochs=2, **kw):
+    loader = ffload.Loader(path, pipelines=augmented(), **kw)
+    out = [[tuple(t.clone() for t in b) for b in loader] for _ in range(epochs)]
+    loader.close()
+    return out
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for ea, eb in zip(a, b):
+        assert len(ea) == len(eb)
+        for ba, bb in zip(ea, eb):
+            for ta, tb in zip(ba, bb):
+                assert torch.equal(ta, tb)
+
+
+def test_same_batches_for_any_num_workers(dataset):
+    runs = [run_epochs(dataset, batch_size=8, num_workers=w, seed=3, order="random")
+            for w in (1, 2, 3)]
+    assert_same_batches(runs[0], runs[1])
+    assert_same_batches(runs[0], runs[2])
+    # the augmentation is random: the two epochs differ for the same samples
+    def by_sample(epoch):
+        return {int(i): img for img, idx in epoch for i, img in zip(idx, img)}
+    e0, e1 = by_sample(runs[0][0]), by_sample(runs[0][1])
+    assert sum(not torch.equal(e0[i], e1[i]) for i in e0) > N // 2
+
+
+def test_os_cache_and_process_cache_give_identical_batches(dataset):
+    a = run_epochs(dataset, batch_size=9, num_workers=2, os_cache=True, order="quasi_random")
+    b = run_epochs(dataset, batch_size=9, num_workers=2, os_cache=False, order="quasi_random")
+    assert_same_batches(a, b)
+
+
+def test_process_cache_reads_each_page_once(tmp_path, monkeypatch):
+    n = 24
+    payloads = [np.full(300_000 + 1000 * i, i, np.uint8) for i in range(n)]  # some span 2 pages
+    path = write_dataset(str(tmp_path / "p.beton"), {"blob": BytesField()},
+                         ((p,) for p in payloads), n, page_size=1 << 21)
+    view = open_dataset(path)
+    reads = []
+    real_preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: reads.append(off) or
+                        real_preadv(fd, bufs, off))
+    memory = ProcessCacheMemory(view, ["blob"])
+    for batch in (np.array([5, 1]), np.array([1, 5]), np.arange(n), np.array([7])):
+        memory.prepare(batch)
+        for i in batch:
+            p, s = int(view.ptrs["blob"][i]), int(view.sizes["blob"][i])
+            np.testing.assert_array_equal(memory.region[p:p + s], payloads[i])
+    starts = [off // view.page_size for off in reads]
+    assert len(starts) == len(set(starts))  # no page read twice
+    memory.close()
+
+
+def test_pages_spanned():
+    ptrs = np.array([0, 10, 95, 300], np.uint64)
+    sizes = np.array([5, 0, 20, 100], np.uint64)
+    np.testing.assert_array_equal(pages_spanned(ptrs, sizes, 100), [0, 1, 3])
+    np.testing.assert_array_equal(pages_spanned(ptrs[:0], sizes[:0], 100), [])
+
+
+# ------------------------------------------------------------ buffer reuse
+def test_batch_valid_until_the_one_after_next_is_requested(dataset, digits):
+    images, _ = digits
+    loader = ffload.Loader(dataset, batch_size=5, num_workers=3, batches_ahead=1, order="random",
+                           pipelines={"label": None, "weight": None, "vec": None})
+    previous = None
+    for image, index in loader:
+        np.testing.assert_array_equal(image.numpy(), images[index.numpy()])
+        if previous is not None:  # still intact while we handle the next batch
+            np.testing.assert_array_equal(previous[0].numpy(), images[previous[1].numpy()])
+        previous = (image, index)
+    loader.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batches_equal_cpu_batches(dataset):
+    def pipelines(device):
+        image = [SimpleRGBImageDecoder(), RandomHorizontalFlip(), ToTensor()]
+        label = [IntDecoder(), ToTensor()]
+        if device:
+            image.append(ToDevice(device, non_blocking=True))
+            label.append(ToDevice(device, non_blocking=True))
+        return {"image": image + [ToTorchImage()], "label": label, "index": None, "weight": None,
+                "vec": None}
+
+    gpu = ffload.Loader(dataset, batch_size=8, num_workers=3, batches_ahead=1, seed=4,
+                        pipelines=pipelines("cuda:0"))
+    cpu = ffload.Loader(dataset, batch_size=8, num_workers=1, seed=4, pipelines=pipelines(None))
+    assert gpu.pin_memory and not cpu.pin_memory
+    for _ in range(2):
+        got = [(i.float().mean(dim=(1, 2, 3)), l * 2) for i, l in gpu]  # work on the GPU
+        want = [(i.float().mean(dim=(1, 2, 3)), l * 2) for i, l in cpu]
+        assert len(got) == len(want)
+        for (gi, gl), (ci, cl) in zip(got, want):
+            assert gi.is_cuda and torch.equal(gi.cpu(), ci) and torch.equal(gl.cpu(), cl)
+    gpu.close()
+    cpu.close()
+
+
+# ------------------------------------------------------------- thread hygiene
+def test_abandoned_iterators_do_not_leak_threads(dataset):
+    baseline = threading.active_count()
+    loader = ffload.Loader(dataset, batch_size=4, num_workers=3, order="random")
+    for _ in range(50):
+        it = iter(loader)
+        next(it)
+        del it
+        assert threading.active_count() <= baseline + 3
+    for _ in range(5):
+        for _ in loader:
+            break
+    np.testing.assert_array_equal(np.sort(np.concatenate(epoch_indices(loader))), np.arange(N))
+    loader.close()
+    assert threading.active_count() == baseline
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+
+
+def test_context_manager_joins_threads(dataset):
+    baseline = threading.active_count()
+    with ffload.Loader(dataset, batch_size=4, num_workers=2) as loader:
+        next(iter(loader))
+    assert threading.active_count() == baseline
+
+
+def test_new_iterator_supersedes_the_previous(dataset):
+    loader = ffload.Loader(dataset, batch_size=10, num_workers=2, order="sequential",
+                           pipelines=indices_only())
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    with pytest.raises(RuntimeError, match="newer iter"):
+        next(first)
+    assert second.epoch == 1
+    np.testing.assert_array_equal(np.concatenate([b[0].numpy().copy() for b in second]), np.arange(N))
+    with pytest.raises(StopIteration):
+        next(second)
+    loader.close()
+
+
+# ----------------------------------------------------------- worker errors
+def test_worker_exception_names_the_sample(tmp_path, digits):
+    images, labels = digits
+    path = write_digits(tmp_path / "jpg.beton", images[:30], labels[:30], write_mode="jpg")
+    view = open_dataset(path)
+    bad = 17
+    with open(path, "r+b") as f:  # wipe one JPEG payload (size unchanged)
+        f.seek(int(view.ptrs["image"][bad]))
+        f.write(b"\0" * int(view.sizes["image"][bad]))
+    baseline = threading.active_count()
+    loader = ffload.Loader(path, batch_size=4, num_workers=2, order="sequential",
+                           pipelines={"image": [CenterCropRGBImageDecoder(8, 1.0), ToTensor()]})
+    it = iter(loader)
+    got = []
+    with pytest.raises(LoaderError, match=f"sample {bad}") as info:
+        for image, *_ in it:
+            got.append(image)
+    assert info.value.sample_index == bad and info.value.field == "image"
+    assert info.value.__cause__ is not None
+    assert len(got) == bad // 4  # every batch before the broken one arrived
+    with pytest.raises(StopIteration):
+        next(it)
+    sub = ffload.Loader(path, batch_size=4, num_workers=2, indices=[i for i in range(30) if i != bad])
+    assert sum(len(b[1]) for b in sub) == 29
+    loader.close()
+    sub.close()
+    assert threading.active_count() == baseline
+
+
+# ------------------------------------------------------- construction errors
+def test_construction_errors(dataset, tmp_path):
+    def make(**kw):
+        args = dict(batch_size=4, num_workers=1)
+        args.update(kw)
+        return ffload.Loader(dataset, **args)
+
+    for bs in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="batch_size"):
+            make(batch_size=bs)
+    with pytest.raises(ValueError, match="num_workers"):
+        make(num_workers=0)
+    with pytest.raises(ValueError, match="unknown order"):
+        make(order="shuffle")
+    with pytest.raises(ValueError, match="seed"):
+        make(seed=-1)
+    with pytest.raises(ValueError, match="'labels'.*'label'"):
+        make(pipelines={"labels": [IntDecoder(), ToTensor()]})
+    with pytest.raises(TypeError, match="field 'label'.*IntField"):
+        make(pipelines={"label": [CenterCropRGBImageDecoder(4), ToTensor()]})
+    with pytest.raises(TypeError, match="field 'image'.*must start with a decoder"):
+        make(pipelines={"image": [ToTensor()]})
+    with pytest.raises(TypeError, match="field 'image'.*only the first"):
+        make(pipelines={"image": [CenterCropRGBImageDecoder(4), CenterCropRGBImageDecoder(4)]})
+    with pytest.raises(TypeError, match="field 'image'.*not an ffload Operation"):
+        make(pipelines={"image": [CenterCropRGBImageDecoder(4), "flip"]})
+    with pytest.raises(TypeError, match="field 'image'.*ToTorchImage"):
+        make(pipelines={"image": [CenterCropRGBImageDecoder(4), ToTorchImage()]})
+    with pytest.raises(ValueError, match="'label' is empty"):
+        make(pipelines={"label": []})
+    with pytest.raises(ValueError, match="disabled"):
+        make(pipelines={k: None for k in ("image", "label", "index", "weight", "vec")})
+    with pytest.raises(ValueError, match=r"indices\[1\] = 101 is out of range"):
+        make(indices=[0, N])
+    with pytest.raises(ValueError, match="out of range"):
+        make(indices=[-1])
+    with pytest.raises(ValueError, match="boolean mask"):
+        make(indices=np.ones(N, bool))
+    with pytest.raises(ValueError, match="empty"):
+        make(indices=[])
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        make(distributed=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="pin_memory=True needs CUDA"):
+            make(pin_memory=True)
+    with pytest.raises(ValueError, match="no such file"):
+        ffload.Loader(tmp_path / "missing.beton", batch_size=4)
+
+
+def test_images_of_several_sizes_need_a_crop_decoder(tmp_path):
+    from skimage import data
+    photo = data.astronaut()
+    images = [np.ascontiguousarray(photo[:20 + i, :30]) for i in range(4)]
+    path = write_dataset(str(tmp_path / "sizes.beton"), {"image": RGBImageField(), "i": IntField()},
+                         ((im, i) for i, im in enumerate(images)), 4)
+    with pytest.raises(ValueError, match="field 'image'.*several sizes.*CenterCropRGBImageDecoder"):
+        ffload.Loader(path, batch_size=2)
+    loader = ffload.Loader(path, batch_size=2, num_workers=1, order="sequential",
+                           pipelines={"image": [CenterCropRGBImageDecoder((10, 10)), ToTensor()]})
+    assert [tuple(b[0].shape) for b in loader] == [(2, 10, 10, 3)] * 2

@@ -1,0 +1,109 @@
+"""Traversal orders (ffload.loaders.orders): permutations, determinism, page locality, and the
+DistributedSampler split, checked against torch's own sampler."""
+import numpy as np
+import pytest
+from torch.utils.data import DistributedSampler
+
+from ffload.loaders.orders import (OrderOption, QuasiRandom, Random, Sequential, distributed_split,
+                                   make_order, parse_order, samples_per_rank)
+
+
+def test_parse_order_accepts_names_and_enum():
+    assert parse_order("random") is OrderOption.RANDOM
+    assert parse_order("QUASI_RANDOM") is OrderOption.QUASI_RANDOM
+    assert parse_order(" Sequential ") is OrderOption.SEQUENTIAL
+    assert parse_order(OrderOption.RANDOM) is OrderOption.RANDOM
+
+
+@pytest.mark.parametrize("bad", ["shuffled", "", 3, None])
+def test_parse_order_rejects_unknown(bad):
+    with pytest.raises(ValueError, match="unknown order"):
+        parse_order(bad)
+
+
+def test_sequential_keeps_the_given_order():
+    indices = np.array([5, 3, 9, 0], dtype=np.int64)
+    order = Sequential(indices, seed=0)
+    for epoch in range(3):
+        np.testing.assert_array_equal(order.sample_order(epoch), indices)
+
+
+def test_random_is_a_seeded_permutation_per_epoch():
+    indices = np.arange(100, dtype=np.int64) * 3
+    order = Random(indices, seed=7)
+    e0, e1 = order.sample_order(0), order.sample_order(1)
+    np.testing.assert_array_equal(np.sort(e0), indices)
+    np.testing.assert_array_equal(np.sort(e1), indices)
+    assert not np.array_equal(e0, e1)
+    np.testing.assert_array_equal(e0, Random(indices, seed=7).sample_order(0))
+    assert not np.array_equal(e0, Random(indices, seed=8).sample_order(0))
+
+
+def _pages_per_batch(order, sample_pages, batch_size):
+    return [len(np.unique(sample_pages[order[i:i + batch_size]]))
+            for i in range(0, len(order), batch_size)]
+
+
+def test_quasi_random_is_a_permutation_with_few_pages_per_batch():
+    # 40 pages of 50 samples each, pages laid out in sample order
+    sample_pages = np.repeat(np.arange(40), 50).astype(np.int64)
+    indices = np.arange(len(sample_pages), dtype=np.int64)
+    batch = 16
+    quasi = QuasiRandom(indices, 3, sample_pages, window_size=2 * batch)
+    rand = Random(indices, 3)
+    seen = []
+    for epoch in range(3):
+        order = quasi.sample_order(epoch)
+        np.testing.assert_array_equal(np.sort(order), indices)
+        seen.append(order)
+        q = _pages_per_batch(order, sample_pages, batch)
+        r = _pages_per_batch(rand.sample_order(epoch), sample_pages, batch)
+        assert max(q) <= 3  # a window of 32 samples lies within one or two 50-sample pages
+        assert np.mean(q) * 3 < np.mean(r)
+    assert not np.array_equal(seen[0], seen[1])
+    # shuffled within pages too: not the page's samples in storage order
+    assert not all(np.all(np.diff(seen[0][i:i + 50]) == 1) for i in range(0, 2000, 50))
+    np.testing.assert_array_equal(seen[0], QuasiRandom(indices, 3, sample_pages, 32).sample_order(0))
+
+
+def test_quasi_random_pages_follow_a_random_page_order():
+    sample_pages = np.repeat(np.arange(30), 10).astype(np.int64)
+    indices = np.arange(300, dtype=np.int64)
+    order = QuasiRandom(indices, 0, sample_pages, window_size=10).sample_order(0)
+    # window == page size: every block of 10 is exactly one page, pages not in storage order
+    blocks = sample_pages[order].reshape(30, 10)
+    assert (blocks == blocks[:, :1]).all()
+    assert not np.array_equal(blocks[:, 0], np.arange(30))
+
+
+def test_quasi_random_subset_repeats_and_samples_without_pages():
+    sample_pages = np.concatenate([np.repeat(np.arange(5), 20), np.full(30, -1)]).astype(np.int64)
+    indices = np.array(list(range(0, 130, 2)) + [4, 4, 127], dtype=np.int64)
+    order = QuasiRandom(indices, 1, sample_pages, window_size=8).sample_order(2)
+    np.testing.assert_array_equal(np.sort(order), np.sort(indices))
+    only_ints = np.full(50, -1, dtype=np.int64)
+    order = QuasiRandom(np.arange(50), 1, only_ints, window_size=8).sample_order(0)
+    np.testing.assert_array_equal(np.sort(order), np.arange(50))
+    assert not np.array_equal(order, np.arange(50))
+
+
+def test_make_order_dispatches():
+    idx = np.arange(10, dtype=np.int64)
+    assert isinstance(make_order(OrderOption.SEQUENTIAL, idx, 0), Sequential)
+    assert isinstance(make_order(OrderOption.RANDOM, idx, 0), Random)
+    assert isinstance(make_order(OrderOption.QUASI_RANDOM, idx, 0, np.zeros(10, np.int64), 4),
+                      QuasiRandom)
+
+
+@pytest.mark.parametrize("n", [1, 7, 12, 13])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 5])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_distributed_split_matches_torch_sampler(n, world_size, drop_last):
+    order = np.random.default_rng(n).permutation(n) + 100
+    for rank in range(world_size):
+        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False,
+                                     drop_last=drop_last)
+        expected = order[np.array(list(sampler), dtype=np.int64)]
+        got = distributed_split(order, rank, world_size, drop_last)
+        np.testing.assert_array_equal(got, expected)
+        assert len(got) == samples_per_rank(n, world_size, drop_last)
