@@ -11,7 +11,9 @@ for every batch, calls :meth:`Operation.__call__` on one worker thread::
     # x is the field's batch
 
 Operations are batch-level: Python touches the batch, compiled (numba ``nopython``,
-``nogil``) kernels touch the samples. Every random choice an operation makes must derive from
+``nogil``) kernels touch the samples. ``__call__`` runs concurrently on several worker threads
+(different batches, different buffer slots), so an operation keeps no per-call state on
+``self``: everything a call needs comes from its arguments. Every random choice an operation makes must derive from
 ``ctx.seeds`` (one 64-bit seed per sample, itself derived from ``(seed, epoch, sample index)``),
 never from global random state, so that batches do not depend on ``num_workers`` or thread
 timing.
@@ -112,7 +114,8 @@ class Operation:
     def buffer_spec(self, spec_out: Spec, batch_size: int) -> Optional[Spec]:
         """The output buffer this operation needs per batch slot, or ``None`` (in place, or a
         torch operation that allocates). Default: ``(batch_size,) + spec_out.shape`` of
-        ``spec_out.dtype``, a numpy array the loader allocates once per slot."""
+        ``spec_out.dtype``, a numpy array the loader allocates once per slot. A spec with
+        ``on_torch=True`` makes the loader allocate a ``torch.empty`` on ``spec.device``."""
         if spec_out.on_torch:
             return None
         return Spec((batch_size,) + tuple(spec_out.shape), spec_out.dtype)
