@@ -406,3 +406,17 @@ def test_images_of_several_sizes_need_a_crop_decoder(tmp_path):
     loader = ffload.Loader(path, batch_size=2, num_workers=1, order="sequential",
                            pipelines={"image": [CenterCropRGBImageDecoder((10, 10)), ToTensor()]})
     assert [tuple(b[0].shape) for b in loader] == [(2, 10, 10, 3)] * 2
+
+
+def test_two_identical_random_ops_draw_independently(dataset, digits):
+    """Two flips in one pipeline must not always cancel out (each op mixes in its position)."""
+    images, _ = digits
+    pipelines = {"image": [SimpleRGBImageDecoder(), RandomHorizontalFlip(), RandomHorizontalFlip(),
+                           ToTensor()], "label": None, "weight": None, "vec": None}
+    with ffload.Loader(dataset, batch_size=N, num_workers=1, order="sequential",
+                       pipelines=pipelines) as loader:
+        batch, index = next(iter(loader))
+        flipped = [not np.array_equal(batch[j].numpy(), images[i])
+                   for j, i in enumerate(index.numpy())]
+    # each sample is flipped an odd number of times with probability 1/2
+    assert 20 < sum(flipped) < N - 20

@@ -18,6 +18,7 @@ from ..formats.fields import (BytesField, FloatField, IntField, JSONField, NDArr
                               RGBImageField)
 from .decoders import (BytesDecoder, FloatDecoder, IntDecoder, NDArrayDecoder,
                        SimpleRGBImageDecoder)
+from .rng import op_salt
 from .operation import BatchContext, Operation, Spec
 from .torch_ops import ToTensor
 
@@ -103,6 +104,8 @@ class FieldPipeline:
             if not isinstance(spec, Spec):
                 raise TypeError(f"pipeline of field {name!r}: {type(op).__name__}.declare returned "
                                 f"{type(spec).__name__}, not a Spec")
+            if hasattr(op, "salt"):  # two identical random ops in one pipeline draw independently
+                op.salt = op_salt(int(op.salt), i)
             self.specs.append(spec)
         self.buffer_specs = [op.buffer_spec(s, batch_size) for op, s in zip(ops, self.specs)]
         self._to_pin = self._torch_input_buffer()
