@@ -16,7 +16,26 @@ def _human(n: float) -> str:
     return str(n)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """A group whose commands live in modules imported only when the command runs (they import
+    torch, which ``ffload convert`` / ``inspect`` do not need)."""
+
+    def __init__(self, *args, lazy=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._lazy = dict(lazy or {})
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self._lazy))
+
+    def get_command(self, ctx, name):
+        if name in self._lazy:
+            module, attr = self._lazy[name]
+            return getattr(__import__(module, fromlist=[attr]), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_LazyGroup, lazy={"bench": ("ffload.bench", "bench_command")},
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ffload")
 def main():
     """ffload: convert image datasets once into memory-mapped files (.beton, LMDB), then train
@@ -124,6 +143,11 @@ def inspect(path, as_json, grid, grid_count):
             click.echo(f"    {label:>5} {count:>8}  {'#' * max(1, round(30 * count / top))}")
     if grid:
         click.echo(f"  grid      {grid} ({info['grid']['images']} images)")
+
+
+@main.group(cls=_LazyGroup, lazy={"cifar10-resnet9": ("ffload.recipes.cifar10_resnet9", "recipe_command")})
+def recipe():
+    """Training recipes built on ffload's public API."""
 
 
 if __name__ == "__main__":  # pragma: no cover
