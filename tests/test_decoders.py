@@ -136,6 +136,17 @@ def test_corrupt_jpeg_names_the_sample(tmp_path, tiles, make):
         decode(make(), view, "image", [1, 7, 2], region=region)
 
 
+def test_jpeg_of_another_size_names_the_sample(tmp_path, tiles):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(t,) for t in tiles])
+    region = np.array(view.open_region())
+    small = cv2.imencode(".jpg", tiles[0][:20, :30])[1].reshape(-1)  # fits in sample 4's payload
+    p = int(view.ptrs["image"][4])
+    assert small.size <= int(view.sizes["image"][4])
+    region[p:p + small.size] = small
+    with pytest.raises(ValueError, match=r"sample 4: JPEG decodes to 30x20, metadata says 56x40"):
+        decode(SimpleRGBImageDecoder(), view, "image", [0, 4], region=region)
+
+
 # ---------------------------------------------------------------- field type checks
 
 

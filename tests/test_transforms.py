@@ -182,6 +182,11 @@ def test_normalize_checks():
         NormalizeImage(MEAN, STD).declare(Spec((8, 8, 3), np.dtype(np.float32)), FIELD, VIEW)
     with pytest.raises(TypeError, match="3 channels"):
         NormalizeImage(MEAN, STD).declare(Spec((8, 8, 4), np.dtype(np.uint8)), FIELD, VIEW)
+    with pytest.raises(TypeError, match="after ToTensor"):  # numpy has no bfloat16
+        NormalizeImage(MEAN, STD, torch.bfloat16).declare(Spec((8, 8, 3), np.dtype(np.uint8)), FIELD, VIEW)
+    spec = NormalizeImage(MEAN, STD, torch.bfloat16).declare(Spec((3, 8, 8), torch.uint8, on_torch=True),
+                                                             FIELD, VIEW)
+    assert spec.dtype == torch.bfloat16
 
 
 # ---------------------------------------------------------------- torch stage

@@ -7,7 +7,7 @@ releases the GIL, once per sample. Semantics follow FFCV 1.0.2's decoders
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Tuple, Union
 
 import cv2
 import numpy as np
@@ -62,15 +62,19 @@ def flat_view(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1)
 
 
-def _decode_jpeg(data: np.ndarray, flag: int, shape: Tuple[int, int], sample: int, name: str) -> np.ndarray:
-    """Decode one JPEG payload with OpenCV; check the decoded ``(h, w)`` against ``shape``."""
-    img = cv2.imdecode(data, flag)
+def _decode_jpeg(data: np.ndarray, k: int, height: int, width: int, sample: int, name: str) -> np.ndarray:
+    """Decode one JPEG payload to RGB at 1/k scale (k in 1, 2, 4, 8) with OpenCV; the result
+    must be ``ceil(height / k) x ceil(width / k)`` (the metadata's size, scaled as libjpeg does).
+
+    Raises ValueError naming the field and sample: corrupt data, or a size other than the metadata's."""
+    img = cv2.imdecode(data, _REDUCED_RGB[k])
     if img is None:
         raise ValueError(f"field '{name}', sample {sample}: corrupt JPEG ({data.size} bytes) "
                          "could not be decoded")
-    if img.shape != (shape[0], shape[1], 3):
-        raise ValueError(f"field '{name}', sample {sample}: JPEG decodes to {img.shape[1]}x"
-                         f"{img.shape[0]}, metadata says {shape[1]}x{shape[0]} (at 1/k scale)")
+    if img.shape[:2] != (-(-height // k), -(-width // k)):
+        size = f"{img.shape[1]}x{img.shape[0]}" + (f" at 1/{k} scale" if k > 1 else "")
+        raise ValueError(f"field '{name}', sample {sample}: JPEG decodes to {size}, metadata says "
+                         f"{width}x{height}")
     return img
 
 
@@ -147,7 +151,7 @@ class SimpleRGBImageDecoder(Decoder):
         for b in jpg_rows[:n_jpg].tolist():
             s = int(indices[b])
             p, n = int(ctx.ptrs[s]), int(ctx.sizes[s])
-            out[b] = _decode_jpeg(region[p:p + n], cv2.IMREAD_COLOR_RGB, self.shape[:2], s, self.field_name)
+            out[b] = _decode_jpeg(region[p:p + n], 1, self.shape[0], self.shape[1], s, self.field_name)
         return out
 
 
@@ -161,10 +165,11 @@ def _output_size(output_size) -> Tuple[int, int]:
 
 
 def resize_interpolation(crop_h: int, crop_w: int, out_h: int, out_w: int) -> int:
-    """OpenCV interpolation for resizing a ``crop_h x crop_w`` crop to ``out_h x out_w``:
-    ``INTER_AREA`` when either side shrinks by 2x or more (it averages, no aliasing), else
-    ``INTER_LINEAR`` (3x cheaper than INTER_AREA at these factors and closer to an antialiased
-    Lanczos reference when the factor is below 2)."""
+    """OpenCV interpolation for resizing a ``crop_h x crop_w`` crop to ``out_h x out_w`` (pixels):
+    ``INTER_AREA`` when either side shrinks by 2x or more (it averages: no aliasing), else
+    ``INTER_LINEAR``. Measured on photos against an antialiased Lanczos resize: below 2x,
+    INTER_LINEAR is 3-5x cheaper than INTER_AREA (whose non-integer path is slow) for about
+    1.5 dB less PSNR when shrinking, and better when enlarging. FFCV uses INTER_AREA always."""
     if crop_h >= 2 * out_h or crop_w >= 2 * out_w:
         return cv2.INTER_AREA
     return cv2.INTER_LINEAR
@@ -210,8 +215,7 @@ class _ResizedCropRGBImageDecoder(Decoder):
                                      "data region")
                 image = region[p:p + h * w * 3].reshape(h, w, 3)
             else:
-                shape = (-(-h // k), -(-w // k))
-                image = _decode_jpeg(region[p:p + int(sizes[s])], _REDUCED_RGB[k], shape, s, self.field_name)
+                image = _decode_jpeg(region[p:p + int(sizes[s])], k, h, w, s, self.field_name)
             crop = image[top:top + ch, left:left + cw]
             cv2.resize(crop, (out_w, out_h), dst=out[b],
                        interpolation=resize_interpolation(ch, cw, out_h, out_w))
@@ -224,7 +228,10 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     The crop is the centred square of side ``int(ratio * min(H, W))`` (FFCV's
     ``get_center_crop``), resized to ``output_size`` with :func:`resize_interpolation`. JPEGs are
     decoded at 1/k scale (libjpeg DCT scaling, k in 8, 4, 2) when the box at that scale still
-    covers the output size.
+    covers the output size; the box then snaps to the k-pixel grid (see
+    :func:`ffload.loaders.crops.jpeg_reductions`). Measured on 512-640 px q90 photos, decoding at
+    1/2, 1/4, 1/8 costs 20, 30, 40 % less than a full decode; the output is then a few grey
+    levels (30-37 dB PSNR) from a full decode + INTER_AREA resize of the same box.
 
     Args:
         output_size: ``(height, width)`` or an int (square), pixels.

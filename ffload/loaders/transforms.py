@@ -8,7 +8,7 @@ sample id)``. Kernels move pixels as unsigned integers of the element size, so e
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -262,11 +262,12 @@ class NormalizeImage(Operation):
     Args:
         mean, std: ``(C,)`` in the units of the uint8 input (e.g. ImageNet ``255 * [0.485, ...]``).
         dtype: floating output type, numpy (``np.float16``, ``np.float32``, ``np.float64``) or
-            the torch equivalent.
+            torch (``torch.bfloat16`` too, on the torch stage only).
 
     Raises:
-        ValueError: mean/std lengths differ or a std is 0; TypeError (declare): input not uint8
-            or without a C-sized axis.
+        ValueError: mean/std lengths differ, a std is 0, dtype not floating. TypeError
+            (declare): input not uint8 or without a C-sized axis, or a dtype numpy lacks on the
+            numpy stage.
     """
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], dtype=np.float32):
@@ -275,9 +276,9 @@ class NormalizeImage(Operation):
         if self.mean.size != self.std.size or not np.all(self.std != 0):
             raise ValueError(f"mean and std need one value per channel and std != 0, got "
                              f"{self.mean.tolist()} and {self.std.tolist()}")
-        self.dtype = numpy_dtype(dtype)
-        if self.dtype.kind != "f":
-            raise ValueError(f"NormalizeImage outputs a floating dtype, got {self.dtype}")
+        self.dtype = dtype
+        if not torch_dtype(dtype).is_floating_point:
+            raise ValueError(f"NormalizeImage outputs a floating dtype, got {dtype}")
         self.on_torch = False
 
     def declare(self, spec, field, view):
@@ -293,9 +294,13 @@ class NormalizeImage(Operation):
             if spec.shape[-1] != channels:
                 raise TypeError(f"NormalizeImage (field '{name}') needs numpy (H, W, {channels}) "
                                 f"images, got {spec}")
+            try:
+                dtype = numpy_dtype(self.dtype)
+            except TypeError as e:
+                raise TypeError(f"NormalizeImage (field '{name}'): {e}; use it after ToTensor") from e
             table = (np.arange(256, dtype=np.float64)[:, None] - self.mean) / self.std
-            self._table = _bits(table.astype(self.dtype)).reshape(-1)
-            return Spec(spec.shape, self.dtype)
+            self._table = _bits(table.astype(dtype)).reshape(-1)
+            return Spec(spec.shape, dtype)
         axis = 0 if spec.shape[0] == channels else 2
         shape = [1, 1, 1, 1]
         shape[axis + 1] = channels
