@@ -145,6 +145,30 @@ def inspect(path, as_json, grid, grid_count):
         click.echo(f"  grid      {grid} ({info['grid']['images']} images)")
 
 
+@main.command()
+@click.argument("path", type=click.Path())
+@click.option("--workers", type=click.IntRange(min=0), default=0, help="Threads (0: all cores).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def verify(path, workers, quiet):
+    """Decode every sample of PATH (.beton or LMDB) and report the ones that do not decode.
+
+    Exits with status 1 when a sample is bad, naming each one and the cause.
+    """
+    from .formats import DatasetError, open_dataset
+    from .verify import verify_dataset
+
+    try:
+        view = open_dataset(path)
+    except DatasetError as e:
+        raise click.ClickException(str(e))
+    problems = verify_dataset(view, num_workers=workers, progress=not quiet)
+    if problems:
+        for index, field, cause in problems:
+            click.echo(f"sample {index}, field {field!r}: {cause}", err=True)
+        raise click.ClickException(f"{path}: {len(problems)} of {view.num_samples} samples do not decode")
+    click.echo(f"{path}: all {view.num_samples} samples decode")
+
+
 @main.group(cls=_LazyGroup, lazy={"cifar10-resnet9": ("ffload.recipes.cifar10_resnet9", "recipe_command")})
 def recipe():
     """Training recipes built on ffload's public API."""

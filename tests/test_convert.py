@@ -237,3 +237,22 @@ def test_source_errors_raise_before_writing(tmp_path):
         ImageFolderSource(str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="suffix"):
         convert_dataset(ArraySource(np.zeros((1, 2, 2, 3), np.uint8), [0]), str(tmp_path / "x.zip"))
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_verify_finds_corrupt_jpeg(tmp_path, digits_folder, suffix):
+    from ffload.formats import RGBImageField, write_dataset
+    imgs = digits_folder[1][:6]
+    dst = tmp_path / f"j{suffix}"
+    write_dataset(str(dst), {"image": RGBImageField("jpg")}, [(im,) for im in imgs], 6)
+    r = run_cli("verify", dst, "--quiet")
+    assert r.exit_code == 0 and "all 6 samples decode" in r.output
+    view = open_dataset(str(dst))
+    p, n = int(view.ptrs["image"][4]), int(view.sizes["image"][4])
+    data_file = view.data_path
+    with open(data_file, "r+b") as f:  # wipe the entropy-coded data and the markers of sample 4
+        f.seek(p + 2)
+        f.write(b"\0" * (n - 2))
+    r = run_cli("verify", dst, "--quiet")
+    assert r.exit_code != 0
+    assert "sample 4, field 'image'" in r.output and "1 of 6 samples" in r.output
