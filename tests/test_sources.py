@@ -447,3 +447,16 @@ def test_detect_source_errors(tmp_path, cifar10, cifar100):
         detect_source(cifar100, split="val")
     with pytest.raises(SourceError, match="no class subfolders"):
         detect_source(cifar10, kind="imagefolder")  # forced: the batch files are not class folders
+
+
+def test_cifar_repickled_by_numpy2_is_read(tmp_path):
+    """Archives re-pickled under numpy 2 name numpy._core.multiarray._reconstruct: admitted too."""
+    import pickle
+    from ffload.convert.cifar import read_cifar_pickle
+    data = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
+    path = tmp_path / "data_batch_1"
+    with open(path, "wb") as f:
+        pickle.dump({b"data": data, b"labels": [3, 4]}, f, protocol=4)
+    assert b"numpy._core" in path.read_bytes()
+    batch = read_cifar_pickle(str(path))
+    np.testing.assert_array_equal(batch["data"], data)

@@ -10,10 +10,10 @@ Layouts (https://www.cs.toronto.edu/~kriz/cifar.html):
 
 Every batch is a Python 2 pickle (protocol 2) of a dict; ``data`` is an ``(N, 3072) uint8`` numpy array, each row
 the 1024 red, then 1024 green, then 1024 blue values of a 32x32 image in row-major order. The files are read with
-``encoding='bytes'`` (as the dataset page says) by an unpickler that resolves exactly three globals,
-``numpy.core.multiarray._reconstruct``, ``numpy.ndarray`` and ``numpy.dtype`` (``numpy.core`` is ``numpy._core``
-on numpy 2); any other global (``os.system``, ``builtins.eval``, ...) is refused, so a malicious file cannot run
-code. Files re-pickled by numpy 2 (which names ``numpy._core.multiarray``) are refused: use the originals.
+``encoding='bytes'`` (as the dataset page says) by an unpickler that resolves exactly these globals:
+``numpy.core.multiarray._reconstruct`` (also under its numpy 2 name ``numpy._core.multiarray``, for archives
+re-pickled by numpy 2), ``numpy.ndarray`` and ``numpy.dtype``; any other global (``os.system``,
+``builtins.eval``, ...) is refused, so a malicious file cannot run code.
 """
 from __future__ import annotations
 
@@ -49,6 +49,7 @@ def _numpy_core_multiarray():
 
 _ALLOWED_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"): lambda: _numpy_core_multiarray()._reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): lambda: _numpy_core_multiarray()._reconstruct,
     ("numpy", "ndarray"): lambda: np.ndarray,
     ("numpy", "dtype"): lambda: np.dtype,
 }
