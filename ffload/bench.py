@@ -864,13 +864,6 @@ def _parse_workers(text: str) -> List[int]:
     return sorted(set(values))
 
 
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 @click.command("bench")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--pipeline", type=click.Choice(("auto",) + PIPELINES), default="auto", show_default=True,
@@ -907,7 +900,9 @@ def bench_command(path, pipeline, size, epochs, batch_size, num_workers, repeats
         pipeline = choose_pipeline(info, pipeline)
     except (DatasetError, ValueError, OSError) as e:
         raise click.ClickException(str(e))
-    num_workers = num_workers or _cpu_count()
+    from ffload.system import available_cpus  # here: workers load this file by path
+
+    num_workers = num_workers or available_cpus()
     batch_size = batch_size or DEFAULT_BATCH_SIZE[pipeline]
     workers = _parse_workers(workers_list) if workers_list else sorted({1, num_workers})
     if not plot:

@@ -6,8 +6,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Tuple
 
-import numpy as np
-
 from .formats import DatasetView
 from .formats.fields import JSONField, RGBImageField
 from .inspect import decode_image

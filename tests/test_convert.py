@@ -161,8 +161,15 @@ def test_existing_destination_needs_overwrite(tmp_path, digits_folder):
     assert open_dataset(str(dst)).num_samples == 1797
 
 
-@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
-def test_full_disk_leaves_nothing(tmp_path, monkeypatch, suffix):
+def _lmdb_disk_full():
+    import lmdb
+    return lmdb.Error("mdb_txn_commit: " + os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("suffix,error", [(".beton", lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
+                                          (".lmdb", lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
+                                          (".lmdb", _lmdb_disk_full)])
+def test_full_disk_leaves_nothing(tmp_path, monkeypatch, suffix, error):
     from ffload.formats import beton, lmdb_format
 
     calls = {"n": 0}
@@ -172,7 +179,7 @@ def test_full_disk_leaves_nothing(tmp_path, monkeypatch, suffix):
     def add(self, *args):
         calls["n"] += 1
         if calls["n"] == 5:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise error()
         return original(self, *args)
 
     monkeypatch.setattr(cls, "add", add)

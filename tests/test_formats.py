@@ -357,3 +357,34 @@ def test_no_payload_fields_and_empty_payloads(tmp_path, suffix):
     view = open_dataset(dst)
     assert [bytes(view.payload("b", i)) for i in range(5)] == blobs
     assert view.metadata["c"].tolist() == list(range(5))
+
+
+def test_lmdb_zero_copy_in_a_path_with_spaces(tmp_path):
+    fields, samples = all_field_samples()
+    folder = tmp_path / "dir with space"
+    folder.mkdir()
+    write_dataset(str(folder / "s.lmdb"), fields, samples, len(samples))
+    view = open_dataset(str(folder / "s.lmdb"))
+    assert view.data_path == str(folder / "s.lmdb" / "data.mdb")  # mapped, not copied
+    check_view(view, samples)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda m: m["fields"][0].update(arguments={"bogus": 1}), "invalid arguments"),
+    (lambda m: m.pop("num_samples"), "invalid num_samples"),
+    (lambda m: m["fields"][1].pop("name"), "has no"),
+    (lambda m: m.update(version=9), "unsupported ffload LMDB version 9"),
+])
+def test_lmdb_corrupt_metadata_record_refused(tmp_path, change, message):
+    import lmdb
+    fields, samples = all_field_samples()
+    path = str(tmp_path / "m.lmdb")
+    write_dataset(path, fields, samples, len(samples))
+    env = lmdb.open(path, map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        meta = json.loads(txn.get(b"__ffload__"))
+        change(meta)
+        txn.put(b"__ffload__", json.dumps(meta).encode())
+    env.close()
+    with pytest.raises(DatasetError, match=message):
+        open_dataset(path)

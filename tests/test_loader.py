@@ -401,7 +401,7 @@ def test_images_of_several_sizes_need_a_crop_decoder(tmp_path):
     images = [np.ascontiguousarray(photo[:20 + i, :30]) for i in range(4)]
     path = write_dataset(str(tmp_path / "sizes.beton"), {"image": RGBImageField(), "i": IntField()},
                          ((im, i) for i, im in enumerate(images)), 4)
-    with pytest.raises(ValueError, match="field 'image'.*several sizes.*CenterCropRGBImageDecoder"):
+    with pytest.raises(TypeError, match="field 'image'.*several sizes.*CenterCropRGBImageDecoder"):
         ffload.Loader(path, batch_size=2)
     loader = ffload.Loader(path, batch_size=2, num_workers=1, order="sequential",
                            pipelines={"image": [CenterCropRGBImageDecoder((10, 10)), ToTensor()]})
@@ -420,3 +420,44 @@ def test_two_identical_random_ops_draw_independently(dataset, digits):
                    for j, i in enumerate(index.numpy())]
     # each sample is flipped an odd number of times with probability 1/2
     assert 20 < sum(flipped) < N - 20
+
+
+def test_for_loop_over_a_temporary_loader_sees_every_batch(dataset):
+    """Nothing but the iterator references the loader: it must not shut down mid-epoch."""
+    seen = [len(b[0]) for b in ffload.Loader(dataset, batch_size=4, num_workers=1, batches_ahead=1,
+                                              order="sequential", pipelines=indices_only())]
+    assert sum(seen) == N and len(seen) == -(-N // 4)
+
+
+def test_one_op_object_shared_by_two_pipelines(tmp_path):
+    """declare() state lives on per-pipeline copies: a decoder shared by fields of different
+    payload sizes decodes both correctly (no out-of-bounds writes)."""
+    from ffload.loaders import BytesDecoder
+    path = str(tmp_path / "two.beton")
+    small = [np.arange(4, dtype=np.uint8) + i for i in range(6)]
+    big = [np.full(20000, i, np.uint8) for i in range(6)]
+    write_dataset(path, {"a": BytesField(), "b": BytesField()}, list(zip(small, big)), 6)
+    shared = BytesDecoder()
+    with ffload.Loader(path, batch_size=3, num_workers=2, order="sequential",
+                       pipelines={"a": [shared, ToTensor()], "b": [shared, ToTensor()]}) as loader:
+        rows = [(a.numpy().copy(), b.numpy().copy()) for a, b in loader]
+    a = np.concatenate([r[0] for r in rows])
+    b = np.concatenate([r[1] for r in rows])
+    assert a.shape == (6, 4) and b.shape == (6, 20000)
+    np.testing.assert_array_equal(a, np.stack(small))
+    np.testing.assert_array_equal(b, np.stack(big))
+
+
+def test_last_batch_of_an_epoch_survives_the_next_iter(dataset):
+    """The documented rule across epochs: starting the next epoch does not overwrite the batch
+    just yielded (it stays valid until the batch after the next one is requested)."""
+    with ffload.Loader(dataset, batch_size=8, num_workers=2, order="sequential",
+                       pipelines=indices_only()) as loader:
+        last = None
+        for (index,) in loader:
+            last = index
+        expected = last.numpy().copy()
+        it = iter(loader)
+        first = next(it)[0].numpy().copy()
+        np.testing.assert_array_equal(last.numpy(), expected)
+        assert first[0] == 0

@@ -221,7 +221,7 @@ def test_smoke_run_through_cli_writes_reports(cifar_dir, tmp_path, fmt):
     assert m["device_hours"] == pytest.approx(m["total_seconds"] / 3600)
     assert m["total_seconds"] >= m["train_seconds"] > 0
     assert m["config"]["epochs"] == 1 and m["config"]["batch_size"] == 20
-    assert m["config"]["width"] == 0.25 and m["config"]["nesterov"] is True
+    assert m["config"]["width"] == 0.25 and m["config"]["nesterov"] is False  # FFCV's example uses plain momentum
     assert m["data"]["format"] == fmt and m["data"]["num_train"] == 300
     (row,) = m["epochs"]
     assert 0 <= row["data_wait_fraction"] <= 1

@@ -91,11 +91,11 @@ def test_cutout_matches_numpy_reference(batch, size):
     out = run(op, batch, ctx)
     h, w = batch.shape[1:3]
     for xi, oi, s in zip(batch, out, ctx.seeds):
-        cy, cx = draws(s, op.salt, 2, h, w)
+        y0, x0 = draws(s, op.salt, 2, max(h - size + 1, 1), max(w - size + 1, 1))
         ref = xi.copy()
-        ref[max(cy - size // 2, 0):max(cy - size // 2 + size, 0),
-            max(cx - size // 2, 0):max(cx - size // 2 + size, 0)] = (1, 2, 3)
+        ref[y0:y0 + size, x0:x0 + size] = (1, 2, 3)  # FFCV's rule: always inside the image
         assert np.array_equal(oi, ref)
+        assert (np.all(oi == (1, 2, 3), axis=-1).sum() >= min(size, h) * min(size, w))
 
 
 def test_random_ops_are_deterministic_and_epoch_dependent(batch):

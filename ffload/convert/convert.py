@@ -11,7 +11,8 @@ import numpy as np
 
 from ..formats import dataset_writer, format_for_path
 from ..formats.fields import Field, IntField, RGBImageField
-from .encode import default_workers, encoded_chunks
+from ..system import available_cpus, path_bytes
+from .encode import encoded_chunks
 
 
 class ConvertError(RuntimeError):
@@ -52,6 +53,7 @@ class ConvertReport:
                 "bytes_per_sample": round(self.bytes_per_sample, 1), "seconds": round(self.seconds, 3),
                 "images_per_second": round(self.samples / self.seconds, 1) if self.seconds else None,
                 "workers": self.workers,
+                "label_counts": None if self.label_counts is None else self.label_counts.tolist(),
                 "skipped": [{"input": i, "cause": c} for i, c in self.skipped]}
 
 
@@ -65,10 +67,13 @@ def image_fields(write_mode: str = "raw", max_resolution: Optional[int] = None, 
             "label": IntField()}
 
 
-def _disk_size(path: str) -> int:
-    if os.path.isdir(path):
-        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
-    return os.path.getsize(path)
+def _disk_full(e: Exception) -> bool:
+    """Whether ``e`` reports a full disk or quota: ``OSError`` ENOSPC/EDQUOT, or an ``lmdb.Error``
+    carrying that message (py-lmdb reports system errors as text)."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return type(e).__module__ == "lmdb" and (os.strerror(errno.ENOSPC) in str(e)
+                                             or os.strerror(errno.EDQUOT) in str(e))
 
 
 def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: Optional[int] = None,
@@ -91,6 +96,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
         overwrite: replace an existing ``dst`` (only once the new one is complete).
         progress: show a tqdm bar (images/s) on stderr.
         page_size: ``.beton`` page size in bytes (power of two >= 2 MiB; grows for large samples).
+        chunk_size: samples per worker task (default: sized so that a task carries ~16 MiB).
         fields: override the fields (default: :func:`image_fields` from the arguments above).
         source_kind: force the source detection (``'imagefolder'``, ``'cifar10'``, ``'cifar100'``).
 
@@ -117,9 +123,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
     n = len(source)
     if n == 0:
         raise ConvertError(f"{getattr(source, 'name', source)}: the source has no samples")
-    workers = default_workers() if num_workers is None else max(0, int(num_workers))
-    if chunk_size is None:  # ~4 chunks per worker at least, at most 256 samples per message
-        chunk_size = int(np.clip(n // (4 * max(workers, 1)), 1, 256))
+    workers = available_cpus() if num_workers is None else max(0, int(num_workers))
     flist = list(fields.values())
     label_pos = list(fields).index("label") if "label" in fields else None
     labels = np.zeros(n, dtype=np.int64)
@@ -134,13 +138,13 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
         with dataset_writer(dst, fields, n, overwrite=overwrite, page_size=page_size) as writer:
             chunks = encoded_chunks(source, fields, workers, chunk_size)
             try:
-                for chunk in chunks:
+                for chunk, slab in chunks:
                     if chunk.errors:
                         if on_error == "fail":
                             _, name, cause = chunk.errors[0]
                             raise ConvertError(f"{name}: {cause}")
                         skipped.extend((name, cause) for _, name, cause in chunk.errors)
-                    for _, metas, payloads in chunk.samples(flist):
+                    for _, metas, payloads in chunk.samples(flist, slab):
                         writer.add(written, metas, payloads)
                         if label_pos is not None:
                             labels[written] = int(metas[label_pos])
@@ -150,10 +154,10 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
             finally:
                 chunks.close()
             if written == 0:
-                raise ConvertError(f"{getattr(source, 'name', 'source')}: every input failed; "
-                                   f"first: {skipped[0][0]}: {skipped[0][1]}" if skipped else "no samples")
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise ConvertError(f"{getattr(source, 'name', 'source')}: every input failed; first: "
+                                   f"{skipped[0][0]}: {skipped[0][1]}")
+    except Exception as e:  # OSError from our writes, lmdb.Error from LMDB's
+        if _disk_full(e):
             raise ConvertError(f"{dst}: no space left on the device while writing; nothing was "
                                f"written (the partial output was removed)") from e
         raise
@@ -166,5 +170,5 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
     if label_pos is not None and written and labels[:written].min() >= 0:
         counts = np.bincount(labels[:written], minlength=len(classes) if classes else 0)
     return ConvertReport(dst=dst, format=fmt, samples=written, classes=len(classes) if classes else None,
-                         bytes=_disk_size(dst), seconds=seconds, skipped=skipped, label_counts=counts,
+                         bytes=path_bytes(dst), seconds=seconds, skipped=skipped, label_counts=counts,
                          workers=workers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, Optional, Sequence
 
-from .beton import HEADER_TYPE, VERSION as BETON_VERSION, open_beton
+from .beton import open_beton
 from .fields import (BytesField, Field, FieldError, FloatField, IntField, JSONField, NDArrayField,
                      RGBImageField)
 from .lmdb_format import open_lmdb

@@ -25,8 +25,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .fields import FIELD_TYPES, Field, metadata_dtype
-from .view import DatasetError, DatasetView
+from .fields import FIELD_TYPES, Field, metadata_dtype, named_metadata_dtype
+from .view import DatasetView, dataset_error
 
 VERSION = 2
 HEADER_TYPE = np.dtype([("version", "<u2"), ("num_fields", "<u2"), ("page_size", "<u4"),
@@ -200,18 +200,14 @@ class BetonWriter:
             pass
 
 
-def _fail(path: str, cause: str) -> DatasetError:
-    return DatasetError(f"{path}: {cause}")
-
-
 def read_header(path: str, fp) -> np.void:
     """Read and sanity-check the header; raises DatasetError naming the cause."""
     raw = fp.read(HEADER_TYPE.itemsize)
     if len(raw) < HEADER_TYPE.itemsize:
-        raise _fail(path, "not a .beton dataset (file shorter than the header)")
+        raise dataset_error(path, "not a .beton dataset (file shorter than the header)")
     header = np.frombuffer(raw, dtype=HEADER_TYPE)[0]
     if int(header["version"]) != VERSION:
-        raise _fail(path, f"not a .beton v{VERSION} dataset (format version field reads "
+        raise dataset_error(path, f"not a .beton v{VERSION} dataset (format version field reads "
                           f"{int(header['version'])})")
     return header
 
@@ -229,38 +225,38 @@ def open_beton(path: str) -> DatasetView:
         num_fields, n = int(header["num_fields"]), int(header["num_samples"])
         page_size, table_ptr = int(header["page_size"]), int(header["alloc_table_ptr"])
         if num_fields == 0 or page_size == 0 or page_size & (page_size - 1):
-            raise _fail(path, f"corrupt header (num_fields={num_fields}, page_size={page_size})")
+            raise dataset_error(path, f"corrupt header (num_fields={num_fields}, page_size={page_size})")
         desc_end = HEADER_TYPE.itemsize + num_fields * FIELD_DESC_TYPE.itemsize
         if desc_end > size:
-            raise _fail(path, "truncated (field descriptors cut off)")
+            raise dataset_error(path, "truncated (field descriptors cut off)")
         desc = np.frombuffer(fp.read(num_fields * FIELD_DESC_TYPE.itemsize), dtype=FIELD_DESC_TYPE)
         fields: Dict[str, Field] = {}
         for d in desc:
             name = d["name"].tobytes().split(b"\0", 1)[0].decode("ascii", "replace")
             cls = FIELD_TYPES.get(int(d["type_id"]))
             if cls is None:
-                raise _fail(path, f"field {name!r} has unknown type id {int(d['type_id'])} "
+                raise dataset_error(path, f"field {name!r} has unknown type id {int(d['type_id'])} "
                                   "(a custom ffcv field)")
             if name in fields:
-                raise _fail(path, f"duplicate field name {name!r}")
+                raise dataset_error(path, f"duplicate field name {name!r}")
             try:
                 fields[name] = cls.from_binary(d["arguments"])
             except ValueError as e:
-                raise _fail(path, f"field {name!r}: {e}") from e
+                raise dataset_error(path, f"field {name!r}: {e}") from e
         mtype = metadata_dtype(list(fields.values()))
         meta_end = desc_end + n * mtype.itemsize
         if meta_end > size or not meta_end <= table_ptr <= size:
-            raise _fail(path, f"truncated or corrupt: metadata ends at {meta_end}, allocation table "
+            raise dataset_error(path, f"truncated or corrupt: metadata ends at {meta_end}, allocation table "
                               f"at {table_ptr}, file size {size} bytes")
         if (size - table_ptr) % ALLOC_TYPE.itemsize:
-            raise _fail(path, "truncated (allocation table is not a whole number of entries)")
+            raise dataset_error(path, "truncated (allocation table is not a whole number of entries)")
         metadata = np.fromfile(fp, dtype=mtype, count=n, offset=0) if n else np.zeros(0, mtype)
         fp.seek(table_ptr)
         table = np.frombuffer(fp.read(size - table_ptr), dtype=ALLOC_TYPE)
     ends = table["ptr"] + table["size"]
     if table.size and (ends.max() > table_ptr or table["ptr"].min() < meta_end
                        or table["sample_id"].max() >= n or np.any(ends < table["ptr"])):
-        raise _fail(path, "allocation table points outside the data region")
+        raise dataset_error(path, "allocation table points outside the data region")
     # Look up each payload's allocation by (ptr, sample id): a zero-size payload shares its
     # offset with the next one, so the offset alone can be ambiguous.
     order = np.lexsort((table["sample_id"], table["ptr"]))
@@ -280,16 +276,13 @@ def open_beton(path: str) -> DatasetView:
             hi = np.searchsorted(t_ptr, p[i], side="right")
             match = np.flatnonzero(t_sid[pos[i]:hi] == i)
             if match.size == 0:
-                raise _fail(path, f"sample {int(i)}, field {name!r}: payload offset {int(p[i])} is "
+                raise dataset_error(path, f"sample {int(i)}, field {name!r}: payload offset {int(p[i])} is "
                                   "not in the allocation table (corrupt file)")
             pos_c[i] = pos[i] + match[0]
         ptrs[name], sizes[name] = p, t_size[pos_c].astype(np.uint64)
         problem = f.check_payloads(col, sizes[name])
         if problem:
-            raise _fail(path, f"field {name!r}: {problem}")
-    named = metadata.view(np.ndarray)
-    named.dtype = np.dtype({"names": list(fields), "formats": [mtype.fields[f"f{k}"][0] for k in range(len(fields))],
-                            "offsets": [mtype.fields[f"f{k}"][1] for k in range(len(fields))],
-                            "itemsize": mtype.itemsize})
+            raise dataset_error(path, f"field {name!r}: {problem}")
+    named = metadata.view(named_metadata_dtype(fields))
     return DatasetView(path=path, format="beton", num_samples=n, fields=fields, metadata=named,
                        ptrs=ptrs, sizes=sizes, data_path=path, data_size=size, page_size=page_size)

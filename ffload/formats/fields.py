@@ -16,11 +16,13 @@ Payload encodings:
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Dict, Optional, Tuple
 
 import cv2
 import numpy as np
 
+MAX_PAYLOAD = 1 << 31  # bytes: a .beton page (uint32 page size) holds at most this much
 ARG_SIZE = 1024  # bytes of the per-field argument block in the .beton field descriptor
 
 JPG, RAW = 0, 1  # RGBImageField metadata 'mode' values (FFCV's IMAGE_MODES)
@@ -44,10 +46,6 @@ class Field:
     type_id: int = 255
     metadata_type: np.dtype
     ptr_name: Optional[str] = None
-
-    @property
-    def has_payload(self) -> bool:
-        return self.ptr_name is not None
 
     def arguments(self) -> Dict[str, Any]:
         """The field's arguments as a JSON-able dict (stored in LMDB's metadata record)."""
@@ -212,7 +210,10 @@ class NDArrayField(Field):
             raise FieldError(f"NDArrayField shape must have 1..32 positive dims, got {shape}")
         if self.dtype.hasobject:
             raise FieldError("NDArrayField cannot store object arrays")
-        self.element_size = int(self.dtype.itemsize * np.prod(self.shape))
+        self.element_size = self.dtype.itemsize * math.prod(self.shape)  # Python ints: no overflow
+        if self.element_size > MAX_PAYLOAD:
+            raise FieldError(f"NDArrayField of shape {self.shape} would need {self.element_size} "
+                             f"bytes per sample (more than {MAX_PAYLOAD})")
 
     def arguments(self):
         return {"dtype": self.dtype.str, "shape": list(self.shape)}
@@ -421,3 +422,11 @@ def metadata_dtype(fields) -> np.dtype:
     """The per-sample metadata record of a dataset: the fields' records in order, aligned
     (FFCV's ``get_metadata_type``: ``np.dtype([('', t) ...], align=True)``, names f0, f1, ...)."""
     return np.dtype([("", f.metadata_type) for f in fields], align=True)
+
+
+def named_metadata_dtype(fields: Dict[str, "Field"]) -> np.dtype:
+    """:func:`metadata_dtype` with the fields' names instead of f0, f1, ... (same layout)."""
+    base = metadata_dtype(list(fields.values()))
+    return np.dtype({"names": list(fields), "formats": [base.fields[f"f{k}"][0] for k in range(len(fields))],
+                     "offsets": [base.fields[f"f{k}"][1] for k in range(len(fields))],
+                     "itemsize": base.itemsize})

@@ -60,8 +60,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .fields import FIELD_CLASSES, Field, metadata_dtype
-from .view import DatasetError, DatasetView
+from .fields import FIELD_CLASSES, Field, named_metadata_dtype
+from .view import DatasetView, dataset_error
 
 META_KEY = b"__ffload__"
 FORMAT_NAME = "ffload-lmdb"
@@ -73,13 +73,6 @@ PROCESS_CACHE_PAGE = 1 << 21
 def sample_key(index: int) -> bytes:
     """The LMDB key of sample ``index``: 10 ASCII digits."""
     return KEY_FORMAT % index
-
-
-def _named_dtype(fields: Dict[str, Field]) -> np.dtype:
-    base = metadata_dtype(list(fields.values()))
-    return np.dtype({"names": list(fields), "formats": [base.fields[f"f{k}"][0] for k in range(len(fields))],
-                     "offsets": [base.fields[f"f{k}"][1] for k in range(len(fields))],
-                     "itemsize": base.itemsize})
 
 
 def _dtype_to_json(dt: np.dtype):
@@ -113,7 +106,7 @@ class LMDBWriter:
 
         self._lmdb = lmdb
         self.path, self.fields, self.num_samples = path, dict(fields), int(num_samples)
-        self.record_dtype = _named_dtype(self.fields)
+        self.record_dtype = named_metadata_dtype(self.fields)
         self._field_list = list(self.fields.values())
         self.map_size = int(initial_map_size)
         self.env = lmdb.open(path, map_size=self.map_size, subdir=True, meminit=False,
@@ -191,36 +184,39 @@ class LMDBWriter:
             pass
 
 
-def _fail(path: str, cause: str) -> DatasetError:
-    return DatasetError(f"{path}: {cause}")
-
-
 def _read_meta(path: str, txn) -> dict:
     raw = txn.get(META_KEY)
     if raw is None:
-        raise _fail(path, f"an LMDB database without ffload's metadata record ({META_KEY!r}): "
+        raise dataset_error(path, f"an LMDB database without ffload's metadata record ({META_KEY!r}): "
                           "not written by ffload")
     try:
         meta = json.loads(bytes(raw).decode("utf8"))
     except ValueError as e:
-        raise _fail(path, f"corrupt metadata record: {e}") from e
+        raise dataset_error(path, f"corrupt metadata record: {e}") from e
     if meta.get("format") != FORMAT_NAME:
-        raise _fail(path, f"metadata record names format {meta.get('format')!r}, not {FORMAT_NAME!r}")
+        raise dataset_error(path, f"metadata record names format {meta.get('format')!r}, not {FORMAT_NAME!r}")
     if meta.get("version") != VERSION:
-        raise _fail(path, f"unsupported ffload LMDB version {meta.get('version')!r} (this ffload "
+        raise dataset_error(path, f"unsupported ffload LMDB version {meta.get('version')!r} (this ffload "
                           f"reads version {VERSION})")
     return meta
 
 
 def _fields_from_meta(path: str, meta: dict) -> Dict[str, Field]:
     fields = {}
-    for spec in meta.get("fields", []):
+    specs = meta.get("fields")
+    if not isinstance(specs, list) or not specs:
+        raise dataset_error(path, "metadata record lists no fields")
+    for k, spec in enumerate(specs):
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or spec["name"] in fields:
+            raise dataset_error(path, f"metadata record: field {k} has no (unique) name")
         cls = FIELD_CLASSES.get(spec.get("type"))
         if cls is None:
-            raise _fail(path, f"unknown field type {spec.get('type')!r}")
-        fields[spec["name"]] = cls.from_arguments(spec.get("arguments", {}))
-    if not fields:
-        raise _fail(path, "metadata record lists no fields")
+            raise dataset_error(path, f"unknown field type {spec.get('type')!r}")
+        try:
+            fields[spec["name"]] = cls.from_arguments(spec.get("arguments") or {})
+        except (TypeError, ValueError, KeyError) as e:
+            raise dataset_error(path, f"field {spec['name']!r}: invalid arguments "
+                                      f"{spec.get('arguments')!r} ({e})") from e
     return fields
 
 
@@ -229,9 +225,10 @@ def _lmdb_map_base(data_path: str) -> Optional[int]:
     try:
         st = os.stat(data_path)
         with open("/proc/self/maps") as maps:
+            real = os.path.realpath(data_path)
             for line in maps:
-                parts = line.split()
-                if len(parts) >= 6 and int(parts[4]) == st.st_ino and parts[5] == os.path.realpath(data_path):
+                parts = line.rstrip("\n").split(maxsplit=5)  # the path (field 6) may hold spaces
+                if len(parts) == 6 and int(parts[4]) == st.st_ino and parts[5] == real:
                     if int(parts[2], 16) == 0:
                         return int(parts[0].split("-")[0], 16)
     except (OSError, ValueError):
@@ -255,19 +252,21 @@ def open_lmdb(path: str) -> DatasetView:
 
     data_path = os.path.join(path, "data.mdb")
     if not os.path.isfile(data_path):
-        raise _fail(path, "not an LMDB database (no data.mdb)")
+        raise dataset_error(path, "not an LMDB database (no data.mdb)")
     try:
         env = lmdb.open(path, readonly=True, lock=False, subdir=True, readahead=False)
     except lmdb.Error as e:
-        raise _fail(path, f"not a readable LMDB database ({e})") from e
+        raise dataset_error(path, f"not a readable LMDB database ({e})") from e
     try:
         with env.begin(buffers=True) as txn:
             meta = _read_meta(path, txn)
             fields = _fields_from_meta(path, meta)
-            n = int(meta["num_samples"])
-            rec_dtype = _named_dtype(fields)
+            n = meta.get("num_samples")
+            if not isinstance(n, int) or n < 0:
+                raise dataset_error(path, f"metadata record: invalid num_samples {n!r}")
+            rec_dtype = named_metadata_dtype(fields)
             if int(meta.get("record_size", -1)) != rec_dtype.itemsize:
-                raise _fail(path, "metadata record_size does not match its fields")
+                raise dataset_error(path, "metadata record_size does not match its fields")
             base = _lmdb_map_base(data_path)
             data_size = os.path.getsize(data_path)
             offsets = np.zeros(n, dtype=np.uint64)
@@ -275,12 +274,12 @@ def open_lmdb(path: str) -> DatasetView:
             cursor = txn.cursor()
             i = 0
             if n and not cursor.set_key(sample_key(0)):
-                raise _fail(path, "sample 0 is missing")
+                raise dataset_error(path, "sample 0 is missing")
             for key, value in cursor if n else ():
                 if i == n:
                     break
                 if bytes(key) != sample_key(i):
-                    raise _fail(path, f"sample {i} is missing (found key {bytes(key)!r})")
+                    raise dataset_error(path, f"sample {i} is missing (found key {bytes(key)!r})")
                 length = len(value)
                 lengths[i] = length
                 if base is not None:
@@ -290,7 +289,7 @@ def open_lmdb(path: str) -> DatasetView:
                     offsets[i] = off
                 i += 1
             if i != n:
-                raise _fail(path, f"sample {i} is missing ({i} of {n} records)")
+                raise dataset_error(path, f"sample {i} is missing ({i} of {n} records)")
     finally:
         env.close()
     if base is None:
@@ -320,7 +319,7 @@ def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size,
     n = offsets.size
     if n and np.any(lengths < rec_dtype.itemsize):
         i = int(np.flatnonzero(lengths < rec_dtype.itemsize)[0])
-        raise _fail(path, f"sample {i}: value of {int(lengths[i])} bytes is shorter than its record")
+        raise dataset_error(path, f"sample {i}: value of {int(lengths[i])} bytes is shorter than its record")
     if memory is None:
         source = np.memmap(data_path, dtype=np.uint8, mode="r") if n else np.zeros(0, np.uint8)
     else:
@@ -340,7 +339,7 @@ def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size,
         bad = np.flatnonzero((rel < rec_dtype.itemsize) | (rel > end) | (end > lengths))
         if bad.size:
             i = int(bad[0])
-            raise _fail(path, f"sample {i}, field {name!r}: payload offset {int(rel[i])} outside "
+            raise dataset_error(path, f"sample {i}, field {name!r}: payload offset {int(rel[i])} outside "
                               f"its {int(lengths[i])}-byte value")
         ptrs[name] = offsets + rel
         sizes[name] = (end - rel).astype(np.uint64)
@@ -351,7 +350,7 @@ def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size,
             metadata[name][f.ptr_name] = ptrs[name]
         problem = f.check_payloads(metadata[name], sizes[name])
         if problem:
-            raise _fail(path, f"field {name!r}: {problem}")
+            raise dataset_error(path, f"field {name!r}: {problem}")
     return DatasetView(path=path, format="lmdb", num_samples=n, fields=fields, metadata=metadata,
                        ptrs=ptrs, sizes=sizes, data_path=data_path, data_size=data_size,
                        page_size=PROCESS_CACHE_PAGE, memory=memory)

@@ -1,17 +1,22 @@
 """The one view of a dataset that the loader sees, whichever container holds it."""
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 import numpy as np
 
+from ..system import path_bytes
 from .fields import Field
 
 
 class DatasetError(ValueError):
     """A file is not a readable ffload/FFCV dataset: the message names the path and the cause."""
+
+
+def dataset_error(path: str, cause: str) -> DatasetError:
+    """``DatasetError("<path>: <cause>")``."""
+    return DatasetError(f"{path}: {cause}")
 
 
 @dataclass
@@ -47,11 +52,6 @@ class DatasetView:
     data_size: int
     page_size: int
     memory: Optional[np.ndarray] = None
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def field_names(self):
-        return list(self.fields)
 
     @property
     def sample_pages(self) -> np.ndarray:
@@ -79,6 +79,4 @@ class DatasetView:
 
     def file_bytes(self) -> int:
         """Total bytes on disk (the .beton file, or the LMDB directory's files)."""
-        if os.path.isdir(self.path):
-            return sum(e.stat().st_size for e in os.scandir(self.path) if e.is_file())
-        return os.path.getsize(self.path)
+        return path_bytes(self.path)

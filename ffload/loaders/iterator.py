@@ -73,10 +73,19 @@ class BatchRunner:
         self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, "ffload-worker")
         self._pending: set = set()
         self._lock = threading.Lock()
+        self._slot_counter = 0
         if device is not None:
             self._streams = [torch.cuda.Stream(device=device) for _ in range(num_slots)]
             self._done: List[Optional[torch.cuda.Event]] = [None] * num_slots
             self._released: List[Optional[torch.cuda.Event]] = [None] * num_slots
+
+    def next_slot(self) -> int:
+        """The slot of the next batch submitted: round-robin over all batches ever submitted, so
+        that a new epoch's first batches do not reuse the slot of the previous epoch's last batch
+        (which stays valid until the batch after the next one is requested)."""
+        slot = self._slot_counter % self.num_slots
+        self._slot_counter += 1
+        return slot
 
     def submit(self, slot: int, indices: np.ndarray, epoch: int, batch: int,
                cancel: threading.Event) -> concurrent.futures.Future:
@@ -184,6 +193,7 @@ class EpochIterator:
         epoch: the epoch number.
         start: the first batch to produce (``> 0`` when resuming from a state dict).
         ahead: jobs kept queued beyond the batch being consumed (``runner.num_slots - 2``).
+        owner: the object to keep alive while iterating (the Loader).
 
     Attributes:
         epoch: the epoch number.
@@ -192,7 +202,10 @@ class EpochIterator:
     """
 
     def __init__(self, runner: BatchRunner, batches: Sequence[np.ndarray], epoch: int, start: int,
-                 ahead: int):
+                 ahead: int, owner=None):
+        # ``owner`` (the Loader) is kept alive while its iterator is: in ``for b in Loader(...)``
+        # nothing else references the loader, whose finalizer would stop the workers.
+        self._owner = owner
         self._runner, self._batches = runner, batches
         self.epoch, self.batches_yielded, self._ahead = epoch, start, ahead
         self._next_submit = start
@@ -212,7 +225,7 @@ class EpochIterator:
         limit = min(len(self._batches), self.batches_yielded + self._ahead + 1)
         while self._next_submit < limit:
             b = self._next_submit
-            slot = b % self._runner.num_slots
+            slot = self._runner.next_slot()
             future = self._runner.submit(slot, self._batches[b], self.epoch, b, self._cancel)
             self._futures.append((slot, future))
             self._next_submit += 1

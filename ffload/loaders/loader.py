@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ..formats import open_dataset
+from ..system import available_cpus
 from .iterator import BatchRunner, EpochIterator
 from .memory import OSCacheMemory, ProcessCacheMemory
 from .orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
@@ -30,13 +31,6 @@ def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-def _default_num_workers() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class Loader:
@@ -100,7 +94,7 @@ class Loader:
                  pin_memory: Optional[bool] = None):
         self.batch_size = _check_int("batch_size", batch_size, 1)
         if num_workers is None or num_workers == -1:
-            num_workers = _default_num_workers()
+            num_workers = available_cpus()
         self.num_workers = _check_int("num_workers", num_workers, 1)
         self.batches_ahead = _check_int("batches_ahead", batches_ahead, 0)
         self.seed = _check_int("seed", seed, 0)
@@ -183,7 +177,7 @@ class Loader:
         self._next_epoch, self._start_batch = epoch + 1, 0
         order = self.epoch_order(epoch)
         batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        iterator = EpochIterator(runner, batches, epoch, start, self._ahead)
+        iterator = EpochIterator(runner, batches, epoch, start, self._ahead, owner=self)
         self._current = weakref.ref(iterator)
         return iterator
 

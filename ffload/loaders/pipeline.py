@@ -9,6 +9,7 @@ its shape, dtype and device.
 """
 from __future__ import annotations
 
+import copy
 from typing import List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -59,14 +60,14 @@ def default_pipeline(name: str, field, view) -> List[Operation]:
     decoder + ``ToTensor()``.
 
     Raises:
-        ValueError: images of several sizes (a crop decoder is needed).
-        TypeError: no default for the field's type.
+        TypeError: images of several sizes (a crop decoder is needed; the same error type as
+            ``SimpleRGBImageDecoder`` raises for them), or no default for the field's type.
     """
     if isinstance(field, RGBImageField) and view.num_samples:
         col = view.metadata[name]
         heights, widths = col["height"], col["width"]
         if heights.min() != heights.max() or widths.min() != widths.max():
-            raise ValueError(
+            raise TypeError(
                 f"field {name!r} of {view.path} holds images of several sizes (height "
                 f"{heights.min()}..{heights.max()}, width {widths.min()}..{widths.max()} pixels), "
                 f"so batches need a crop: pass e.g. pipelines={{{name!r}: "
@@ -91,6 +92,10 @@ class FieldPipeline:
     """
 
     def __init__(self, name: str, field, ops: List[Operation], view, batch_size: int):
+        # ``declare`` records per-pipeline facts on the operation (image shape, payload size):
+        # each pipeline works on its own copies, so one op object may serve several pipelines
+        # or loaders.
+        ops = [copy.copy(op) for op in ops]
         self.name, self.field, self.ops = name, field, ops
         self._check_decoder()
         self.specs: List[Spec] = []

@@ -191,25 +191,22 @@ def _cutout(images, seeds, salt, size, fill):
     batch, height, width, channels = images.shape
     for b in range(batch):
         state = seed_state(seeds[b], salt)
-        cy, state = randint(state, height)
-        cx, state = randint(state, width)
-        y0 = cy - size // 2
-        x0 = cx - size // 2
-        for r in range(max(y0, 0), min(y0 + size, height)):
-            for c in range(max(x0, 0), min(x0 + size, width)):
+        y0, state = randint(state, max(height - size + 1, 1))
+        x0, state = randint(state, max(width - size + 1, 1))
+        for r in range(y0, min(y0 + size, height)):
+            for c in range(x0, min(x0 + size, width)):
                 for ch in range(channels):
                     images[b, r, c, ch] = fill[ch]
 
 
 class Cutout(_NHWCTransform):
     """Fill a random square of each image with ``fill``, in place (Cutout, DeVries & Taylor
-    2017, https://arxiv.org/abs/1708.04552).
+    2017, https://arxiv.org/abs/1708.04552, with FFCV 1.0.2's placement).
 
-    The square has side ``crop_size`` and is centred at a pixel ``(cy, cx)`` uniform over the
-    image (``cy`` drawn first): rows ``cy - crop_size // 2`` to ``cy - crop_size // 2 + crop_size``
-    (exclusive), likewise columns, clipped at the borders, as in the paper (it may cover less
-    than ``crop_size**2`` pixels). FFCV 1.0.2's ``Cutout`` instead draws the top-left corner so
-    that the square always lies inside.
+    The square has side ``crop_size``; its top-left corner ``(y0, x0)`` is uniform over the
+    positions that keep it inside the image (``y0`` in ``0..H - crop_size``, drawn first, then
+    ``x0``), as FFCV's ``Cutout`` draws it, so it always covers ``crop_size**2`` pixels (clipped
+    only when ``crop_size`` exceeds the image). The paper centres it on a uniform pixel instead.
 
     Args:
         crop_size: pixels, >= 1.

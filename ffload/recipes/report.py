@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
-__all__ = ["EpochStats", "cost_usd", "format_header", "format_row", "format_table",
-           "format_summary", "rows_to_dicts", "write_json", "plot_accuracy"]
+__all__ = ["EpochStats", "cost_usd", "format_header", "format_row", "format_summary", "rows_to_dicts", "write_json", "plot_accuracy"]
 
 
 @dataclass
@@ -74,11 +73,6 @@ def format_header() -> str:
 def format_row(row: EpochStats) -> str:
     """One line of the per-epoch table (columns of :func:`format_header`)."""
     return "  ".join(fmt(row).rjust(width) for _, width, fmt in _COLUMNS)
-
-
-def format_table(rows: Sequence[EpochStats]) -> str:
-    """The whole per-epoch table: header, rule and one line per :class:`EpochStats`."""
-    return "\n".join([format_header()] + [format_row(r) for r in rows])
 
 
 def format_summary(metrics: Dict[str, Any]) -> str:
