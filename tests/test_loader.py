@@ -461,3 +461,30 @@ def test_last_batch_of_an_epoch_survives_the_next_iter(dataset):
         first = next(it)[0].numpy().copy()
         np.testing.assert_array_equal(last.numpy(), expected)
         assert first[0] == 0
+
+
+def test_process_cache_concurrent_workers_read_each_page_once(tmp_path, monkeypatch):
+    """Workers preparing overlapping batches at once: every page read exactly once, in parallel
+    where the pages differ, and every payload correct."""
+    import concurrent.futures
+    n = 40
+    payloads = [np.full(400_000 + 997 * i, i, np.uint8) for i in range(n)]
+    path = write_dataset(str(tmp_path / "c.beton"), {"blob": BytesField()},
+                         ((p,) for p in payloads), n, page_size=1 << 21)
+    view = open_dataset(path)
+    reads = []
+    real_preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: reads.append(off) or
+                        real_preadv(fd, bufs, off))
+    memory = ProcessCacheMemory(view, ["blob"])
+    rng = np.random.default_rng(0)
+    batches = [rng.choice(n, 6, replace=False) for _ in range(64)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(memory.prepare, batches))
+    for i in range(n):
+        p, s = int(view.ptrs["blob"][i]), int(view.sizes["blob"][i])
+        if any(i in b for b in batches):
+            np.testing.assert_array_equal(memory.region[p:p + s], payloads[i])
+    pages = [off // view.page_size for off in reads]
+    assert len(pages) == len(set(pages))
+    memory.close()

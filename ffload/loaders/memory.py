@@ -61,8 +61,10 @@ class OSCacheMemory:
 class ProcessCacheMemory:
     """``os_cache=False``: a private buffer of ``view.data_size`` bytes filled on demand.
 
-    Before a batch runs, :meth:`prepare` reads (under a lock, each page once) every page of
-    ``view.page_size`` bytes that the batch's payloads span, for the given fields only.
+    Before a batch runs, :meth:`prepare` reads every page of ``view.page_size`` bytes that the
+    batch's payloads span, for the given fields only, each page once: workers claim the pages
+    they read under a lock, read them in parallel outside it, and wait for pages claimed by
+    another worker.
 
     Args:
         view: the :class:`ffload.formats.DatasetView`.
@@ -87,6 +89,7 @@ class ProcessCacheMemory:
             self.region = np.empty(0, dtype=np.uint8)
         self._loaded = np.zeros(-(-self.data_size // self.page_size), dtype=bool)
         self._lock = threading.Lock()
+        self._in_flight: dict = {}  # page -> Event set when the worker reading it is done
         self._fd = os.open(self.path, os.O_RDONLY)
 
     def prepare(self, indices: np.ndarray) -> None:
@@ -100,19 +103,36 @@ class ProcessCacheMemory:
         pages = np.unique(np.concatenate([
             pages_spanned(ptrs[indices], sizes[indices], self.page_size)
             for ptrs, sizes in self._payloads]))
-        if self._loaded[pages].all():
+        while not self._loaded[pages].all():
+            with self._lock:
+                missing = pages[~self._loaded[pages]]
+                others = {self._in_flight[p] for p in missing.tolist() if p in self._in_flight}
+                mine = np.array([p for p in missing.tolist() if p not in self._in_flight], np.int64)
+                done = threading.Event()
+                for p in mine.tolist():
+                    self._in_flight[p] = done
+            # Read outside the lock, so that workers needing other pages read in parallel;
+            # pages another worker is reading are awaited instead of read twice.
+            try:
+                self._read_pages(mine)
+                self._loaded[mine] = True
+            finally:
+                with self._lock:
+                    for p in mine.tolist():
+                        del self._in_flight[p]
+                done.set()
+            for event in others:
+                event.wait()  # if that read failed, the loop finds the pages missing and retries
+
+    def _read_pages(self, pages: np.ndarray) -> None:
+        """Read ``pages`` (sorted page numbers), one call per run of consecutive pages."""
+        if pages.size == 0:
             return
-        with self._lock:
-            missing = pages[~self._loaded[pages]]  # another thread may have read some meanwhile
-            if missing.size == 0:
-                return
-            # Read runs of consecutive pages with one call each.
-            breaks = np.flatnonzero(np.diff(missing) != 1) + 1
-            for run in np.split(missing, breaks):
-                start = int(run[0]) * self.page_size
-                stop = min((int(run[-1]) + 1) * self.page_size, self.data_size)
-                self._read(start, stop)
-            self._loaded[missing] = True
+        breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+        for run in np.split(pages, breaks):
+            start = int(run[0]) * self.page_size
+            stop = min((int(run[-1]) + 1) * self.page_size, self.data_size)
+            self._read(start, stop)
 
     def _read(self, start: int, stop: int) -> None:
         with memoryview(self._buffer) as whole:
