@@ -6,13 +6,13 @@
     python scripts/cost_benchmark.py --demo --out runs/cost-demo --device cpu --epochs 3
 
 Every run uses the same model (``ffload.recipes.resnet9.resnet9``), hyperparameters, seed and
-epochs (``ffload.recipes.cifar10_resnet9.train_model``); only the loader differs:
+epochs (``ffload.recipes.training.train_model``); only the loader differs:
 
 * ``vanilla``: ``ffload.recipes.vanilla.VanillaLoader``, a ``torch.utils.data.DataLoader`` over
   a PNG ImageFolder (PIL decode, per-sample numpy augmentation and normalisation). The script
   writes that folder (``<out>/png``) from the converted .beton, so all three read the same pixels
   and labels.
-* ``lmdb`` / ``beton``: ``ffload.recipes.cifar10_resnet9.make_loaders`` over the cached
+* ``lmdb`` / ``beton``: ``ffload.recipes.data.make_loaders`` over the cached
   conversions (``prepare_data``).
 
 Writes ``cost_benchmark.md`` (table), ``cost_benchmark.json`` (all rows) and
@@ -46,11 +46,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from ffload.formats import open_dataset  # noqa: E402
-from ffload.recipes.cifar10_resnet9 import (CIFAR_MEAN, CIFAR_STD, RecipeConfig, demo_folder,
-                                            ensure_writable, make_loaders, prepare_data,
-                                            resolve_device, train_model)
+from ffload.recipes.cifar10_resnet9 import ensure_writable
+from ffload.recipes.data import CIFAR_MEAN, CIFAR_STD, demo_folder, make_loaders, prepare_data
 from ffload.recipes.report import cost_usd, format_header, format_row, rows_to_dicts, write_json
 from ffload.recipes.resnet9 import resnet9
+from ffload.recipes.training import RecipeConfig, resolve_device, train_model
 from ffload.recipes.vanilla import VanillaLoader, write_image_folder
 
 LOADERS = ("vanilla", "lmdb", "beton")

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from ffload.recipes.cifar10_resnet9 import CIFAR_MEAN, CIFAR_STD
+from ffload.recipes.data import CIFAR_MEAN, CIFAR_STD
 from ffload.recipes.vanilla import ImageFolderDataset, VanillaLoader, augment, write_image_folder
 from cifar_fixture import write_cifar10_folder
 

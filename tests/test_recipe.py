@@ -9,10 +9,11 @@ import torch
 from click.testing import CliRunner
 from sklearn.datasets import load_digits
 
-from ffload.recipes import cifar10_resnet9 as recipe
-from ffload.recipes.cifar10_resnet9 import (RecipeConfig, RecipeError, lr_schedule, prepare_data,
-                                            recipe_command, run_recipe)
+from ffload.recipes import data as recipe
+from ffload.recipes.cifar10_resnet9 import recipe_command, run_recipe
+from ffload.recipes.data import RecipeError, prepare_data
 from ffload.recipes.resnet9 import resnet9
+from ffload.recipes.training import RecipeConfig, lr_schedule
 from cifar_fixture import write_cifar10_folder
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -30,7 +30,7 @@ class EpochStats:
         eval_seconds: wall seconds of the evaluation after the epoch.
         images_per_second: training images / ``epoch_seconds``.
         data_wait_seconds: seconds the training loop waited on the loader (see
-            :func:`ffload.recipes.cifar10_resnet9.train_model`).
+            :func:`ffload.recipes.training.train_model`).
         data_wait_fraction: ``data_wait_seconds / epoch_seconds``.
         train_seconds_total: cumulative ``epoch_seconds`` up to and including this epoch (the
             x axis of the plot).
