@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  # ffcv builds against these (pkg-config finds opencv4 and libturbojpeg)
+  # ffcv builds against these (pkg-config finds opencv4 and libturbojpeg); the opencv-python
+  # wheel ffcv pulls in (beside our headless one) needs libGL and glib at import time
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pkg-config libopencv-dev libturbojpeg0-dev >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pkg-config libopencv-dev libturbojpeg0-dev libgl1 libglib2.0-0 >/dev/null
 fi
 $PY -m pip install -q "torch==2.13.0"
 if pkg-config --exists opencv4 libturbojpeg 2>/dev/null; then
