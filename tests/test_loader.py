@@ -488,3 +488,15 @@ def test_process_cache_concurrent_workers_read_each_page_once(tmp_path, monkeypa
     pages = [off // view.page_size for off in reads]
     assert len(pages) == len(set(pages))
     memory.close()
+
+
+def test_loader_left_alive_at_exit_exits_quietly(dataset):
+    """A loader still referenced when the interpreter exits must not print tracebacks."""
+    import subprocess
+    import sys
+    code = ("import ffload\n"
+            f"loader = ffload.Loader({str(dataset)!r}, batch_size=8, num_workers=2)\n"
+            "batch = next(iter(loader))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr

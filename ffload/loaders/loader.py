@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -269,7 +270,9 @@ class Loader:
 
     def __del__(self):
         runner = getattr(self, "_runner", None)
-        if runner is not None:
+        # At interpreter exit the executor's own atexit hook joins the threads, and the modules
+        # shutdown() needs may already be torn down.
+        if runner is not None and not sys.is_finalizing():
             runner.shutdown(wait=False)
 
     def __repr__(self) -> str:
