@@ -153,7 +153,17 @@ def _translate(flat, batch, height, width, channels, seeds, salt, padding, fill)
             _fill_pixels(flat, d_row + hi * channels, width - hi, fill)
 
 
-class RandomTranslate(_NHWCTransform):
+class _FilledTransform(_NHWCTransform):
+    """An in-place transform that paints ``self.fill`` (checked against the image dtype at
+    declare)."""
+
+    def declare(self, spec, field, view):
+        spec = super().declare(spec, field, view)
+        self._fill_bits = self._fill(self.fill, spec)
+        return spec
+
+
+class RandomTranslate(_FilledTransform):
     """Shift each image by a random offset, in place (FFCV's ``RandomTranslate``).
 
     FFCV semantics: the image is padded by ``padding`` pixels of ``fill`` on every side and a
@@ -175,11 +185,6 @@ class RandomTranslate(_NHWCTransform):
         self.padding = int(padding)
         self.fill = tuple(fill)
 
-    def declare(self, spec, field, view):
-        spec = super().declare(spec, field, view)
-        self._fill_bits = self._fill(self.fill, spec)
-        return spec
-
     def __call__(self, src, dst, ctx):
         _translate(flat_view(_bits(src)), *src.shape, ctx.seeds, self.salt, self.padding,
                    self._fill_bits)
@@ -199,7 +204,7 @@ def _cutout(images, seeds, salt, size, fill):
                     images[b, r, c, ch] = fill[ch]
 
 
-class Cutout(_NHWCTransform):
+class Cutout(_FilledTransform):
     """Fill a random square of each image with ``fill``, in place (Cutout, DeVries & Taylor
     2017, https://arxiv.org/abs/1708.04552, with FFCV 1.0.2's placement).
 
@@ -221,11 +226,6 @@ class Cutout(_NHWCTransform):
             raise ValueError(f"crop_size must be >= 1, got {crop_size}")
         self.crop_size = int(crop_size)
         self.fill = tuple(fill)
-
-    def declare(self, spec, field, view):
-        spec = super().declare(spec, field, view)
-        self._fill_bits = self._fill(self.fill, spec)
-        return spec
 
     def __call__(self, src, dst, ctx):
         _cutout(_bits(src), ctx.seeds, self.salt, self.crop_size, self._fill_bits)
