@@ -123,7 +123,7 @@ def test_compare_jpeg_all_loaders(photo_data):
         assert run["config"]["pipeline"] == "rrc"  # several sizes -> RandomResizedCrop
         if run["kind"] == "decode_ceiling":
             assert run["dataset_samples"] == n
-            assert run["img_s"] == pytest.approx(run["single_thread_img_s"] * 1)
+            assert run["img_s"] == pytest.approx(run["single_thread_img_s"])  # --num-workers 1
         else:  # the same pipeline output everywhere
             assert run["first_batch"] == {"shape": [8, 3, 64, 64], "dtype": "torch.uint8"}
     ratios = {(q["numerator"], q["denominator"]) for q in out["ratios"]}
@@ -131,6 +131,17 @@ def test_compare_jpeg_all_loaders(photo_data):
     rows = {r["name"]: r for r in out["rows"]}
     for q in out["ratios"]:
         assert q["ratio"] == pytest.approx(rows[q["numerator"]]["img_s"] / rows[q["denominator"]]["img_s"])
+
+
+def test_decode_ceiling_scales_with_workers(photo_data):
+    """The ceiling is the single-thread decode rate times num_workers (threads_img_s is measured)."""
+    beton, _, n = photo_data
+    res = measure(BenchConfig(kind="decode_ceiling", path=beton, pipeline="rrc", batch_size=8,
+                              num_workers=2, epochs=2, size=64))
+    assert "error" not in res, res
+    assert res["dataset_samples"] == n and [e["samples"] for e in res["epochs"]] == [n, n]
+    assert res["img_s"] == pytest.approx(res["single_thread_img_s"] * 2)
+    assert res["threads_img_s"] > 0 and math.isfinite(res["threads_img_s"])
 
 
 def test_bad_inputs(tmp_path, photo_data, raw_data):

@@ -69,6 +69,76 @@ def test_parallel_output_is_identical_to_serial(tmp_path, digits_folder):
         assert fa.read() == fb.read()
 
 
+def _split_folder(root):
+    """SRC/train and SRC/test ImageFolders of real photos (PNG, lossless), 40x30 and 30x40 pixels.
+
+    Returns ``{split: [(label, RGB image), ...]}`` in ImageFolder order."""
+    from skimage import data
+    photos = [data.astronaut(), data.chelsea(), data.coffee(), data.rocket()]
+    layout = {"train": {"cat": [0, 1, 2], "dog": [3, 0]}, "test": {"cat": [1], "dog": [2, 3]}}
+    expected = {}
+    for split, classes in layout.items():
+        expected[split] = []
+        for label, (cls, picks) in enumerate(sorted(classes.items())):
+            (root / split / cls).mkdir(parents=True)
+            for k, p in enumerate(picks):
+                size = (40, 30) if k % 2 == 0 else (30, 40)  # (width, height): landscape, portrait
+                rgb = cv2.resize(photos[p], size, interpolation=cv2.INTER_AREA)
+                cv2.imwrite(str(root / split / cls / f"{k}.png"), cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+                expected[split].append((label, rgb))
+    return expected
+
+
+def test_cli_convert_options_reach_the_file(tmp_path):
+    """--write-mode, --jpeg-quality, --max-resolution, --page-size and --split all take effect."""
+    expected = _split_folder(tmp_path / "src")
+    for split, samples in expected.items():
+        dst = tmp_path / f"{split}.beton"
+        r = run_cli("convert", tmp_path / "src", dst, "--split", split, "--write-mode", "jpg",
+                    "--jpeg-quality", "70", "--max-resolution", "16", "--page-size", 4194304,
+                    "--workers", "0", "--quiet")
+        assert r.exit_code == 0, r.output
+        view = open_dataset(str(dst))
+        assert view.num_samples == len(samples)
+        assert view.page_size == 4194304
+        meta = view.metadata["image"]
+        assert meta["mode"].tolist() == [0] * len(samples)  # all JPEG
+        assert view.metadata["label"].tolist() == [label for label, _ in samples]
+        for i, (_, rgb) in enumerate(samples):
+            h, w = rgb.shape[:2]
+            small_size = (16, 12) if w > h else (12, 16)  # FFCV's truncated sizes, (width, height)
+            assert (int(meta["width"][i]), int(meta["height"][i])) == small_size
+            small = cv2.resize(rgb, small_size, interpolation=cv2.INTER_AREA)
+            ok, ref = cv2.imencode(".jpg", cv2.cvtColor(small, cv2.COLOR_RGB2BGR),
+                                   [int(cv2.IMWRITE_JPEG_QUALITY), 70])
+            assert ok
+            np.testing.assert_array_equal(np.asarray(view.payload("image", i)), ref.reshape(-1))
+
+
+def _proportion_images():
+    rng = np.random.default_rng(5)
+    return rng.integers(0, 255, (64, 6, 5, 3), dtype=np.uint8), rng.integers(0, 3, 64)
+
+
+def test_proportion_mode_is_reproducible(tmp_path):
+    """write_mode='proportion' draws JPEG or raw from the sample index: the same file whatever the
+    number of workers, and the same pattern for other images."""
+    imgs, labels = _proportion_images()
+    a, b, c = (str(tmp_path / n) for n in ("a.beton", "b.beton", "c.beton"))
+    convert_dataset(ArraySource(imgs, labels), a, write_mode="proportion", compress_probability=0.5,
+                    num_workers=0, progress=False)
+    convert_dataset(ArraySource(imgs, labels), b, write_mode="proportion", compress_probability=0.5,
+                    num_workers=2, chunk_size=5, progress=False)
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        assert fa.read() == fb.read()
+    modes = open_dataset(a).metadata["image"]["mode"]
+    assert 0 < (modes == 0).sum() < len(modes)  # both modes occur
+    other = 255 - imgs[:, ::-1]  # different pixels, same indices
+    convert_dataset(ArraySource(other, labels), c, write_mode="proportion", compress_probability=0.5,
+                    num_workers=2, chunk_size=3, progress=False)
+    np.testing.assert_array_equal(open_dataset(c).metadata["image"]["mode"], modes)
+
+
 def test_arrays_and_indexable_sources(tmp_path):
     rng = np.random.default_rng(0)
     imgs = rng.integers(0, 255, (20, 12, 10, 3), dtype=np.uint8)

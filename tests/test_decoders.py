@@ -193,14 +193,30 @@ def test_center_crop_jpg_equals_full_decode_reference_when_not_reduced(tmp_path,
 
 
 @pytest.mark.parametrize("out, k", [(200, 2), (100, 4), (48, 8)])
-def test_center_crop_jpg_reduced_decoding_is_jpeg_close(tmp_path, photos, out, k):
+def test_center_crop_jpg_reduced_decoding_is_jpeg_close(tmp_path, photos, monkeypatch, out, k):
     astronaut = photos[2]  # 512 x 512: centre box 448, decoded at 1/k
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)}, [(astronaut,)])
+    data = payload(view, "image", 0)
+    imdecode, flags = cv2.imdecode, []
+
+    def recording_imdecode(buf, flag):
+        flags.append(flag)
+        return imdecode(buf, flag)
+
+    monkeypatch.setattr(cv2, "imdecode", recording_imdecode)  # the module ffload.loaders.decoders calls
     row = decode(CenterCropRGBImageDecoder(out), view, "image", [0])[0]
-    full = cv2.imdecode(payload(view, "image", 0), cv2.IMREAD_COLOR_RGB)
-    box = center_box(512, 512, 224 / 256)
+    monkeypatch.undo()
+    # libjpeg decoded the JPEG at 1/k scale (DCT reduction), to RGB
+    assert len(flags) == 1 and flags[0] & (getattr(cv2, f"IMREAD_REDUCED_COLOR_{k}") & ~cv2.IMREAD_COLOR_BGR)
+    reduced = cv2.cvtColor(cv2.imdecode(data, getattr(cv2, f"IMREAD_REDUCED_COLOR_{k}")), cv2.COLOR_BGR2RGB)
+    assert reduced.shape == (512 // k, 512 // k, 3)
+    np.testing.assert_array_equal(cv2.imdecode(data, flags[0]), reduced)
+    box = center_box(512, 512, 224 / 256)  # (32, 32, 448, 448): on the k-pixel grid for every k
     assert box[2] >= k * out and box[2] < 2 * k * out
+    np.testing.assert_array_equal(row, reference_resize(reduced, [v // k for v in box], (out, out)))
+    full = cv2.imdecode(data, cv2.IMREAD_COLOR_RGB)
     ref = reference_resize(full, box, (out, out))
+    assert not np.array_equal(row, ref)  # not a full-size decode
     diff = np.abs(row.astype(int) - ref)
     psnr = 10 * math.log10(255 ** 2 / np.mean(diff.astype(float) ** 2))
     assert diff.mean() < 6 and psnr > 28

@@ -11,7 +11,6 @@ import pytest
 from ffload.formats import (BytesField, DatasetError, FloatField, IntField, JSONField, NDArrayField,
                             RGBImageField, open_dataset, write_dataset)
 from ffload.formats.beton import ALLOC_TYPE, HEADER_TYPE
-from ffload.formats.fields import encode_jpeg
 from ffload.inspect import decode_image
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -74,14 +73,34 @@ def test_jpeg_and_mixed_modes(tmp_path, suffix):
         for i, im in enumerate(imgs * 4):
             got = decode_image(view, "image", i)
             if view.metadata["image"]["mode"][i] == 0:  # exactly libjpeg's round trip at q95
-                ref = cv2.imdecode(encode_jpeg(im, 95), cv2.IMREAD_COLOR_RGB)
-                np.testing.assert_array_equal(got, ref)
+                ref = cv2_jpeg(im, 95)
+                np.testing.assert_array_equal(np.asarray(view.payload("image", i)), ref)
+                np.testing.assert_array_equal(got, cv2.imdecode(ref, cv2.IMREAD_COLOR_RGB))
                 assert np.abs(got.astype(int) - im).mean() < 6
             else:
                 np.testing.assert_array_equal(got, im)
         if mode == "smart":  # FFCV's rule: JPEG exactly when the raw image exceeds the threshold
             raw_bytes = np.array([im.nbytes for im in imgs * 4])
             np.testing.assert_array_equal(view.metadata["image"]["mode"] == 0, raw_bytes > 100_000)
+
+
+def cv2_jpeg(image, quality):
+    """The reference JPEG file of an RGB image: OpenCV's encoder (BGR input) at ``quality``."""
+    ok, data = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
+                            [int(cv2.IMWRITE_JPEG_QUALITY), quality])
+    assert ok
+    return data.reshape(-1)
+
+
+def test_jpeg_quality_is_applied(tmp_path):
+    img = photos()[1]
+    payloads = {}
+    for quality in (95, 50):
+        dst = str(tmp_path / f"q{quality}.beton")
+        write_dataset(dst, {"image": RGBImageField("jpg", jpeg_quality=quality)}, [(img,)], 1)
+        payloads[quality] = np.asarray(open_dataset(dst).payload("image", 0)).copy()
+        np.testing.assert_array_equal(payloads[quality], cv2_jpeg(img, quality))
+    assert payloads[95].size > payloads[50].size  # a higher quality keeps more coefficients
 
 
 def test_max_resolution_caps_longer_side(tmp_path):

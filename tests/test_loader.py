@@ -74,17 +74,31 @@ def test_default_pipelines_decode_every_field(dataset, digits):
         assert seen == N
 
 
+class Negative(torch.nn.Module):
+    """255 - x on a uint8 batch: a module whose effect shows in every pixel."""
+
+    def forward(self, x):
+        return 255 - x
+
+
 def test_disabled_fields_and_custom_pipeline(dataset, digits):
+    import cv2
     images, _ = digits
     pipelines = {"label": None, "weight": None, "vec": None,
                  "image": [CenterCropRGBImageDecoder((4, 4), ratio=1.0), ToTensor(), ToTorchImage(),
-                           torch.nn.Identity()]}
+                           Negative()]}
     loader = ffload.Loader(dataset, batch_size=10, num_workers=1, order="sequential",
                            pipelines=pipelines)
     assert loader.field_names == ["image", "index"]
     assert [type(op) for op in loader.pipelines["index"]] == [IntDecoder, ToTensor]
     image, index = next(iter(loader))
     assert image.shape == (10, 3, 4, 4) and index.shape == (10,)
+    np.testing.assert_array_equal(index.numpy(), np.arange(10))
+    # the whole 8x8 image halved (INTER_AREA), channels first, then the module's 255 - x
+    crops = np.stack([cv2.resize(im, (4, 4), interpolation=cv2.INTER_AREA) for im in images[:10]])
+    assert image.dtype == torch.uint8
+    np.testing.assert_array_equal(image.numpy(), 255 - crops.transpose(0, 3, 1, 2))
+    loader.close()
 
 
 def test_loads_bytes_fields(tmp_path):
@@ -244,10 +258,14 @@ def test_batch_valid_until_the_one_after_next_is_requested(dataset, digits):
                            pipelines={"label": None, "weight": None, "vec": None})
     previous = None
     for image, index in loader:
+        # let every job queued so far run (the ones that may reuse a slot): the check below then
+        # does not depend on thread timing
+        loader._runner.wait_idle()
         np.testing.assert_array_equal(image.numpy(), images[index.numpy()])
         if previous is not None:  # still intact while we handle the next batch
-            np.testing.assert_array_equal(previous[0].numpy(), images[previous[1].numpy()])
-        previous = (image, index)
+            np.testing.assert_array_equal(previous[0].numpy(), images[previous[1]])
+        # the ids are copied: an overwritten slot would change both tensors consistently
+        previous = (image, index.numpy().copy())
     loader.close()
 
 
@@ -267,8 +285,8 @@ def test_cuda_batches_equal_cpu_batches(dataset):
     cpu = ffload.Loader(dataset, batch_size=8, num_workers=1, seed=4, pipelines=pipelines(None))
     assert gpu.pin_memory and not cpu.pin_memory
     for _ in range(2):
-        got = [(i.float().mean(dim=(1, 2, 3)), l * 2) for i, l in gpu]  # work on the GPU
-        want = [(i.float().mean(dim=(1, 2, 3)), l * 2) for i, l in cpu]
+        got = [(i.clone(), l * 2) for i, l in gpu]  # work on the GPU (copies: slots are reused)
+        want = [(i.clone(), l * 2) for i, l in cpu]
         assert len(got) == len(want)
         for (gi, gl), (ci, cl) in zip(got, want):
             assert gi.is_cuda and torch.equal(gi.cpu(), ci) and torch.equal(gl.cpu(), cl)
@@ -459,6 +477,7 @@ def test_last_batch_of_an_epoch_survives_the_next_iter(dataset):
         expected = last.numpy().copy()
         it = iter(loader)
         first = next(it)[0].numpy().copy()
+        loader._runner.wait_idle()  # the new epoch's queued jobs have all run (no timing luck)
         np.testing.assert_array_equal(last.numpy(), expected)
         assert first[0] == 0
 

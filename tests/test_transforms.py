@@ -155,7 +155,7 @@ def test_normalize_torch_stage_after_to_torch_image(batch, dtype, atol, channels
     for op in pipeline:
         spec = op.declare(spec, FIELD, VIEW)
         x = op(x, None, context(24))
-    assert spec == Spec((3, 32, 40), dtype, on_torch=True, device="cpu")
+    assert spec == Spec((3, 32, 40), dtype, on_torch=True, device="cpu", channels_first=True)
     assert x.dtype == dtype and x.shape == (24, 3, 32, 40)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     assert x.is_contiguous(memory_format=fmt)
@@ -184,7 +184,7 @@ def test_normalize_checks():
         NormalizeImage(MEAN, STD).declare(Spec((8, 8, 4), np.dtype(np.uint8)), FIELD, VIEW)
     with pytest.raises(TypeError, match="after ToTensor"):  # numpy has no bfloat16
         NormalizeImage(MEAN, STD, torch.bfloat16).declare(Spec((8, 8, 3), np.dtype(np.uint8)), FIELD, VIEW)
-    spec = NormalizeImage(MEAN, STD, torch.bfloat16).declare(Spec((3, 8, 8), torch.uint8, on_torch=True),
+    spec = NormalizeImage(MEAN, STD, torch.bfloat16).declare(Spec((3, 8, 8), torch.uint8, on_torch=True, channels_first=True),
                                                              FIELD, VIEW)
     assert spec.dtype == torch.bfloat16
 
@@ -233,7 +233,13 @@ def test_convert_numpy_and_torch(batch):
     op = Convert(torch.float64)
     spec = op.declare(Spec((32, 40, 3), torch.uint8, on_torch=True), FIELD, VIEW)
     assert spec.dtype == torch.float64 and spec.on_torch
-    assert op(torch.from_numpy(batch), None, context(24)).dtype == torch.float64
+    out = op(torch.from_numpy(batch), None, context(24))
+    assert out.dtype == torch.float64
+    np.testing.assert_array_equal(out.numpy(), batch.astype(np.float64))
+    chw = torch.from_numpy(batch).permute(0, 3, 1, 2)  # channels-last memory: the layout is kept
+    out = op(chw, None, context(24))
+    assert out.stride() == chw.stride()
+    np.testing.assert_array_equal(out.numpy(), batch.transpose(0, 3, 1, 2).astype(np.float64))
 
 
 def test_to_device_cpu_keeps_layout(batch):

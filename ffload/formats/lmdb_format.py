@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -248,71 +249,124 @@ def open_lmdb(path: str) -> DatasetView:
         DatasetError: not an LMDB environment, no/invalid metadata record, missing or malformed
             sample records.
     """
-    import lmdb
-
     data_path = os.path.join(path, "data.mdb")
     if not os.path.isfile(data_path):
         raise dataset_error(path, "not an LMDB database (no data.mdb)")
+    env = _open_env(path)
+    # The read transaction stays open for the view's lifetime: LMDB then never reuses the pages
+    # of this snapshot, so a process writing to the database meanwhile cannot change the bytes
+    # the offsets below point at (with lock=False, on read-only media, nobody can write anyway).
+    txn = env.begin(buffers=True)
     try:
-        env = lmdb.open(path, readonly=True, lock=False, subdir=True, readahead=False)
-    except lmdb.Error as e:
-        raise dataset_error(path, f"not a readable LMDB database ({e})") from e
-    try:
-        with env.begin(buffers=True) as txn:
-            meta = _read_meta(path, txn)
-            fields = _fields_from_meta(path, meta)
-            n = meta.get("num_samples")
-            if not isinstance(n, int) or n < 0:
-                raise dataset_error(path, f"metadata record: invalid num_samples {n!r}")
-            rec_dtype = named_metadata_dtype(fields)
-            if int(meta.get("record_size", -1)) != rec_dtype.itemsize:
-                raise dataset_error(path, "metadata record_size does not match its fields")
-            base = _lmdb_map_base(data_path)
-            data_size = os.path.getsize(data_path)
-            offsets = np.zeros(n, dtype=np.uint64)
-            lengths = np.zeros(n, dtype=np.uint64)
-            cursor = txn.cursor()
-            i = 0
-            if n and not cursor.set_key(sample_key(0)):
-                raise dataset_error(path, "sample 0 is missing")
-            for key, value in cursor if n else ():
-                if i == n:
-                    break
-                if bytes(key) != sample_key(i):
-                    raise dataset_error(path, f"sample {i} is missing (found key {bytes(key)!r})")
-                length = len(value)
-                lengths[i] = length
-                if base is not None:
-                    off = _address(value) - base
-                    if not 0 <= off <= data_size - length:
-                        base = None  # not inside LMDB's map after all: fall back to copying
-                    offsets[i] = off
-                i += 1
-            if i != n:
-                raise dataset_error(path, f"sample {i} is missing ({i} of {n} records)")
-    finally:
-        env.close()
-    if base is None:
-        # no visible map of data.mdb: copy every value into one in-memory region
-        memory = _copy_values(path, n)
-        lengths = np.array([len(v) for v in memory], dtype=np.uint64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.uint64) if n else offsets
-        region = np.frombuffer(b"".join(memory), dtype=np.uint8) if n else np.zeros(0, np.uint8)
-        data_path_used, data_size = None, int(region.size)
+        meta = _read_meta(path, txn)
+        fields = _fields_from_meta(path, meta)
+        n = meta.get("num_samples")
+        if not isinstance(n, int) or n < 0:
+            raise dataset_error(path, f"metadata record: invalid num_samples {n!r}")
+        rec_dtype = named_metadata_dtype(fields)
+        if int(meta.get("record_size", -1)) != rec_dtype.itemsize:
+            raise dataset_error(path, "metadata record_size does not match its fields")
+        base = _lmdb_map_base(data_path)
+        data_size = os.path.getsize(data_path)
+        offsets = np.zeros(n, dtype=np.uint64)
+        lengths = np.zeros(n, dtype=np.uint64)
+        cursor = txn.cursor()
+        i = 0
+        if n and not cursor.set_key(sample_key(0)):
+            raise dataset_error(path, "sample 0 is missing")
+        for key, value in cursor if n else ():
+            if i == n:
+                break
+            if bytes(key) != sample_key(i):
+                raise dataset_error(path, f"sample {i} is missing (found key {bytes(key)!r})")
+            length = len(value)
+            lengths[i] = length
+            if base is not None:
+                off = _address(value) - base
+                if not 0 <= off <= data_size - length:
+                    base = None  # not inside LMDB's map after all: fall back to copying
+                offsets[i] = off
+            i += 1
+        if i != n:
+            raise dataset_error(path, f"sample {i} is missing ({i} of {n} records)")
+        if base is None:
+            # no visible map of data.mdb: copy every value into one in-memory region
+            values = [bytes(txn.get(sample_key(k))) for k in range(n)]
+            lengths = np.array([len(v) for v in values], dtype=np.uint64)
+            offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.uint64) if n else offsets
+            memory = np.frombuffer(b"".join(values), dtype=np.uint8) if n else np.zeros(0, np.uint8)
+            view = _build_view(path, fields, rec_dtype, offsets, lengths, None, int(memory.size), memory)
+        else:
+            view = _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, None)
+    except BaseException:
+        txn.abort()
+        _release_env(path)
+        raise
+    if base is None:  # everything was copied: the snapshot is not needed
+        txn.abort()
+        _release_env(path)
     else:
-        region, data_path_used = None, data_path
-    return _build_view(path, fields, rec_dtype, offsets, lengths, data_path_used, data_size, region)
+        view.snapshot = _Snapshot(path, env, txn)
+    return view
 
 
-def _copy_values(path: str, n: int) -> List[bytes]:
+class _Snapshot:
+    """Keeps an LMDB read transaction open while a view uses its offsets; releases the shared
+    environment (see :func:`_open_env`) when the view goes."""
+
+    def __init__(self, path, env, txn):
+        self.path, self.env, self.txn = path, env, txn
+
+    def close(self) -> None:
+        if self.txn is not None:
+            self.txn.abort()
+            self.txn = None
+            _release_env(self.path)
+
+    def __del__(self):
+        self.close()
+
+
+# LMDB allows one open environment per database per process: views of the same database share
+# it (path -> [env, number of users]).
+_ENVS: Dict[str, list] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _open_env(path: str):
+    """The process's read-only environment of ``path`` (opened on first use, shared after),
+    registered as a reader in ``lock.mdb`` so that writers keep our snapshots' pages; without
+    the lock where ``lock.mdb`` cannot be written (read-only media). Pair with _release_env."""
     import lmdb
 
-    env = lmdb.open(path, readonly=True, lock=False, subdir=True)
-    try:
-        with env.begin() as txn:
-            return [txn.get(sample_key(i)) for i in range(n)]
-    finally:
-        env.close()
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        if key in _ENVS:
+            _ENVS[key][1] += 1
+            return _ENVS[key][0]
+        try:
+            try:
+                env = lmdb.open(path, readonly=True, lock=True, subdir=True, readahead=False)
+            except lmdb.Error as e:
+                if "ermission" not in str(e) and "ead-only" not in str(e):
+                    raise
+                env = lmdb.open(path, readonly=True, lock=False, subdir=True, readahead=False)
+        except lmdb.Error as e:
+            raise dataset_error(path, f"not a readable LMDB database ({e})") from e
+        _ENVS[key] = [env, 1]
+        return env
+
+
+def _release_env(path: str) -> None:
+    key = os.path.realpath(path)
+    with _ENVS_LOCK:
+        entry = _ENVS.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _ENVS[key]
+            entry[0].close()
 
 
 def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, memory) -> DatasetView:

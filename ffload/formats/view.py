@@ -39,6 +39,8 @@ class DatasetView:
         data_size: bytes in the data file (or in ``memory``).
         page_size: bytes; the ``.beton`` page size, for LMDB the process-cache granularity.
         memory: the payload bytes held in process memory when ``data_path`` is None.
+        snapshot: what keeps the offsets valid while the view lives (LMDB: an open read
+            transaction, so that concurrent writers do not reuse its pages), or None.
     """
 
     path: str
@@ -52,6 +54,7 @@ class DatasetView:
     data_size: int
     page_size: int
     memory: Optional[np.ndarray] = None
+    snapshot: Optional[object] = None
 
     @property
     def sample_pages(self) -> np.ndarray:

@@ -106,7 +106,9 @@ class Loader:
         self.view = open_dataset(os.fspath(path))
         self.path = self.view.path
         self.indices = _check_indices(indices, self.view)
-        self._pipelines = build_pipelines(self.view, pipelines, self.batch_size)
+        # buffers hold a batch: no more rows than an epoch has samples
+        rows = max(1, min(self.batch_size, self._samples_per_rank()))
+        self._pipelines = build_pipelines(self.view, pipelines, rows)
         self.field_names: List[str] = [p.name for p in self._pipelines]
         self._device = cuda_device(self._pipelines)
         if pin_memory is None:
@@ -219,7 +221,7 @@ class Loader:
             epoch, done = iterator.epoch, iterator.batches_yielded
         else:
             epoch, done = self._next_epoch, self._start_batch
-        if done >= len(self):
+        if len(self) and done >= len(self):
             epoch, done = epoch + 1, 0
         return {"epoch": int(epoch), "batches_yielded": int(done), "seed": self.seed,
                 "batch_size": self.batch_size, "order": self.order.value,
@@ -249,7 +251,8 @@ class Loader:
             raise ValueError(f"state['batches_yielded']={done} exceeds the {len(self)} batches "
                              f"per epoch")
         self._close_current()
-        self._next_epoch, self._start_batch = (epoch + 1, 0) if done == len(self) else (epoch, done)
+        finished = len(self) and done == len(self)
+        self._next_epoch, self._start_batch = (epoch + 1, 0) if finished else (epoch, done)
 
     # -------------------------------------------------------------- lifetime
     def close(self) -> None:

@@ -53,12 +53,15 @@ class Spec:
         dtype: a numpy dtype while the data is a numpy array; a ``torch.dtype`` once ``on_torch``.
         on_torch: True after :class:`ToTensor` (the batch is a ``torch.Tensor``).
         device: the torch device string (``'cpu'``, ``'cuda:0'``) when ``on_torch``.
+        channels_first: per-sample ``(C, H, W)`` images (after ``ToTorchImage``) rather than
+            ``(H, W, C)``; operations that need the channel axis read it here.
     """
 
     shape: Tuple[int, ...]
     dtype: Any
     on_torch: bool = False
     device: str = "cpu"
+    channels_first: bool = False
 
 
 @dataclass

@@ -4,6 +4,8 @@ returns a torch :class:`Spec` (``on_torch=True``); they need no loader buffer.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -79,7 +81,7 @@ class ToTorchImage(Operation):
         h, w, c = spec.shape
         self._view_f16 = spec.dtype == torch.int16 and self.convert_back_int16
         dtype = torch.float16 if self._view_f16 else spec.dtype
-        return Spec((c, h, w), dtype, on_torch=True, device=spec.device)
+        return Spec((c, h, w), dtype, on_torch=True, device=spec.device, channels_first=True)
 
     def __call__(self, src, dst, ctx):
         if self._view_f16:
@@ -102,8 +104,8 @@ class Convert(Operation):
         if spec is None:
             raise TypeError(f"Convert (field '{field_name(field, view)}') cannot be a decoder")
         if spec.on_torch:
-            return Spec(spec.shape, torch_dtype(self.target_dtype), on_torch=True, device=spec.device)
-        return Spec(spec.shape, numpy_dtype(self.target_dtype))
+            return replace(spec, dtype=torch_dtype(self.target_dtype))
+        return replace(spec, dtype=numpy_dtype(self.target_dtype))
 
     def __call__(self, src, dst, ctx):
         if isinstance(src, torch.Tensor):
@@ -120,7 +122,8 @@ class ToDevice(Operation):
         device: anything ``torch.device`` takes (``'cuda:0'``, ``torch.device('cpu')``).
         non_blocking: asynchronous host-to-device copy; only asynchronous from pinned memory.
 
-    Raises TypeError (declare): input not a tensor."""
+    Raises TypeError (declare): input not a tensor; RuntimeError (declare): a CUDA device
+    without CUDA (torch built without it, or no GPU)."""
 
     def __init__(self, device, non_blocking: bool = True):
         self.device = torch.device(device)
@@ -128,7 +131,10 @@ class ToDevice(Operation):
 
     def declare(self, spec, field, view):
         _require(spec, True, self, field, view)
-        return Spec(spec.shape, spec.dtype, on_torch=True, device=str(self.device))
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"ToDevice({str(self.device)!r}) (field '{field_name(field, view)}'): "
+                               "CUDA is not available to torch here")
+        return replace(spec, device=str(self.device))
 
     def __call__(self, src, dst, ctx):
         return src.to(self.device, non_blocking=self.non_blocking)
@@ -159,7 +165,7 @@ class Squeeze(Operation):
             dims = [d + 1 for d, n in enumerate(spec.shape) if n == 1]
         self._axes = tuple(dims)
         shape = tuple(n for d, n in enumerate(spec.shape) if d + 1 not in dims)
-        return Spec(shape, spec.dtype, spec.on_torch, spec.device)
+        return replace(spec, shape=shape, channels_first=spec.channels_first and len(shape) == 3)
 
     def buffer_spec(self, spec_out, batch_size):
         return None

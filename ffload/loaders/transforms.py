@@ -8,6 +8,8 @@ sample id)``. Kernels move pixels as unsigned integers of the element size, so e
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Sequence
 
 import numpy as np
@@ -254,7 +256,7 @@ class NormalizeImage(Operation):
     Torch stage (after ToTensor / ToTorchImage / ToDevice, CPU or CUDA): a ``uint8`` tensor ->
     ``dtype`` by one fused ``addcmul(-mean / std, x, 1 / std)`` (float rounding differs from the
     float64 formula by about one ulp); the layout (NCHW, channels_last) is kept. The channel
-    axis is the first per-sample axis of size C (``(C, H, W)`` after ToTorchImage), else the last.
+    axis is the first per-sample axis after ToTorchImage (``Spec.channels_first``), else the last.
 
     Args:
         mean, std: ``(C,)`` in the units of the uint8 input (e.g. ImageNet ``255 * [0.485, ...]``).
@@ -282,8 +284,8 @@ class NormalizeImage(Operation):
         name = field_name(field, view)
         channels = self.mean.size
         uint8 = torch.uint8 if spec is not None and spec.on_torch else np.dtype(np.uint8)
-        if spec is None or spec.dtype != uint8 or len(spec.shape) != 3 or channels not in (
-                spec.shape[0], spec.shape[-1]):
+        if spec is None or spec.dtype != uint8 or len(spec.shape) != 3 or \
+                spec.shape[0 if spec.channels_first else 2] != channels:
             raise TypeError(f"NormalizeImage (field '{name}') needs a uint8 image with {channels} "
                             f"channels, got {spec}")
         self.on_torch = spec.on_torch
@@ -298,14 +300,14 @@ class NormalizeImage(Operation):
             table = (np.arange(256, dtype=np.float64)[:, None] - self.mean) / self.std
             self._table = _bits(table.astype(dtype)).reshape(-1)
             return Spec(spec.shape, dtype)
-        axis = 0 if spec.shape[0] == channels else 2
+        axis = 0 if spec.channels_first else 2
         shape = [1, 1, 1, 1]
         shape[axis + 1] = channels
         out_dtype = torch_dtype(self.dtype)
         self._scale = torch.tensor(1.0 / self.std, dtype=out_dtype, device=spec.device).reshape(shape)
         self._bias = torch.tensor(-self.mean / self.std, dtype=out_dtype,
                                   device=spec.device).reshape(shape)
-        return Spec(spec.shape, out_dtype, on_torch=True, device=spec.device)
+        return replace(spec, dtype=out_dtype)
 
     def __call__(self, src, dst, ctx):
         if self.on_torch:
