@@ -223,17 +223,23 @@ def test_os_cache_and_process_cache_give_identical_batches(dataset):
     assert_same_batches(a, b)
 
 
-def test_process_cache_reads_each_page_once(tmp_path, monkeypatch):
-    n = 24
-    payloads = [np.full(300_000 + 1000 * i, i, np.uint8) for i in range(n)]  # some span 2 pages
-    path = write_dataset(str(tmp_path / "p.beton"), {"blob": BytesField()},
-                         ((p,) for p in payloads), n, page_size=1 << 21)
+def blob_cache(tmp_path, monkeypatch, payloads):
+    """A .beton of BytesField payloads on 2 MiB pages, a process cache over it, and the list of
+    file offsets every ``os.preadv`` reads from."""
+    path = write_dataset(str(tmp_path / "blobs.beton"), {"blob": BytesField()},
+                         ((p,) for p in payloads), len(payloads), page_size=1 << 21)
     view = open_dataset(path)
     reads = []
     real_preadv = os.preadv
     monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: reads.append(off) or
                         real_preadv(fd, bufs, off))
-    memory = ProcessCacheMemory(view, ["blob"])
+    return view, ProcessCacheMemory(view, ["blob"]), reads
+
+
+def test_process_cache_reads_each_page_once(tmp_path, monkeypatch):
+    n = 24
+    payloads = [np.full(300_000 + 1000 * i, i, np.uint8) for i in range(n)]  # some span 2 pages
+    view, memory, reads = blob_cache(tmp_path, monkeypatch, payloads)
     for batch in (np.array([5, 1]), np.array([1, 5]), np.arange(n), np.array([7])):
         memory.prepare(batch)
         for i in batch:
@@ -488,14 +494,7 @@ def test_process_cache_concurrent_workers_read_each_page_once(tmp_path, monkeypa
     import concurrent.futures
     n = 40
     payloads = [np.full(400_000 + 997 * i, i, np.uint8) for i in range(n)]
-    path = write_dataset(str(tmp_path / "c.beton"), {"blob": BytesField()},
-                         ((p,) for p in payloads), n, page_size=1 << 21)
-    view = open_dataset(path)
-    reads = []
-    real_preadv = os.preadv
-    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: reads.append(off) or
-                        real_preadv(fd, bufs, off))
-    memory = ProcessCacheMemory(view, ["blob"])
+    view, memory, reads = blob_cache(tmp_path, monkeypatch, payloads)
     rng = np.random.default_rng(0)
     batches = [rng.choice(n, 6, replace=False) for _ in range(64)]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
