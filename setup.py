@@ -1,4 +1,6 @@
 """ffload: convert image datasets once into memory-mapped files (.beton / LMDB) and load them fast."""
+from __future__ import annotations
+
 from setuptools import find_packages, setup
 
 setup(
@@ -14,6 +16,10 @@ setup(
         "numba>=0.57",
         "lmdb>=1.4",
         "opencv-python-headless>=4.8",
+        # libjpeg-turbo 3 (TurboJPEG 3 API) as a shared library for the compiled JPEG path; only
+        # its bundled libturbojpeg is used (see ffload/loaders/turbojpeg.py). Pinned: the module
+        # is a 0.0.x binding whose wheel layout we rely on.
+        "turbojpeg==0.0.2",
         "tqdm>=4.60",
         "click>=8.0",
         # torch is pinned by the install instructions (see README): on machines without a GPU
@@ -23,7 +29,10 @@ setup(
     ],
     extras_require={
         "ffcv": ["ffcv==1.0.2"],
-        "test": ["pytest>=7", "scikit-learn>=1.2", "scikit-image>=0.20", "pillow>=9"],
+        "webdataset": ["braceexpand>=0.1.7"],
+        "hf": ["datasets>=2.14"],
+        "ray": ["ray>=2.9"],  # convert --engine ray (ffload.convert.ray_engine)
+        "test": ["pytest>=7", "ruff>=0.6", "braceexpand>=0.1.7", "datasets>=2.14", "albumentations>=1.4", "scikit-learn>=1.2", "scikit-image>=0.20", "pillow>=9"],
     },
     entry_points={"console_scripts": ["ffload=ffload.cli:main"]},
 )

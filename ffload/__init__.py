@@ -3,6 +3,8 @@
 ``ffload.Loader`` and ``ffload.OrderOption`` are imported on first use, so that ``import ffload``
 (and the ``convert`` / ``inspect`` commands) do not pay for importing torch.
 """
+from __future__ import annotations
+
 __version__ = "0.1.0"
 
 __all__ = ["Loader", "OrderOption", "__version__"]

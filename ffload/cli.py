@@ -1,10 +1,21 @@
-"""The ``ffload`` command line: ``convert``, ``inspect``, ``verify``, ``bench``, ``recipe``."""
+"""The ``ffload`` command line: ``convert``, ``inspect``, ``verify``, ``export``, ``bench``, ``recipe``.
+
+Errors: any :class:`~ffload.errors.FfloadError` (and an ``OSError`` on a user's path) is one line
+on stderr, ``ffload: error: <message>``, with exit status 1; usage errors exit with 2;
+``ffload --debug`` shows the traceback (see :mod:`ffload.commands`).
+"""
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
 import click
+
+from .commands import DEBUG_KEY, FfloadGroup, terminate_like_ctrl_c
+from .convert.sources.detect import SOURCE_KINDS
+from .errors import FormatError
+from .limits import DEFAULT_MAX_PIXELS
 
 
 def _human(n: float) -> str:
@@ -15,36 +26,56 @@ def _human(n: float) -> str:
     return str(n)
 
 
-class _LazyGroup(click.Group):
-    """A group whose commands live in modules imported only when the command runs (they import
-    torch, which ``ffload convert`` / ``inspect`` do not need)."""
+def _num_workers_option(what: str):
+    """``--num-workers N`` with one meaning in every command: ``what`` (default: all cores; 0: in
+    this process), passed to the command as ``num_workers`` (None: all cores). ``--workers`` is
+    its hidden, deprecated alias (one warning line on stderr)."""
+    def decorate(command):
+        @functools.wraps(command)
+        def run(*args, num_workers, workers, **kwargs):
+            if workers is not None:
+                if num_workers is not None:
+                    raise click.UsageError("--workers is the old name of --num-workers; give only --num-workers")
+                click.echo("ffload: warning: --workers is deprecated; use --num-workers "
+                           "(default: all cores; 0: in this process)", err=True)
+                num_workers = workers
+            return command(*args, num_workers=num_workers, **kwargs)
 
-    def __init__(self, *args, lazy=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._lazy = dict(lazy or {})
-
-    def list_commands(self, ctx):
-        return sorted(set(super().list_commands(ctx)) | set(self._lazy))
-
-    def get_command(self, ctx, name):
-        if name in self._lazy:
-            module, attr = self._lazy[name]
-            return getattr(__import__(module, fromlist=[attr]), attr)
-        return super().get_command(ctx, name)
+        run = click.option("--workers", type=click.IntRange(min=0), default=None, hidden=True)(run)
+        return click.option("--num-workers", type=click.IntRange(min=0), default=None,
+                            help=f"{what} (default: all cores; 0: in this process).")(run)
+    return decorate
 
 
-@click.group(cls=_LazyGroup, lazy={"bench": ("ffload.bench", "bench_command")},
+@click.group(cls=FfloadGroup, lazy={"bench": ("ffload.bench", "bench_command")},
              context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ffload")
-def main():
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+@click.pass_context
+def main(ctx, debug):
     """ffload: convert image datasets once into memory-mapped files (.beton, LMDB), then train
     from them with compiled loading pipelines."""
+    ctx.meta[DEBUG_KEY] = debug
+    terminate_like_ctrl_c()
+
+
+def _max_pixels_option(what: str):
+    """``--max-pixels N`` (0: no limit), passed as ``max_pixels`` (None: no limit)."""
+    def decorate(command):
+        @functools.wraps(command)
+        def run(*args, max_pixels, **kwargs):
+            return command(*args, max_pixels=max_pixels or None, **kwargs)
+
+        return click.option("--max-pixels", type=click.IntRange(min=0), default=DEFAULT_MAX_PIXELS, show_default=True,
+                            help=f"Refuse {what} whose header declares more pixels (a decompression bomb); "
+                                 f"0: no limit. Above half of it a warning is logged.")(run)
+    return decorate
 
 
 @main.command()
 @click.argument("src", type=click.Path())
 @click.argument("dst", type=click.Path())
-@click.option("--source", "source_kind", type=click.Choice(["auto", "imagefolder", "cifar10", "cifar100"]),
+@click.option("--source", "source_kind", type=click.Choice(["auto", *SOURCE_KINDS]),
               default="auto", show_default=True, help="Source layout (detected by default).")
 @click.option("--split", default=None,
               help="CIFAR: 'train' (default) or 'test'. ImageFolder: convert SRC/<split> instead of SRC.")
@@ -57,43 +88,70 @@ def main():
               help="write-mode smart: JPEG-compress images whose raw size exceeds this many bytes.")
 @click.option("--compress-probability", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="write-mode proportion: probability of JPEG-compressing an image.")
-@click.option("--workers", type=click.IntRange(min=0), default=None,
-              help="Encoding processes (default: all cores; 0: in this process).")
+@_num_workers_option("Encoding processes")
 @click.option("--page-size", type=int, default=None, help=".beton page size in bytes (power of two >= 2 MiB).")
-@click.option("--overwrite", is_flag=True, help="Replace DST if it exists (only once the new one is complete).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace DST if it exists, atomically once the new one is complete (DST always names a "
+                   "complete dataset, the old or the new).")
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail", show_default=True,
               help="fail: stop at the first bad input; skip: leave it out and list it at the end.")
+@click.option("--reencode", is_flag=True,
+              help="Decode and re-encode every JPEG (by default a source JPEG that already is what the write "
+                   "mode stores is kept byte for byte).")
+@click.option("--strip-metadata", is_flag=True,
+              help="Drop Exif/XMP/ICC/comment segments from JPEGs kept as they are (pixels unchanged).")
+@click.option("--verify", is_flag=True, help="Decode each JPEG kept as it is once; re-encode those that fail.")
+@click.option("--resume", is_flag=True,
+              help=".beton: continue an interrupted (killed) conversion to DST from its last checkpoint, with the "
+                   "same arguments; the result is the same bytes as an uninterrupted run.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: --num-workers processes here; ray: Ray tasks across a cluster (pip install 'ffload[ray]'), "
+                   "written here in order (the same output bytes).")
+@click.option("--address", "ray_address", default=None,
+              help="--engine ray: the cluster to join ('auto', 'ray://host:port'; default: RAY_ADDRESS or a new "
+                   "local Ray instance).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@_max_pixels_option("an input image")
 def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quality, smart_threshold,
-            compress_probability, workers, page_size, overwrite, on_error, as_json, quiet):
+            compress_probability, num_workers, page_size, overwrite, on_error, reencode, strip_metadata, verify,
+            resume, engine, ray_address, as_json, quiet, max_pixels):
     """Convert SRC (an ImageFolder tree or a CIFAR-10/100 python archive folder) into DST.
 
     The format comes from DST's suffix: .beton (FFCV v2) or .lmdb (an LMDB directory).
     """
-    from .convert import ConvertError, convert_dataset
-    from .convert.sources import SourceError, detect_source
+    from .convert import convert_dataset
+    from .convert.passthrough import REASONS
+    from .convert.sources import detect_source
 
-    try:
-        source = detect_source(src, kind=None if source_kind == "auto" else source_kind, split=split)
-        report = convert_dataset(source, dst, write_mode=write_mode, max_resolution=max_resolution,
-                                 jpeg_quality=jpeg_quality, smart_threshold=smart_threshold,
-                                 compress_probability=compress_probability, num_workers=workers,
-                                 on_error=on_error, overwrite=overwrite, progress=not quiet,
-                                 page_size=page_size)
-    except (ConvertError, SourceError, FileExistsError, FileNotFoundError, ValueError) as e:
-        raise click.ClickException(str(e))
+    if ray_address is not None and engine != "ray":
+        raise click.UsageError("--address is the Ray cluster of --engine ray; add --engine ray")
+    source = detect_source(src, kind=None if source_kind == "auto" else source_kind, split=split,
+                           max_pixels=max_pixels)
+    report = convert_dataset(source, dst, write_mode=write_mode, max_resolution=max_resolution,
+                             jpeg_quality=jpeg_quality, smart_threshold=smart_threshold,
+                             compress_probability=compress_probability, num_workers=num_workers,
+                             on_error=on_error, overwrite=overwrite, progress=not quiet,
+                             page_size=page_size, reencode=reencode, strip_metadata=strip_metadata,
+                             verify=verify, resume=resume, engine=engine, ray_address=ray_address)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
         return
     rate = report.samples / report.seconds if report.seconds else float("inf")
     click.echo(f"wrote {report.dst} ({report.format})")
     click.echo(f"  samples        {report.samples}")
+    if report.resumed_from:
+        click.echo(f"  resumed from   source sample {report.resumed_from}")
     if report.classes is not None:
         click.echo(f"  classes        {report.classes}")
     click.echo(f"  bytes          {report.bytes} ({_human(report.bytes)}), "
                f"{report.bytes_per_sample:.0f} bytes/sample")
     click.echo(f"  seconds        {report.seconds:.2f} ({rate:.0f} images/s, {report.workers} workers)")
+    if report.passed_through or report.reencoded:
+        click.echo(f"  JPEG kept      {report.passed_through} (stored as in the source)")
+        click.echo(f"  re-encoded     {sum(report.reencoded.values())}")
+        for reason, count in report.reencoded.items():
+            click.echo(f"    {reason}: {count} ({REASONS.get(reason, reason)})")
     click.echo(f"  skipped        {len(report.skipped)}")
     for name, cause in report.skipped:
         click.echo(f"    {name}: {cause}")
@@ -105,18 +163,16 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
 @click.option("--grid", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG thumbnail grid of decoded samples with their labels.")
 @click.option("--grid-count", type=click.IntRange(1, 400), default=36, show_default=True)
-def inspect(path, as_json, grid, grid_count):
+@_max_pixels_option("a dataset with an image")
+def inspect(path, as_json, grid, grid_count, max_pixels):
     """Describe a .beton file or an ffload LMDB database: fields, samples, sizes, class histogram."""
-    from .formats import DatasetError, open_dataset
-    from .inspect import save_grid, summarize
+    from .describe import save_grid, summarize
+    from .formats import open_dataset
 
-    try:
-        view = open_dataset(path)
-        info = summarize(view)
-        if grid:
-            info["grid"] = {"path": grid, "images": save_grid(view, grid, count=grid_count)}
-    except (DatasetError, ValueError, OSError) as e:
-        raise click.ClickException(str(e))
+    view = open_dataset(path, max_pixels=max_pixels)
+    info = summarize(view)
+    if grid:
+        info["grid"] = {"path": grid, "images": save_grid(view, grid, count=grid_count)}
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -146,29 +202,48 @@ def inspect(path, as_json, grid, grid_count):
 
 @main.command()
 @click.argument("path", type=click.Path())
-@click.option("--workers", type=click.IntRange(min=0), default=0, help="Threads (0: all cores).")
+@_num_workers_option("Decoding threads")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def verify(path, workers, quiet):
+@_max_pixels_option("a dataset with an image")
+def verify(path, num_workers, quiet, max_pixels):
     """Decode every sample of PATH (.beton or LMDB) and report the ones that do not decode.
 
     Exits with status 1 when a sample is bad, naming each one and the cause.
     """
-    from .formats import DatasetError, open_dataset
+    from .formats import open_dataset
+    from .system import available_cpus
     from .verify import verify_dataset
 
-    try:
-        view = open_dataset(path)
-    except DatasetError as e:
-        raise click.ClickException(str(e))
-    problems = verify_dataset(view, num_workers=workers, progress=not quiet)
+    view = open_dataset(path, max_pixels=max_pixels)
+    # verify_dataset counts threads; "0: in this process" is one thread, decoding in order.
+    threads = available_cpus() if num_workers is None else max(1, num_workers)
+    problems = verify_dataset(view, num_workers=threads, progress=not quiet)
     if problems:
         for index, field, cause in problems:
             click.echo(f"sample {index}, field {field!r}: {cause}", err=True)
-        raise click.ClickException(f"{path}: {len(problems)} of {view.num_samples} samples do not decode")
+        raise FormatError(f"{path}: {len(problems)} of {view.num_samples} samples do not decode", path=path)
     click.echo(f"{path}: all {view.num_samples} samples decode")
 
 
-@main.group(cls=_LazyGroup, lazy={"cifar10-resnet9": ("ffload.recipes.cifar10_resnet9", "recipe_command")})
+@main.command()
+@click.argument("path", type=click.Path())
+@click.argument("pattern")
+@click.option("--maxcount", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Samples per shard at most.")
+@click.option("--maxsize", type=click.IntRange(min=1), default=3_000_000_000, show_default=True,
+              help="Bytes of member data per shard at most.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def export(path, pattern, maxcount, maxsize, quiet):
+    """Write PATH (.beton or LMDB) as WebDataset shards named PATTERN % shard_number, e.g.
+    'out/train-%06d.tar' (stored JPEGs as they are, raw images as PNG, labels as .cls)."""
+    from .convert.export import export_webdataset
+    from .formats import open_dataset
+
+    shards = export_webdataset(open_dataset(path), pattern, maxcount=maxcount, maxsize=maxsize, progress=not quiet)
+    click.echo(f"{path}: {len(shards)} shard(s), {shards[0]} .. {shards[-1]}")
+
+
+@main.group(cls=FfloadGroup, lazy={"cifar10-resnet9": ("ffload.recipes.cifar10_resnet9", "recipe_command")})
 def recipe():
     """Training recipes built on ffload's public API."""
 

@@ -17,3 +17,16 @@ def path_bytes(path: str) -> int:
     if os.path.isdir(path):
         return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
     return os.path.getsize(path)
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new allocations without swapping (``MemAvailable`` of
+    ``/proc/meminfo``; elsewhere ``os.sysconf`` physical pages times page size)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -1,50 +1,74 @@
-"""Check that every sample of a dataset decodes: what `ffload verify` runs before a long training."""
+"""Check that every sample of a dataset decodes: what `ffload verify` runs before a long training.
+
+Images are decoded by the Loader's own default pipeline (:class:`ffload.samples.SampleDecoder`:
+batches of one image size, one-sample batches to name each bad sample), so verify exercises
+exactly the decoder that training runs; JSON payloads are parsed, ImageArrayField headers checked
+against their payload sizes.
+"""
 from __future__ import annotations
 
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Tuple
 
 from .formats import DatasetView
-from .formats.fields import JSONField, RGBImageField
-from .inspect import decode_image
+from .formats.fields import ImageArrayField, JSONField, RGBImageField
+from .samples import SampleDecoder
 
 
-def _check_range(view: DatasetView, start: int, stop: int, region) -> List[Tuple[int, str, str]]:
+def _parse_json(raw: bytes) -> None:
+    if not raw.endswith(b"\0"):
+        raise ValueError("JSON payload lacks its NUL terminator")
+    json.loads(raw[:-1].decode("utf8"))
+
+
+def _payload_failures(view: DatasetView, name: str, check, indices: range, region) -> list[tuple[int, Exception]]:
+    """``(sample, error)`` for each sample whose payload bytes ``check`` refuses (ValueError)."""
+    failed = []
+    for i in indices:
+        try:
+            check(bytes(view.payload(name, i, region)))
+        except ValueError as e:
+            failed.append((i, e))
+    return failed
+
+
+def _check_range(view: DatasetView, start: int, stop: int, region) -> list[tuple[int, str, str]]:
     problems = []
     for name, f in view.fields.items():
-        for i in range(start, stop):
-            try:
-                if isinstance(f, RGBImageField):
-                    decode_image(view, name, i, region)
-                elif isinstance(f, JSONField):
-                    raw = bytes(view.payload(name, i, region))
-                    if not raw.endswith(b"\0"):
-                        raise ValueError("JSON payload lacks its NUL terminator")
-                    json.loads(raw[:-1].decode("utf8"))
-            except ValueError as e:
-                problems.append((i, name, str(e)))
+        if isinstance(f, RGBImageField):
+            failed = SampleDecoder(view, name, region).failures(range(start, stop))
+        elif isinstance(f, JSONField):
+            failed = _payload_failures(view, name, _parse_json, range(start, stop), region)
+        elif isinstance(f, ImageArrayField):  # its header (sizes were checked at open)
+            failed = _payload_failures(view, name, f.to_array, range(start, stop), region)
+        else:
+            continue
+        for i, e in failed:
+            cause = str(e).removeprefix(f"field '{name}', sample {i}: ")  # the CLI names both
+            problems.append((i, name, cause if isinstance(e, ValueError) else f"{type(e).__name__}: {cause}"))
     return problems
 
 
-def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = False) -> List[Tuple[int, str, str]]:
-    """Decode every image (JPEG payloads through OpenCV, raw ones by shape) and parse every JSON
-    payload of ``view``; offsets and sizes were already validated when it was opened.
+def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = False) -> list[tuple[int, str, str]]:
+    """Decode every image of ``view`` with the Loader's default decoder (see
+    :mod:`ffload.samples`) and parse every JSON payload; offsets and sizes were already
+    validated when it was opened. Goes on after a bad sample: every bad one is reported.
 
     Args:
-        num_workers: threads (OpenCV releases the GIL); 0: all cores.
+        num_workers: threads (the decoders release the GIL); 0: all cores.
         progress: show a tqdm bar.
 
     Returns:
-        ``(sample index, field name, cause)`` for every sample that does not decode (empty: all good).
+        ``(sample index, field name, cause)`` for every sample that does not decode, sorted
+        (empty: all good).
     """
     n = view.num_samples
     workers = num_workers or os.cpu_count() or 1
     chunk = max(1, min(1024, n // (4 * workers) or 1))
     bounds = [(s, min(n, s + chunk)) for s in range(0, n, chunk)]
     region = view.open_region()
-    problems: List[Tuple[int, str, str]] = []
+    problems: list[tuple[int, str, str]] = []
     bar = None
     if progress:
         from tqdm import tqdm

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from ffload.bench.conditions import format_conditions, measurement_conditions
+
 RUNNER = r"""
 import json, sys, time
 from ffload.convert.sources import ImageFolderSource
@@ -93,6 +95,8 @@ def main():
                      "ratio": med["ffcv"] / med["ffload"], "runs": times})
     print(f"\nconversion of {folder} ({rows[0]['samples']} images), {args.workers} workers, "
           f"median of {args.repeats} alternating runs")
+    conditions = measurement_conditions()
+    print(format_conditions(conditions))
     print("| mode | ffload s | ffcv s | ffload img/s | ffcv img/s | ffload speed-up vs ffcv |")
     print("|---|---|---|---|---|---|")
     for r in rows:
@@ -100,7 +104,7 @@ def main():
               f"{r['ffcv_img_s']:.0f} | {r['ratio']:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"conditions": conditions, "rows": rows}, f, indent=2)
     subprocess.run(["rm", "-rf", work])
 
 

@@ -22,26 +22,26 @@ alternate over ``--repeats`` rounds; ratios divide medians of the same run):
 1. raw 32x32, ``SimpleRGBImageDecoder`` + flip, batch 512: ffload vs ffcv on the same ``.beton``,
    vs ``DataLoader`` over the same images held in memory, and ffload on the LMDB copy.
 2. JPEG, ``RandomResizedCrop(224)`` + flip, batch 128: ffload vs ffcv, vs ``DataLoader`` + PIL over
-   the ImageFolder, vs the decode ceiling (single-thread full-size ``cv2.imdecode`` rate over the
-   same payloads x workers; also ``decode ceiling (threads)``: that many threads decoding at once,
-   measured, which is what a shared machine really gives), and ffload on the LMDB copy.
+   the ImageFolder, vs the decode ceiling (``--num-workers`` threads decoding the same payloads at
+   full size with ``cv2.imdecode`` at once, measured; the one-thread rate is the row
+   ``decode ceiling (1 thread)``), and ffload on the LMDB copy.
 3. JPEG, ``CenterCrop(224, ratio=224/256)`` + flip: ffload vs ffcv vs ``DataLoader`` + PIL (and the
    ceiling of group 2).
 
 Plus: time from ``import ffload`` to the first batch with a warm numba cache (fresh process, torch
 imported first) and from process spawn; ffcv's import and compile time; RSS growth of ffload
 over 20 epochs (after a warm-up epoch). Every loader runs ``order=RANDOM``, ``os_cache=True``,
-``drop_last=False``, the same batch size and ``--workers``; the data files are read once before
-each group so the page cache is warm. Tables are printed and written to ``--out``
-(``results.md``, ``results.json``, and ``workers_<group>.png`` with ``--plot``).
+``drop_last=False``, the same batch size and ``--num-workers``; the data files are read once
+before each group so the page cache is warm. Tables are printed and written to ``--out``
+(``results.md``, ``results.json``, and ``workers_<group>.png`` with ``--plot``) with the
+conditions of the run (``ffload.bench.measurement_conditions``: versions, git commit, CPUs,
+device).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -49,64 +49,24 @@ import time
 
 import numpy as np
 
-from ffload.bench import (BenchConfig, compute_ratios, format_ratios, format_rows, plot_throughput,
-                          run_rounds, summarize, ffcv_available)
+from ffload.bench import (
+    BenchConfig,
+    compute_ratios,
+    ffcv_available,
+    format_conditions,
+    format_ratios,
+    format_rows,
+    measurement_conditions,
+    plot_throughput,
+    run_rounds,
+    summarize,
+)
+from ffload.bench.datasets import GRAIN_SIGMA, JPEG_QUALITY, LONGER_SIDE, build_photo_jpegs, raw_crops
 
 RAW_BATCH, JPEG_BATCH, CROP = 512, 128, 224
-GRAIN_SIGMA, LONGER_SIDE, JPEG_QUALITY = 26.0, (360, 500), 90
 
 
 # ----------------------------------------------------------------------------- data
-def build_photo_jpegs(root: str, n_images: int, seed: int = 0) -> None:
-    """ImageNet-sized JPEG ImageFolder in ``root`` (see the module docstring)."""
-    import cv2
-
-    from ffload.convert.demo_data import PHOTO_CLASSES, build_photos_folder
-
-    demo = root + ".demo"
-    shutil.rmtree(demo, ignore_errors=True)
-    build_photos_folder(demo, n_per_class=math.ceil(n_images / len(PHOTO_CLASSES)), seed=seed)
-    rng = np.random.default_rng(seed)
-    grain = np.rint(rng.normal(0.0, GRAIN_SIGMA, (1024, 1024, 3))).astype(np.int16)
-    for cls in sorted(os.listdir(demo)):
-        os.makedirs(os.path.join(root, cls))
-        for name in sorted(os.listdir(os.path.join(demo, cls))):
-            bgr = cv2.imread(os.path.join(demo, cls, name), cv2.IMREAD_COLOR)
-            h, w = bgr.shape[:2]
-            scale = int(rng.integers(LONGER_SIDE[0], LONGER_SIDE[1] + 1)) / max(h, w)
-            size = (max(1, round(w * scale)), max(1, round(h * scale)))
-            bgr = cv2.resize(bgr, size, interpolation=cv2.INTER_CUBIC if scale > 1 else cv2.INTER_AREA)
-            y, x = (int(rng.integers(0, 1024 - s + 1)) for s in bgr.shape[:2])
-            noisy = np.clip(bgr + grain[y:y + bgr.shape[0], x:x + bgr.shape[1]], 0, 255).astype(np.uint8)
-            out = os.path.join(root, cls, os.path.splitext(name)[0] + ".JPEG")
-            if not cv2.imwrite(out, noisy, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY]):
-                raise OSError(f"{out}: OpenCV could not write the image")
-    shutil.rmtree(demo)
-
-
-def raw_crops(folder: str, n: int, side: int = 32, seed: int = 0):
-    """``(n, side, side, 3) uint8`` random square crops (30-100 % of the shorter side, INTER_AREA)
-    of up to 256 images of the ImageFolder, and their ``(n,) int64`` class labels."""
-    from ffload.convert.sources import ImageFolderSource
-
-    src = ImageFolderSource(folder)
-    rng = np.random.default_rng(seed)
-    picks = np.sort(rng.choice(len(src), size=min(256, len(src)), replace=False))
-    photos = [src[int(i)] for i in picks]
-    import cv2
-
-    images = np.empty((n, side, side, 3), dtype=np.uint8)
-    labels = np.empty(n, dtype=np.int64)
-    for k in range(n):
-        image, label = photos[k % len(photos)]
-        h, w = image.shape[:2]
-        c = int(min(h, w) * rng.uniform(0.3, 1.0))
-        y, x = int(rng.integers(0, h - c + 1)), int(rng.integers(0, w - c + 1))
-        images[k] = cv2.resize(image[y:y + c, x:x + c], (side, side), interpolation=cv2.INTER_AREA)
-        labels[k] = label
-    return images, labels
-
-
 def prepare_data(data: str, n_raw: int, n_jpeg: int, workers: int) -> dict:
     """Build (or reuse) the datasets in ``data``; returns their paths and statistics."""
     from ffload.convert import convert_dataset
@@ -211,23 +171,6 @@ def warm_numba_cache(paths: dict) -> None:
             sys.exit(f"ffload failed on {path} ({pipeline}): {r['error']}")
 
 
-def environment() -> dict:
-    import cv2
-    import numba
-    import torch
-
-    env = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-           "torch": torch.__version__, "opencv": cv2.__version__, "cpus": len(os.sched_getaffinity(0)),
-           "cuda": torch.cuda.is_available(), "machine": platform.machine(), "load_avg_start": os.getloadavg()}
-    if ffcv_available():
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            env["ffcv"] = version("ffcv")
-        except PackageNotFoundError:
-            env["ffcv"] = "installed (no metadata)"
-    return env
-
-
 # ----------------------------------------------------------------------------- report
 def startup_table(results_by_group: dict, rss_rows: list) -> str:
     def med(key, group, name):
@@ -266,7 +209,8 @@ def startup_table(results_by_group: dict, rss_rows: list) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small datasets, one round, 3 epochs (< 3 min)")
-    ap.add_argument("--workers", type=int, default=2, help="num_workers of every loader (default 2)")
+    ap.add_argument("--num-workers", type=int, default=2,
+                    help="num_workers of every loader (default 2)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3; --quick 1)")
     ap.add_argument("--epochs", type=int, default=None, help="epochs per run, epoch 0 excluded from img/s "
                     "(default 4; --quick 3)")
@@ -284,13 +228,14 @@ def main() -> None:
     n_raw = args.raw_samples or (10000 if args.quick else 50000)
     n_jpeg = args.jpeg_samples or (384 if args.quick else 1536)
     with_ffcv = ffcv_available() and not args.no_ffcv
-    workers = sorted({int(w) for w in args.workers_list.split(",")} | {args.workers}) if args.plot else [args.workers]
+    workers = sorted({int(w) for w in args.num_workers_list.split(",")} | {args.num_workers}) if args.plot else [args.num_workers]
 
     t_start = time.perf_counter()
-    env = environment()
+    env = measurement_conditions()
+    env["load_avg_start"] = env.pop("load_avg")
     data = args.data or tempfile.mkdtemp(prefix="bench_loaders_")
     try:
-        info = prepare_data(data, n_raw, n_jpeg, args.workers)
+        info = prepare_data(data, n_raw, n_jpeg, args.num_workers)
         paths = info["paths"]
         warm_numba_cache(paths)
         print(f"data ready in {time.perf_counter() - t_start:.0f} s: {data}", file=sys.stderr)
@@ -308,11 +253,10 @@ def main() -> None:
             results_by_group[key] = results
             rows = summarize(results)
             if key == "center":  # the decode ceiling does not depend on the crop: reuse group 2's
-                rows += [r for r in all_rows.get("rrc", []) if r["kind"] in ("decode_ceiling", "decode_threads")]
+                rows += [r for r in all_rows.get("rrc", []) if r["kind"] in ("decode_ceiling", "decode_single_thread")]
                 targets = {**targets, ("ffload", "decode ceiling"): (">=", 0.8)}
             all_rows[key] = rows
-            extra = [("ffload", "decode ceiling (threads)")] if key != "raw" else []
-            ratios = compute_ratios(rows, list(targets) + extra)
+            ratios = compute_ratios(rows, list(targets))
             if args.plot:
                 os.makedirs(args.out, exist_ok=True)
                 plot_throughput(rows, os.path.join(args.out, f"workers_{key}.png"),
@@ -323,10 +267,10 @@ def main() -> None:
 
         print("== RSS over 20 epochs", file=sys.stderr)
         rss_configs = [BenchConfig(kind="ffload", path=paths["raw_beton"], pipeline="simple", batch_size=RAW_BATCH,
-                                   num_workers=args.workers, epochs=22, name="raw 32x32")]
+                                   num_workers=args.num_workers, epochs=22, name="raw 32x32")]
         if not args.quick:
             rss_configs.append(BenchConfig(kind="ffload", path=paths["jpeg_beton"], pipeline="rrc",
-                                           batch_size=JPEG_BATCH, num_workers=args.workers, epochs=22, size=CROP,
+                                           batch_size=JPEG_BATCH, num_workers=args.num_workers, epochs=22, size=CROP,
                                            limit=min(512, info["jpeg"]["samples"]), name="JPEG rrc (512 samples)"))
         rss_rows = summarize(run_rounds(rss_configs, 1, args.timeout))
         env["load_avg_end"] = os.getloadavg()
@@ -334,10 +278,9 @@ def main() -> None:
 
         jp = info["jpeg"]
         md = [f"# Loader benchmark ({'quick' if args.quick else 'full'})", "",
-              f"{env['cpus']} CPUs, load average {env['load_avg_start'][0]:.2f} at start, "
-              f"{env['load_avg_end'][0]:.2f} at end; Python {env['python']}, torch {env['torch']}, numba "
-              f"{env['numba']}, OpenCV {env['opencv']}, ffcv {env.get('ffcv', 'not installed')}; CUDA "
-              f"{env['cuda']}. {args.workers} workers, {repeats} interleaved round(s), {epochs} epochs per run "
+              f"{format_conditions(env)}; load average {env['load_avg_start'][0]:.2f} at start, "
+              f"{env['load_avg_end'][0]:.2f} at end.", "",
+              f"{args.num_workers} workers, {repeats} interleaved round(s), {epochs} epochs per run "
               f"(img/s: median of epochs 1+ per run, then median over rounds); order RANDOM, os_cache, "
               f"drop_last=False, page cache warm. Total {env['total_s']:.0f} s.", "",
               f"Data: raw 32x32: {n_raw} samples, batch {RAW_BATCH}. JPEG: {jp['samples']} images, mean "

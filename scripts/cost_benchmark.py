@@ -37,7 +37,6 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List, Optional
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -45,6 +44,7 @@ import click  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from ffload.bench.conditions import format_conditions, measurement_conditions  # noqa: E402
 from ffload.formats import open_dataset  # noqa: E402
 from ffload.recipes.cifar10_resnet9 import ensure_writable
 from ffload.recipes.data import CIFAR_MEAN, CIFAR_STD, demo_folder, make_loaders, prepare_data
@@ -90,9 +90,22 @@ def write_png_folder(train_path: str, test_path: str, num_classes: int, root: Pa
     return root
 
 
+def train_label_counts(loader, num_classes: int) -> list[int]:
+    """Samples per class of the training set ``loader`` reads (``(num_classes,)`` counts): of
+    the PNG folder's listing for ``VanillaLoader``, of the dataset's labels at the loader's
+    ``indices`` for an ffload ``Loader``."""
+    if isinstance(loader, VanillaLoader):
+        labels = np.array([label for _, label in loader.dataset.samples], dtype=np.int64)
+    else:
+        labels = np.asarray(loader.view.metadata["label"][loader.indices], dtype=np.int64)
+    return np.bincount(labels, minlength=num_classes).tolist()
+
+
 def run_one(name: str, train_loader, test_loader, config: RecipeConfig, device: torch.device,
-            num_classes: int, echo) -> Dict:
-    """Train a fresh seeded ResNet-9 with one loader pair; returns that loader's result row."""
+            num_classes: int, echo) -> dict:
+    """Train a fresh seeded ResNet-9 with one loader pair; returns that loader's result row
+    (``train_label_counts``: what the training set holds, to check that every loader reads the
+    same samples)."""
     torch.manual_seed(config.seed)
     model = resnet9(num_classes, config.width).to(device=device,
                                                   memory_format=torch.channels_last)
@@ -110,12 +123,13 @@ def run_one(name: str, train_loader, test_loader, config: RecipeConfig, device: 
         "train_seconds": train_seconds,
         "total_seconds": total,
         "final_test_accuracy": rows[-1].test_accuracy,
+        "train_label_counts": train_label_counts(train_loader, num_classes),
         "epochs": rows_to_dicts(rows),
     }
 
 
-def format_markdown(results: List[Dict], price_per_hour: float,
-                    convert_seconds: Dict[str, Optional[float]], header: str) -> str:
+def format_markdown(results: list[dict], price_per_hour: float,
+                    convert_seconds: dict[str, float | None], header: str) -> str:
     """The results as a markdown table (one row per loader) with the savings ratios;
     ``convert_seconds[fmt]`` is None when that conversion came from the cache."""
     vanilla = next((r for r in results if r["loader"] == "vanilla"), None)
@@ -138,7 +152,7 @@ def format_markdown(results: List[Dict], price_per_hour: float,
 COLORS = {"vanilla": "#888888", "lmdb": "#4c72b0", "beton": "#55a868"}
 
 
-def plot_bars(results: List[Dict], path: Path) -> None:
+def plot_bars(results: list[dict], path: Path) -> None:
     """PNG with four bar charts, one bar per loader: median epoch seconds, data-wait percent,
     total seconds (labelled with the cost) and final test accuracy."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -227,12 +241,14 @@ def cost_benchmark(data_dir, demo, out, epochs, batch_size, width, device, num_w
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (
         f"cpu, {torch.get_num_threads()} torch threads, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    conditions = measurement_conditions()
     header = (f"# Cost benchmark: ResNet-9 (width {width}), {epochs} epochs, batch {batch_size}, "
-              f"seed {seed}\n\nDevice: {device_name}; {workers} loader workers; data {data_dir}")
+              f"seed {seed}\n\nDevice: {device_name}; {workers} loader workers; data {data_dir}\n\n"
+              f"{format_conditions(conditions)}")
     markdown = format_markdown(results, price_per_hour, convert_seconds, header)
     (out / "cost_benchmark.md").write_text(markdown)
     write_json(out / "cost_benchmark.json",
-               {"config": asdict(config), "device": str(dev), "device_name": device_name,
+               {"config": asdict(config), "conditions": conditions, "device": str(dev), "device_name": device_name,
                 "num_workers": workers,
                 "price_per_hour": price_per_hour, "convert_seconds": convert_seconds,
                 "results": results})
@@ -241,7 +257,7 @@ def cost_benchmark(data_dir, demo, out, epochs, batch_size, width, device, num_w
     click.echo(f"wrote {out / 'cost_benchmark.md'}, cost_benchmark.json, cost_benchmark.png")
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the command line (``argv`` defaults to ``sys.argv[1:]``)."""
     cost_benchmark.main(args=argv, prog_name="cost_benchmark.py")
 

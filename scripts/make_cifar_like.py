@@ -6,6 +6,8 @@ upscaled to 32x32 RGB. A fixture generator for trying `ffload convert` / the CIF
 
 CIFAR-100 gets fine label = digit and coarse label = digit parity (even/odd).
 """
+from __future__ import annotations
+
 import argparse
 import os
 import sys

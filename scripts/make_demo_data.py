@@ -4,6 +4,8 @@ and OUT/photos (an ImageNet-like ImageFolder of crops of the photos bundled with
     python scripts/make_demo_data.py demo/
     ffload convert demo/digits/train digits-train.beton
 """
+from __future__ import annotations
+
 import argparse
 import json
 import os

@@ -1,9 +1,15 @@
 """`ffload bench` / ffload.bench: the harness runs each loader on real images and reports
 well-formed rows, JSON, markdown and PNG. Behaviour only: no assertion on any timing value."""
+from __future__ import annotations
+
 import json
 import math
 import os
 import random
+import subprocess
+import sys
+import threading
+from collections import Counter
 
 import cv2
 import numpy as np
@@ -12,12 +18,27 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
+import ffload
 from ffload import bench
-from ffload.bench import (ArrayImages, BenchConfig, PILImageFolder, bench_command, center_box,
-                          compute_ratios, format_ratios, format_rows, measure, rrc_box, summarize)
+from ffload.bench import (
+    ArrayImages,
+    BenchConfig,
+    PILImageFolder,
+    bench_command,
+    center_box,
+    compute_ratios,
+    format_ratios,
+    format_rows,
+    measure,
+    rrc_box,
+    summarize,
+)
+from ffload.bench.ceiling import DECODERS, load_jpeg_payloads, measure_decode_ceiling
+from ffload.bench.worker import BOOTSTRAP
 from ffload.convert import convert_dataset
 from ffload.convert.demo_data import digits_images
 from ffload.convert.sources import ArraySource, ImageFolderSource
+from ffload.formats import open_dataset
 
 N_RAW = 300
 
@@ -66,7 +87,7 @@ def check_run_rows(rows, samples, epochs):
         assert row["runs"] == 1 and row["errors"] == [], row
         assert row["img_s"] > 0 and math.isfinite(row["img_s"])
         assert row["peak_rss_mb"] > 0
-        if row["kind"] in ("decode_ceiling", "decode_threads"):
+        if row["kind"] in ("decode_ceiling", "decode_single_thread"):
             continue
         assert row["samples"] == samples  # every sample once per epoch (drop_last=False)
         assert row["epoch0_s"] > 0 and row["first_batch_s"] > 0 and row["first_batch_total_s"] > 0
@@ -81,6 +102,12 @@ def test_raw_json_and_plot(raw_data, tmp_path):
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["dataset"]["one_size"] and out["dataset"]["image_field"] == "image"
+    conditions = out["conditions"]
+    assert conditions["ffload"] == ffload.__version__ and conditions["torch"] == torch.__version__
+    assert conditions["numpy"] == np.__version__ and conditions["opencv"] == cv2.__version__
+    assert conditions["cpu_count"] == os.cpu_count()
+    assert (conditions["device"] == "cpu") == (not torch.cuda.is_available())
+    assert conditions["git_commit"] is None or len(conditions["git_commit"]) == 40
     assert [(r["name"], r["num_workers"]) for r in out["rows"]] == [("ffload", 1), ("ffload", 2)]
     check_run_rows(out["rows"], N_RAW, 2)
     for run in out["runs"]:
@@ -105,6 +132,23 @@ def test_compare_lmdb_text(raw_data):
     assert "ffcv: skipped, ffcv reads .beton files only" in result.output
     assert "dataloader_pil: skipped" in result.output
     assert "FAILED" not in result.output
+    # the header and the conditions once each (stdout), before the table
+    assert [line for line in lines if line.startswith(paths["lmdb"] + " (lmdb, ")] == lines[:1]
+    assert [line.startswith("conditions: ffload ") for line in lines].count(True) == 1
+    assert lines[1].startswith("conditions: ffload ") and f"torch {torch.__version__}" in lines[1]
+    rows = [line for line in lines if line.startswith("| ffload | 1 | 100 |")]
+    assert len(rows) == 1
+
+
+def test_header_printed_once_with_stderr_apart(raw_data):
+    """The header goes to stdout once; stderr holds only the progress lines."""
+    paths, _ = raw_data
+    result = invoke([paths["beton"], "--epochs", "1", "--batch-size", "100", "--num-workers", "1"])
+    assert result.exit_code == 0, result.output
+    header = [line for line in result.stdout.splitlines() if line.startswith(paths["beton"] + " (beton, ")]
+    assert len(header) == 1 and header[0].endswith("1 round(s)")
+    assert paths["beton"] + " (beton, " not in result.stderr
+    assert [line.strip().split(" ")[:2] for line in result.stderr.splitlines()] == [["[1/1]", "ffload"]]
 
 
 def test_compare_jpeg_all_loaders(photo_data):
@@ -116,14 +160,14 @@ def test_compare_jpeg_all_loaders(photo_data):
     assert not out["dataset"]["one_size"] and out["dataset"]["jpeg_samples"] == n
     kinds = [r["kind"] for r in out["rows"]]
     expected = ["ffload"] + (["ffcv"] if bench.ffcv_available() else []) + [
-        "dataloader_pil", "decode_ceiling", "decode_threads"]
+        "dataloader_pil", "decode_ceiling", "decode_single_thread"]
     assert kinds == expected
     check_run_rows(out["rows"], n, 2)
     for run in out["runs"]:
         assert run["config"]["pipeline"] == "rrc"  # several sizes -> RandomResizedCrop
         if run["kind"] == "decode_ceiling":
             assert run["dataset_samples"] == n
-            assert run["img_s"] == pytest.approx(run["single_thread_img_s"])  # --num-workers 1
+            assert run["img_s"] == run["threads_img_s"] and run["decoder"] == "opencv"  # measured, not derived
         else:  # the same pipeline output everywhere
             assert run["first_batch"] == {"shape": [8, 3, 64, 64], "dtype": "torch.uint8"}
     ratios = {(q["numerator"], q["denominator"]) for q in out["ratios"]}
@@ -133,15 +177,81 @@ def test_compare_jpeg_all_loaders(photo_data):
         assert q["ratio"] == pytest.approx(rows[q["numerator"]]["img_s"] / rows[q["denominator"]]["img_s"])
 
 
-def test_decode_ceiling_scales_with_workers(photo_data):
-    """The ceiling is the single-thread decode rate times num_workers (threads_img_s is measured)."""
+def test_decode_ceiling_decodes_exactly_the_datasets_jpegs(photo_data):
+    """The ceiling decodes every JPEG payload of the dataset once per pass, in this thread for
+    the one-thread passes and in other threads for the concurrent ones."""
+    beton, _, n = photo_data
+    indices, payloads = load_jpeg_payloads(beton, "image")
+    assert indices == list(range(n))
+    meta = open_dataset(beton).metadata["image"]
+    opencv = DECODERS["opencv"]()
+    for i, payload in zip(indices, payloads):
+        assert payload.dtype == np.uint8 and bytes(payload[:2]) == b"\xff\xd8"  # JPEG SOI
+        assert opencv(payload).shape == (meta["height"][i], meta["width"][i], 3)
+    calls, lock = [], threading.Lock()
+
+    def recording(payload):
+        with lock:
+            calls.append((id(payload), threading.get_ident()))
+        return opencv(payload)
+
+    result = measure_decode_ceiling(payloads, 3, 2, recording)
+    main = threading.get_ident()
+    single, threaded = calls[:2 * n], calls[2 * n:]
+    assert all(t == main for _, t in single) and all(t != main for _, t in threaded)
+    expected = Counter({id(p): 2 for p in payloads})
+    assert Counter(i for i, _ in single) == expected and Counter(i for i, _ in threaded) == expected
+    assert result.num_threads == 3
+    for records in (result.single_thread, result.threads):
+        assert [(r.epoch, r.samples) for r in records] == [(0, n), (1, n)]
+        assert all(r.img_s == pytest.approx(r.samples / r.seconds) for r in records)
+    # two passes: the first is warm-up, the figure is the second pass's rate
+    assert result.single_thread_img_s == result.single_thread[1].img_s
+    assert result.threads_img_s == result.threads[1].img_s
+
+
+def test_decode_ceiling_names_a_payload_that_does_not_decode(photo_data, raw_data):
+    beton, _, _ = photo_data
+    _, payloads = load_jpeg_payloads(beton, "image", 4)
+    assert len(payloads) == 4
+    broken = payloads[:2] + [np.frombuffer(b"\xff\xd8 not a jpeg", np.uint8)] + payloads[3:]
+    opencv = DECODERS["opencv"]()
+    for threads in (1, 2):
+        with pytest.raises(ValueError, match="sample 2: the JPEG payload does not decode"):
+            measure_decode_ceiling(broken, threads, 1, opencv, [f"sample {i}" for i in range(4)])
+    with pytest.raises(ValueError, match="no JPEG samples"):
+        load_jpeg_payloads(raw_data[0]["beton"], "image")
+
+
+def test_decode_ceiling_measurement_reports_both_rates(photo_data):
+    """In a subprocess: the row's rate is the measured multi-thread rate, the one-thread rate is
+    reported beside it, both over the dataset's JPEG payloads."""
     beton, _, n = photo_data
     res = measure(BenchConfig(kind="decode_ceiling", path=beton, pipeline="rrc", batch_size=8,
                               num_workers=2, epochs=2, size=64))
     assert "error" not in res, res
-    assert res["dataset_samples"] == n and [e["samples"] for e in res["epochs"]] == [n, n]
-    assert res["img_s"] == pytest.approx(res["single_thread_img_s"] * 2)
-    assert res["threads_img_s"] > 0 and math.isfinite(res["threads_img_s"])
+    assert res["dataset_samples"] == n and res["decoder"] == "opencv"
+    assert [e["samples"] for e in res["epochs"]] == [n, n] == [e["samples"] for e in res["single_thread_epochs"]]
+    assert res["img_s"] == res["threads_img_s"] == res["epochs"][1]["img_s"]
+    assert res["single_thread_img_s"] == res["single_thread_epochs"][1]["img_s"]
+    assert res["payload_bytes_mean"] == pytest.approx(np.mean([p.size for p in load_jpeg_payloads(beton, "image")[1]]))
+    rows = summarize([dict(res, round=0)])
+    assert [(r["name"], r["kind"], r["img_s"]) for r in rows] == [
+        ("decode_ceiling", "decode_ceiling", res["threads_img_s"]),
+        ("decode_ceiling (1 thread)", "decode_single_thread", res["single_thread_img_s"])]
+    ratio, = compute_ratios(rows + summarize([fake_run("ffload", 2, 1000.0)]), [("ffload", "decode_ceiling")])
+    assert ratio["ratio"] == pytest.approx(1000.0 / res["threads_img_s"])
+
+
+def test_worker_loads_without_importing_ffload():
+    """The subprocess loads the bench package by path: ``import ffload`` stays inside the
+    measurement."""
+    code = BOOTSTRAP.replace('importlib.import_module("_ffload_bench.worker").main(sys.argv[2:])',
+                             'importlib.import_module("_ffload_bench.worker"); print(sorted('
+                             'm for m in sys.modules if m == "ffload" or m.startswith("ffload.")))')
+    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(bench.__file__)], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_bad_inputs(tmp_path, photo_data, raw_data):
@@ -260,3 +370,44 @@ def test_array_dataset_flips(raw_data):
         assert label == i and (flipped or np.array_equal(got, images[i]))
         outcomes.add(flipped)
     assert outcomes == {True, False}
+
+
+@pytest.mark.parametrize("pipeline", ["dl_simple", "dl_complex"])
+def test_deeplake_stacks_run_on_every_peer(photo_data, pipeline):
+    """ffload, DataLoader + PIL and DataLoader + Albumentations run the same stack: normalised
+    float32 (B, 3, S, S) batches covering the dataset, values spread around zero."""
+    pytest.importorskip("albumentations")
+    import torch
+
+    from ffload.bench.baselines import BASELINES
+    from ffload.bench.runners import RUNNERS
+
+    beton, folder, n = photo_data
+    sources = {"ffload": beton, "dataloader_pil": folder, "dataloader_albumentations": folder}
+    assert set(sources) - {"ffload"} <= set(BASELINES)
+    for kind, path in sources.items():
+        cfg = BenchConfig(kind=kind, path=path, pipeline=pipeline, batch_size=4, num_workers=1, epochs=1, size=48)
+        setup = RUNNERS[kind](cfg)
+        try:
+            batches = [images.clone() for images, _ in setup.loader]
+        finally:
+            setup.close()
+        images = torch.cat(batches)
+        assert images.shape == (n, 3, 48, 48) and images.dtype == torch.float32, kind
+        assert -2.2 < float(images.mean()) < 2.7 and float(images.std()) > 0.2, kind
+        assert float(images.min()) >= -2.2 and float(images.max()) <= 2.7, kind  # ImageNet-normalised [0, 1]
+    with pytest.raises(ValueError, match="augmentation"):
+        BenchConfig(kind="ffcv", path="x", pipeline=pipeline, batch_size=4, num_workers=1, epochs=1)
+    with pytest.raises(ValueError, match="augmentation"):
+        BenchConfig(kind="dataloader_albumentations", path="x", pipeline="rrc", batch_size=4, num_workers=1, epochs=1)
+
+
+def test_pil_perspective_coefficients_map_end_points_to_corners():
+    from ffload.bench.baselines import _perspective_coeffs
+
+    start = [(0, 0), (47, 0), (47, 47), (0, 47)]
+    end = [(5, 3), (40, 7), (44, 45), (2, 41)]
+    a, b, c, d, e, f, g, h = _perspective_coeffs(start, end)
+    for (ex, ey), (sx, sy) in zip(end, start):
+        den = g * ex + h * ey + 1
+        assert abs((a * ex + b * ey + c) / den - sx) < 1e-6 and abs((d * ex + e * ey + f) / den - sy) < 1e-6

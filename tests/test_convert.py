@@ -1,4 +1,6 @@
 """`ffload convert` / `convert_dataset`: real data end to end, parallel = serial, and bad input."""
+from __future__ import annotations
+
 import errno
 import json
 import os
@@ -17,7 +19,7 @@ from ffload.cli import main
 from ffload.convert import ConvertError, convert_dataset
 from ffload.convert.sources import ArraySource, ImageFolderSource, IndexableSource, SourceError
 from ffload.formats import open_dataset
-from ffload.inspect import decode_image
+from ffload.samples import decode_image
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +235,7 @@ def test_existing_destination_needs_overwrite(tmp_path, digits_folder):
 
 def _lmdb_disk_full():
     import lmdb
-    return lmdb.Error("mdb_txn_commit: " + os.strerror(errno.ENOSPC))
+    return lmdb.DiskError("mdb_txn_commit", errno.ENOSPC)  # py-lmdb's class for ENOSPC
 
 
 @pytest.mark.parametrize("suffix,error", [(".beton", lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
@@ -333,3 +335,31 @@ def test_verify_finds_corrupt_jpeg(tmp_path, digits_folder, suffix):
     r = run_cli("verify", dst, "--quiet")
     assert r.exit_code != 0
     assert "sample 4, field 'image'" in r.output and "1 of 6 samples" in r.output
+
+
+def test_verify_decodes_with_the_loaders_decoder_and_lists_every_bad_sample(tmp_path, monkeypatch):
+    from ffload.formats import JSONField, RGBImageField, write_dataset
+    from ffload.loaders.decoders import SimpleRGBImageDecoder
+    from ffload.verify import verify_dataset
+
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 255, (8 + i % 3, 20 - i % 3, 3), dtype=np.uint8) for i in range(9)]  # 3 sizes
+    dst = str(tmp_path / "mixed.beton")
+    write_dataset(dst, {"image": RGBImageField("proportion"), "doc": JSONField()},
+                  [(im, {"i": i}) for i, im in enumerate(images)], 9)
+    view = open_dataset(dst)
+    assert verify_dataset(view, num_workers=2) == []
+    assert set(view.metadata["image"]["mode"]) == {0, 1}  # raw and JPEG samples, of several sizes
+    seen = []
+    original = SimpleRGBImageDecoder.__call__
+
+    def call(self, src, dst, ctx):  # the loader's default image decoder, made to fail on 2 and 6
+        seen.extend(int(i) for i in ctx.indices)
+        if {2, 6} & set(ctx.indices.tolist()):
+            raise ValueError("planted failure")
+        return original(self, src, dst, ctx)
+
+    monkeypatch.setattr(SimpleRGBImageDecoder, "__call__", call)
+    problems = verify_dataset(view, num_workers=1)
+    assert set(seen) == set(range(9))
+    assert problems == [(2, "image", "planted failure"), (6, "image", "planted failure")]

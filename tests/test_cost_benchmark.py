@@ -1,4 +1,6 @@
 """The vanilla baseline loader and scripts/cost_benchmark.py (a tiny CPU run of all 3 loaders)."""
+from __future__ import annotations
+
 import importlib.util
 import json
 from pathlib import Path
@@ -6,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cifar_fixture import write_cifar10_folder
 from click.testing import CliRunner
 from PIL import Image
 from sklearn.datasets import load_digits
 
 from ffload.recipes.data import CIFAR_MEAN, CIFAR_STD
 from ffload.recipes.vanilla import ImageFolderDataset, VanillaLoader, augment, write_image_folder
-from cifar_fixture import write_cifar10_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -76,8 +78,10 @@ def test_augment_without_translate_and_cutout_is_identity_or_mirror():
 # ------------------------------------------------------------------- dataset and loader
 
 def test_image_folder_round_trip_and_normalisation(tmp_path):
-    images, labels = digits_rgb32(24)
-    labels = labels + 2  # 12 classes: folder names must sort in label order ('02' < '10')
+    images, _ = digits_rgb32(24)
+    # 12 classes, two images each: folder names must sort in label order ('02' < '10'); every
+    # class folder holds images (an empty one is an error, as for torchvision's ImageFolder)
+    labels = np.arange(24) % 12
     n = write_image_folder(list(zip(images, labels)), tmp_path / "f", num_classes=12)
     assert n == 24
     ds = ImageFolderDataset(tmp_path / "f", CIFAR_MEAN, CIFAR_STD, train=False)
@@ -93,6 +97,29 @@ def test_image_folder_round_trip_and_normalisation(tmp_path):
         np.testing.assert_allclose(x.permute(1, 2, 0).numpy(), ref, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="label 12"):
         write_image_folder([(images[0], 12)], tmp_path / "g", num_classes=12)
+
+
+def test_image_folder_dataset_lists_the_folder_as_convert_does(tmp_path):
+    """One ImageFolder in the project: nested folders and upper-case extensions are read, hidden
+    and non-image files skipped, as ``ImageFolderSource`` (what ``ffload convert`` reads) does."""
+    images, _ = digits_rgb32(3)
+    root = tmp_path / "f"
+    (root / "a" / "nested").mkdir(parents=True)
+    (root / "b").mkdir()
+    files = [root / "a" / "0.png", root / "a" / "nested" / "1.PNG", root / "b" / "2.png"]
+    for image, path in zip(images, files):
+        Image.fromarray(image).save(path, format="PNG")
+    Image.fromarray(images[0]).save(root / "b" / ".hidden.png")
+    (root / "b" / "notes.txt").write_text("not an image")
+    ds = ImageFolderDataset(root, (0, 0, 0), (1, 1, 1), train=False)
+    assert ds.classes == ["a", "b"]
+    assert ds.samples == [(str(files[0]), 0), (str(files[1]), 0), (str(files[2]), 1)]
+    for i, image in enumerate(images):
+        x, _ = ds[i]
+        assert np.array_equal(x.permute(1, 2, 0).numpy(), image.astype(np.float32))
+    (root / "c").mkdir()  # a class folder without images: named in the error
+    with pytest.raises(ValueError, match="'c'"):
+        ImageFolderDataset(root, (0, 0, 0), (1, 1, 1), train=False)
 
 
 def test_vanilla_loader_batches_do_not_depend_on_workers(tmp_path):
@@ -138,18 +165,33 @@ def test_cost_benchmark_tiny_run(tmp_path):
     report = json.loads((out / "cost_benchmark.json").read_text())
     results = {r["loader"]: r for r in report["results"]}
     assert list(results) == ["vanilla", "lmdb", "beton"]
+    expected_counts = np.bincount(labels[:200], minlength=10).tolist()
     for r in results.values():
         assert 0 <= r["final_test_accuracy"] <= 1 and 0 <= r["data_wait_fraction"] <= 1
         assert r["total_seconds"] >= r["train_seconds"] > 0
         assert r["cost_usd"] == pytest.approx(r["total_seconds"] / 3600 * 3.6)
         assert len(r["epochs"]) == 1
+        # every loader reads the same 200 training samples and trains on 4 full batches of 50
+        assert r["train_label_counts"] == expected_counts
+        epoch = r["epochs"][0]
+        assert round(epoch["images_per_second"] * epoch["epoch_seconds"]) == 200
+        assert r["train_seconds"] == pytest.approx(epoch["epoch_seconds"])
+        assert r["median_epoch_seconds"] == epoch["epoch_seconds"]
+        assert r["final_test_accuracy"] == epoch["test_accuracy"]
+        assert r["data_wait_fraction"] == pytest.approx(epoch["data_wait_seconds"] / epoch["epoch_seconds"])
     md = (out / "cost_benchmark.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith("| ")][1:]
     assert [row.split("|")[1].strip() for row in rows] == ["vanilla", "lmdb", "beton"]
     for row in rows:
-        name = row.split("|")[1].strip()
-        ratio = results["vanilla"]["total_seconds"] / results[name]["total_seconds"]
-        assert row.rstrip(" |").endswith(f"{ratio:.2f}x")
+        cells = [c.strip() for c in row.strip(" |").split("|")]
+        r = results[cells[0]]
+        # each cell is the JSON's measured value of the same run, the ratio from its totals
+        ratio = results["vanilla"]["total_seconds"] / r["total_seconds"]
+        assert cells == [cells[0], f"{r['median_epoch_seconds']:.2f}", f"{100 * r['data_wait_fraction']:.1f}%",
+                         f"{r['total_seconds']:.1f}", f"{100 * r['final_test_accuracy']:.2f}%",
+                         f"{r['cost_usd']:.4f}", f"{ratio:.2f}x"]
+    assert report["conditions"]["torch"] == torch.__version__ and report["conditions"]["cpu_count"] >= 1
+    assert "conditions: ffload " in md and f"torch {torch.__version__}" in md
     assert md in res.output
     assert (out / "cost_benchmark.png").read_bytes()[:8] == PNG_MAGIC
 

@@ -3,6 +3,8 @@
 Datasets are written with ffload.formats from real photos (scikit-image, scikit-learn); decoded
 pixels are compared with OpenCV reference decodes of the same payloads.
 """
+from __future__ import annotations
+
 import math
 import random
 
@@ -12,12 +14,26 @@ import pytest
 from skimage import data
 from sklearn.datasets import load_sample_images
 
-from ffload.formats import (BytesField, FloatField, IntField, JSONField, NDArrayField, RGBImageField,
-                            open_dataset, write_dataset)
+from ffload.formats import (
+    BytesField,
+    FloatField,
+    IntField,
+    JSONField,
+    NDArrayField,
+    RGBImageField,
+    open_dataset,
+    write_dataset,
+)
 from ffload.loaders.crops import center_crop_boxes, jpeg_reductions, random_resized_crop_boxes
-from ffload.loaders.decoders import (BytesDecoder, CenterCropRGBImageDecoder, FloatDecoder, IntDecoder,
-                                     NDArrayDecoder, RandomResizedCropRGBImageDecoder,
-                                     SimpleRGBImageDecoder)
+from ffload.loaders.decoders import (
+    BytesDecoder,
+    CenterCropRGBImageDecoder,
+    FloatDecoder,
+    IntDecoder,
+    NDArrayDecoder,
+    RandomResizedCropRGBImageDecoder,
+    SimpleRGBImageDecoder,
+)
 from ffload.loaders.operation import BatchContext
 from ffload.loaders.rng import op_salt, sample_seeds
 
@@ -71,11 +87,19 @@ def payload(view, name, i):
 
 
 def reference_resize(image, box, out_hw):
-    """OpenCV crop + resize with the documented rule: INTER_AREA when a side shrinks >= 2x."""
+    """OpenCV crop + resize with the documented rule: INTER_AREA when no side grows, else
+    INTER_LINEAR."""
     top, left, h, w = box
     oh, ow = out_hw
-    interp = cv2.INTER_AREA if h >= 2 * oh or w >= 2 * ow else cv2.INTER_LINEAR
+    interp = cv2.INTER_AREA if h >= oh and w >= ow else cv2.INTER_LINEAR
     return cv2.resize(image[top:top + h, left:left + w], (ow, oh), interpolation=interp)
+
+
+def assert_resize_close(row, ref):
+    """The compiled resize is OpenCV's up to one grey level (float vs fixed-point rounding)."""
+    assert row.shape == ref.shape
+    diff = np.abs(row.astype(int) - ref)
+    assert diff.max() <= 1 and diff.mean() < 0.2
 
 
 # ---------------------------------------------------------------- SimpleRGBImageDecoder
@@ -178,48 +202,34 @@ def test_center_crop_raw_equals_reference(tmp_path, photos, out_hw):
     out = decode(CenterCropRGBImageDecoder(out_hw, ratio=0.8), view, "image", order)
     for row, i in zip(out, order):
         ref = reference_resize(photos[i], center_box(*photos[i].shape[:2], 0.8), out_hw)
-        assert np.array_equal(row, ref)
+        assert_resize_close(row, ref)
 
 
-def test_center_crop_jpg_equals_full_decode_reference_when_not_reduced(tmp_path, photos):
+def test_center_crop_jpg_equals_full_decode_reference_when_enlarging(tmp_path, photos):
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(p,) for p in photos])
     order = [0, 3, 5, 6]
-    out = decode(CenterCropRGBImageDecoder((72, 80)), view, "image", order)
+    out = decode(CenterCropRGBImageDecoder((110, 120)), view, "image", order)
     for row, i in zip(out, order):
         full = cv2.imdecode(payload(view, "image", i), cv2.IMREAD_COLOR_RGB)
         box = center_box(*full.shape[:2], 224 / 256)
-        assert box[2] < 2 * 72  # no DCT reduction for these: the computation is OpenCV's own
-        assert np.array_equal(row, reference_resize(full, box, (72, 80)))
+        assert box[2] < 110  # no DCT scaling when enlarging: a full-scale decode of the box
+        diff = np.abs(row.astype(int) - reference_resize(full, box, (110, 120)))
+        # OpenCV's resize up to one level, but libjpeg-turbo upsamples the chroma of a cropped
+        # decode with the crop's edge pixels (a few levels on the crop's border)
+        assert diff.mean() < 0.3 and np.abs(diff[4:-4, 4:-4]).max() <= 1
 
 
-@pytest.mark.parametrize("out, k", [(200, 2), (100, 4), (48, 8)])
-def test_center_crop_jpg_reduced_decoding_is_jpeg_close(tmp_path, photos, monkeypatch, out, k):
-    astronaut = photos[2]  # 512 x 512: centre box 448, decoded at 1/k
+@pytest.mark.parametrize("out", [200, 150, 100, 48])
+def test_center_crop_jpg_scaled_decoding_is_close_to_full_decode(tmp_path, photos, out):
+    astronaut = photos[2]  # 512 x 512: centre box 448, decoded at M/8 with M*448 >= 8*out
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)}, [(astronaut,)])
-    data = payload(view, "image", 0)
-    imdecode, flags = cv2.imdecode, []
-
-    def recording_imdecode(buf, flag):
-        flags.append(flag)
-        return imdecode(buf, flag)
-
-    monkeypatch.setattr(cv2, "imdecode", recording_imdecode)  # the module ffload.loaders.decoders calls
     row = decode(CenterCropRGBImageDecoder(out), view, "image", [0])[0]
-    monkeypatch.undo()
-    # libjpeg decoded the JPEG at 1/k scale (DCT reduction), to RGB
-    assert len(flags) == 1 and flags[0] & (getattr(cv2, f"IMREAD_REDUCED_COLOR_{k}") & ~cv2.IMREAD_COLOR_BGR)
-    reduced = cv2.cvtColor(cv2.imdecode(data, getattr(cv2, f"IMREAD_REDUCED_COLOR_{k}")), cv2.COLOR_BGR2RGB)
-    assert reduced.shape == (512 // k, 512 // k, 3)
-    np.testing.assert_array_equal(cv2.imdecode(data, flags[0]), reduced)
-    box = center_box(512, 512, 224 / 256)  # (32, 32, 448, 448): on the k-pixel grid for every k
-    assert box[2] >= k * out and box[2] < 2 * k * out
-    np.testing.assert_array_equal(row, reference_resize(reduced, [v // k for v in box], (out, out)))
-    full = cv2.imdecode(data, cv2.IMREAD_COLOR_RGB)
+    full = cv2.imdecode(payload(view, "image", 0), cv2.IMREAD_COLOR_RGB)
+    box = center_box(512, 512, 224 / 256)
     ref = reference_resize(full, box, (out, out))
-    assert not np.array_equal(row, ref)  # not a full-size decode
     diff = np.abs(row.astype(int) - ref)
-    psnr = 10 * math.log10(255 ** 2 / np.mean(diff.astype(float) ** 2))
-    assert diff.mean() < 6 and psnr > 28
+    assert diff.mean() <= 2  # the issue's rule: within 2 grey levels, mean absolute difference
+    assert not np.array_equal(row, ref)  # not a full-size decode
     # a different image would be far: the tolerance is meaningful
     other = reference_resize(full[::-1], box, (out, out))
     assert np.abs(row.astype(int) - other).mean() > 20
@@ -287,7 +297,8 @@ def test_random_resized_crop_distribution_matches_torchvision(height, width, sca
         spread = np.quantile(f(b), 0.9) - np.quantile(f(b), 0.1) + 1e-9
         assert abs(f(a).mean() - f(b).mean()) < 0.03 * spread, name
         assert np.all(np.abs(qa - qb) < 0.05 * spread), name
-    full = lambda x: np.mean((x[:, 2] == height) | (x[:, 3] == width))  # fallback-like boxes
+    def full(x):
+        return np.mean((x[:, 2] == height) | (x[:, 3] == width))  # fallback-like boxes
     assert abs(full(a) - full(b)) < 0.02
 
 
@@ -345,7 +356,7 @@ def test_random_resized_crop_pixels_follow_the_boxes(tmp_path, photos):
     random_resized_crop_boxes(order, col["height"], col["width"], sample_seeds(9, 4, order), op.salt,
                               0.08, 1.0, 3 / 4, 4 / 3, boxes)
     for row, i, box in zip(out, order, boxes):
-        assert np.array_equal(row, reference_resize(photos[i], box, (40, 56)))
+        assert_resize_close(row, reference_resize(photos[i], box, (40, 56)))
 
 
 def test_random_resized_crop_is_deterministic_per_sample(tmp_path, photos):

@@ -1,4 +1,6 @@
 """ffload.convert.demo_data and the fixture scripts: structure, counts and real pixels."""
+from __future__ import annotations
+
 import collections
 import importlib.util
 import os
@@ -7,11 +9,17 @@ import cv2
 import numpy as np
 import pytest
 
-from ffload.convert.cifar import CIFARSource
-from ffload.convert.demo_data import (PHOTO_CLASSES, _load_photos, _random_view, build_digits_folder,
-                                      build_photos_folder, digits_images)
+from ffload.convert.demo_data import (
+    PHOTO_CLASSES,
+    _load_photos,
+    _random_view,
+    build_digits_folder,
+    build_photos_folder,
+    digits_images,
+)
 from ffload.convert.images import decode_image_bytes, load_image
 from ffload.convert.sources import ImageFolderSource
+from ffload.convert.sources.cifar import CIFARSource
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 pytest.importorskip("skimage.data")

@@ -1,5 +1,7 @@
 """distributed=True with two gloo processes on CPU: ranks see disjoint shares that together cover
 the epoch (DistributedSampler semantics), and each share matches the single-process order."""
+from __future__ import annotations
+
 import os
 
 import numpy as np

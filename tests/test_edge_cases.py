@@ -1,5 +1,7 @@
 """Edge cases found in review: concurrent LMDB writers, ambiguous layouts, oversized batches,
 CUDA requested without CUDA, empty epochs."""
+from __future__ import annotations
+
 import subprocess
 import sys
 
@@ -41,7 +43,7 @@ def test_lmdb_written_by_another_process_while_loading(tmp_path):
 @pytest.mark.parametrize("to_torch_image", [False, True])
 def test_normalize_on_torch_finds_the_channel_axis_when_height_is_3(tmp_path, to_torch_image):
     """(3, W, 3) images: the channel axis comes from the layout, not from matching sizes."""
-    from ffload.loaders import (NormalizeImage, SimpleRGBImageDecoder, ToTensor, ToTorchImage)
+    from ffload.loaders import NormalizeImage, SimpleRGBImageDecoder, ToTensor, ToTorchImage
     imgs = np.random.default_rng(1).integers(0, 255, (6, 3, 10, 3), dtype=np.uint8)
     path = str(tmp_path / "h3.beton")
     write_dataset(path, {"image": RGBImageField("raw")}, [(im,) for im in imgs], 6)

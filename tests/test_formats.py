@@ -1,17 +1,30 @@
 """The on-disk formats: round trips, ffcv interoperability both ways, page growth, bad files."""
+from __future__ import annotations
+
 import gzip
 import json
 import os
 import shutil
+from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+from isolated import run_isolated
 
-from ffload.formats import (BytesField, DatasetError, FloatField, IntField, JSONField, NDArrayField,
-                            RGBImageField, open_dataset, write_dataset)
+from ffload.formats import (
+    BytesField,
+    DatasetError,
+    FloatField,
+    IntField,
+    JSONField,
+    NDArrayField,
+    RGBImageField,
+    open_dataset,
+    write_dataset,
+)
 from ffload.formats.beton import ALLOC_TYPE, HEADER_TYPE
-from ffload.inspect import decode_image
+from ffload.samples import decode_image
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -178,6 +191,12 @@ def test_reads_files_written_by_ffcv(tmp_path):
 
 def test_ffcv_loader_reads_our_files(tmp_path):
     pytest.importorskip("ffcv", reason="ffcv 1.0.2 (extra 'ffcv') is not installed")
+    run_isolated("test_formats", "ffcv_loader_reads_our_files", str(tmp_path))  # ffcv corrupts numba's types: tests/isolated.py
+
+
+def ffcv_loader_reads_our_files(tmp: str):
+    """The body of :func:`test_ffcv_loader_reads_our_files`, run in a fresh process."""
+    tmp_path = Path(tmp)
     from ffcv.fields.basics import FloatDecoder, IntDecoder
     from ffcv.fields.bytes import BytesDecoder
     from ffcv.fields.ndarray import NDArrayDecoder
@@ -211,11 +230,16 @@ def test_ffcv_loader_reads_our_files(tmp_path):
 
 def test_ffcv_reads_jpeg_and_grown_pages(tmp_path):
     pytest.importorskip("ffcv", reason="ffcv 1.0.2 (extra 'ffcv') is not installed")
+    run_isolated("test_formats", "ffcv_reads_jpeg_and_grown_pages", str(tmp_path))  # ffcv corrupts numba's types: tests/isolated.py
+
+
+def ffcv_reads_jpeg_and_grown_pages(tmp: str):
+    """The body of :func:`test_ffcv_reads_jpeg_and_grown_pages`, run in a fresh process."""
+    tmp_path = Path(tmp)
     from ffcv.fields.basics import IntDecoder
+    from ffcv.fields.bytes import BytesDecoder
     from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
-
-    from ffcv.fields.bytes import BytesDecoder
 
     blob = np.random.default_rng(0).integers(0, 255, 3_000_000, dtype=np.uint8)  # > 2 MiB
     samples = [(p, i, blob[: 10 + i]) for i, p in enumerate(photos())] + [(photos()[0], 9, blob)]
@@ -407,3 +431,59 @@ def test_lmdb_corrupt_metadata_record_refused(tmp_path, change, message):
     env.close()
     with pytest.raises(DatasetError, match=message):
         open_dataset(path)
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_writer_commits_on_exit_and_aborts_on_error(tmp_path, suffix):
+    from ffload.formats.beton import BetonWriter
+    from ffload.formats.lmdb_format import LMDBWriter
+
+    cls = BetonWriter if suffix == ".beton" else LMDBWriter
+    fields = {"label": IntField(), "blob": BytesField()}
+    samples = [fields["label"].encode(7, 0), fields["blob"].encode(b"abc", 0)]
+    metas, payloads = zip(*samples)
+    with cls(str(tmp_path / f"ok{suffix}"), fields, 3) as writer:
+        writer.add(0, metas, payloads)
+        with pytest.raises(ValueError, match="expected 1, got 2"):
+            writer.add(2, metas, payloads)
+        writer.add(1, metas, payloads)
+        assert writer.count == 2
+    view = open_dataset(str(tmp_path / f"ok{suffix}"))
+    assert view.num_samples == 2 and list(view.metadata["label"]) == [7, 7]
+    assert bytes(view.payload("blob", 1)) == b"abc"
+    with pytest.raises(RuntimeError, match="boom"):
+        with cls(str(tmp_path / f"bad{suffix}"), fields, 3) as writer:
+            writer.add(0, metas, payloads)
+            raise RuntimeError("boom")
+    with pytest.raises(DatasetError):  # aborted: never finished into a dataset
+        open_dataset(str(tmp_path / f"bad{suffix}"))
+    with cls(str(tmp_path / f"full{suffix}"), fields, 1) as writer:
+        writer.add(0, metas, payloads)
+        with pytest.raises(ValueError, match="at most 1"):
+            writer.add(1, metas, payloads)
+
+
+def test_field_pointer_accessors():
+    image, array, label = RGBImageField(), NDArrayField(np.uint8, (2,)), IntField()
+    assert image.has_payload and array.has_payload and not label.has_payload
+    records = np.zeros(3, dtype=image.metadata_type)
+    image.set_pointer(records, [10, 20, 30])
+    np.testing.assert_array_equal(image.get_pointer(records), [10, 20, 30])
+    assert list(records["data_ptr"]) == [10, 20, 30] and list(records["width"]) == [0, 0, 0]
+    offsets = np.zeros((), dtype=array.metadata_type)  # one record, 0-d: the record is the offset
+    array.set_pointer(offsets, 99)
+    assert int(array.get_pointer(offsets)) == 99
+    with pytest.raises(TypeError, match="no payload"):
+        label.get_pointer(np.zeros(1, dtype=label.metadata_type))
+
+
+def test_image_sizes_from_metadata():
+    from ffload.formats import image_sizes
+
+    column = np.zeros(5, dtype=RGBImageField.metadata_type)
+    column["height"], column["width"] = [32, 32, 32, 32, 32], [48] * 5
+    np.testing.assert_array_equal(image_sizes(column), [[32, 48]])
+    column["height"][3], column["width"][1] = 65535, 7
+    np.testing.assert_array_equal(image_sizes(column), [[32, 7], [32, 48], [65535, 48]])
+    assert image_sizes(column[:0]).shape == (0, 2)
+    np.testing.assert_array_equal(image_sizes(column[1:4], distinct=False), [[32, 7], [32, 48], [65535, 48]])

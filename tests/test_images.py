@@ -1,12 +1,20 @@
 """ffload.convert.images: files written with Pillow (a test-only dependency) decode to the pixels a viewer shows."""
+from __future__ import annotations
+
 import io
 
 import cv2
 import numpy as np
 import pytest
 
-from ffload.convert.images import (IMAGE_EXTENSIONS, ImageDecodeError, decode_image_bytes, has_image_extension,
-                                   load_image, to_rgb_uint8)
+from ffload.convert.images import (
+    IMAGE_EXTENSIONS,
+    ImageDecodeError,
+    decode_image_bytes,
+    has_image_extension,
+    load_image,
+    to_rgb_uint8,
+)
 
 Image = pytest.importorskip("PIL.Image")
 skdata = pytest.importorskip("skimage.data")

@@ -1,12 +1,13 @@
 """Loader.state_dict / load_state_dict: resuming mid-epoch reproduces an uninterrupted run."""
+from __future__ import annotations
+
 import numpy as np
 import pytest
 import torch
 
 import ffload
 from ffload.formats import IntField, RGBImageField, write_dataset
-from ffload.loaders import (RandomHorizontalFlip, RandomResizedCropRGBImageDecoder, RandomTranslate,
-                            ToTensor)
+from ffload.loaders import RandomHorizontalFlip, RandomResizedCropRGBImageDecoder, RandomTranslate, ToTensor
 
 N = 53
 BATCH = 6  # 9 batches per epoch, the last one of 5 samples

@@ -1,11 +1,21 @@
 """Traversal orders (ffload.loaders.orders): permutations, determinism, page locality, and the
 DistributedSampler split, checked against torch's own sampler."""
+from __future__ import annotations
+
 import numpy as np
 import pytest
 from torch.utils.data import DistributedSampler
 
-from ffload.loaders.orders import (OrderOption, QuasiRandom, Random, Sequential, distributed_split,
-                                   make_order, parse_order, samples_per_rank)
+from ffload.loaders.orders import (
+    OrderOption,
+    QuasiRandom,
+    Random,
+    Sequential,
+    distributed_split,
+    make_order,
+    parse_order,
+    samples_per_rank,
+)
 
 
 def test_parse_order_accepts_names_and_enum():

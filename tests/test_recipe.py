@@ -1,11 +1,14 @@
 """The ResNet-9 recipe: model size, schedule, data preparation and its cache, bad input, and short
 CPU training runs (CIFAR layout through both formats, the digits demo)."""
+from __future__ import annotations
+
 import json
 import os
 
 import numpy as np
 import pytest
 import torch
+from cifar_fixture import write_cifar10_folder
 from click.testing import CliRunner
 from sklearn.datasets import load_digits
 
@@ -14,7 +17,6 @@ from ffload.recipes.cifar10_resnet9 import recipe_command, run_recipe
 from ffload.recipes.data import RecipeError, prepare_data
 from ffload.recipes.resnet9 import resnet9
 from ffload.recipes.training import RecipeConfig, lr_schedule
-from cifar_fixture import write_cifar10_folder
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

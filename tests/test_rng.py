@@ -1,4 +1,6 @@
 """Counter-based per-sample randomness (ffload.loaders.rng)."""
+from __future__ import annotations
+
 import os
 import subprocess
 import sys

@@ -1,4 +1,6 @@
 """ffload.convert.sources and ffload.convert.cifar: labels, order, pixels and errors of every source kind."""
+from __future__ import annotations
+
 import os
 import pickle
 import pickletools
@@ -6,12 +8,11 @@ import warnings
 
 import numpy as np
 import pytest
-
 from cifar_fixture import CIFAR10_LABEL_NAMES, py2_pickle, write_cifar10_folder, write_cifar100_folder
-from ffload.convert.cifar import CIFARSource, find_cifar_folder, is_cifar_folder, read_cifar_pickle
+
 from ffload.convert.images import ImageDecodeError
-from ffload.convert.sources import (ArraySource, ImageFolderSource, IndexableSource, Source, SourceError,
-                                    detect_source)
+from ffload.convert.sources import ArraySource, ImageFolderSource, IndexableSource, Source, SourceError, detect_source
+from ffload.convert.sources.cifar import CIFARSource, find_cifar_folder, is_cifar_folder, read_cifar_pickle
 
 Image = pytest.importorskip("PIL.Image")
 skdata = pytest.importorskip("skimage.data")
@@ -86,7 +87,7 @@ def test_image_folder_classes_labels_and_order(image_folder, caplog):
     assert [os.path.relpath(src.describe(i), root) for i in range(len(src))] == [e[0] for e in expected]
     np.testing.assert_array_equal(src.labels, [e[1] for e in expected])
     assert src.labels.dtype == np.int64
-    for i, (rel, label, pixels, exact) in enumerate(expected):
+    for i, (_rel, label, pixels, exact) in enumerate(expected):
         image, got_label = src[i]
         assert got_label == label and isinstance(got_label, int)
         assert image.dtype == np.uint8 and image.shape == (24, 24, 3)
@@ -452,7 +453,8 @@ def test_detect_source_errors(tmp_path, cifar10, cifar100):
 def test_cifar_repickled_by_numpy2_is_read(tmp_path):
     """Archives re-pickled under numpy 2 name numpy._core.multiarray._reconstruct: admitted too."""
     import pickle
-    from ffload.convert.cifar import read_cifar_pickle
+
+    from ffload.convert.sources.cifar import read_cifar_pickle
     data = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
     path = tmp_path / "data_batch_1"
     with open(path, "wb") as f:

@@ -1,5 +1,7 @@
 """Transforms (ffload.loaders.transforms) and torch-stage operations (ffload.loaders.torch_ops),
 checked against numpy references that draw from the same per-sample generators."""
+from __future__ import annotations
+
 import types
 
 import numpy as np

@@ -4,19 +4,16 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..errors import ConfigurationError, ConvertError
 from ..formats import dataset_writer, format_for_path
 from ..formats.fields import Field, IntField, RGBImageField
 from ..system import available_cpus, path_bytes
-from .encode import encoded_chunks
-
-
-class ConvertError(RuntimeError):
-    """A conversion stopped: the message names the input (file or sample) and the cause."""
+from .encode import SampleEncoder, encoded_chunks
 
 
 @dataclass
@@ -30,17 +27,25 @@ class ConvertReport:
         skipped: ``(input, cause)`` for every input skipped under ``on_error='skip'``.
         label_counts: ``(C,) int64`` samples per label written (the class histogram).
         workers: worker processes used.
+        passed_through: images stored as their source JPEG's bytes (no decode, no encode).
+        reencoded: images decoded and re-encoded to JPEG, counted per reason (a key of
+            :data:`ffload.convert.passthrough.REASONS`); images stored raw count in neither.
+        resumed_from: source samples an interrupted run had converted already (``resume``); the
+            counts above include them, ``seconds`` does not.
     """
 
     dst: str
     format: str
     samples: int
-    classes: Optional[int]
+    classes: int | None
     bytes: int
     seconds: float
-    skipped: List[Tuple[str, str]] = field(default_factory=list)
-    label_counts: Optional[np.ndarray] = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    label_counts: np.ndarray | None = None
     workers: int = 0
+    passed_through: int = 0
+    reencoded: dict[str, int] = field(default_factory=dict)
+    resumed_from: int = 0
 
     @property
     def bytes_per_sample(self) -> float:
@@ -52,14 +57,16 @@ class ConvertReport:
                 "classes": self.classes, "bytes": self.bytes,
                 "bytes_per_sample": round(self.bytes_per_sample, 1), "seconds": round(self.seconds, 3),
                 "images_per_second": round(self.samples / self.seconds, 1) if self.seconds else None,
-                "workers": self.workers,
+                "workers": self.workers, "passed_through": self.passed_through,
+                "reencoded": sum(self.reencoded.values()), "reencode_reasons": dict(self.reencoded),
+                "resumed_from": self.resumed_from,
                 "label_counts": None if self.label_counts is None else self.label_counts.tolist(),
                 "skipped": [{"input": i, "cause": c} for i, c in self.skipped]}
 
 
-def image_fields(write_mode: str = "raw", max_resolution: Optional[int] = None, jpeg_quality: int = 90,
-                 smart_threshold: Optional[int] = None,
-                 compress_probability: float = 0.5) -> Dict[str, Field]:
+def image_fields(write_mode: str = "raw", max_resolution: int | None = None, jpeg_quality: int = 90,
+                 smart_threshold: int | None = None,
+                 compress_probability: float = 0.5) -> dict[str, Field]:
     """The fields of an image-classification dataset: ``image`` (RGBImageField) then ``label``
     (IntField), the order of FFCV's examples."""
     return {"image": RGBImageField(write_mode, max_resolution, smart_threshold, jpeg_quality,
@@ -68,20 +75,43 @@ def image_fields(write_mode: str = "raw", max_resolution: Optional[int] = None, 
 
 
 def _disk_full(e: Exception) -> bool:
-    """Whether ``e`` reports a full disk or quota: ``OSError`` ENOSPC/EDQUOT, or an ``lmdb.Error``
-    carrying that message (py-lmdb reports system errors as text)."""
+    """Whether ``e`` reports a full disk or quota, by class and errno: ``OSError`` ENOSPC/EDQUOT,
+    ``lmdb.DiskError`` (py-lmdb's class for ENOSPC), or an ``lmdb.Error`` whose ``code`` is EDQUOT."""
+    import lmdb
+
+    full = (errno.ENOSPC, errno.EDQUOT)
     if isinstance(e, OSError):
-        return e.errno in (errno.ENOSPC, errno.EDQUOT)
-    return type(e).__module__ == "lmdb" and (os.strerror(errno.ENOSPC) in str(e)
-                                             or os.strerror(errno.EDQUOT) in str(e))
+        return e.errno in full
+    return isinstance(e, lmdb.DiskError) or (isinstance(e, lmdb.Error) and getattr(e, "code", None) in full)
 
 
-def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: Optional[int] = None,
-                    jpeg_quality: int = 90, smart_threshold: Optional[int] = None,
-                    compress_probability: float = 0.5, num_workers: Optional[int] = None,
+def _open_journal(dst: str, fields: dict[str, Field], source, arguments: dict, resume: bool,
+                  checkpoint_seconds: float):
+    """``(ConversionJournal, the interrupted run's journal or None)`` for a ``.beton`` conversion;
+    without ``resume`` (or with nothing to resume) an earlier run's files are removed. Raises
+    ConfigurationError as :meth:`ConversionJournal.load` does, leaving the files in place."""
+    from .journal import ConversionJournal, source_fingerprint
+
+    journal = ConversionJournal(dst, fields, len(source), arguments, source_fingerprint(source), checkpoint_seconds)
+    try:
+        state = journal.load() if resume else None
+    except BaseException:
+        journal.release()
+        raise
+    if state is None:
+        journal.start()
+    return journal, state
+
+
+def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: int | None = None,
+                    jpeg_quality: int = 90, smart_threshold: int | None = None,
+                    compress_probability: float = 0.5, num_workers: int | None = None,
                     on_error: str = "fail", overwrite: bool = False, progress: bool = True,
-                    page_size: Optional[int] = None, chunk_size: Optional[int] = None,
-                    fields: Optional[Dict[str, Field]] = None, source_kind: Optional[str] = None) -> ConvertReport:
+                    page_size: int | None = None, chunk_size: int | None = None,
+                    fields: dict[str, Field] | None = None, source_kind: str | None = None,
+                    reencode: bool = False, strip_metadata: bool = False, verify: bool = False,
+                    resume: bool = False, checkpoint_seconds: float = 1.0, engine: str = "local",
+                    ray_address: str | None = None) -> ConvertReport:
     """Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix).
 
     Args:
@@ -99,6 +129,21 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
         chunk_size: samples per worker task (default: sized so that a task carries ~16 MiB).
         fields: override the fields (default: :func:`image_fields` from the arguments above).
         source_kind: force the source detection (``'imagefolder'``, ``'cifar10'``, ``'cifar100'``).
+        reencode: decode and re-encode every JPEG (FFCV's behaviour) instead of storing a source
+            JPEG's own bytes where it already is what the write mode asks for (pass-through, see
+            :mod:`ffload.convert.passthrough`; file-backed sources with the default fields).
+        strip_metadata: drop the APPn/COM metadata segments of passed-through JPEGs.
+        verify: decode each passed-through JPEG once as the loader would; one that fails is
+            re-encoded from OpenCV's decode instead.
+        resume: ``.beton`` only: continue the interrupted conversion to ``dst`` from its last
+            checkpoint (byte-identical to an uninterrupted run; from scratch when there is
+            none). Every ``.beton`` conversion keeps its partial output and a journal beside
+            ``dst`` while it runs (:mod:`ffload.convert.journal`), so a killed one can resume.
+        checkpoint_seconds: at most one checkpoint (fsync + journal) per this many seconds.
+        engine: ``'local'`` (``num_workers`` forked processes) or ``'ray'``: chunks encoded by Ray
+            tasks across the cluster at ``ray_address`` (``'auto'``, ``'ray://host:port'``; None:
+            this process's Ray instance or a new local one), written here in order: the same
+            output bytes (:mod:`ffload.convert.ray_engine`; needs ``ffload[ray]``).
 
     Returns:
         ConvertReport.
@@ -106,13 +151,23 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
     Raises:
         ConvertError: a bad input under ``on_error='fail'`` (names the file and cause), a full
             disk, or nothing left to write.
+        ConfigurationError: an unknown ``engine``, or ``'ray'`` without Ray installed (the message
+            gives the install command); ``resume`` to LMDB, or with another source or other
+            arguments than the interrupted run (named in the message), or while another
+            conversion to ``dst`` runs.
         FileExistsError: ``dst`` exists and ``overwrite`` is False.
-        SourceError / ValueError: the source or the arguments are invalid (before any writing).
+        SourceError / ConfigurationError: the source or the arguments are invalid (before any
+            writing); both are ``ValueError`` subclasses (:mod:`ffload.errors`).
     """
     from .sources import detect_source
 
     if on_error not in ("fail", "skip"):
-        raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
+        raise ConfigurationError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
+    if engine not in ("local", "ray"):
+        raise ConfigurationError(f"engine must be 'local' or 'ray', got {engine!r}")
+    if engine == "ray":
+        from .ray_engine import import_ray
+        import_ray()  # the install hint before any writing
     fmt = format_for_path(dst)
     if os.path.lexists(dst) and not overwrite:
         raise FileExistsError(f"{dst} already exists (use --overwrite / overwrite=True to replace it)")
@@ -127,16 +182,43 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
     flist = list(fields.values())
     label_pos = list(fields).index("label") if "label" in fields else None
     labels = np.zeros(n, dtype=np.int64)
-    skipped: List[Tuple[str, str]] = []
+    # entries the source left out while listing (ImageFolderSource: unreadable folders, FIFOs, loops)
+    unreadable = getattr(source, "unreadable", [])
+    if unreadable and on_error == "fail":
+        raise ConvertError(f"{unreadable[0][0]}: {unreadable[0][1]} ({len(unreadable)} unreadable entries; "
+                           f"--on-error skip lists them and goes on)", path=unreadable[0][0])
+    journal = state = None
+    if fmt == "beton":
+        arguments = {"fields": {k: [type(f).__name__, f.arguments()] for k, f in fields.items()},
+                     "page_size": page_size, "on_error": on_error, "reencode": reencode,
+                     "strip_metadata": strip_metadata, "verify": verify}
+        journal, state = _open_journal(dst, fields, source, arguments, resume, checkpoint_seconds)
+    elif resume:
+        raise ConfigurationError(f"{dst}: resume=True / --resume works for .beton outputs only")
+    start, written = (state["next_index"], state["count"]) if state else (0, 0)
+    skipped: list[tuple[str, str]] = ([tuple(s) for s in state["skipped"]] if state
+                                      else list(getattr(source, "left_out", [])))
+    outcomes: Counter = Counter(state["outcomes"] if state else {})
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=n, unit="img", desc=f"convert -> {os.path.basename(dst)}", smoothing=0.1)
+        bar = tqdm(total=n, initial=start, unit="img", desc=f"convert -> {os.path.basename(dst)}", smoothing=0.1)
     t0 = time.perf_counter()
-    written = 0
     try:
-        with dataset_writer(dst, fields, n, overwrite=overwrite, page_size=page_size) as writer:
-            chunks = encoded_chunks(source, fields, workers, chunk_size)
+        with dataset_writer(dst, fields, n, overwrite=overwrite, page_size=page_size,
+                            tmp=journal and journal.partial,
+                            open_writer=journal and journal.writer(page_size, state)) as writer:
+            if journal is not None:
+                if label_pos is not None:
+                    labels[:written] = writer.metadata[f"f{label_pos}"][:written]
+                journal.commit(writer, start, skipped, outcomes, force=True)
+            encoder = SampleEncoder(source, flist, passthrough=not reencode,
+                                    strip_metadata=strip_metadata, verify=verify)
+            if engine == "ray":
+                from .ray_engine import ray_encoded_chunks
+                chunks = ray_encoded_chunks(encoder, chunk_size, start=start, address=ray_address)
+            else:
+                chunks = encoded_chunks(encoder, workers, chunk_size, start=start)
             try:
                 for chunk, slab in chunks:
                     if chunk.errors:
@@ -144,11 +226,14 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
                             _, name, cause = chunk.errors[0]
                             raise ConvertError(f"{name}: {cause}")
                         skipped.extend((name, cause) for _, name, cause in chunk.errors)
+                    outcomes.update(chunk.outcomes)
                     for _, metas, payloads in chunk.samples(flist, slab):
                         writer.add(written, metas, payloads)
                         if label_pos is not None:
                             labels[written] = int(metas[label_pos])
                         written += 1
+                    if journal is not None:
+                        journal.commit(writer, chunk.stop, skipped, outcomes)
                     if bar is not None:
                         bar.update(chunk.stop - chunk.start)
             finally:
@@ -159,9 +244,11 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
     except Exception as e:  # OSError from our writes, lmdb.Error from LMDB's
         if _disk_full(e):
             raise ConvertError(f"{dst}: no space left on the device while writing; nothing was "
-                               f"written (the partial output was removed)") from e
+                               f"written (the partial output was removed)", path=dst) from e
         raise
     finally:
+        if journal is not None:
+            journal.discard()  # done, or failed: the output is atomic (a killed run leaves its journal)
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
@@ -171,4 +258,5 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: O
         counts = np.bincount(labels[:written], minlength=len(classes) if classes else 0)
     return ConvertReport(dst=dst, format=fmt, samples=written, classes=len(classes) if classes else None,
                          bytes=path_bytes(dst), seconds=seconds, skipped=skipped, label_counts=counts,
-                         workers=workers)
+                         workers=workers, passed_through=outcomes.pop("passed_through", 0),
+                         reencoded=dict(sorted(outcomes.items())), resumed_from=start)

@@ -8,19 +8,24 @@ carries only the metadata records, payload sizes and errors). Payloads that do n
 travel in the message instead. The parent receives chunks in order, so the output keeps the
 source's sample order, and returns each slab to the pool once its samples are written. Chunks are
 sized from the bytes per sample seen so far, so that a chunk fills about half a slab.
+
+What one sample becomes is :class:`SampleEncoder`'s job: the fields' ``encode``, or for a file-backed
+source and an image field, the source JPEG's own bytes where :mod:`~ffload.convert.passthrough` allows.
 """
 from __future__ import annotations
 
 import mmap
 import multiprocessing as mp
-from collections import deque
-from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..formats.fields import Field, metadata_dtype
+from ..formats.fields import JPG, Field, IntField, RGBImageField, metadata_dtype
 from ..system import available_cpus
+from .images import decode_image_bytes
+from .passthrough import decode_problem, inspect_jpeg, strip_jpeg_metadata
 
 SLAB_BYTES = 32 << 20  # shared memory per chunk in flight
 SLABS_PER_WORKER = 3  # chunks in flight per worker (keeps workers busy while the parent writes)
@@ -44,6 +49,8 @@ class EncodedChunk:
         slab_used: bytes of the payload stream stored in the slab.
         tail: the rest of the payload stream (payloads that did not fit the slab).
         errors: ``(source index, description, cause)`` for samples that failed.
+        outcomes: images passed through (``'passed_through'``) and re-encoded to JPEG (a
+            :data:`~ffload.convert.passthrough.REASONS` key), counted.
     The payload stream is the chunk's payloads, sample by sample, field by field.
     """
 
@@ -55,15 +62,16 @@ class EncodedChunk:
     slab: int
     slab_used: int
     tail: bytes
-    errors: List[Tuple[int, str, str]]
+    errors: list[tuple[int, str, str]]
+    outcomes: Counter = field(default_factory=Counter)
 
-    def samples(self, fields: Sequence[Field], slab: Optional[memoryview]) -> Iterator[Tuple[int, list, list]]:
+    def samples(self, fields: Sequence[Field], slab: memoryview | None) -> Iterator[tuple[int, list, list]]:
         """Yield ``(source index, metadata records, payload arrays or None)`` per good sample;
         payloads are views of ``slab`` (the chunk's slab buffer) or of :attr:`tail`."""
         head = np.frombuffer(slab, dtype=np.uint8, count=self.slab_used) if self.slab_used else None
         tail = np.frombuffer(self.tail, dtype=np.uint8)
         offsets = np.concatenate([[0], np.cumsum(self.sizes.reshape(-1))]).astype(np.int64)
-        has = [f.ptr_name is not None for f in fields]
+        has = [f.has_payload for f in fields]
         nf = len(fields)
         for j, idx in enumerate(self.ok):
             rec = self.metadata[j]
@@ -81,30 +89,99 @@ class EncodedChunk:
             yield int(idx), metas, payloads
 
 
-def encode_chunk(source, fields: Sequence[Field], start: int, stop: int,
-                 slab: Optional[memoryview] = None, slab_index: int = -1) -> EncodedChunk:
+class SampleEncoder:
+    """Encodes sample ``i`` of a source into its fields' ``(metadata, payload)`` pairs.
+
+    With the image-classification fields (:class:`RGBImageField` then :class:`IntField`) and a
+    source that holds files (an ``encoded(i)`` method returning the stored image bytes, and
+    ``labels``), each file is read once: a JPEG that already is what the write mode stores is
+    kept as it is (see :mod:`~ffload.convert.passthrough`), anything else is decoded from those
+    bytes (:func:`~ffload.convert.images.decode_image_bytes`, as the source's ``src[i]`` does)
+    and encoded by the field. Other fields and sources: ``field.encode(value)`` on ``src[i]``.
+
+    Args:
+        source: a Source; fields: the fields in order.
+        passthrough: False re-encodes every JPEG (``--reencode``).
+        strip_metadata: drop APPn/COM metadata segments from passed-through JPEGs.
+        verify: decode each passed-through JPEG once (``decode_problem``); one that fails is
+            decoded again by OpenCV and re-encoded (reason ``'decode_warning'``).
+    """
+
+    def __init__(self, source, fields: Sequence[Field], passthrough: bool = True,
+                 strip_metadata: bool = False, verify: bool = False):
+        self.source, self.fields = source, list(fields)
+        self.passthrough, self.strip_metadata, self.verify = passthrough, strip_metadata, verify
+        self.image_fields = (len(self.fields) == 2 and isinstance(self.fields[0], RGBImageField)
+                             and isinstance(self.fields[1], IntField))
+        self.from_bytes = self.image_fields and hasattr(source, "encoded") and hasattr(source, "labels")
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def describe(self, i: int) -> str:
+        """The source's name for sample ``i`` (a path, ``shard:key``, ``row i of ...``)."""
+        return self.source.describe(i)
+
+    def encode(self, i: int) -> tuple[list[tuple], str | None]:
+        """``([(metadata, payload or None) per field], outcome)``: outcome ``'passed_through'``,
+        the reason an image stored as JPEG was re-encoded, or None (no JPEG stored).
+
+        Raises:
+            ImageDecodeError, FieldError, SourceError, ValueError: a bad sample (the caller names it).
+        """
+        if not self.from_bytes:
+            values = self.source[i]
+            if len(values) != len(self.fields):
+                raise ValueError(f"{len(values)} values for {len(self.fields)} fields")
+            encoded = [f.encode(v, i) for f, v in zip(self.fields, values)]
+            jpeg = self.image_fields and encoded[0][0]["mode"] == JPG
+            return encoded, "no_source_bytes" if jpeg else None
+        data = self.source.encoded(i)
+        label = self.fields[1].encode(int(self.source.labels[i]), i)
+        image_field = self.fields[0]
+        if image_field.write_mode == "raw":
+            header, reason = None, "raw"
+        elif not self.passthrough:
+            header, reason = None, "reencode_requested"
+        else:
+            header, reason = inspect_jpeg(data, image_field.max_resolution)
+        if reason is None and not image_field.stores_jpeg(header.width * header.height * 3, i):
+            reason = "raw"
+        if reason is None and self.verify and decode_problem(data, header, self.describe(i)) is not None:
+            reason = "decode_warning"
+        if reason is None:
+            meta = np.zeros((), dtype=image_field.metadata_type)
+            meta["mode"], meta["width"], meta["height"] = JPG, header.width, header.height
+            payload = strip_jpeg_metadata(data, header) if self.strip_metadata else data
+            return [(meta[()], np.frombuffer(payload, np.uint8)), label], "passed_through"
+        meta, payload = image_field.encode(decode_image_bytes(data, self.describe(i)), i)
+        return [(meta, payload), label], reason if meta["mode"] == JPG else None
+
+
+def encode_chunk(encoder: SampleEncoder, start: int, stop: int,
+                 slab: memoryview | None = None, slab_index: int = -1) -> EncodedChunk:
     """Read and encode source samples ``start..stop-1``; errors are collected, not raised.
 
     Payloads are written into ``slab`` while they fit (in stream order), the rest into the
     chunk's ``tail`` bytes.
     """
+    fields = encoder.fields
     mtype = metadata_dtype(fields)
     meta = np.zeros(stop - start, dtype=mtype)
     sizes = np.zeros((stop - start, len(fields)), dtype=np.int64)
     room = 0 if slab is None else len(slab)
     used = 0
-    ok, tail, errors = [], [], []
+    ok, tail, errors, outcomes = [], [], [], Counter()
     for i in range(start, stop):
         try:
-            values = source[i]
-            if len(values) != len(fields):
-                raise ValueError(f"{len(values)} values for {len(fields)} fields")
-            encoded = [f.encode(v, i) for f, v in zip(fields, values)]
+            encoded, outcome = encoder.encode(i)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as e:  # any failure of one input is reported with its name
-            errors.append((i, source.describe(i), f"{type(e).__name__}: {e}"))
+            errors.append((i, encoder.describe(i), f"{type(e).__name__}: {e}"))
             continue
+        if outcome is not None:
+            outcomes[outcome] += 1
         j = len(ok)
         ok.append(i)
         for k, (m, p) in enumerate(encoded):
@@ -120,13 +197,12 @@ def encode_chunk(source, fields: Sequence[Field], start: int, stop: int,
                 tail.append(p.tobytes())
     k = len(ok)
     return EncodedChunk(start, stop, np.asarray(ok, dtype=np.int64), meta[:k], sizes[:k],
-                        slab_index, used, b"".join(tail), errors)
+                        slab_index, used, b"".join(tail), errors, outcomes)
 
 
-def _worker_encode(task: Tuple[int, int, int]) -> EncodedChunk:
+def _worker_encode(task: tuple[int, int, int]) -> EncodedChunk:
     start, stop, slab = task
-    return encode_chunk(_STATE["source"], _STATE["fields"], start, stop,
-                        memoryview(_STATE["slabs"][slab]), slab)
+    return encode_chunk(_STATE["encoder"], start, stop, memoryview(_STATE["slabs"][slab]), slab)
 
 
 class _ChunkSizer:
@@ -144,7 +220,7 @@ class _ChunkSizer:
             per_sample = self.bytes / self.samples
             self.size = int(np.clip(SLAB_BYTES // 2 // per_sample, 1, MAX_CHUNK))
 
-    def take(self) -> Optional[Tuple[int, int]]:
+    def take(self) -> tuple[int, int] | None:
         if self.next_start >= self.n:
             return None
         start = self.next_start
@@ -152,30 +228,32 @@ class _ChunkSizer:
         return start, self.next_start
 
 
-def encoded_chunks(source, fields: Dict[str, Field], num_workers: Optional[int],
-                   chunk_size: Optional[int] = None) -> Iterator[Tuple[EncodedChunk, Optional[memoryview]]]:
-    """Encode all of ``source`` with ``num_workers`` processes (0: in this process), yielding
-    ``(chunk, slab buffer)`` in source order; the slab is valid until the next chunk is requested.
-    The pool is terminated and the slabs released when the generator is closed (errors, Ctrl-C).
+def encoded_chunks(encoder: SampleEncoder, num_workers: int | None, chunk_size: int | None = None,
+                   start: int = 0) -> Iterator[tuple[EncodedChunk, memoryview | None]]:
+    """Encode samples ``start..N-1`` of ``encoder``'s source with ``num_workers`` processes (0:
+    in this process), yielding ``(chunk, slab buffer)`` in source order; the slab is valid until
+    the next chunk is requested. The pool is terminated and the slabs released when the
+    generator is closed (errors, Ctrl-C).
 
     Args:
         chunk_size: samples per chunk; None sizes chunks from the bytes per sample.
+        start: the first source index to encode (a resumed conversion).
     """
-    flist = list(fields.values())
-    n = len(source)
+    n = len(encoder)
     workers = available_cpus() if num_workers is None else int(num_workers)
     # Until a chunk has come back, sizes are unknown: start with single samples, so that the
     # first chunks in flight stay small however large the images are.
     sizer = _ChunkSizer(n, chunk_size or 1, fixed=chunk_size is not None)
+    sizer.next_start = start
     if workers <= 0 or "fork" not in mp.get_all_start_methods():
         # in this process (also where workers cannot inherit the slabs: no fork)
         while (bounds := sizer.take()) is not None:
-            chunk = encode_chunk(source, flist, *bounds)
+            chunk = encode_chunk(encoder, *bounds)
             sizer.observe(chunk)
             yield chunk, None
         return
     slabs = [mmap.mmap(-1, SLAB_BYTES) for _ in range(SLABS_PER_WORKER * workers)]
-    _STATE.update(source=source, fields=flist, slabs=slabs)
+    _STATE.update(encoder=encoder, slabs=slabs)
     pool = mp.get_context("fork").Pool(workers)
     try:
         free = deque(range(len(slabs)))

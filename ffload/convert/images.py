@@ -22,6 +22,10 @@ libtiff, libwebp); Pillow is not needed. The rules:
 * **Float** samples (float TIFFs, in-memory arrays) must lie in ``[0, 1]`` and become ``round(v * 255)``.
 * **No colour management**: ICC profiles and PNG gamma are ignored (like Pillow and torchvision).
 * **No resizing** here: ``max_resolution`` is applied by the field encoder.
+* **Pixel limit** (decompression bombs): the width and height are read from the header (JPEG SOF, PNG IHDR, BMP
+  info header, WebP VP8/VP8L/VP8X, TIFF first IFD) *before* anything is decoded. An image of more than
+  ``max_pixels`` pixels (default :data:`DEFAULT_MAX_PIXELS`, twice Pillow's ``MAX_IMAGE_PIXELS``) is refused with
+  :class:`ImageBombError`; one above half of it is logged as a warning, as Pillow's ``DecompressionBombWarning``.
 
 Bad input raises :class:`ImageDecodeError` (a ``ValueError``) whose message names the file and the cause: an
 unreadable or empty file, an unrecognised or unsupported format, a truncated JPEG (no end-of-image marker after the
@@ -31,13 +35,22 @@ inside a complete JPEG, which libjpeg only warns about, still decodes (with gray
 """
 from __future__ import annotations
 
+import logging
 import os
+import stat
+import struct
 
 import cv2
 import numpy as np
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageDecodeError", "has_image_extension", "load_image", "decode_image_bytes",
-           "to_rgb_uint8"]
+from ..errors import ImageBombError, ImageDecodeError
+from ..limits import DEFAULT_MAX_PIXELS
+
+__all__ = ["IMAGE_EXTENSIONS", "DEFAULT_MAX_PIXELS", "ImageBombError", "ImageDecodeError", "has_image_extension",
+           "load_image", "read_image_file", "decode_image_bytes", "header_size", "check_pixels", "to_rgb_uint8"]
+
+logger = logging.getLogger(__name__)
+
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 """File extensions (lower case, with the dot) treated as images; matched case-insensitively."""
@@ -60,48 +73,60 @@ _UNSUPPORTED_SIGNATURES = (
 _SUPPORTED_NAMES = "JPEG, PNG, BMP, WebP, TIFF"
 
 
-class ImageDecodeError(ValueError):
-    """An image file or array that cannot be turned into ``(H, W, 3) uint8`` RGB; the message names it and why."""
-
-
 def has_image_extension(path: str | os.PathLike) -> bool:
     """True when ``path`` ends with one of :data:`IMAGE_EXTENSIONS`, in any case (torchvision's ``IMG_EXTENSIONS``
     check, restricted to the formats this module decodes)."""
     return os.fspath(path).lower().endswith(IMAGE_EXTENSIONS)
 
 
-def load_image(path: str | os.PathLike) -> np.ndarray:
+def load_image(path: str | os.PathLike, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Read and decode one image file.
 
     Args:
         path: the file; its content decides the format, not its extension.
+        max_pixels: refuse images whose header declares more pixels (``None``: no limit); see
+            :func:`check_pixels`.
     Returns:
         ``(H, W, 3) uint8`` RGB, C-contiguous, upright (EXIF orientation applied), following the rules in the
         module docstring.
     Raises:
-        ImageDecodeError: the file cannot be read (the ``OSError`` is chained), is empty, is not an image, is in an
+        ImageDecodeError: the file cannot be read (the ``OSError`` is chained), is not a regular file (a FIFO or
+            device is never read), is empty, is not an image, is in an
             unsupported format, is truncated, or cannot be decoded. The message starts with the path.
+        ImageBombError: the header declares more than ``max_pixels`` pixels (nothing was decoded).
     """
+    return decode_image_bytes(read_image_file(path), os.fspath(path), max_pixels)
+
+
+def read_image_file(path: str | os.PathLike) -> bytes:
+    """The bytes of an image file, as stored. Raises ImageDecodeError naming the file when it cannot be read (the
+    ``OSError`` is chained) or is not a regular file (a FIFO or device is refused, never waited on)."""
     name = os.fspath(path)
-    try:
-        with open(name, "rb") as f:
-            data = f.read()
+    try:  # O_NONBLOCK + fstat: a FIFO or device named x.jpg is refused, never waited on
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise ImageDecodeError(f"{name}: not a regular file (mode {stat.filemode(mode)}); not read")
+            return f.read()
     except OSError as e:
         raise ImageDecodeError(f"{name}: cannot read the file ({e.strerror or e})") from e
-    return decode_image_bytes(data, name)
 
 
-def decode_image_bytes(data: bytes, name: str) -> np.ndarray:
+def decode_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Decode the bytes of an image file.
 
     Args:
         data: the whole file (``bytes``, ``bytearray`` or ``memoryview``).
         name: what to call it in error messages (a path, or "sample i of <dataset>").
+        max_pixels: refuse images whose header declares more pixels (``None``: no limit); see
+            :func:`check_pixels`.
     Returns:
         ``(H, W, 3) uint8`` RGB, C-contiguous, following the rules in the module docstring.
     Raises:
         ImageDecodeError: empty data, unrecognised or unsupported format, truncated JPEG/PNG, or data OpenCV
             cannot decode; the message starts with ``name``.
+        ImageBombError: the header declares more than ``max_pixels`` pixels (checked before decoding).
     """
     if not isinstance(data, bytes):
         data = bytes(data)
@@ -112,6 +137,9 @@ def decode_image_bytes(data: bytes, name: str) -> np.ndarray:
         _check_jpeg_complete(data, name)
     elif fmt == "PNG":
         _check_png_complete(data, name)
+    if max_pixels is not None:
+        height, width = header_size(data, fmt, name)
+        check_pixels(height, width, max_pixels, name)
     flags = _TIFF_FLAGS if fmt == "TIFF" else _COLOR_FLAGS
     try:
         decoded = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
@@ -260,3 +288,107 @@ def _check_png_complete(data: bytes, name: str) -> None:
         if chunk_type == b"IEND":
             return
         pos = end
+
+
+def check_pixels(height: int, width: int, max_pixels: int | None, name: str) -> None:
+    """Apply the pixel limit to an image of ``height x width`` pixels.
+
+    Raises :class:`ImageBombError` (naming ``name`` and the size) above ``max_pixels``; logs a warning above
+    ``max_pixels // 2`` (Pillow's ``DecompressionBombWarning`` threshold for the default limit). ``None``: no limit.
+    """
+    if max_pixels is None:
+        return
+    pixels = int(height) * int(width)
+    if pixels > max_pixels:
+        raise ImageBombError(f"{name}: {width}x{height} image ({pixels:,} pixels) exceeds the limit of "
+                             f"{max_pixels:,} pixels (a decompression bomb?); nothing was decoded",
+                             path=name, hint="raise it with --max-pixels / max_pixels=")
+    if pixels > max_pixels // 2:
+        logger.warning("%s: large image, %dx%d (%s pixels; the limit is %s)", name, width, height,
+                       f"{pixels:,}", f"{max_pixels:,}")
+
+
+def header_size(data: bytes, fmt: str, name: str) -> tuple[int, int]:
+    """``(height, width)`` in pixels as declared by the header of an image of format ``fmt`` (from
+    :func:`_sniff_format`), read without decoding: JPEG SOFn (ITU T.81 B.2.2), PNG IHDR, BMP
+    BITMAPINFOHEADER / BITMAPCOREHEADER, WebP VP8X / VP8L / VP8 (RFC 9649), TIFF tags 256/257 of the first IFD
+    (TIFF 6.0). Raises ImageDecodeError when the header holds no size."""
+    try:
+        size = _HEADER_READERS[fmt](data)
+    except (struct.error, IndexError):
+        size = None
+    if size is None:
+        raise ImageDecodeError(f"{name}: corrupt {fmt} header (no image size found)")
+    return size
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    pos, n = 2, len(data)
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            pos += 1
+            continue
+        marker = data[pos + 1]
+        if marker in (0xFF, 0x00, 0x01) or 0xD0 <= marker <= 0xD8:
+            pos += 1 if marker == 0xFF else 2
+            continue
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn: P, Y, X
+            height, width = struct.unpack(">HH", data[pos + 5:pos + 9])
+            return height, width
+        if marker in (0xDA, 0xD9):
+            return None
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+    return None
+
+
+def _png_size(data: bytes) -> tuple[int, int] | None:
+    if data[12:16] != b"IHDR":
+        return None
+    width, height = struct.unpack(">II", data[16:24])
+    return height, width
+
+
+def _bmp_size(data: bytes) -> tuple[int, int] | None:
+    if int.from_bytes(data[14:18], "little") == 12:  # OS/2 BITMAPCOREHEADER
+        width, height = struct.unpack("<HH", data[18:22])
+        return height, width
+    width, height = struct.unpack("<ii", data[18:26])
+    return abs(height), abs(width)
+
+
+def _webp_size(data: bytes) -> tuple[int, int] | None:
+    chunk = data[12:16]
+    if chunk == b"VP8X":
+        return (int.from_bytes(data[27:30], "little") + 1, int.from_bytes(data[24:27], "little") + 1)
+    if chunk == b"VP8L":
+        bits = int.from_bytes(data[21:25], "little")
+        return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
+    if chunk == b"VP8 ":
+        width, height = struct.unpack("<HH", data[26:30])
+        return height & 0x3FFF, width & 0x3FFF
+    return None
+
+
+def _tiff_size(data: bytes) -> tuple[int, int] | None:
+    order = "<" if data[:2] == b"II" else ">"
+    if data[2:4] in (b"+\x00", b"\x00+"):  # BigTIFF: 8-byte offsets, 20-byte entries
+        (ifd,) = struct.unpack(order + "Q", data[8:16])
+        (count,) = struct.unpack(order + "Q", data[ifd:ifd + 8])
+        first, entry, value_at = ifd + 8, 20, 12
+    else:
+        (ifd,) = struct.unpack(order + "I", data[4:8])
+        (count,) = struct.unpack(order + "H", data[ifd:ifd + 2])
+        first, entry, value_at = ifd + 2, 12, 8
+    found = {}
+    for k in range(min(count, 4096)):
+        at = first + k * entry
+        tag, kind = struct.unpack(order + "HH", data[at:at + 4])
+        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT (3) or LONG (4)
+            fmt = order + ("H" if kind == 3 else "I")
+            found[tag] = struct.unpack_from(fmt, data, at + value_at)[0]
+    if 256 not in found or 257 not in found:
+        return None
+    return found[257], found[256]
+
+
+_HEADER_READERS = {"JPEG": _jpeg_size, "PNG": _png_size, "BMP": _bmp_size, "WebP": _webp_size, "TIFF": _tiff_size}

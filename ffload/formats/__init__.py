@@ -6,44 +6,86 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
+import numpy as np
+
+from ..limits import DEFAULT_MAX_PIXELS
+from .atomic import dataset_writer, format_for_path
 from .beton import open_beton
-from .fields import (BytesField, Field, FieldError, FloatField, IntField, JSONField, NDArrayField,
-                     RGBImageField)
+from .fields import (
+    BytesField,
+    Field,
+    FieldError,
+    FloatField,
+    ImageArrayField,
+    IntField,
+    JSONField,
+    NDArrayField,
+    RaggedArrayField,
+    RGBImageField,
+    image_sizes,
+)
 from .lmdb_format import open_lmdb
 from .view import DatasetError, DatasetView
-from .writer import dataset_writer, format_for_path
 
 LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_meta.mm_magic (0xBEEFC0DE) after the 16-byte page header
 
 __all__ = ["open_dataset", "write_dataset", "dataset_writer", "format_for_path", "DatasetView",
            "DatasetError", "Field", "FieldError", "RGBImageField", "IntField", "FloatField",
-           "BytesField", "NDArrayField", "JSONField"]
+           "BytesField", "NDArrayField", "JSONField", "RaggedArrayField", "ImageArrayField", "image_sizes"]
 
 
-def open_dataset(path: str) -> DatasetView:
+def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> DatasetView:
     """Open a ``.beton`` file or an ffload LMDB directory for reading (format detected from the
     contents, not the name).
 
+    Args:
+        path: the ``.beton`` file or LMDB directory.
+        max_pixels: refuse a dataset whose metadata declares an image (:class:`RGBImageField`)
+            of more pixels, so that no decoder, ``verify`` or ``inspect --grid`` allocates for a
+            hostile header (default :data:`~ffload.limits.DEFAULT_MAX_PIXELS`; ``None``: no limit).
+
     Raises:
         DatasetError: missing path, or not a dataset (with the cause: truncated, wrong version,
-            LMDB without ffload's metadata record, offsets outside the file, ...).
+            LMDB without ffload's metadata record, offsets outside the file, an image above
+            ``max_pixels`` naming its sample, ...).
     """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DatasetError(f"{path}: no such file or directory")
     if os.path.isdir(path):
-        return open_lmdb(path)
-    with open(path, "rb") as fp:
-        head = fp.read(20)
-    if head[16:20] == LMDB_MAGIC:
-        raise DatasetError(f"{path}: looks like an LMDB data file; open its directory instead")
-    return open_beton(path)
+        view = open_lmdb(path)
+    else:
+        with open(path, "rb") as fp:
+            head = fp.read(20)
+        if head[16:20] == LMDB_MAGIC:
+            raise DatasetError(f"{path}: looks like an LMDB data file; open its directory instead")
+        view = open_beton(path)
+    if max_pixels is not None:
+        _check_image_pixels(view, max_pixels)
+    return view
 
 
-def write_dataset(dst: str, fields: Dict[str, Field], samples: Iterable[Sequence], num_samples: int,
-                  overwrite: bool = False, page_size: Optional[int] = None) -> str:
+def _check_image_pixels(view: DatasetView, max_pixels: int) -> None:
+    """DatasetError naming the first sample whose image metadata declares more than ``max_pixels``
+    pixels (``height * width`` from :func:`image_sizes`; O(N), no payload read)."""
+    for name, field in view.fields.items():
+        if not isinstance(field, RGBImageField) or view.num_samples == 0:
+            continue
+        sizes = image_sizes(view.metadata[name], distinct=False)
+        pixels = sizes[:, 0] * sizes[:, 1]
+        worst = int(np.argmax(pixels > max_pixels))
+        if pixels[worst] > max_pixels:
+            height, width = (int(v) for v in sizes[worst])
+            raise DatasetError(f"{view.path}: sample {worst}, field {name!r}: its metadata declares a "
+                               f"{width}x{height} image ({height * width:,} pixels), above the limit of "
+                               f"{max_pixels:,} pixels (corrupt or hostile; pass max_pixels= / "
+                               f"--max-pixels to allow it)", path=view.path, field=name, sample=worst)
+
+
+def write_dataset(dst: str, fields: dict[str, Field], samples: Iterable[Sequence], num_samples: int,
+                  overwrite: bool = False, page_size: int | None = None) -> str:
     """Encode ``samples`` (tuples of values in field order) in this process and write ``dst``
     (``.beton`` or ``.lmdb`` by suffix) atomically. For large image datasets use
     :func:`ffload.convert.convert_dataset`, which encodes in parallel.

@@ -15,18 +15,22 @@ Layout (all little-endian; the dtypes below are FFCV's ``ffcv/types.py``)::
 
 ffload differs from ffcv's writer only where ffcv fails: a sample larger than the page size gets
 a larger (power-of-two) page size instead of "Tried allocating ... but page size is ...", which
-ffcv's reader and loader accept as any other page size. Pages are filled in sample order.
+ffcv's reader and loader accept as any other page size; an empty payload is followed by one zero
+byte, so that its offset is its own (ffcv's writer gives it the next payload's offset, and ffcv's
+reader, which finds a payload's size by offset, may then read either with the other's size).
+Pages are filled in sample order.
 """
 from __future__ import annotations
 
 import io
 import os
-from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..errors import ConfigurationError
 from .fields import FIELD_TYPES, Field, metadata_dtype, named_metadata_dtype
-from .view import DatasetView, dataset_error
+from .view import DatasetView, check_field_values, dataset_error
+from .writer import DatasetWriter
 
 VERSION = 2
 HEADER_TYPE = np.dtype([("version", "<u2"), ("num_fields", "<u2"), ("page_size", "<u4"),
@@ -50,22 +54,22 @@ def _next_pow2(x: int) -> int:
 
 
 def check_page_size(page_size: int) -> int:
-    """Validate a user page size (bytes): a power of two in [2 MiB, 2 GiB]. Raises ValueError."""
+    """Validate a user page size (bytes): a power of two in [2 MiB, 2 GiB]. Raises ConfigurationError."""
     page_size = int(page_size)
     if page_size & (page_size - 1) or not MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE:
-        raise ValueError(f"page_size must be a power of two between {MIN_PAGE_SIZE} and "
-                         f"{MAX_PAGE_SIZE} bytes, got {page_size}")
+        raise ConfigurationError(f"page_size must be a power of two between {MIN_PAGE_SIZE} and "
+                                 f"{MAX_PAGE_SIZE} bytes, got {page_size}")
     return page_size
 
 
-def field_descriptors(fields: Dict[str, Field]) -> np.ndarray:
+def field_descriptors(fields: dict[str, Field]) -> np.ndarray:
     """The ``(num_fields,) FIELD_DESC_TYPE`` array describing ``fields`` (names <= 16 ASCII bytes)."""
     desc = np.zeros(len(fields), dtype=FIELD_DESC_TYPE)
     for i, (name, f) in enumerate(fields.items()):
         try:
             encoded = name.encode("ascii")
         except UnicodeEncodeError:
-            raise ValueError(f"field name {name!r} must be ASCII (.beton stores 16 ASCII bytes)")
+            raise ValueError(f"field name {name!r} must be ASCII (.beton stores 16 ASCII bytes)") from None
         if not 0 < len(encoded) <= NAME_LEN or b"\0" in encoded:
             raise ValueError(f"field name {name!r} must be 1..{NAME_LEN} ASCII characters")
         desc[i]["type_id"] = f.type_id
@@ -74,11 +78,9 @@ def field_descriptors(fields: Dict[str, Field]) -> np.ndarray:
     return desc
 
 
-class BetonWriter:
-    """Streams samples, in index order, into a ``.beton`` file at ``path``.
-
-    Use :meth:`add` for samples ``0, 1, 2, ...`` in order, then :meth:`close`. The caller owns
-    atomicity (write to a temporary name, rename after ``close``): see ``formats.writer``.
+class BetonWriter(DatasetWriter):
+    """Streams samples, in index order, into a ``.beton`` file at ``path`` (see
+    :class:`~.writer.DatasetWriter` for the protocol: ``add`` in order, then ``close``).
 
     Args:
         path: output file (created/truncated).
@@ -88,49 +90,81 @@ class BetonWriter:
             records the number actually added, and the unused room stays as padding before the
             first page.
         page_size: bytes, power of two >= 2 MiB; grows automatically for larger samples.
+        resume: ``(state, metadata rows, allocation rows)`` of a :meth:`checkpoint` of ``path``
+            (all rows since the start): continue that file instead of creating one.
     """
 
-    def __init__(self, path: str, fields: Dict[str, Field], num_samples: int,
-                 page_size: int = DEFAULT_PAGE_SIZE):
-        self.path = path
-        self.fields = dict(fields)
-        self._field_list = list(self.fields.values())
-        self.num_samples = int(num_samples)
+    before_grow = None
+    """Called (no arguments) before the page size grows, which moves the data written so far:
+    a checkpoint taken before then no longer describes the file (see :meth:`checkpoint`)."""
+
+    def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
+                 page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray] | None = None):
+        super().__init__(path, fields, num_samples)
         self.page_size = check_page_size(page_size)
         self.metadata = np.zeros(self.num_samples, dtype=metadata_dtype(self._field_list))
+        self._columns = [self.metadata[f"f{k}"] for k in range(len(self._field_list))]
         self._desc = field_descriptors(self.fields)
         self._meta_end = HEADER_TYPE.itemsize + self._desc.nbytes + self.metadata.nbytes
         self._data_start = _align(self._meta_end, self.page_size)
-        self._pos = 0  # bytes written into the data region
-        self._allocs: List[np.ndarray] = []
-        self._rel_ptrs: List[List[int]] = [[] for _ in self._field_list]  # per field, per sample
-        self._next = 0
-        self._fp = open(path, "w+b", buffering=0)
+        self._pos = 0  # bytes written into the data region; pointers are relative to it until close
+        self._allocs: list[tuple[int, int, int]] = []
+        self._fp = self._handle = open(path, "r+b" if resume else "w+b", buffering=0)
+        if resume:
+            self._restore(*resume)
+        self._marks = (self.count, len(self._allocs))  # what the last checkpoint covered
         self._out = io.BufferedWriter(self._fp, buffer_size=1 << 22)
-        self._out.seek(self._data_start)
+        self._out.seek(self._data_start + self._pos)
 
-    def add(self, index: int, metas: Sequence, payloads: Sequence[Optional[np.ndarray]]) -> None:
-        """Append sample ``index`` (must be the next one): its metadata records and payloads."""
-        if index != self._next or index >= self.num_samples:
-            raise ValueError(f"samples must be added in order, at most {self.num_samples}: "
-                             f"expected {self._next}, got {index}")
-        sizes = [0 if p is None else int(p.nbytes) for p in payloads]
-        total = sum(sizes)
+    def checkpoint(self) -> tuple[dict, np.ndarray, np.ndarray]:
+        """Flush and fsync the samples added so far, and describe them so that a new writer can
+        continue this file (``BetonWriter(..., resume=...)``) after this process dies.
+
+        Returns:
+            ``(state, metadata rows, allocation rows)``: ``state`` is JSON-able (``count``,
+            ``page_size``, ``data_start``, ``data_bytes``: bytes of the data region in use); the
+            rows are those added since the previous checkpoint (``metadata_dtype`` records, their
+            pointers relative to the data region; :data:`ALLOC_TYPE` records, likewise).
+        """
+        self._out.flush()
+        os.fsync(self._fp.fileno())
+        (count, allocs), self._marks = self._marks, (self.count, len(self._allocs))
+        state = {"count": self.count, "page_size": self.page_size, "data_start": self._data_start,
+                 "data_bytes": self._pos}
+        return state, self.metadata[count:self.count].copy(), np.array(self._allocs[allocs:], dtype=ALLOC_TYPE)
+
+    def _restore(self, state: dict, metadata: np.ndarray, allocs: np.ndarray) -> None:
+        """Take up a file at a :meth:`checkpoint`: ``metadata``/``allocs`` are all the rows so far.
+        The data region beyond the checkpoint is cut off. Raises ValueError for a state that does
+        not fit this writer."""
+        count = int(state["count"])
+        if count > self.num_samples or len(metadata) != count or metadata.dtype != self.metadata.dtype:
+            raise ValueError(f"checkpoint of {count} samples does not fit {self.num_samples} samples "
+                             f"of {len(metadata)} metadata rows")
+        self.page_size = check_page_size(state["page_size"])
+        self._data_start, self._pos = int(state["data_start"]), int(state["data_bytes"])
+        if self._data_start != _align(self._meta_end, self.page_size):
+            raise ValueError(f"checkpoint's data region starts at {self._data_start}, not at a page")
+        self.metadata[:count] = metadata
+        self._allocs = [tuple(int(v) for v in row) for row in allocs.tolist()]
+        self.count = count
+        self._fp.truncate(self._data_start + self._pos)
+
+    def _write_sample(self, index, metas, payloads):
+        """Place the sample's payloads in the current page (the next one if they do not fit). An
+        empty payload is followed by one zero byte: ffcv's reader looks a payload's size up by its
+        offset alone, so two allocations must never share an offset."""
+        total = sum(0 if p is None else max(int(p.nbytes), 1) for p in payloads)
         if total > self.page_size:
             self._grow(total)
         page_left = self.page_size - self._pos % self.page_size
         if total > page_left and self._pos % self.page_size:
             self._pad(page_left)
-        for k, (meta, payload) in enumerate(zip(metas, payloads)):
-            self.metadata[f"f{k}"][index] = meta
-            if payload is None:
-                self._rel_ptrs[k].append(0)
-                continue
-            self._rel_ptrs[k].append(self._pos)
-            self._allocs.append((index, self._pos, payload.nbytes))
-            self._out.write(memoryview(np.ascontiguousarray(payload)).cast("B"))
-            self._pos += payload.nbytes
-        self._next += 1
+        records = [column[index:index + 1] for column in self._columns]
+        for pos, data in self._lay_out(records, metas, payloads, self._pos, empty_gap=1):
+            self._allocs.append((index, pos, data.nbytes))
+            self._out.write(data if data.nbytes else b"\0")
+            self._pos = pos + max(data.nbytes, 1)
 
     def _pad(self, n: int) -> None:
         self._out.write(bytes(n))
@@ -141,8 +175,10 @@ class BetonWriter:
         new, larger pages, so only the data region's start moves (data shifted once)."""
         new_page = _next_pow2(sample_bytes)
         if new_page > MAX_PAGE_SIZE:
-            raise ValueError(f"sample {self._next} needs {sample_bytes} bytes; a .beton page holds "
+            raise ValueError(f"sample {self.count} needs {sample_bytes} bytes; a .beton page holds "
                              f"at most {MAX_PAGE_SIZE}")
+        if self.before_grow is not None:
+            self.before_grow()
         new_start = _align(self._meta_end, new_page)
         self._out.flush()
         shift = new_start - self._data_start
@@ -159,23 +195,18 @@ class BetonWriter:
         if self._pos % new_page:
             self._pad(new_page - self._pos % new_page)
 
-    def close(self) -> None:
-        """Pad the last page, write metadata, allocation table and header; fsync."""
+    def _finalize(self) -> None:
+        """Pad the last page, make the pointers absolute, write metadata, allocation table and
+        header; fsync."""
         if self._pos == 0:  # no payloads at all: the table follows the metadata (as in ffcv)
             self._data_start = self._meta_end
             self._out.seek(self._data_start)
         if self._pos % self.page_size:
             self._pad(self.page_size - self._pos % self.page_size)
         base = np.uint64(self._data_start)
-        for k, f in enumerate(self._field_list):
-            if f.ptr_name is None:
-                continue
-            ptrs = np.asarray(self._rel_ptrs[k], dtype=np.uint64) + base
-            col = self.metadata[f"f{k}"][: self._next]
-            if f.ptr_name == "":
-                col[:] = ptrs
-            else:
-                col[f.ptr_name] = ptrs
+        for f, column in zip(self._field_list, self._columns):
+            if f.has_payload:
+                f.get_pointer(column[: self.count])[...] += base
         table = np.array(self._allocs, dtype=ALLOC_TYPE)
         if table.size:
             table["ptr"] += base
@@ -185,19 +216,11 @@ class BetonWriter:
         header["version"] = VERSION
         header["num_fields"] = len(self.fields)
         header["page_size"] = self.page_size
-        header["num_samples"] = self._next
+        header["num_samples"] = self.count
         header["alloc_table_ptr"] = self._data_start + self._pos
-        head = header.tobytes() + self._desc.tobytes() + self.metadata[: self._next].tobytes()
+        head = header.tobytes() + self._desc.tobytes() + self.metadata[: self.count].tobytes()
         os.pwrite(self._fp.fileno(), head, 0)
         os.fsync(self._fp.fileno())
-        self._fp.close()
-
-    def abort(self) -> None:
-        """Close the file without finishing it (the caller deletes it)."""
-        try:
-            self._fp.close()
-        except OSError:
-            pass
 
 
 def read_header(path: str, fp) -> np.void:
@@ -230,7 +253,7 @@ def open_beton(path: str) -> DatasetView:
         if desc_end > size:
             raise dataset_error(path, "truncated (field descriptors cut off)")
         desc = np.frombuffer(fp.read(num_fields * FIELD_DESC_TYPE.itemsize), dtype=FIELD_DESC_TYPE)
-        fields: Dict[str, Field] = {}
+        fields: dict[str, Field] = {}
         for d in desc:
             name = d["name"].tobytes().split(b"\0", 1)[0].decode("ascii", "replace")
             cls = FIELD_TYPES.get(int(d["type_id"]))
@@ -257,32 +280,42 @@ def open_beton(path: str) -> DatasetView:
     if table.size and (ends.max() > table_ptr or table["ptr"].min() < meta_end
                        or table["sample_id"].max() >= n or np.any(ends < table["ptr"])):
         raise dataset_error(path, "allocation table points outside the data region")
-    # Look up each payload's allocation by (ptr, sample id): a zero-size payload shares its
-    # offset with the next one, so the offset alone can be ambiguous.
+    # Look up each payload's allocation by (ptr, sample id). A zero-size payload shares its offset
+    # with the next payload of the same sample, so one (ptr, sample id) can hold several
+    # allocations: the fields sharing that offset take them in field order, zero-size ones first
+    # (the writer lays a sample's payloads out in field order; payloads never overlap).
     order = np.lexsort((table["sample_id"], table["ptr"]))
     t_ptr, t_sid, t_size = table["ptr"][order], table["sample_id"][order], table["size"][order]
+    pointers = {name: f.get_pointer(metadata[f"f{k}"]).astype(np.uint64)
+                for k, (name, f) in enumerate(fields.items()) if f.has_payload}
+    sid = np.arange(n, dtype=np.uint64)
     ptrs, sizes = {}, {}
     for k, (name, f) in enumerate(fields.items()):
-        if f.ptr_name is None:
+        if not f.has_payload:
             continue
         col = metadata[f"f{k}"]
-        p = (col if f.ptr_name == "" else col[f.ptr_name]).astype(np.uint64)
+        p = pointers[name]
         pos = np.searchsorted(t_ptr, p)
         pos_c = np.minimum(pos, max(len(t_ptr) - 1, 0))
-        sid = np.arange(n, dtype=np.uint64)
+        nxt = np.minimum(pos_c + 1, max(len(t_ptr) - 1, 0))
         found = (pos < len(t_ptr)) & (t_ptr[pos_c] == p) & (t_sid[pos_c] == sid) if len(t_ptr) \
             else np.zeros(n, bool)
-        for i in np.flatnonzero(~found):  # rare: several allocations at one offset
-            hi = np.searchsorted(t_ptr, p[i], side="right")
-            match = np.flatnonzero(t_sid[pos[i]:hi] == i)
-            if match.size == 0:
+        shared = found & (nxt > pos_c) & (t_ptr[nxt] == p) & (t_sid[nxt] == sid) if len(t_ptr) \
+            else np.zeros(n, bool)
+        for i in np.flatnonzero(~found | shared):  # rare: the offset is not first, or is shared
+            lo, hi = np.searchsorted(t_ptr, p[i]), np.searchsorted(t_ptr, p[i], side="right")
+            group = lo + np.flatnonzero(t_sid[lo:hi] == i)
+            if group.size == 0:
                 raise dataset_error(path, f"sample {int(i)}, field {name!r}: payload offset {int(p[i])} is "
                                   "not in the allocation table (corrupt file)")
-            pos_c[i] = pos[i] + match[0]
+            group = group[np.argsort(t_size[group], kind="stable")]
+            rank = [m for m in pointers if pointers[m][i] == p[i]].index(name)
+            pos_c[i] = group[min(rank, group.size - 1)]
         ptrs[name], sizes[name] = p, t_size[pos_c].astype(np.uint64)
         problem = f.check_payloads(col, sizes[name])
         if problem:
             raise dataset_error(path, f"field {name!r}: {problem}")
     named = metadata.view(named_metadata_dtype(fields))
+    check_field_values(path, fields, named)
     return DatasetView(path=path, format="beton", num_samples=n, fields=fields, metadata=named,
                        ptrs=ptrs, sizes=sizes, data_path=path, data_size=size, page_size=page_size)

@@ -11,26 +11,27 @@ Payload encodings:
     NDArrayField   ``prod(shape) * itemsize`` bytes, C order, the field's dtype.
     BytesField     the bytes as given.
     JSONField      UTF-8 JSON text followed by one NUL byte (FFCV's ``JSONField``).
+    RaggedArrayField, ImageArrayField  ffload extensions stored as FFCV BytesFields (see
+                   :class:`BytesExtensionField`): ``K`` rows of an array; an 8-byte
+                   ``(height, width)`` header and ``(H, W, C)`` pixels.
     IntField / FloatField have no payload; the value is the metadata (``<i8`` / ``<f8``).
 """
 from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 import cv2
 import numpy as np
+
+from ..errors import ConfigurationError, FieldError
 
 MAX_PAYLOAD = 1 << 31  # bytes: a .beton page (uint32 page size) holds at most this much
 ARG_SIZE = 1024  # bytes of the per-field argument block in the .beton field descriptor
 
 JPG, RAW = 0, 1  # RGBImageField metadata 'mode' values (FFCV's IMAGE_MODES)
 WRITE_MODES = ("raw", "jpg", "smart", "proportion")
-
-
-class FieldError(ValueError):
-    """A value cannot be encoded by its field (wrong type, shape or dtype)."""
 
 
 class Field:
@@ -45,9 +46,40 @@ class Field:
 
     type_id: int = 255
     metadata_type: np.dtype
-    ptr_name: Optional[str] = None
+    ptr_name: str | None = None
 
-    def arguments(self) -> Dict[str, Any]:
+    @property
+    def has_payload(self) -> bool:
+        """True when the field stores a payload besides its metadata record (:attr:`ptr_name`
+        is not None)."""
+        return self.ptr_name is not None
+
+    def get_pointer(self, records: np.ndarray) -> np.ndarray:
+        """The payload offsets (bytes) held in ``records``, this field's metadata records (any
+        shape): a view, ``records`` itself when the whole record is the offset.
+
+        Raises:
+            TypeError: the field has no payload.
+        """
+        if self.ptr_name is None:
+            raise TypeError(f"{type(self).__name__} has no payload, hence no pointer")
+        return records if self.ptr_name == "" else records[self.ptr_name]
+
+    def set_pointer(self, records: np.ndarray, offsets) -> None:
+        """Store payload ``offsets`` (bytes, broadcast to ``records``' shape) into ``records``,
+        this field's metadata records (a writable array view, 0-d for one record).
+
+        Raises:
+            TypeError: the field has no payload.
+        """
+        if self.ptr_name is None:
+            raise TypeError(f"{type(self).__name__} has no payload, hence no pointer")
+        if self.ptr_name == "":
+            records[...] = offsets
+        else:
+            records[self.ptr_name] = offsets
+
+    def arguments(self) -> dict[str, Any]:
         """The field's arguments as a JSON-able dict (stored in LMDB's metadata record)."""
         return {}
 
@@ -57,16 +89,16 @@ class Field:
         return np.zeros(ARG_SIZE, dtype=np.uint8)
 
     @classmethod
-    def from_binary(cls, binary: np.ndarray) -> "Field":
+    def from_binary(cls, binary: np.ndarray) -> Field:
         """Rebuild the field from its ``(1024,) uint8`` argument block."""
         return cls()
 
     @classmethod
-    def from_arguments(cls, args: Dict[str, Any]) -> "Field":
+    def from_arguments(cls, args: dict[str, Any]) -> Field:
         """Rebuild the field from :meth:`arguments` (LMDB metadata)."""
         return cls(**args)
 
-    def encode(self, value, index: int) -> Tuple[np.void, Optional[np.ndarray]]:
+    def encode(self, value, index: int) -> tuple[np.void, np.ndarray | None]:
         """Encode one value of sample ``index``.
 
         Returns:
@@ -78,11 +110,17 @@ class Field:
         """
         raise NotImplementedError
 
-    def check_payloads(self, column: np.ndarray, sizes: np.ndarray) -> Optional[str]:
+    def check_payloads(self, column: np.ndarray, sizes: np.ndarray) -> str | None:
         """Check metadata against payload sizes (bytes) for every sample at open time.
 
         Returns ``None`` when consistent, else a message naming the first bad sample.
         """
+        return None
+
+    def check_values(self, column: np.ndarray) -> str | None:
+        """Check that the ``(N,)`` metadata column looks like this field's data, at open time (O(N),
+        vectorised): catches a type id flipped to another type of the same layout. Returns
+        ``None`` when plausible, else the cause."""
         return None
 
     def __repr__(self) -> str:
@@ -108,6 +146,22 @@ class IntField(Field):
             raise FieldError(f"IntField expects an integer scalar, got {value!r}")
         return np.array(v, dtype=self.metadata_type)[()], None
 
+    def check_values(self, column):
+        """FloatField data read as IntField (FFCV type ids 0 and 1 share the 8-byte layout): refused
+        when at least 8 values are all the bit patterns of float64s in ``[1e-12, 1e12]`` (``3.0``
+        is the int 4613937818241073152), which integers below 2**52 never are and random 64-bit
+        integers are with probability ~0.03 each."""
+        values = np.asarray(column).astype("<i8", copy=False)
+        nonzero = values[values != 0]
+        if nonzero.size < 8 or np.any(np.abs(nonzero.astype(np.float64)) < 2.0 ** 52):
+            return None
+        as_float = np.abs(nonzero.view("<f8"))
+        if np.all((as_float >= 1e-12) & (as_float <= 1e12)):
+            return (f"every value is the bit pattern of a float (e.g. {int(nonzero[0])} is "
+                    f"{float(nonzero.view('<f8')[0])!r}): float data under the IntField type id "
+                    f"(corrupt field type)")
+        return None
+
 
 class FloatField(Field):
     """A scalar float per sample, stored as ``<f8`` metadata (FFCV type id 0). Decodes to float64."""
@@ -122,6 +176,18 @@ class FloatField(Field):
             return np.array(value, dtype=self.metadata_type)[()], None
         except (TypeError, ValueError) as e:
             raise FieldError(f"FloatField expects a number, got {value!r}") from e
+
+    def check_values(self, column):
+        """IntField data read as FloatField: refused when at least two non-zero values and all of
+        them are subnormal float64s (below ``np.finfo(float).tiny``), as small integers' bit
+        patterns are."""
+        values = np.asarray(column).astype("<f8", copy=False)
+        nonzero = values[values != 0]
+        if nonzero.size >= 2 and np.all(np.abs(nonzero) < np.finfo(np.float64).tiny):
+            return (f"every non-zero value is a subnormal float (e.g. {float(nonzero[0])!r} is the "
+                    f"integer {int(nonzero[:1].view('<i8')[0])}): integer data under the FloatField "
+                    f"type id (corrupt field type)")
+        return None
 
 
 class BytesField(Field):
@@ -148,6 +214,27 @@ class BytesField(Field):
         meta = np.zeros((), dtype=self.metadata_type)
         meta["size"] = payload.size
         return meta[()], payload
+
+    @classmethod
+    def from_binary(cls, binary):
+        """A BytesField, or the ffload extension field (:class:`RaggedArrayField`,
+        :class:`ImageArrayField`) that its argument block describes (``ffload-field:`` + JSON,
+        see :class:`BytesExtensionField`). An unknown ``kind`` (a newer ffload) reads as plain
+        bytes, as ffcv reads every such field.
+
+        Raises:
+            FieldError: the block names a known kind with invalid arguments.
+        """
+        raw = bytes(binary).split(b"\0", 1)[0]
+        if cls is not BytesField or not raw.startswith(_EXTENSION_MAGIC):
+            return cls()
+        try:
+            description = json.loads(raw[len(_EXTENSION_MAGIC):].decode("ascii"))
+            kind = description.pop("kind")
+        except (ValueError, AttributeError, KeyError) as e:
+            raise FieldError(f"corrupt ffload extension arguments {raw[:80]!r}") from e
+        extension = BYTES_EXTENSIONS.get(kind)
+        return cls() if extension is None else extension.from_arguments(description)
 
     def check_payloads(self, column, sizes):
         bad = np.flatnonzero(column["size"] != sizes)
@@ -197,6 +284,8 @@ class NDArrayField(Field):
     Args:
         dtype: numpy dtype of the arrays (stored little-endian as given by ``dtype.descr``).
         shape: per-sample shape, at most 32 dimensions, every dimension >= 1.
+    Raises:
+        ConfigurationError: a bad shape, an object dtype, or more than 2 GiB per sample.
     """
 
     type_id = 4
@@ -207,13 +296,13 @@ class NDArrayField(Field):
         self.dtype = np.dtype(dtype)
         self.shape = tuple(int(s) for s in shape)
         if not 1 <= len(self.shape) <= 32 or min(self.shape) < 1:
-            raise FieldError(f"NDArrayField shape must have 1..32 positive dims, got {shape}")
+            raise ConfigurationError(f"NDArrayField shape must have 1..32 positive dims, got {shape}")
         if self.dtype.hasobject:
-            raise FieldError("NDArrayField cannot store object arrays")
+            raise ConfigurationError("NDArrayField cannot store object arrays")
         self.element_size = self.dtype.itemsize * math.prod(self.shape)  # Python ints: no overflow
         if self.element_size > MAX_PAYLOAD:
-            raise FieldError(f"NDArrayField of shape {self.shape} would need {self.element_size} "
-                             f"bytes per sample (more than {MAX_PAYLOAD})")
+            raise ConfigurationError(f"NDArrayField of shape {self.shape} would need {self.element_size} "
+                                     f"bytes per sample (more than {MAX_PAYLOAD})")
 
     def arguments(self):
         return {"dtype": self.dtype.str, "shape": list(self.shape)}
@@ -295,23 +384,26 @@ class RGBImageField(Field):
         compress_probability: 0..1, see ``write_mode``.
 
     Encoding expects ``(H, W, 3) uint8`` RGB with ``1 <= H, W <= 65535``.
+
+    Raises:
+        ConfigurationError: an argument outside the ranges above.
     """
 
     type_id = 2
     metadata_type = np.dtype([("mode", "<u1"), ("width", "<u2"), ("height", "<u2"), ("data_ptr", "<u8")])
     ptr_name = "data_ptr"
 
-    def __init__(self, write_mode: str = "raw", max_resolution: Optional[int] = None,
-                 smart_threshold: Optional[int] = None, jpeg_quality: int = 90,
+    def __init__(self, write_mode: str = "raw", max_resolution: int | None = None,
+                 smart_threshold: int | None = None, jpeg_quality: int = 90,
                  compress_probability: float = 0.5):
         if write_mode not in WRITE_MODES:
-            raise FieldError(f"write_mode must be one of {WRITE_MODES}, got {write_mode!r}")
+            raise ConfigurationError(f"write_mode must be one of {WRITE_MODES}, got {write_mode!r}")
         if max_resolution is not None and int(max_resolution) < 1:
-            raise FieldError(f"max_resolution must be >= 1, got {max_resolution}")
+            raise ConfigurationError(f"max_resolution must be >= 1, got {max_resolution}")
         if not 1 <= int(jpeg_quality) <= 100:
-            raise FieldError(f"jpeg_quality must be in 1..100, got {jpeg_quality}")
+            raise ConfigurationError(f"jpeg_quality must be in 1..100, got {jpeg_quality}")
         if not 0.0 <= float(compress_probability) <= 1.0:
-            raise FieldError(f"compress_probability must be in [0, 1], got {compress_probability}")
+            raise ConfigurationError(f"compress_probability must be in [0, 1], got {compress_probability}")
         self.write_mode = write_mode
         self.max_resolution = None if max_resolution is None else int(max_resolution)
         self.smart_threshold = None if smart_threshold is None else int(smart_threshold)
@@ -339,7 +431,9 @@ class RGBImageField(Field):
                 pass
         return cls()  # written by ffcv: its arguments are not stored
 
-    def _choose_jpeg(self, nbytes: int, index: int) -> bool:
+    def stores_jpeg(self, nbytes: int, index: int) -> bool:
+        """Whether sample ``index``, an image of ``nbytes`` raw bytes (``H * W * 3``, after
+        ``max_resolution``), is stored as JPEG under the write mode (FFCV's rules, see the class)."""
         if self.write_mode == "jpg":
             return True
         if self.write_mode == "smart":
@@ -359,7 +453,7 @@ class RGBImageField(Field):
             raise FieldError(f"image size {w}x{h} outside 1..65535 (use max_resolution)")
         meta = np.zeros((), dtype=self.metadata_type)
         meta["height"], meta["width"] = h, w
-        if self._choose_jpeg(image.nbytes, index):
+        if self.stores_jpeg(image.nbytes, index):
             meta["mode"] = JPG
             payload = encode_jpeg(image, self.jpeg_quality)
         else:
@@ -383,7 +477,273 @@ class RGBImageField(Field):
         return None
 
 
-def resize_to_max_resolution(image: np.ndarray, max_resolution: Optional[int]) -> np.ndarray:
+# ffload's fields that ffcv has no type for are stored under FFCV's BytesField type id and layout;
+# their description is JSON in the argument block (zeros for ffcv's BytesField, which ignores it).
+_EXTENSION_MAGIC = b"ffload-field:"
+
+
+class BytesExtensionField(BytesField):
+    """Base of ffload's fields stored as FFCV ``BytesField``s (type id 3, metadata ``(ptr <u8,
+    size <u8)``, one payload): ffcv 1.0.2 reads them as bytes (its ``BytesDecoder`` gives the
+    payload), ffload as the typed field named by the argument block, which holds
+    ``b"ffload-field:"`` + ASCII JSON ``{"kind": <kind>, **arguments()}``, NUL padded to 1024 bytes.
+
+    A subclass sets :attr:`kind` and implements :meth:`arguments` (keyword arguments of its
+    constructor), ``encode``, :meth:`to_array`, and :meth:`bad_sizes` / :meth:`describe_bad_size`
+    (the open-time check, run after BytesField's own).
+    """
+
+    kind: str
+
+    def to_binary(self):
+        blob = _EXTENSION_MAGIC + json.dumps({"kind": self.kind, **self.arguments()},
+                                             separators=(",", ":")).encode("ascii")
+        if len(blob) >= ARG_SIZE:
+            raise FieldError(f"{type(self).__name__} description too long ({len(blob)} bytes)")
+        out = np.zeros(ARG_SIZE, dtype=np.uint8)
+        out[: len(blob)] = np.frombuffer(blob, dtype=np.uint8)
+        return out
+
+    @classmethod
+    def from_arguments(cls, args):
+        try:
+            return cls(**args)
+        except (TypeError, ValueError) as e:
+            raise FieldError(f"invalid {cls.__name__} arguments {args!r}: {e}") from e
+
+    def check_payloads(self, column, sizes):
+        problem = super().check_payloads(column, sizes)
+        if problem:
+            return problem
+        bad = self.bad_sizes(sizes)
+        if bad.size:
+            i = int(bad[0])
+            return f"sample {i}: {self.describe_bad_size(int(sizes[i]))}"
+        return None
+
+    def bad_sizes(self, sizes: np.ndarray) -> np.ndarray:
+        """Indices of the ``(N,) uint64`` payload sizes (bytes) this field cannot have."""
+        raise NotImplementedError
+
+    def to_array(self, payload) -> np.ndarray:
+        """The value stored in ``payload`` (its bytes: ``view.payload(name, i)``), as a read-only
+        array viewing them (no copy). Raises FieldError for bytes that cannot be such a value."""
+        raise NotImplementedError
+
+    def describe_bad_size(self, size: int) -> str:
+        """Why a payload of ``size`` bytes cannot be this field's (for open-time errors)."""
+        raise NotImplementedError
+
+
+def _plain_dtype(dtype, kinds: str, owner: str) -> np.dtype:
+    """``dtype`` little-endian, or ConfigurationError unless it is a plain numeric dtype whose
+    kind is in ``kinds`` (numpy's ``dtype.kind`` letters)."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as e:
+        raise ConfigurationError(f"{owner}: not a dtype: {dtype!r}") from e
+    if dtype.kind not in kinds or dtype.fields is not None or dtype.subdtype is not None:
+        raise ConfigurationError(f"{owner} stores plain numeric dtypes of kinds {kinds!r}, got {dtype}")
+    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
+def cast_values(arr: np.ndarray, dtype: np.dtype, owner: str) -> np.ndarray:
+    """``arr`` as ``dtype``: safe casts always; integers into another integer type only when
+    every value fits (a label 300 is refused by uint8 instead of wrapping); numbers into floats.
+
+    Raises:
+        FieldError: naming ``owner``, when the values cannot be cast so.
+    """
+    if arr.dtype == dtype:
+        return arr
+    if arr.size == 0 or np.can_cast(arr.dtype, dtype, casting="safe"):
+        return arr.astype(dtype)
+    if arr.dtype.kind in "biu" and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if info.min <= arr.min() and arr.max() <= info.max:
+            return arr.astype(dtype)
+        raise FieldError(f"{owner}: values {arr.min()}..{arr.max()} do not fit {dtype}")
+    if arr.dtype.kind in "biuf" and dtype.kind == "f" and np.can_cast(arr.dtype, dtype, "same_kind"):
+        return arr.astype(dtype)
+    raise FieldError(f"{owner} expects dtype {dtype}, got {arr.dtype}")
+
+
+class RaggedArrayField(BytesExtensionField):
+    """A variable-length array per sample: shape ``(K, *inner_shape)`` with ``K >= 0`` varying per
+    sample (multi-label targets ``(K,) int``, boxes ``(K, 4) float32``, keypoints ``(K, 17, 3)``).
+
+    On disk (ffload extension, see ``docs/fields.md``): FFCV's BytesField (type id 3) with the
+    ``K * prod(inner_shape) * itemsize`` bytes of the array, C order, little-endian; ``K`` is
+    ``size // row_bytes`` (no header), so ffcv 1.0.2 reads the field as bytes and
+    ``np.frombuffer(payload, dtype).reshape(-1, *inner_shape)`` restores it.
+
+    Args:
+        dtype: a numeric dtype (bool, int, uint, float, complex).
+        inner_shape: the shape of one row, 0..31 dimensions, each >= 1 (``()``: K scalars).
+
+    Encoding accepts anything ``np.asarray`` turns into ``(K, *inner_shape)`` (an empty list is
+    ``K = 0``); integers are cast only when every value fits ``dtype``.
+
+    Raises:
+        ConfigurationError: a bad dtype or inner shape, or a row larger than 2 GiB.
+    """
+
+    kind = "ragged"
+
+    def __init__(self, dtype, inner_shape=()):
+        self.dtype = _plain_dtype(dtype, "biufc", "RaggedArrayField")
+        self.inner_shape = tuple(int(s) for s in inner_shape)
+        if len(self.inner_shape) > 31 or (self.inner_shape and min(self.inner_shape) < 1):
+            raise ConfigurationError(f"RaggedArrayField inner_shape must have 0..31 positive dims, "
+                                     f"got {inner_shape}")
+        self.row_bytes = self.dtype.itemsize * math.prod(self.inner_shape)
+        if self.row_bytes > MAX_PAYLOAD:
+            raise ConfigurationError(f"RaggedArrayField row of {self.row_bytes} bytes is above {MAX_PAYLOAD}")
+
+    def arguments(self):
+        return {"dtype": self.dtype.str, "inner_shape": list(self.inner_shape)}
+
+    def encode(self, value, index):
+        arr = np.asarray(value)
+        if arr.size == 0 and arr.ndim <= 1:
+            arr = np.zeros((0,) + self.inner_shape, dtype=self.dtype)
+        if arr.ndim != len(self.inner_shape) + 1 or arr.shape[1:] != self.inner_shape:
+            raise FieldError(f"RaggedArrayField expects shape (K,) + {self.inner_shape}, got {arr.shape}")
+        arr = cast_values(arr, self.dtype, "RaggedArrayField")
+        if arr.nbytes > MAX_PAYLOAD:
+            raise FieldError(f"RaggedArrayField value of {arr.nbytes} bytes is above {MAX_PAYLOAD}")
+        meta = np.zeros((), dtype=self.metadata_type)
+        meta["size"] = arr.nbytes
+        return meta[()], np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+    def to_array(self, payload):
+        """``(K, *inner_shape)`` of :attr:`dtype` (see :meth:`BytesExtensionField.to_array`)."""
+        if len(payload) % self.row_bytes:
+            raise FieldError(self.describe_bad_size(len(payload)))
+        return np.frombuffer(payload, dtype=self.dtype).reshape((-1,) + self.inner_shape)
+
+    def lengths(self, sizes: np.ndarray) -> np.ndarray:
+        """``(N,) int64`` row counts K of payloads of ``sizes`` bytes (``view.sizes[name]``)."""
+        return (np.asarray(sizes, dtype=np.uint64) // np.uint64(self.row_bytes)).astype(np.int64)
+
+    def bad_sizes(self, sizes):
+        return np.flatnonzero(np.asarray(sizes, dtype=np.uint64) % np.uint64(self.row_bytes))
+
+    def describe_bad_size(self, size):
+        return (f"payload of {size} bytes is not a whole number of {self.row_bytes}-byte rows "
+                f"({self.dtype}, inner shape {self.inner_shape})")
+
+
+# ImageArrayField payload header: the image's height and width in pixels.
+IMAGE_HEADER = np.dtype([("height", "<u4"), ("width", "<u4")])
+IMAGE_DTYPES = ("|u1", "<u2", "<f4")
+
+
+class ImageArrayField(BytesExtensionField):
+    """An image of any channel count and depth per sample, stored raw: ``(H, W, C)`` of uint8,
+    uint16 or float32 (grayscale ``C = 1`` kept 1 channel, 16-bit depth maps, N-channel
+    multispectral), sizes varying per sample.
+
+    On disk (ffload extension, see ``docs/fields.md``): FFCV's BytesField (type id 3); the payload
+    is an 8-byte header ``(height <u4, width <u4)`` followed by the ``H * W * C * itemsize`` pixel
+    bytes, row-major ``(H, W, C)``, little-endian. ``dtype`` and ``channels`` are the field's.
+    ffcv 1.0.2 reads the field as bytes.
+
+    Why not RGBImageField: FFCV's type id 2 means 3-channel uint8 to ffcv's decoders, which would
+    misread any other layout; under the BytesField type id ffcv reads the other fields, and this
+    one as bytes, correctly.
+
+    Args:
+        dtype: ``uint8``, ``uint16`` or ``float32``.
+        channels: C, 1..65535.
+
+    Encoding accepts ``(H, W, C)`` (or ``(H, W)`` when ``channels`` is 1) arrays whose dtype
+    casts safely to ``dtype`` (uint8 into a uint16 field, not the reverse), ``1 <= H, W``.
+
+    Raises:
+        ConfigurationError: another dtype, or a channel count outside 1..65535.
+    """
+
+    kind = "image"
+
+    def __init__(self, dtype="uint8", channels: int = 1):
+        self.dtype = _plain_dtype(dtype, "uf", "ImageArrayField")
+        if self.dtype.str not in IMAGE_DTYPES:
+            raise ConfigurationError(f"ImageArrayField stores uint8, uint16 or float32, got {self.dtype}")
+        self.channels = int(channels)
+        if not 1 <= self.channels <= 0xFFFF:
+            raise ConfigurationError(f"ImageArrayField channels must be in 1..65535, got {channels}")
+        self.pixel_bytes = self.channels * self.dtype.itemsize
+
+    def arguments(self):
+        return {"dtype": self.dtype.str, "channels": self.channels}
+
+    def encode(self, image, index):
+        arr = np.asarray(image)
+        if arr.ndim == 2 and self.channels == 1:
+            arr = arr[:, :, None]
+        if arr.ndim != 3 or arr.shape[2] != self.channels or 0 in arr.shape:
+            raise FieldError(f"ImageArrayField expects (H, W, {self.channels}) with H, W >= 1, "
+                             f"got shape {arr.shape}")
+        if arr.dtype != self.dtype and not np.can_cast(arr.dtype, self.dtype, casting="safe"):
+            raise FieldError(f"ImageArrayField expects {self.dtype} pixels (or a dtype that casts "
+                             f"safely to it), got {arr.dtype}")
+        if IMAGE_HEADER.itemsize + arr.size * self.dtype.itemsize > MAX_PAYLOAD:  # so H, W < 2**32
+            raise FieldError(f"ImageArrayField image of shape {arr.shape} is above {MAX_PAYLOAD} bytes")
+        header = np.array((arr.shape[0], arr.shape[1]), dtype=IMAGE_HEADER)
+        pixels = np.ascontiguousarray(arr, dtype=self.dtype).reshape(-1).view(np.uint8)
+        meta = np.zeros((), dtype=self.metadata_type)
+        meta["size"] = IMAGE_HEADER.itemsize + pixels.size
+        return meta[()], np.concatenate([header.reshape(1).view(np.uint8), pixels])
+
+    def to_array(self, payload):
+        """``(H, W, C)`` of :attr:`dtype` (see :meth:`BytesExtensionField.to_array`).
+
+        Raises:
+            FieldError: the payload is not the header plus the ``H * W * C * itemsize`` bytes
+                its header declares.
+        """
+        header = np.frombuffer(payload[:IMAGE_HEADER.itemsize], dtype=IMAGE_HEADER)
+        h, w = (int(header["height"][0]), int(header["width"][0])) if header.size else (0, 0)
+        if IMAGE_HEADER.itemsize + h * w * self.pixel_bytes != len(payload) or h * w == 0:
+            raise FieldError(f"header says {w}x{h}x{self.channels} {self.dtype}, payload is "
+                             f"{len(payload)} bytes")
+        return np.frombuffer(payload[IMAGE_HEADER.itemsize:], dtype=self.dtype).reshape(h, w, self.channels)
+
+    def bad_sizes(self, sizes):
+        sizes = np.asarray(sizes, dtype=np.uint64)
+        head = np.uint64(IMAGE_HEADER.itemsize)
+        return np.flatnonzero((sizes <= head) | ((sizes - head) % np.uint64(self.pixel_bytes) != 0))
+
+    def describe_bad_size(self, size):
+        return (f"payload of {size} bytes is not the {IMAGE_HEADER.itemsize}-byte header plus a "
+                f"positive number of {self.pixel_bytes}-byte pixels ({self.channels} x {self.dtype})")
+
+
+def image_sizes(column: np.ndarray, distinct: bool = True) -> np.ndarray:
+    """The sizes of stored images, from their metadata (no payload is read).
+
+    Args:
+        column: ``(N,)`` :class:`RGBImageField` metadata records (``view.metadata[name]``).
+        distinct: return each size once (sorted) rather than one row per sample.
+
+    Returns:
+        ``(K, 2) int64`` rows ``(height, width)`` in pixels: the K distinct sizes (one row when
+        all N images share one size, none when N is 0), or with ``distinct=False`` the N
+        samples' sizes in order.
+    """
+    heights, widths = column["height"].astype(np.int64), column["width"].astype(np.int64)
+    if not distinct:
+        return np.stack([heights, widths], axis=1)
+    if heights.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    if heights.min() == heights.max() and widths.min() == widths.max():  # the common case, O(N)
+        return np.array([[heights[0], widths[0]]], dtype=np.int64)
+    keys = np.unique(heights << 16 | widths)  # both < 2**16 (uint16 metadata)
+    return np.stack([keys >> 16, keys & 0xFFFF], axis=1)
+
+
+def resize_to_max_resolution(image: np.ndarray, max_resolution: int | None) -> np.ndarray:
     """Shrink ``(H, W, 3)`` so that its longer side is ``max_resolution`` (INTER_AREA).
 
     New sizes are truncated (``int(ratio * size)``) as FFCV's ``resizer`` does; images already
@@ -412,10 +772,13 @@ def encode_jpeg(image: np.ndarray, quality: int) -> np.ndarray:
 
 
 # FFCV's TYPE_ID_HANDLER (type id 6, TorchTensorField, is an NDArrayField on disk).
-FIELD_TYPES: Dict[int, type] = {0: FloatField, 1: IntField, 2: RGBImageField, 3: BytesField,
+FIELD_TYPES: dict[int, type] = {0: FloatField, 1: IntField, 2: RGBImageField, 3: BytesField,
                                 4: NDArrayField, 5: JSONField, 6: NDArrayField}
-FIELD_CLASSES: Dict[str, type] = {c.__name__: c for c in
-                                  (FloatField, IntField, RGBImageField, BytesField, NDArrayField, JSONField)}
+FIELD_CLASSES: dict[str, type] = {c.__name__: c for c in
+                                  (FloatField, IntField, RGBImageField, BytesField, NDArrayField, JSONField,
+                                   RaggedArrayField, ImageArrayField)}
+# ffload's fields under FFCV's BytesField type id, by their argument block's "kind".
+BYTES_EXTENSIONS: dict[str, type] = {c.kind: c for c in (RaggedArrayField, ImageArrayField)}
 
 
 def metadata_dtype(fields) -> np.dtype:
@@ -424,7 +787,7 @@ def metadata_dtype(fields) -> np.dtype:
     return np.dtype([("", f.metadata_type) for f in fields], align=True)
 
 
-def named_metadata_dtype(fields: Dict[str, "Field"]) -> np.dtype:
+def named_metadata_dtype(fields: dict[str, Field]) -> np.dtype:
     """:func:`metadata_dtype` with the fields' names instead of f0, f1, ... (same layout)."""
     base = metadata_dtype(list(fields.values()))
     return np.dtype({"names": list(fields), "formats": [base.fields[f"f{k}"][0] for k in range(len(fields))],

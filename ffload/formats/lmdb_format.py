@@ -54,15 +54,17 @@ mapping is visible, values are copied into process memory instead.
 """
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 import threading
-from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from .fields import FIELD_CLASSES, Field, named_metadata_dtype
-from .view import DatasetView, dataset_error
+from .view import DatasetView, check_field_values, dataset_error
+from .writer import DatasetWriter
 
 META_KEY = b"__ffload__"
 FORMAT_NAME = "ffload-lmdb"
@@ -91,56 +93,40 @@ def _dtype_to_json(dt: np.dtype):
             "offsets": offsets, "itemsize": dt.itemsize}
 
 
-class LMDBWriter:
-    """Writes samples, in index order, into a new LMDB environment directory at ``path``.
+class LMDBWriter(DatasetWriter):
+    """Writes samples, in index order, into a new LMDB environment directory at ``path`` (see
+    :class:`~.writer.DatasetWriter` for the protocol: ``add`` in order, then ``close``).
 
     Args:
         path: directory to create (the caller renames it into place when complete).
         fields: name -> Field, in order.
         num_samples: at most this many samples will be added (fewer when inputs are skipped).
         txn_bytes: commit a write transaction every this many bytes (and at close).
+        initial_map_size: bytes; LMDB's map size to start with (it doubles when full).
     """
 
-    def __init__(self, path: str, fields: Dict[str, Field], num_samples: int,
+    def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
                  txn_bytes: int = 64 << 20, initial_map_size: int = 64 << 20):
         import lmdb
 
+        super().__init__(path, fields, num_samples)
         self._lmdb = lmdb
-        self.path, self.fields, self.num_samples = path, dict(fields), int(num_samples)
         self.record_dtype = named_metadata_dtype(self.fields)
-        self._field_list = list(self.fields.values())
         self.map_size = int(initial_map_size)
-        self.env = lmdb.open(path, map_size=self.map_size, subdir=True, meminit=False,
-                             sync=False, metasync=False, readahead=False, max_dbs=0)
-        self._pending: List = []
+        self.env = self._handle = lmdb.open(path, map_size=self.map_size, subdir=True, meminit=False,
+                                            sync=False, metasync=False, readahead=False, max_dbs=0)
+        self._pending: list = []
         self._pending_bytes = 0
         self._txn_bytes = txn_bytes
-        self._next = 0
 
-    def add(self, index: int, metas: Sequence, payloads: Sequence[Optional[np.ndarray]]) -> None:
-        """Append sample ``index`` (must be the next one)."""
-        if index != self._next or index >= self.num_samples:
-            raise ValueError(f"samples must be added in order, at most {self.num_samples}: "
-                             f"expected {self._next}, got {index}")
+    def _write_sample(self, index, metas, payloads):
+        """One value: the record, then the payloads (offsets from the value's start)."""
         rec = np.zeros((), dtype=self.record_dtype)
-        pos = self.record_dtype.itemsize
-        parts = [None]
-        for k, (name, f) in enumerate(self.fields.items()):
-            rec[name] = metas[k]
-            payload = payloads[k]
-            if f.ptr_name is None:
-                continue
-            if f.ptr_name == "":
-                rec[name] = pos
-            else:
-                rec[name][f.ptr_name] = pos
-            parts.append(memoryview(np.ascontiguousarray(payloads[k])).cast("B"))
-            pos += payload.nbytes
-        parts[0] = rec.tobytes()
-        value = b"".join(parts)
+        records = [rec[name] for name in self.fields]
+        placed = self._lay_out(records, metas, payloads, self.record_dtype.itemsize)
+        value = b"".join([rec.tobytes()] + [data for _, data in placed])
         self._pending.append((sample_key(index), value))
         self._pending_bytes += len(value)
-        self._next += 1
         if self._pending_bytes >= self._txn_bytes:
             self._flush()
 
@@ -165,24 +151,28 @@ class LMDBWriter:
             self._put_all(self._pending)
         self._pending, self._pending_bytes = [], 0
 
-    def close(self) -> None:
-        """Write the metadata record, sync to disk and close the environment."""
+    def _finalize(self) -> None:
+        """Write the pending samples and the metadata record; sync to disk."""
         self._flush()
-        meta = {"format": FORMAT_NAME, "version": VERSION, "num_samples": self._next,
+        meta = {"format": FORMAT_NAME, "version": VERSION, "num_samples": self.count,
                 "fields": [{"name": n, "type": type(f).__name__, "type_id": f.type_id,
                             "arguments": f.arguments()} for n, f in self.fields.items()],
                 "record_dtype": _dtype_to_json(self.record_dtype),
                 "record_size": self.record_dtype.itemsize}
         self._put_all([(META_KEY, json.dumps(meta).encode("utf8"))])
         self.env.sync(True)
-        self.env.close()
 
-    def abort(self) -> None:
-        """Close without finishing (the caller deletes the directory)."""
-        try:
-            self.env.close()
-        except Exception:  # the environment may already be unusable
-            pass
+
+def _check_complete(path: str, data_path: str, env) -> None:
+    """Refuse a ``data.mdb`` shorter than the pages its newest meta page accounts for, before any
+    page is read through LMDB's map: a page past the end of the file would raise SIGBUS. LMDB
+    itself refuses page numbers beyond that meta's ``last_pgno`` (``MDB_PAGE_NOTFOUND``), so with
+    this check every page it maps lies inside the file."""
+    size = os.path.getsize(data_path)
+    psize, last_pgno = env.stat()["psize"], env.info()["last_pgno"]
+    if (last_pgno + 1) * psize > size:
+        raise dataset_error(path, f"data.mdb is truncated: {size} bytes, its meta page accounts for "
+                          f"{(last_pgno + 1) * psize} ({last_pgno + 1} pages of {psize} bytes)")
 
 
 def _read_meta(path: str, txn) -> dict:
@@ -202,7 +192,7 @@ def _read_meta(path: str, txn) -> dict:
     return meta
 
 
-def _fields_from_meta(path: str, meta: dict) -> Dict[str, Field]:
+def _fields_from_meta(path: str, meta: dict) -> dict[str, Field]:
     fields = {}
     specs = meta.get("fields")
     if not isinstance(specs, list) or not specs:
@@ -221,7 +211,7 @@ def _fields_from_meta(path: str, meta: dict) -> Dict[str, Field]:
     return fields
 
 
-def _lmdb_map_base(data_path: str) -> Optional[int]:
+def _lmdb_map_base(data_path: str) -> int | None:
     """Start address of this process's mapping of ``data_path`` (LMDB's own), from /proc."""
     try:
         st = os.stat(data_path)
@@ -249,10 +239,17 @@ def open_lmdb(path: str) -> DatasetView:
         DatasetError: not an LMDB environment, no/invalid metadata record, missing or malformed
             sample records.
     """
+    import lmdb
+
     data_path = os.path.join(path, "data.mdb")
     if not os.path.isfile(data_path):
         raise dataset_error(path, "not an LMDB database (no data.mdb)")
-    env = _open_env(path)
+    env, env_key = _open_env(path)
+    try:
+        _check_complete(path, data_path, env)
+    except BaseException:
+        _release_env(env_key)
+        raise
     # The read transaction stays open for the view's lifetime: LMDB then never reuses the pages
     # of this snapshot, so a process writing to the database meanwhile cannot change the bytes
     # the offsets below point at (with lock=False, on read-only media, nobody can write anyway).
@@ -274,8 +271,14 @@ def open_lmdb(path: str) -> DatasetView:
         i = 0
         if n and not cursor.set_key(sample_key(0)):
             raise dataset_error(path, "sample 0 is missing")
+        if not n and cursor.first() and bytes(cursor.key()) != META_KEY:
+            raise dataset_error(path, f"num_samples is 0 but the database holds record {bytes(cursor.key())!r} "
+                                      "(corrupt metadata record)")
         for key, value in cursor if n else ():
-            if i == n:
+            if i == n:  # the records end with sample n - 1, then the metadata key sorts last
+                if bytes(key) != META_KEY:
+                    raise dataset_error(path, f"more records than num_samples={n} (found key {bytes(key)!r}): "
+                                              "corrupt metadata record, samples would be dropped")
                 break
             if bytes(key) != sample_key(i):
                 raise dataset_error(path, f"sample {i} is missing (found key {bytes(key)!r})")
@@ -283,8 +286,9 @@ def open_lmdb(path: str) -> DatasetView:
             lengths[i] = length
             if base is not None:
                 off = _address(value) - base
-                if not 0 <= off <= data_size - length:
-                    base = None  # not inside LMDB's map after all: fall back to copying
+                if not 0 <= off <= data_size - length:  # reading it would fault (SIGBUS)
+                    raise dataset_error(path, f"sample {i}: record of {length} bytes at offset {off} lies "
+                                      f"outside data.mdb ({data_size} bytes): corrupt or truncated database")
                 offsets[i] = off
             i += 1
         if i != n:
@@ -298,15 +302,17 @@ def open_lmdb(path: str) -> DatasetView:
             view = _build_view(path, fields, rec_dtype, offsets, lengths, None, int(memory.size), memory)
         else:
             view = _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, None)
-    except BaseException:
+    except BaseException as e:
         txn.abort()
-        _release_env(path)
+        _release_env(env_key)
+        if isinstance(e, lmdb.Error):
+            raise dataset_error(path, f"corrupt LMDB database ({type(e).__name__}: {e})") from e
         raise
     if base is None:  # everything was copied: the snapshot is not needed
         txn.abort()
-        _release_env(path)
+        _release_env(env_key)
     else:
-        view.snapshot = _Snapshot(path, env, txn)
+        view.snapshot = _Snapshot(env_key, env, txn)
     return view
 
 
@@ -314,51 +320,56 @@ class _Snapshot:
     """Keeps an LMDB read transaction open while a view uses its offsets; releases the shared
     environment (see :func:`_open_env`) when the view goes."""
 
-    def __init__(self, path, env, txn):
-        self.path, self.env, self.txn = path, env, txn
+    def __init__(self, env_key, env, txn):
+        self.env_key, self.env, self.txn = env_key, env, txn
 
     def close(self) -> None:
         if self.txn is not None:
             self.txn.abort()
             self.txn = None
-            _release_env(self.path)
+            _release_env(self.env_key)
 
     def __del__(self):
         self.close()
 
 
 # LMDB allows one open environment per database per process: views of the same database share
-# it (path -> [env, number of users]).
-_ENVS: Dict[str, list] = {}
+# it ((real path, device, inode of data.mdb) -> [env, number of users]). The inode is part of the
+# key so that a database replaced on disk (a new data.mdb) gets a new environment instead of the
+# deleted file's.
+_ENVS: dict[tuple[str, int, int], list] = {}
 _ENVS_LOCK = threading.Lock()
+_READ_ONLY_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def _open_env(path: str):
     """The process's read-only environment of ``path`` (opened on first use, shared after),
     registered as a reader in ``lock.mdb`` so that writers keep our snapshots' pages; without
-    the lock where ``lock.mdb`` cannot be written (read-only media). Pair with _release_env."""
+    the lock where ``lock.mdb`` cannot be written (read-only media). Returns ``(env, key)``; pair
+    with ``_release_env(key)``."""
     import lmdb
 
-    key = os.path.realpath(path)
+    real = os.path.realpath(path)
+    st = os.stat(os.path.join(real, "data.mdb"))
+    key = (real, st.st_dev, st.st_ino)
     with _ENVS_LOCK:
         if key in _ENVS:
             _ENVS[key][1] += 1
-            return _ENVS[key][0]
+            return _ENVS[key][0], key
         try:
             try:
                 env = lmdb.open(path, readonly=True, lock=True, subdir=True, readahead=False)
-            except lmdb.Error as e:
-                if "ermission" not in str(e) and "ead-only" not in str(e):
+            except lmdb.Error as e:  # lock.mdb not writable: py-lmdb's ReadonlyError is EACCES
+                if not (isinstance(e, lmdb.ReadonlyError) or getattr(e, "code", None) in _READ_ONLY_ERRNOS):
                     raise
                 env = lmdb.open(path, readonly=True, lock=False, subdir=True, readahead=False)
         except lmdb.Error as e:
             raise dataset_error(path, f"not a readable LMDB database ({e})") from e
         _ENVS[key] = [env, 1]
-        return env
+        return env, key
 
 
-def _release_env(path: str) -> None:
-    key = os.path.realpath(path)
+def _release_env(key: tuple[str, int, int]) -> None:
     with _ENVS_LOCK:
         entry = _ENVS.get(key)
         if entry is None:
@@ -374,19 +385,25 @@ def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size,
     if n and np.any(lengths < rec_dtype.itemsize):
         i = int(np.flatnonzero(lengths < rec_dtype.itemsize)[0])
         raise dataset_error(path, f"sample {i}: value of {int(lengths[i])} bytes is shorter than its record")
-    if memory is None:
-        source = np.memmap(data_path, dtype=np.uint8, mode="r") if n else np.zeros(0, np.uint8)
+    mapped = None
+    if memory is None and n:
+        with open(data_path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        # only the records' own pages: the kernel's read-around would read most of a data.mdb
+        # larger than RAM at open (records lie one value apart)
+        mapped.madvise(mmap.MADV_RANDOM)
+        source = np.frombuffer(mapped, dtype=np.uint8)
     else:
-        source = memory
+        source = np.zeros(0, np.uint8) if memory is None else memory
     idx = offsets[:, None].astype(np.int64) + np.arange(rec_dtype.itemsize)[None, :]
     metadata = np.ascontiguousarray(source[idx]).view(rec_dtype).reshape(n) if n else np.zeros(0, rec_dtype)
     del source
+    if mapped is not None:
+        mapped.close()
     starts = []
     for name, f in fields.items():
-        if f.ptr_name is None:
-            continue
-        rel = (metadata[name] if f.ptr_name == "" else metadata[name][f.ptr_name]).astype(np.uint64)
-        starts.append((name, rel))
+        if f.has_payload:
+            starts.append((name, f.get_pointer(metadata[name]).astype(np.uint64)))
     ptrs, sizes = {}, {}
     for j, (name, rel) in enumerate(starts):
         end = starts[j + 1][1] if j + 1 < len(starts) else lengths
@@ -398,13 +415,11 @@ def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size,
         ptrs[name] = offsets + rel
         sizes[name] = (end - rel).astype(np.uint64)
         f = fields[name]
-        if f.ptr_name == "":
-            metadata[name] = ptrs[name]
-        else:
-            metadata[name][f.ptr_name] = ptrs[name]
+        f.set_pointer(metadata[name], ptrs[name])
         problem = f.check_payloads(metadata[name], sizes[name])
         if problem:
             raise dataset_error(path, f"field {name!r}: {problem}")
+    check_field_values(path, fields, metadata)
     return DatasetView(path=path, format="lmdb", num_samples=n, fields=fields, metadata=metadata,
                        ptrs=ptrs, sizes=sizes, data_path=data_path, data_size=data_size,
                        page_size=PROCESS_CACHE_PAGE, memory=memory)

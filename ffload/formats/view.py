@@ -2,21 +2,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
 
 import numpy as np
 
+from ..errors import DatasetError
 from ..system import path_bytes
 from .fields import Field
 
 
-class DatasetError(ValueError):
-    """A file is not a readable ffload/FFCV dataset: the message names the path and the cause."""
-
-
 def dataset_error(path: str, cause: str) -> DatasetError:
-    """``DatasetError("<path>: <cause>")``."""
-    return DatasetError(f"{path}: {cause}")
+    """``DatasetError("<path>: <cause>", path=path)`` (``DatasetError`` is ``ffload.errors.FormatError``)."""
+    return DatasetError(f"{path}: {cause}", path=path)
+
+
+def check_field_values(path: str, fields: dict[str, Field], metadata: np.ndarray) -> None:
+    """Run every field's :meth:`~.fields.Field.check_values` on its metadata column (open time):
+    DatasetError naming the field when its values cannot be its type's (a flipped type id)."""
+    for name, f in fields.items():
+        problem = f.check_values(metadata[name])
+        if problem:
+            raise dataset_error(path, f"field {name!r} ({type(f).__name__}): {problem}")
 
 
 @dataclass
@@ -46,15 +51,15 @@ class DatasetView:
     path: str
     format: str
     num_samples: int
-    fields: Dict[str, Field]
+    fields: dict[str, Field]
     metadata: np.ndarray
-    ptrs: Dict[str, np.ndarray]
-    sizes: Dict[str, np.ndarray]
-    data_path: Optional[str]
+    ptrs: dict[str, np.ndarray]
+    sizes: dict[str, np.ndarray]
+    data_path: str | None
     data_size: int
     page_size: int
-    memory: Optional[np.ndarray] = None
-    snapshot: Optional[object] = None
+    memory: np.ndarray | None = None
+    snapshot: object | None = None
 
     @property
     def sample_pages(self) -> np.ndarray:
@@ -74,7 +79,7 @@ class DatasetView:
             return np.zeros(0, dtype=np.uint8)
         return np.memmap(self.data_path, dtype=np.uint8, mode="r", shape=(self.data_size,))
 
-    def payload(self, name: str, index: int, region: Optional[np.ndarray] = None) -> np.ndarray:
+    def payload(self, name: str, index: int, region: np.ndarray | None = None) -> np.ndarray:
         """The raw payload bytes of field ``name`` of sample ``index`` (a view when possible)."""
         region = self.open_region() if region is None else region
         p, s = int(self.ptrs[name][index]), int(self.sizes[name][index])

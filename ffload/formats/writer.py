@@ -1,87 +1,116 @@
-"""Atomic creation of a dataset file: write under a temporary name, fsync, rename into place.
-
-The destination appears only when complete; on any error, Ctrl-C included, the temporary file
-or directory is removed and the destination is left as it was.
+"""The base of the container writers (``.beton``: :class:`~.beton.BetonWriter`, LMDB:
+:class:`~.lmdb_format.LMDBWriter`): what every container does alike when it is written.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import uuid
-from contextlib import contextmanager
-from typing import Dict, Iterator, Optional
+from collections.abc import Sequence
 
-from .beton import DEFAULT_PAGE_SIZE, BetonWriter
+import numpy as np
+
 from .fields import Field
-from .lmdb_format import LMDBWriter
-
-FORMATS = {".beton": "beton", ".lmdb": "lmdb"}
 
 
-def format_for_path(path: str) -> str:
-    """``'beton'`` or ``'lmdb'`` from the destination's suffix; ValueError for anything else."""
-    suffix = os.path.splitext(os.path.normpath(path))[1].lower()
-    if suffix not in FORMATS:
-        raise ValueError(f"{path}: cannot tell the output format from the suffix {suffix!r} "
-                         f"(use one of {', '.join(FORMATS)})")
-    return FORMATS[suffix]
+class DatasetWriter:
+    """Streams samples ``0, 1, 2, ...``, in index order, into one container at ``path``.
 
+    A template method (as fsspec's ``AbstractBufferedFile``): this base checks the order and
+    the count, lays each sample's payloads out and sets their pointers, and runs the writer's
+    end (commit or abort). A subclass sets :attr:`_handle` (the open file or environment: what
+    :meth:`abort` closes) and implements only
 
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.remove(path)
+    * :meth:`_write_sample` — store one sample: its records filled by :meth:`_lay_out`, its
+      payload bytes where the container keeps them;
+    * :meth:`_finalize` — write what follows the samples (tables, header, metadata record) and
+      sync to disk; the base then closes :attr:`_handle`.
 
+    Use as a context manager: on normal exit :meth:`close` commits, on an exception
+    :meth:`abort` discards (as py-lmdb's ``Transaction``). The caller owns atomicity (write
+    under a temporary name, rename after ``close``): see ``formats.atomic``.
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    Args:
+        path: the output to create (a file or a directory, per container).
+        fields: name -> Field, in order.
+        num_samples: at most this many samples will be added; fewer may be (skipped inputs):
+            the container then records the number actually added.
 
-
-@contextmanager
-def dataset_writer(dst: str, fields: Dict[str, Field], num_samples: int, overwrite: bool = False,
-                   page_size: Optional[int] = None) -> Iterator:
-    """Context manager yielding a writer (``add(index, metas, payloads)``) for ``dst``.
-
-    The format comes from ``dst``'s suffix (``.beton`` file or ``.lmdb`` directory). On normal
-    exit the writer is closed, synced and renamed onto ``dst``; on an exception the temporary
-    output is deleted and the exception propagates.
-
-    Raises:
-        FileExistsError: ``dst`` exists and ``overwrite`` is False (checked before writing).
-        ValueError: unknown suffix or field names.
+    Attributes:
+        count: samples added so far (the index the next :meth:`add` must carry).
     """
-    fmt = format_for_path(dst)
-    dst = os.path.abspath(dst)
-    if os.path.lexists(dst) and not overwrite:
-        raise FileExistsError(f"{dst} already exists (pass overwrite=True / --overwrite to replace it)")
-    parent = os.path.dirname(dst)
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"output folder {parent} does not exist")
-    tmp = os.path.join(parent, f".{os.path.basename(dst)}.tmp-{uuid.uuid4().hex[:8]}")
-    writer = None
-    try:
-        if fmt == "beton":
-            writer = BetonWriter(tmp, fields, num_samples, page_size or DEFAULT_PAGE_SIZE)
+
+    _handle = None
+
+    def __init__(self, path: str, fields: dict[str, Field], num_samples: int):
+        self.path = path
+        self.fields = dict(fields)
+        self._field_list = list(self.fields.values())
+        self.num_samples = int(num_samples)
+        self.count = 0
+
+    def add(self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None]) -> None:
+        """Append sample ``index``: its metadata records (each field's ``metadata_type``, the
+        pointers left 0) and payloads (1-D ``uint8`` arrays, ``None`` for fields without one),
+        in field order.
+
+        Raises:
+            ValueError: ``index`` is not the next sample, or ``num_samples`` were added already.
+        """
+        if index != self.count or index >= self.num_samples:
+            raise ValueError(f"samples must be added in order, at most {self.num_samples}: "
+                             f"expected {self.count}, got {index}")
+        self._write_sample(index, metas, payloads)
+        self.count += 1
+
+    def _lay_out(self, records: Sequence[np.ndarray], metas: Sequence, payloads: Sequence,
+                 start: int, empty_gap: int = 0) -> list[tuple[int, memoryview]]:
+        """Fill one sample's metadata ``records`` (per field a writable view, 0-d or of one
+        row) with ``metas``, placing the payloads end to end from offset ``start`` (bytes): each
+        payload's offset goes into its record through :meth:`Field.set_pointer`. An empty
+        payload is followed by ``empty_gap`` bytes the container fills (``.beton``: 1, so that it
+        shares its offset with no other payload, as ffcv's reader needs).
+
+        Returns ``(offset, bytes)`` per payload, in field order."""
+        placed = []
+        pos = start
+        for f, record, meta, payload in zip(self._field_list, records, metas, payloads):
+            record[...] = meta
+            if not f.has_payload:
+                continue
+            f.set_pointer(record, pos)
+            data = memoryview(np.ascontiguousarray(payload)).cast("B")
+            placed.append((pos, data))
+            pos += data.nbytes or empty_gap
+        return placed
+
+    def close(self) -> None:
+        """Finish the container (it records the :attr:`count` samples added), sync it to disk
+        and close it. If finishing fails, the writer is aborted and the error propagates."""
+        try:
+            self._finalize()
+        except BaseException:
+            self.abort()
+            raise
+        self._handle.close()
+
+    def abort(self) -> None:
+        """Close the output without finishing it (the caller deletes it); never raises."""
+        try:
+            self._handle.close()
+        except Exception:  # the file or environment may already be unusable
+            pass
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
         else:
-            writer = LMDBWriter(tmp, fields, num_samples)
-        yield writer
-        writer.close()
-        writer = None
-        if os.path.lexists(dst):  # overwrite: move the old one aside only now that the new one is complete
-            old = tmp + ".old"
-            os.rename(dst, old)
-            os.rename(tmp, dst)
-            _remove(old)
-        else:
-            os.rename(tmp, dst)
-        _fsync_dir(parent)
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        _remove(tmp)
-        raise
+            self.abort()
+
+    def _write_sample(self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None]) -> None:
+        """Store sample ``index`` (checked to be the next one); see the class docstring."""
+        raise NotImplementedError
+
+    def _finalize(self) -> None:
+        """Write what follows the samples and sync to disk; see the class docstring."""
+        raise NotImplementedError

@@ -1,18 +1,45 @@
 """Loading: ``Loader``, traversal orders, and the operations of field pipelines (FFCV's names).
 
-``from ffload.loaders import Loader, OrderOption, SimpleRGBImageDecoder, ToTensor, ...``
+``from ffload.loaders import Loader, OrderOption, SimpleRGBImageDecoder, ToTensor, ...`` (each name is
+imported from its submodule on first use).
 """
-from .decoders import (BytesDecoder, CenterCropRGBImageDecoder, FloatDecoder, IntDecoder,
-                       NDArrayDecoder, RandomResizedCropRGBImageDecoder, SimpleRGBImageDecoder)
-from .iterator import EpochIterator, LoaderError
-from .loader import Loader
-from .operation import BatchContext, Operation, Spec
-from .orders import OrderOption
-from .torch_ops import Convert, Squeeze, ToDevice, ToTensor, ToTorchImage
-from .transforms import Cutout, NormalizeImage, RandomHorizontalFlip, RandomTranslate
+from __future__ import annotations
+
+import importlib
+
+_MODULES = {  # public name -> the submodule defining it; imported on first use (torch, numba)
+    **dict.fromkeys(["ColorJitter", "GaussianBlur", "RandomAffine", "RandomCrop", "RandomErasing",
+                     "RandomGrayscale", "RandomPerspective", "RandomRotation", "RandomVerticalFlip"], "augment"),
+    **dict.fromkeys(["BytesDecoder", "CenterCropImageArrayDecoder", "CenterCropRGBImageDecoder", "FloatDecoder",
+                     "ImageArrayDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder", "RaggedLengthDecoder",
+                     "RandomCropImageArrayDecoder", "RandomResizedCropRGBImageDecoder", "SimpleRGBImageDecoder"],
+                    "decoders"),
+    **dict.fromkeys(["EpochIterator", "LoaderError"], "iterator"),
+    "Loader": "loader",
+    **dict.fromkeys(["BatchContext", "Operation", "Spec"], "operation"),
+    "OrderOption": "orders",
+    **dict.fromkeys(["Convert", "Squeeze", "ToDevice", "ToTensor", "ToTorchImage"], "torch_ops"),
+    **dict.fromkeys(["Cutout", "NormalizeImage", "RandomHorizontalFlip", "RandomTranslate"], "transforms"),
+    "PythonTransform": "user",
+}
+
+
+def __getattr__(name):
+    """Import the submodule defining ``name`` on first use, so that importing a light submodule
+    (``ffload.loaders.turbojpeg``, used by ``convert``) does not import torch."""
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = ["Loader", "OrderOption", "LoaderError", "EpochIterator", "Operation", "Spec",
            "BatchContext", "SimpleRGBImageDecoder", "CenterCropRGBImageDecoder",
            "RandomResizedCropRGBImageDecoder", "IntDecoder", "FloatDecoder", "NDArrayDecoder",
-           "BytesDecoder", "RandomHorizontalFlip", "RandomTranslate", "Cutout", "NormalizeImage",
-           "ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze"]
+           "BytesDecoder", "RaggedArrayDecoder", "RaggedLengthDecoder", "ImageArrayDecoder",
+           "CenterCropImageArrayDecoder", "RandomCropImageArrayDecoder", "RandomHorizontalFlip", "RandomTranslate", "Cutout", "NormalizeImage",
+           "ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze", "RandomVerticalFlip", "RandomCrop",
+           "RandomAffine", "RandomRotation", "RandomPerspective", "ColorJitter", "RandomGrayscale", "GaussianBlur",
+           "RandomErasing", "PythonTransform"]

@@ -1,29 +1,34 @@
 """Decoders: the first operation of a field pipeline, reading samples from the dataset region.
 
 Batch-level Python, sample-level compiled kernels: payload gathers (raw images, arrays, bytes)
-run in one numba kernel per batch; JPEG decoding and resizing call OpenCV (libjpeg-turbo), which
-releases the GIL, once per sample. Semantics follow FFCV 1.0.2's decoders
+and the RGB image decoders (JPEG through libjpeg-turbo, crop, resize: :mod:`.jpeg`) run in one
+GIL-free numba call per batch. Semantics follow FFCV 1.0.2's decoders
 (``ffcv/fields/{rgb_image,basics,ndarray,bytes}.py``) unless a docstring says otherwise.
 """
 from __future__ import annotations
 
-from typing import Tuple, Union
-
-import cv2
 import numpy as np
 from numba import njit
 
-from ..formats.fields import (JPG, RAW, BytesField, FloatField, IntField, JSONField, NDArrayField,
-                              RGBImageField)
-from .crops import center_crop_boxes, jpeg_reductions, random_resized_crop_boxes
+from ..formats import image_sizes
+from ..formats.fields import (
+    IMAGE_HEADER,
+    JPG,
+    BytesField,
+    FieldError,
+    FloatField,
+    ImageArrayField,
+    IntField,
+    JSONField,
+    NDArrayField,
+    RaggedArrayField,
+    RGBImageField,
+    cast_values,
+)
+from . import jpeg
+from .crops import center_crop_boxes, random_resized_crop_boxes
 from .operation import BatchContext, Operation, Spec
-from .rng import op_salt
-
-# libjpeg's DCT-domain scaling: decode at 1/k of the size, straight to RGB.
-_REDUCED_RGB = {k: (flag & ~cv2.IMREAD_COLOR_BGR) | cv2.IMREAD_COLOR_RGB
-                for k, flag in ((2, cv2.IMREAD_REDUCED_COLOR_2), (4, cv2.IMREAD_REDUCED_COLOR_4),
-                                (8, cv2.IMREAD_REDUCED_COLOR_8))}
-_REDUCED_RGB[1] = cv2.IMREAD_COLOR_RGB
+from .rng import op_salt, randint, seed_state, uniform
 
 
 def field_name(field, view) -> str:
@@ -62,22 +67,6 @@ def flat_view(array: np.ndarray) -> np.ndarray:
     return array.reshape(-1)
 
 
-def _decode_jpeg(data: np.ndarray, k: int, height: int, width: int, sample: int, name: str) -> np.ndarray:
-    """Decode one JPEG payload to RGB at 1/k scale (k in 1, 2, 4, 8) with OpenCV; the result
-    must be ``ceil(height / k) x ceil(width / k)`` (the metadata's size, scaled as libjpeg does).
-
-    Raises ValueError naming the field and sample: corrupt data, or a size other than the metadata's."""
-    img = cv2.imdecode(data, _REDUCED_RGB[k])
-    if img is None:
-        raise ValueError(f"field '{name}', sample {sample}: corrupt JPEG ({data.size} bytes) "
-                         "could not be decoded")
-    if img.shape[:2] != (-(-height // k), -(-width // k)):
-        size = f"{img.shape[1]}x{img.shape[0]}" + (f" at 1/{k} scale" if k > 1 else "")
-        raise ValueError(f"field '{name}', sample {sample}: JPEG decodes to {size}, metadata says "
-                         f"{width}x{height}")
-    return img
-
-
 @njit(nogil=True, cache=True)
 def _copy(src, src_start, dst, dst_start, n):
     """``dst[dst_start:dst_start + n] = src[src_start:src_start + n]`` on 1-D arrays; unsigned
@@ -89,73 +78,98 @@ def _copy(src, src_start, dst, dst_start, n):
 
 
 @njit(nogil=True, cache=True)
-def _gather_raw_images(indices, modes, ptrs, region, dst, nbytes, jpg_rows):
-    """Copy raw-mode images into the rows of ``dst`` (flat ``(B * nbytes,) uint8``); list the
-    JPEG rows in ``jpg_rows``. Returns the number of JPEG rows, or ``-1 - b`` if row b's payload
-    is outside ``region``."""
-    n_jpg = 0
-    for b in range(indices.shape[0]):
-        s = indices[b]
-        if modes[s] == RAW:
-            p = np.int64(ptrs[s])
-            if p < 0 or p + nbytes > region.shape[0]:
-                return -1 - b
-            _copy(region, p, dst, b * nbytes, nbytes)
-        else:
-            jpg_rows[n_jpg] = b
-            n_jpg += 1
-    return n_jpg
+def _flip_draws(seeds, salt, prob, out):
+    """``out[b] = uniform(seed_state(seeds[b], salt)) < prob``: RandomHorizontalFlip's rule."""
+    for b in range(seeds.shape[0]):
+        u, _ = uniform(seed_state(seeds[b], salt))
+        out[b] = u < prob
 
 
-class SimpleRGBImageDecoder(Decoder):
-    """Decode fixed-size RGB images as they are stored (FFCV's ``SimpleRGBImageDecoder``).
-
-    Output per sample: ``(H, W, 3) uint8`` RGB. Raw samples are gathered by one compiled kernel
-    per batch; JPEG samples (``mode`` 0, also in mixed 'smart'/'proportion' datasets) are decoded
-    with ``cv2.imdecode(..., IMREAD_COLOR_RGB)``.
-
-    Raises:
-        TypeError (declare): the field is not an RGBImageField, or images differ in size (use
-            :class:`CenterCropRGBImageDecoder` / :class:`RandomResizedCropRGBImageDecoder`).
-        ValueError (call): a JPEG payload is corrupt or decodes to a size other than its
-            metadata; the message names the sample.
-    """
+class _RGBDecoder(Decoder):
+    """Base of the RGB image decoders: every row of a batch through :func:`.jpeg.decode_batch`
+    (one compiled call; raw and JPEG samples alike), errors raised naming the field and sample.
+    A following :class:`~.transforms.RandomHorizontalFlip` is fused into the write
+    (:meth:`fuse_flip`)."""
 
     field_types = (RGBImageField,)
+    flip = None  # (flip_prob, salt) of a fused RandomHorizontalFlip
+
+    def fuse_flip(self, flip_prob, salt):
+        self.flip = (float(flip_prob), np.uint64(salt))
+        return True
 
     def declare(self, spec, field, view):
-        name = self._check_field(field, view)
-        column = view.metadata[name]
-        if len(column) == 0:
-            raise ValueError(f"field '{name}': the dataset has no samples")
-        heights, widths = column["height"], column["width"]
-        if heights.min() != heights.max() or widths.min() != widths.max():
-            raise TypeError(
-                f"SimpleRGBImageDecoder needs images of one size, field '{name}' has heights "
-                f"{heights.min()}..{heights.max()} and widths {widths.min()}..{widths.max()}; use "
-                "CenterCropRGBImageDecoder or RandomResizedCropRGBImageDecoder instead")
-        self.shape = (int(heights[0]), int(widths[0]), 3)
-        return Spec(self.shape, np.dtype(np.uint8))
+        self._check_field(field, view)
+        jpeg.warn_if_fallback()
+        return self._declare(view.metadata[self.field_name])
+
+    def _declare(self, column) -> Spec:
+        raise NotImplementedError
+
+    def _boxes(self, ctx: BatchContext, heights, widths, out) -> None:
+        """Fill ``out`` ``(B, 4) int64`` with the crop box of each row (stored-image pixels)."""
+        raise NotImplementedError
 
     def __call__(self, src, dst, ctx):
         indices = ctx.indices
         batch = len(indices)
         out = dst[:batch]
-        region = _region(ctx)
-        jpg_rows = np.empty(batch, dtype=np.int64)
-        n_jpg = _gather_raw_images(indices, ctx.metadata["mode"], ctx.ptrs, region, flat_view(out),
-                                   int(np.prod(self.shape)), jpg_rows)
-        if n_jpg < 0:
-            raise ValueError(f"field '{self.field_name}', sample {int(indices[-1 - n_jpg])}: payload "
-                             "lies outside the data region")
-        for b in jpg_rows[:n_jpg].tolist():
-            s = int(indices[b])
-            p, n = int(ctx.ptrs[s]), int(ctx.sizes[s])
-            out[b] = _decode_jpeg(region[p:p + n], 1, self.shape[0], self.shape[1], s, self.field_name)
+        flat_view(out)  # the kernel writes through a flat view: check the layout
+        column = ctx.metadata
+        boxes = np.empty((batch, 4), dtype=np.int64)
+        self._boxes(ctx, column["height"], column["width"], boxes)
+        flips = np.zeros(batch, np.bool_)
+        if self.flip is not None:
+            _flip_draws(ctx.seeds, self.flip[1], self.flip[0], flips)
+        bad, code, detail = jpeg.decode_batch(indices, column, ctx.ptrs, ctx.sizes, _region(ctx), boxes,
+                                              flips, out, JPG)
+        if bad >= 0:
+            s = int(indices[bad])
+            where = f"field '{self.field_name}', sample {s}"
+            if code == jpeg.BAD_SIZE:
+                h, w = int(column["height"][s]), int(column["width"][s])
+                raise ValueError(f"{where}: JPEG decodes to {detail}, metadata says {w}x{h}")
+            if code == jpeg.OUTSIDE:
+                raise ValueError(f"{where}: {detail}")
+            raise ValueError(f"{where}: corrupt JPEG ({int(ctx.sizes[s])} bytes): {detail}")
         return out
 
 
-def _output_size(output_size) -> Tuple[int, int]:
+class SimpleRGBImageDecoder(_RGBDecoder):
+    """Decode fixed-size RGB images as they are stored (FFCV's ``SimpleRGBImageDecoder``).
+
+    Output per sample: ``(H, W, 3) uint8`` RGB, exactly the stored pixels (raw) or libjpeg-turbo's
+    full-size decode (JPEG, also in mixed 'smart'/'proportion' datasets), one compiled call per
+    batch (:mod:`.jpeg`).
+
+    Raises:
+        TypeError (declare): the field is not an RGBImageField, or images differ in size (use
+            :class:`CenterCropRGBImageDecoder` / :class:`RandomResizedCropRGBImageDecoder`).
+        ValueError (call): a JPEG payload is corrupt (libjpeg-turbo's message) or decodes to a
+            size other than its metadata; the message names the field and sample.
+    """
+
+    def _declare(self, column):
+        name = self.field_name
+        if len(column) == 0:
+            raise ValueError(f"field '{name}': the dataset has no samples")
+        sizes = image_sizes(column)
+        if len(sizes) > 1:
+            (h_min, w_min), (h_max, w_max) = sizes.min(axis=0), sizes.max(axis=0)
+            raise TypeError(
+                f"SimpleRGBImageDecoder needs images of one size, field '{name}' has heights "
+                f"{h_min}..{h_max} and widths {w_min}..{w_max}; use "
+                "CenterCropRGBImageDecoder or RandomResizedCropRGBImageDecoder instead")
+        self.shape = (int(sizes[0][0]), int(sizes[0][1]), 3)
+        return Spec(self.shape, np.dtype(np.uint8))
+
+    def _boxes(self, ctx, heights, widths, out):
+        out[:, :2] = 0
+        out[:, 2] = self.shape[0]
+        out[:, 3] = self.shape[1]
+
+
+def _output_size(output_size) -> tuple[int, int]:
     if isinstance(output_size, (int, np.integer)):
         output_size = (output_size, output_size)
     h, w = (int(v) for v in output_size)
@@ -164,74 +178,26 @@ def _output_size(output_size) -> Tuple[int, int]:
     return h, w
 
 
-def resize_interpolation(crop_h: int, crop_w: int, out_h: int, out_w: int) -> int:
-    """OpenCV interpolation for resizing a ``crop_h x crop_w`` crop to ``out_h x out_w`` (pixels):
-    ``INTER_AREA`` when either side shrinks by 2x or more (it averages: no aliasing), else
-    ``INTER_LINEAR``. Measured on photos against an antialiased Lanczos resize: below 2x,
-    INTER_LINEAR is 3-5x cheaper than INTER_AREA (whose non-integer path is slow) for about
-    1.5 dB less PSNR when shrinking, and better when enlarging. FFCV uses INTER_AREA always."""
-    if crop_h >= 2 * out_h or crop_w >= 2 * out_w:
-        return cv2.INTER_AREA
-    return cv2.INTER_LINEAR
+class _ResizedCropRGBImageDecoder(_RGBDecoder):
+    """Shared body of the crop decoders: boxes from one kernel per batch, then decode (DCT-scaled
+    and cropped by libjpeg-turbo for JPEGs), resize and write, one compiled call per batch."""
 
-
-class _ResizedCropRGBImageDecoder(Decoder):
-    """Shared body of the crop decoders: boxes from one kernel per batch, then per sample decode
-    (DCT-reduced when the box allows), crop (a view) and ``cv2.resize`` into the output row."""
-
-    field_types = (RGBImageField,)
-
-    def __init__(self, output_size: Union[int, Tuple[int, int]]):
+    def __init__(self, output_size: int | tuple[int, int]):
         self.output_size = _output_size(output_size)
 
-    def declare(self, spec, field, view):
-        self._check_field(field, view)
+    def _declare(self, column):
         return Spec(self.output_size + (3,), np.dtype(np.uint8))
-
-    def _boxes(self, ctx: BatchContext, heights, widths, out) -> None:
-        raise NotImplementedError
-
-    def __call__(self, src, dst, ctx):
-        indices = ctx.indices
-        batch = len(indices)
-        out = dst[:batch]
-        out_h, out_w = self.output_size
-        column = ctx.metadata
-        modes, heights, widths = column["mode"], column["height"], column["width"]
-        boxes = np.empty((batch, 4), dtype=np.int64)
-        self._boxes(ctx, heights, widths, boxes)
-        factors = np.empty(batch, dtype=np.int64)
-        dec_boxes = np.empty((batch, 4), dtype=np.int64)
-        jpeg_reductions(indices, modes, heights, widths, boxes, out_h, out_w, JPG, factors, dec_boxes)
-        region = _region(ctx)
-        ptrs, sizes = ctx.ptrs, ctx.sizes
-        rows = zip(indices.tolist(), modes[indices].tolist(), heights[indices].tolist(),
-                   widths[indices].tolist(), factors.tolist(), dec_boxes.tolist())
-        for b, (s, mode, h, w, k, (top, left, ch, cw)) in enumerate(rows):
-            p = int(ptrs[s])
-            if mode == RAW:
-                if p + h * w * 3 > region.shape[0]:
-                    raise ValueError(f"field '{self.field_name}', sample {s}: payload lies outside the "
-                                     "data region")
-                image = region[p:p + h * w * 3].reshape(h, w, 3)
-            else:
-                image = _decode_jpeg(region[p:p + int(sizes[s])], k, h, w, s, self.field_name)
-            crop = image[top:top + ch, left:left + cw]
-            cv2.resize(crop, (out_w, out_h), dst=out[b],
-                       interpolation=resize_interpolation(ch, cw, out_h, out_w))
-        return out
 
 
 class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     """Centre crop then resize, for images of any size (FFCV's ``CenterCropRGBImageDecoder``).
 
     The crop is the centred square of side ``int(ratio * min(H, W))`` (FFCV's
-    ``get_center_crop``), resized to ``output_size`` with :func:`resize_interpolation`. JPEGs are
-    decoded at 1/k scale (libjpeg DCT scaling, k in 8, 4, 2) when the box at that scale still
-    covers the output size; the box then snaps to the k-pixel grid (see
-    :func:`ffload.loaders.crops.jpeg_reductions`). Measured on 512-640 px q90 photos, decoding at
-    1/2, 1/4, 1/8 costs 20, 30, 40 % less than a full decode; the output is then a few grey
-    levels (30-37 dB PSNR) from a full decode + INTER_AREA resize of the same box.
+    ``get_center_crop``), resized to ``output_size`` by :func:`ffload.loaders.resize.resize_rgb`
+    (OpenCV's ``INTER_AREA`` when shrinking, ``INTER_LINEAR`` when enlarging). JPEGs are decoded
+    by libjpeg-turbo at the DCT scale M/8 that keeps the box at least the output size, only the
+    box's rows and iMCU columns (see :mod:`ffload.loaders.jpeg`); the result is within about one
+    grey level (mean absolute difference) of a full decode + OpenCV resize of the same box.
 
     Args:
         output_size: ``(height, width)`` or an int (square), pixels.
@@ -241,10 +207,11 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
     Raises:
         TypeError (declare): the field is not an RGBImageField.
-        ValueError: bad arguments; (call) a corrupt JPEG, naming the sample.
+        ValueError: bad arguments; (call) a corrupt JPEG (libjpeg-turbo's message), naming the
+            field and sample.
     """
 
-    def __init__(self, output_size: Union[int, Tuple[int, int]], ratio: float = 224 / 256):
+    def __init__(self, output_size: int | tuple[int, int], ratio: float = 224 / 256):
         super().__init__(output_size)
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {ratio}")
@@ -275,11 +242,12 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
     Raises:
         TypeError (declare): the field is not an RGBImageField.
-        ValueError: bad arguments; (call) a corrupt JPEG, naming the sample.
+        ValueError: bad arguments; (call) a corrupt JPEG (libjpeg-turbo's message), naming the
+            field and sample.
     """
 
-    def __init__(self, output_size: Union[int, Tuple[int, int]], scale: Tuple[float, float] = (0.08, 1.0),
-                 ratio: Tuple[float, float] = (3 / 4, 4 / 3)):
+    def __init__(self, output_size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3)):
         super().__init__(output_size)
         scale = tuple(float(v) for v in scale)
         ratio = tuple(float(v) for v in ratio)
@@ -408,3 +376,276 @@ class BytesDecoder(Decoder):
             raise ValueError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload is "
                              f"longer than {self.max_size} bytes or outside the data region")
         return out
+
+
+@njit(nogil=True, cache=True)
+def _gather_clipped(indices, ptrs, sizes, region, dst, width, pad):
+    """Copy the first ``min(size, width)`` bytes of each sample's payload into its row of ``dst``
+    (flat ``(B * width,) uint8``) and fill the rest of the row from ``pad`` (``(width,) uint8``).
+    Returns -1, or the row whose payload lies outside ``region``."""
+    for b in range(indices.shape[0]):
+        s = indices[b]
+        p = np.int64(ptrs[s])
+        n = np.int64(sizes[s])
+        if p < 0 or p + n > region.shape[0]:
+            return b
+        n = min(n, width)
+        _copy(region, p, dst, b * width, n)
+        start = np.uint64(b * width)
+        for k in range(np.uint64(n), np.uint64(width)):
+            dst[start + k] = pad[k]
+    return -1
+
+
+def _max_length(max_length) -> int | None:
+    if max_length is not None and int(max_length) < 0:
+        raise ValueError(f"max_length must be >= 0 or None, got {max_length}")
+    return None if max_length is None else int(max_length)
+
+
+class RaggedArrayDecoder(Decoder):
+    """Decode a RaggedArrayField into a padded batch: per sample ``(K_max, *inner_shape)`` of the
+    field's dtype, the sample's ``K`` rows first, then rows of ``fill``. Pair it with
+    :class:`RaggedLengthDecoder` on a second view of the field for the ``(B,)`` lengths::
+
+        Loader(path, ..., pipelines={"boxes": [RaggedArrayDecoder(), ToTensor()],
+                                     "num_boxes": [RaggedLengthDecoder(), ToTensor()]},
+               custom_field_mapper={"num_boxes": "boxes"})
+
+    (torch's ``pad_sequence`` layout, batch first; FFCV has no such decoder.)
+
+    Args:
+        max_length: ``K_max`` in rows. ``None``: the dataset's largest ``K``, read from the
+            metadata at declare (one batch shape for every epoch). An int: samples with more rows
+            keep their first ``max_length`` rows (the rest are dropped; the lengths decoder then
+            reports ``min(K, max_length)``), and ``K_max = max_length`` even if no sample is that long.
+        fill: the padding value, cast to the field's dtype (e.g. ``-1`` for label lists).
+
+    Memory: each batch buffer is ``batch_size * K_max * row_bytes`` bytes, so one very long
+    sample sets the size of every batch: pass ``max_length`` to bound it.
+
+    Raises:
+        TypeError (declare): the field is not a RaggedArrayField.
+        ValueError: a negative ``max_length``, a ``fill`` the dtype cannot hold; (call) a payload
+            outside the data region, naming the field and sample.
+    """
+
+    field_types = (RaggedArrayField,)
+
+    def __init__(self, max_length: int | None = None, fill=0):
+        self.max_length = _max_length(max_length)
+        self.fill = fill
+
+    def declare(self, spec, field, view):
+        name = self._check_field(field, view)
+        lengths = field.lengths(view.sizes[name])
+        rows = self.max_length if self.max_length is not None else int(lengths.max()) if lengths.size else 0
+        fill = cast_values(np.array(self.fill), field.dtype, f"fill {self.fill!r}")
+        row = np.full(field.inner_shape, fill, dtype=field.dtype)
+        self.pad = np.tile(row.reshape(-1).view(np.uint8), rows)
+        self.width = rows * field.row_bytes
+        return Spec((rows,) + field.inner_shape, field.dtype)
+
+    def __call__(self, src, dst, ctx):
+        out = dst[:len(ctx.indices)]
+        bad = _gather_clipped(ctx.indices, ctx.ptrs, ctx.sizes, _region(ctx), flat_view(out).view(np.uint8),
+                              self.width, self.pad)
+        if bad >= 0:
+            raise ValueError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload lies "
+                             "outside the data region")
+        return out
+
+
+class RaggedLengthDecoder(Decoder):
+    """Decode the row counts of a RaggedArrayField: per sample ``() int64``, ``K`` (or
+    ``min(K, max_length)``, matching :class:`RaggedArrayDecoder` with the same ``max_length``).
+    Reads only the metadata (``K = size // row_bytes``), never the payload.
+
+    Raises:
+        TypeError (declare): the field is not a RaggedArrayField.
+        ValueError: a negative ``max_length``.
+    """
+
+    field_types = (RaggedArrayField,)
+
+    def __init__(self, max_length: int | None = None):
+        self.max_length = _max_length(max_length)
+
+    def declare(self, spec, field, view):
+        self._check_field(field, view)
+        self.row_bytes = np.uint64(field.row_bytes)
+        return Spec((), np.dtype(np.int64))
+
+    def __call__(self, src, dst, ctx):
+        out = dst[:len(ctx.indices)]
+        out[:] = ctx.sizes[ctx.indices] // self.row_bytes
+        if self.max_length is not None:
+            np.minimum(out, self.max_length, out=out)
+        return out
+
+
+@njit(nogil=True, cache=True)
+def _header(region, p):
+    """The ``(height, width)`` of the ImageArrayField header at ``region[p:p + 8]`` (``<u4`` each)."""
+    h = np.int64(0)
+    w = np.int64(0)
+    for k in range(4):
+        h |= np.int64(region[p + k]) << (8 * k)
+        w |= np.int64(region[p + 4 + k]) << (8 * k)
+    return h, w
+
+
+@njit(nogil=True, cache=True)
+def _gather_images(indices, ptrs, sizes, region, dst, height, width, nbytes, header_bytes):
+    """Copy each sample's pixels (after its ``(height <u4, width <u4)`` header) into its row of
+    ``dst`` (flat ``(B * nbytes,) uint8``). Returns -1, or the row whose payload is not a
+    ``height x width`` image of ``nbytes`` pixel bytes or lies outside ``region``."""
+    for b in range(indices.shape[0]):
+        s = indices[b]
+        p = np.int64(ptrs[s])
+        if p < 0 or np.int64(sizes[s]) != nbytes + header_bytes or p + nbytes + header_bytes > region.shape[0]:
+            return b
+        h, w = _header(region, p)
+        if h != height or w != width:
+            return b
+        _copy(region, p + header_bytes, dst, b * nbytes, nbytes)
+    return -1
+
+
+class ImageArrayDecoder(Decoder):
+    """Decode an ImageArrayField of one image size: per sample ``(H, W, C)`` of the field's dtype
+    (uint8, uint16 or float32), exactly the stored pixels and channel count (grayscale stays one
+    channel), one compiled gather per batch. The counterpart of :class:`SimpleRGBImageDecoder`
+    for any channel count and depth.
+
+    Raises:
+        TypeError (declare): the field is not an ImageArrayField, or its payloads differ in size
+            (images of several sizes).
+        ValueError: (declare) no samples, or sample 0's header disagrees with its size; (call) a
+            sample whose header is not the dataset's size, naming the field and sample.
+    """
+
+    field_types = (ImageArrayField,)
+
+    def declare(self, spec, field, view):
+        name = self._check_field(field, view)
+        sizes = view.sizes[name]
+        if len(sizes) == 0:
+            raise ValueError(f"field '{name}': the dataset has no samples")
+        other = np.flatnonzero(sizes != sizes[0])
+        if other.size:
+            s = int(other[0])
+            raise TypeError(f"ImageArrayDecoder needs images of one size; field '{name}': sample {s} "
+                            f"is {int(sizes[s])} bytes, sample 0 {int(sizes[0])}; use "
+                            "CenterCropImageArrayDecoder or RandomCropImageArrayDecoder")
+        try:
+            self.shape = field.to_array(view.payload(name, 0)).shape
+        except FieldError as e:
+            raise ValueError(f"field '{name}', sample 0: {e}") from e
+        self.nbytes = int(sizes[0]) - IMAGE_HEADER.itemsize
+        return Spec(self.shape, field.dtype)
+
+    def __call__(self, src, dst, ctx):
+        out = dst[:len(ctx.indices)]
+        height, width, _ = self.shape
+        bad = _gather_images(ctx.indices, ctx.ptrs, ctx.sizes, _region(ctx), flat_view(out).view(np.uint8),
+                             height, width, self.nbytes, IMAGE_HEADER.itemsize)
+        if bad >= 0:
+            s = int(ctx.indices[bad])
+            raise ValueError(f"field '{self.field_name}', sample {s}: not a {width}x{height} image of "
+                             f"{self.nbytes} pixel bytes (corrupt header or payload outside the data region)")
+        return out
+
+
+@njit(nogil=True, cache=True)
+def _crop_images(indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, header_bytes, seeds, salt, random):
+    """Cut an ``out_h x out_w`` window of each sample's image into its row of ``dst`` (flat
+    ``(B * out_h * out_w * pixel_bytes,) uint8``): centred (torchvision's ``CenterCrop`` offsets,
+    ``round((h - out_h) / 2)`` half to even) or, with ``random``, at ``(y, x)`` uniform in
+    ``{0..h - out_h} x {0..w - out_w}`` drawn in that order from ``seed_state(seeds[b], salt)``
+    (torchvision's ``RandomCrop.get_params``). Returns ``(-1, 0, 0)``, or ``(row, h, w)`` of the
+    first sample whose payload is not its header's image (h = -1), or is smaller than the window."""
+    row = out_w * pixel_bytes
+    for b in range(indices.shape[0]):
+        s = indices[b]
+        p = np.int64(ptrs[s])
+        n = np.int64(sizes[s])
+        if p < 0 or n < header_bytes or p + n > region.shape[0]:
+            return b, np.int64(-1), np.int64(0)
+        h, w = _header(region, p)
+        if n != header_bytes + h * w * pixel_bytes:
+            return b, np.int64(-1), np.int64(0)
+        if h < out_h or w < out_w:
+            return b, h, w
+        if random:
+            state = seed_state(seeds[b], salt)
+            y0, state = randint(state, h - out_h + 1)
+            x0, state = randint(state, w - out_w + 1)
+        else:
+            y0 = (h - out_h) // 2 + ((h - out_h) % 2) * (((h - out_h) // 2) % 2)
+            x0 = (w - out_w) // 2 + ((w - out_w) % 2) * (((w - out_w) // 2) % 2)
+        for r in range(out_h):
+            _copy(region, p + header_bytes + ((y0 + r) * w + x0) * pixel_bytes, dst, (b * out_h + r) * row, row)
+    return -1, np.int64(0), np.int64(0)
+
+
+class _CropImageArrayDecoder(Decoder):
+    """Shared body of the ImageArrayField crop decoders (:attr:`random` picks the offsets)."""
+
+    field_types = (ImageArrayField,)
+    random = False
+
+    def __init__(self, output_size: int | tuple[int, int]):
+        self.output_size = _output_size(output_size)
+
+    def declare(self, spec, field, view):
+        self._check_field(field, view)
+        self.pixel_bytes = field.pixel_bytes
+        self.salt = op_salt(type(self).__name__, self.field_name)
+        return Spec(self.output_size + (field.channels,), field.dtype)
+
+    def __call__(self, src, dst, ctx):
+        out = dst[:len(ctx.indices)]
+        out_h, out_w = self.output_size
+        bad, h, w = _crop_images(ctx.indices, ctx.ptrs, ctx.sizes, _region(ctx), flat_view(out).view(np.uint8),
+                                 out_h, out_w, self.pixel_bytes, IMAGE_HEADER.itemsize, ctx.seeds,
+                                 np.uint64(self.salt), self.random)
+        if bad >= 0:
+            where = f"field '{self.field_name}', sample {int(ctx.indices[bad])}"
+            if h < 0:
+                raise ValueError(f"{where}: header and payload size disagree (corrupt image)")
+            raise ValueError(f"{where}: the {w}x{h} image is smaller than the {out_w}x{out_h} crop")
+        return out
+
+
+class CenterCropImageArrayDecoder(_CropImageArrayDecoder):
+    """Cut the centred ``output_size`` window of each ImageArrayField image, for images of any
+    sizes at least that large (torchvision's ``CenterCrop`` offsets; no resize, no padding):
+    per sample ``(height, width, C)`` of the stored dtype and channel count.
+
+    Args:
+        output_size: ``(height, width)`` or an int (square), pixels.
+
+    Raises:
+        TypeError (declare): the field is not an ImageArrayField.
+        ValueError: a non-positive size; (call) an image smaller than the window (torchvision
+            would pad it) or a corrupt header, naming the field and sample.
+    """
+
+
+class RandomCropImageArrayDecoder(_CropImageArrayDecoder):
+    """Cut an ``output_size`` window at a random position of each ImageArrayField image, for
+    images of any sizes at least that large (torchvision's ``RandomCrop`` without padding; the
+    offsets derive from ``ctx.seeds`` and :attr:`salt`, so they do not depend on ``num_workers``):
+    per sample ``(height, width, C)`` of the stored dtype and channel count.
+
+    Args:
+        output_size: ``(height, width)`` or an int (square), pixels.
+
+    Raises:
+        TypeError (declare): the field is not an ImageArrayField.
+        ValueError: a non-positive size; (call) an image smaller than the window or a corrupt
+            header, naming the field and sample.
+    """
+
+    random = True

@@ -24,29 +24,14 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from ..errors import LoaderClosedError, LoaderError
 from .operation import BatchContext
 from .rng import sample_seeds
-
-
-class LoaderError(RuntimeError):
-    """A batch failed in a worker; the epoch iterator that raised it is closed.
-
-    Attributes:
-        epoch, batch: where it happened (batch number within the epoch).
-        field: the field whose pipeline failed, or ``None`` (e.g. reading the file failed).
-        sample_index: the dataset index of the failing sample when it could be isolated, else
-            ``None``. The original exception is ``__cause__``.
-    """
-
-    def __init__(self, message: str, epoch: int, batch: int, field: Optional[str] = None,
-                 sample_index: Optional[int] = None):
-        super().__init__(message)
-        self.epoch, self.batch, self.field, self.sample_index = epoch, batch, field, sample_index
 
 
 class BatchRunner:
@@ -54,30 +39,34 @@ class BatchRunner:
 
     Args:
         pipelines: the enabled :class:`~.pipeline.FieldPipeline` list (output order).
-        memory: the memory manager (``region``, ``prepare(indices)``).
+        memory: the memory manager (``region``, ``ptrs``, ``prepare(indices, batch) -> lease``,
+            ``release(lease)``).
         view: the :class:`ffload.formats.DatasetView`.
         seed: the loader's seed (per-sample seeds come from :func:`~.rng.sample_seeds`).
         num_workers: threads.
         num_slots: batch slots (buffers are allocated on first use of each slot).
         pin_memory: allocate the inputs of ``ToTensor`` in pinned memory.
         device: the CUDA device the batches end on, or ``None`` (no streams, no events).
+        read_ahead: the :class:`~.readahead.ReadAhead` told which batch each job starts, or
+            ``None``.
     """
 
     def __init__(self, pipelines, memory, view, seed: int, num_workers: int, num_slots: int,
-                 pin_memory: bool, device: Optional[torch.device]):
+                 pin_memory: bool, device: torch.device | None, read_ahead=None):
         self.pipelines, self.memory, self.seed = pipelines, memory, seed
+        self.read_ahead = read_ahead
         self.num_slots, self.pin_memory, self.device = num_slots, pin_memory, device
-        self._columns = [(view.metadata[p.name], view.ptrs.get(p.name), view.sizes.get(p.name))
+        self._columns = [(view.metadata[p.source], memory.ptrs.get(p.source), view.sizes.get(p.source))
                          for p in pipelines]
-        self._buffers: List[Optional[list]] = [None] * num_slots
+        self._buffers: list[list | None] = [None] * num_slots
         self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, "ffload-worker")
         self._pending: set = set()
         self._lock = threading.Lock()
         self._slot_counter = 0
         if device is not None:
             self._streams = [torch.cuda.Stream(device=device) for _ in range(num_slots)]
-            self._done: List[Optional[torch.cuda.Event]] = [None] * num_slots
-            self._released: List[Optional[torch.cuda.Event]] = [None] * num_slots
+            self._done: list[torch.cuda.Event | None] = [None] * num_slots
+            self._released: list[torch.cuda.Event | None] = [None] * num_slots
 
     def next_slot(self) -> int:
         """The slot of the next batch submitted: round-robin over all batches ever submitted, so
@@ -132,19 +121,24 @@ class BatchRunner:
         if self._buffers[slot] is None:
             self._buffers[slot] = [p.allocate(self.pin_memory) for p in self.pipelines]
         buffers = self._buffers[slot]
+        if self.read_ahead is not None:
+            self.read_ahead.started(batch)
         try:
             seeds = sample_seeds(self.seed, epoch, indices)
-            self.memory.prepare(indices)
+            lease = self.memory.prepare(indices, batch)
         except Exception as e:
             raise LoaderError(f"epoch {epoch}, batch {batch} (samples {_describe(indices)}): "
                               f"{type(e).__name__}: {e}", epoch, batch) from e
         out = []
-        for p, bufs, (meta, ptrs, sizes) in zip(self.pipelines, buffers, self._columns):
-            ctx = BatchContext(indices, seeds, self.memory.region, meta, ptrs, sizes, epoch)
-            try:
-                out.append(p.run(bufs, ctx))
-            except Exception as e:
-                raise self._explain(e, p, bufs, ctx, batch) from e
+        try:
+            for p, bufs, (meta, ptrs, sizes) in zip(self.pipelines, buffers, self._columns):
+                ctx = BatchContext(indices, seeds, self.memory.region, meta, ptrs, sizes, epoch)
+                try:
+                    out.append(p.run(bufs, ctx))
+                except Exception as e:
+                    raise self._explain(e, p, bufs, ctx, batch) from e
+        finally:
+            self.memory.release(lease)  # the decoders have copied the payloads out
         return tuple(out)
 
     def _explain(self, error, pipeline, buffers, ctx, batch) -> LoaderError:
@@ -177,6 +171,8 @@ class BatchRunner:
     def shutdown(self, wait: bool) -> None:
         """Stop the pool (queued jobs are cancelled; with ``wait``, running ones are joined)."""
         self._pool.shutdown(wait=wait, cancel_futures=True)
+        if self.read_ahead is not None:
+            self.read_ahead.close(wait)
 
 
 def _describe(indices: np.ndarray) -> str:
@@ -211,7 +207,7 @@ class EpochIterator:
         self._next_submit = start
         self._futures: collections.deque = collections.deque()
         self._cancel = threading.Event()
-        self._closed_reason: Optional[str] = None
+        self._closed_reason: str | None = None
         self.active = True
         self._fill()
 
@@ -240,7 +236,7 @@ class EpochIterator:
             RuntimeError: the iterator was superseded by a newer ``iter(loader)``.
         """
         if self._closed_reason is not None:
-            raise RuntimeError(self._closed_reason)
+            raise LoaderClosedError(self._closed_reason)
         if not self.active or self.batches_yielded >= len(self._batches):
             self.close()
             raise StopIteration
@@ -254,10 +250,10 @@ class EpochIterator:
         self.batches_yielded += 1
         return self._runner.hand_over(slot, out)
 
-    def close(self, reason: Optional[str] = None) -> None:
+    def close(self, reason: str | None = None) -> None:
         """End the epoch: queued jobs are cancelled, running ones finish on their own (the
         loader waits for them before reusing the slots). With ``reason``, later ``next()``
-        calls raise ``RuntimeError(reason)`` instead of ``StopIteration``."""
+        calls raise :class:`~ffload.errors.LoaderClosedError` ``(reason)`` instead of ``StopIteration``."""
         if self.active:
             self.active = False
             self._cancel.set()

@@ -9,18 +9,24 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 import weakref
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from ..errors import ConfigurationError, LoaderClosedError
 from ..formats import open_dataset
-from ..system import available_cpus
+from ..limits import DEFAULT_MAX_PIXELS
+from ..system import available_cpus, available_memory
 from .iterator import BatchRunner, EpochIterator
-from .memory import OSCacheMemory, ProcessCacheMemory
+from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns
 from .orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
+from .pagepool import PagePoolMemory, page_pool_fits
 from .pipeline import build_pipelines, cuda_device
+from .readahead import DEFAULT_READ_AHEAD, ReadAhead
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +52,15 @@ class Loader:
         path: a ``.beton`` file or an LMDB directory (see :func:`ffload.formats.open_dataset`).
         batch_size: samples per batch (>= 1); the last batch of an epoch may be smaller unless
             ``drop_last``.
-        num_workers: worker threads (>= 1); ``None`` or ``-1``: the CPUs this process may use.
+        num_workers: worker threads (>= 1); ``None`` or ``-1``: the CPUs this process may use;
+            more than those CPUs is capped at their number with a warning.
         order: ``'sequential'``, ``'random'`` or ``'quasi_random'`` (or :class:`OrderOption`), see
             :mod:`ffload.loaders.orders`.
         os_cache: True: memory-map the file (the OS page cache serves and shares it); False: read
-            the pages each batch needs into a private process cache, once each.
+            the blocks each batch needs into a private process cache of at most ``cache_limit``
+            bytes (see :mod:`ffload.loaders.memory`; in QUASI_RANDOM order a fixed pool of page
+            slots when ``cache_limit`` holds ``batch_size`` pages, see
+            :mod:`ffload.loaders.pagepool`).
         pipelines: field name -> list of operations (decoder first), ``None`` to disable a field;
             unlisted fields get the default pipeline (decoder + ``ToTensor``). Images of several
             sizes have no default (pass a crop decoder).
@@ -66,6 +76,17 @@ class Loader:
         pin_memory: place the inputs of ``ToTensor`` in pinned memory (fast asynchronous copies
             to the GPU). ``None``: True when CUDA is available and some field ends on a CUDA
             device.
+        cache_limit: ``os_cache=False`` only: bytes of process cache resident at most, whatever
+            the dataset's size (``None``: a quarter of the available memory, at most 8 GiB).
+            One batch must fit: the loader checks at open.
+        read_ahead: bytes of the next batches' payload pages requested from the kernel ahead of
+            the batch being decoded (``madvise(MADV_WILLNEED)`` from an IO thread, see
+            :mod:`ffload.loaders.readahead`); ``None``: 512 MiB; 0 disables it.
+        custom_field_mapper: extra output name -> the field it decodes again, with its own
+            pipeline in ``pipelines`` (FFCV's argument): several augmented views of one sample from
+            one read (SimCLR, DINO multi-crop). Views follow the fields in the batch tuple.
+        max_pixels: refuse a dataset whose metadata declares an image of more pixels (see
+            :func:`ffload.formats.open_dataset`); ``None``: no limit.
 
     Buffer reuse (as in FFCV, batches are views of reused buffers): a yielded batch stays valid
     while you handle it and the next one; requesting the batch after that may overwrite it.
@@ -77,39 +98,54 @@ class Loader:
     ``rng.sample_seeds(seed, epoch, index)``, so batches are identical for any ``num_workers``.
 
     Raises:
-        ffload.formats.DatasetError: the path is not a dataset.
+        ffload.formats.DatasetError: the path is not a dataset, or declares an image above
+            ``max_pixels`` (naming the sample).
         ValueError: bad ``batch_size``, ``num_workers``, ``order``, ``seed``, ``indices``
-            (out of range, not integers, empty), unknown field names in ``pipelines``.
+            (out of range, not integers, empty), unknown field names in ``pipelines``; with
+            ``os_cache=False``, a batch that may need more than ``cache_limit`` bytes (both
+            named).
+        ffload.errors.ConfigurationError: the batch buffers (``batch_size`` rows, one slot per
+            batch ahead and per worker) need more bytes than the memory available (both named).
         TypeError: a pipeline that does not fit its field (the message names the field).
         RuntimeError: ``distributed=True`` without an initialised process group;
             ``pin_memory=True`` without CUDA.
+        ffload.errors.LoaderClosedError: ``iter()`` on a closed loader (and ``next()`` on an
+            iterator whose loader was closed), saying so.
         LoaderError (while iterating): a sample failed to decode (names the sample and field).
     """
 
-    def __init__(self, path: Union[str, os.PathLike], batch_size: int,
-                 num_workers: Optional[int] = None, order: Union[str, OrderOption] = "random",
+    def __init__(self, path: str | os.PathLike, batch_size: int,
+                 num_workers: int | None = None, order: str | OrderOption = "random",
                  os_cache: bool = True,
-                 pipelines: Optional[Mapping[str, Optional[Sequence[Any]]]] = None,
+                 pipelines: Mapping[str, Sequence[Any] | None] | None = None,
                  drop_last: bool = False, distributed: bool = False, seed: int = 0,
-                 indices: Optional[Sequence[int]] = None, batches_ahead: int = 3,
-                 pin_memory: Optional[bool] = None):
+                 indices: Sequence[int] | None = None, batches_ahead: int = 3,
+                 pin_memory: bool | None = None, cache_limit: int | None = None,
+                 read_ahead: int | None = None, custom_field_mapper: Mapping[str, str] | None = None,
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
         self.batch_size = _check_int("batch_size", batch_size, 1)
+        cpus = available_cpus()
         if num_workers is None or num_workers == -1:
-            num_workers = available_cpus()
+            num_workers = cpus
         self.num_workers = _check_int("num_workers", num_workers, 1)
+        if self.num_workers > cpus:
+            warnings.warn(f"num_workers={self.num_workers} exceeds the {cpus} CPUs this process may use: "
+                          f"capped at {cpus} (more threads than cores only contend)", stacklevel=2)
+            self.num_workers = cpus
         self.batches_ahead = _check_int("batches_ahead", batches_ahead, 0)
         self.seed = _check_int("seed", seed, 0)
         self.order = parse_order(order)
         self.drop_last, self.distributed, self.os_cache = bool(drop_last), bool(distributed), bool(os_cache)
         self.rank, self.world_size = _distributed_rank() if self.distributed else (0, 1)
 
-        self.view = open_dataset(os.fspath(path))
+        self.view = open_dataset(os.fspath(path), max_pixels=max_pixels)
         self.path = self.view.path
         self.indices = _check_indices(indices, self.view)
         # buffers hold a batch: no more rows than an epoch has samples
         rows = max(1, min(self.batch_size, self._samples_per_rank()))
-        self._pipelines = build_pipelines(self.view, pipelines, rows)
-        self.field_names: List[str] = [p.name for p in self._pipelines]
+        self._pipelines = build_pipelines(self.view, pipelines, rows, custom_field_mapper)
+        self.field_names: list[str] = [p.name for p in self._pipelines]
+        self._read_fields = list(dict.fromkeys(p.source for p in self._pipelines))  # each field read once
         self._device = cuda_device(self._pipelines)
         if pin_memory is None:
             pin_memory = self._device is not None and torch.cuda.is_available()
@@ -124,10 +160,24 @@ class Loader:
         else:
             self._order = make_order(self.order, self.indices, self.seed)
         self._ahead = max(self.batches_ahead, self.num_workers)
+        _check_buffer_memory(self._pipelines, self._ahead + 2, self.batch_size, self.batches_ahead)
         self._next_epoch, self._start_batch = 0, 0
+        self.cache_limit = (default_cache_limit() if cache_limit is None
+                            else _check_int("cache_limit", cache_limit, 1))
+        self.read_ahead = (DEFAULT_READ_AHEAD if read_ahead is None
+                           else _check_int("read_ahead", read_ahead, 0))
         self._memory = None
-        self._runner: Optional[BatchRunner] = None
-        self._current: Optional[weakref.ref] = None
+        if not self.os_cache and self.view.data_path is not None:  # checks that a batch fits
+            # whole .beton pages hold whole samples; LMDB records straddle its nominal pages
+            quasi = self.order is OrderOption.QUASI_RANDOM
+            whole_pages = quasi and self.view.format == "beton"
+            if quasi and page_pool_fits(self.view, self._read_fields, self.cache_limit, rows):
+                self._memory = PagePoolMemory(self.view, self._read_fields, self.cache_limit, rows)
+            else:
+                self._memory = ProcessCacheMemory(self.view, self._read_fields, self.cache_limit,
+                                                  rows, whole_pages)
+        self._runner: BatchRunner | None = None
+        self._current: weakref.ref | None = None
         self._closed = False
         if len(self) == 0:
             logger.warning("%s: the loader yields no batch (%d samples per rank, batch_size %d, "
@@ -135,7 +185,7 @@ class Loader:
                            self.drop_last)
 
     @property
-    def pipelines(self) -> Dict[str, List[Any]]:
+    def pipelines(self) -> dict[str, list[Any]]:
         """Enabled field name -> its operations (defaults filled in), in output order."""
         return {p.name: list(p.ops) for p in self._pipelines}
 
@@ -172,7 +222,7 @@ class Loader:
     def __iter__(self) -> EpochIterator:
         """Start the next epoch (closing the previous iterator); see the class docstring."""
         if self._closed:
-            raise RuntimeError(f"the loader of {self.path} is closed")
+            raise LoaderClosedError(f"the loader of {self.path} is closed: create a new Loader", path=self.path)
         self._close_current()
         runner = self._get_runner()
         runner.wait_idle()  # jobs of an abandoned iterator may still write into the slots
@@ -180,34 +230,38 @@ class Loader:
         self._next_epoch, self._start_batch = epoch + 1, 0
         order = self.epoch_order(epoch)
         batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        self._memory.schedule(batches, start)
+        if runner.read_ahead is not None:
+            runner.read_ahead.schedule(batches, start)
         iterator = EpochIterator(runner, batches, epoch, start, self._ahead, owner=self)
         self._current = weakref.ref(iterator)
         return iterator
 
     def _get_runner(self) -> BatchRunner:
         if self._runner is None:
-            names = [p.name for p in self._pipelines]
-            if self.os_cache or self.view.data_path is None:
+            if self._memory is None:
                 self._memory = OSCacheMemory(self.view)
-            else:
-                self._memory = ProcessCacheMemory(self.view, names)
+            columns = payload_columns(self.view, self._read_fields)
+            read_ahead = None
+            if self.read_ahead and columns and self.view.data_path is not None:
+                read_ahead = ReadAhead(self.view.data_path, self.view.data_size, columns,
+                                       self.read_ahead)
             self._runner = BatchRunner(self._pipelines, self._memory, self.view, self.seed,
                                        self.num_workers, self._ahead + 2, self.pin_memory,
-                                       self._device)
+                                       self._device, read_ahead)
         return self._runner
 
-    def _live_iterator(self) -> Optional[EpochIterator]:
+    def _live_iterator(self) -> EpochIterator | None:
         iterator = self._current() if self._current is not None else None
         return iterator if iterator is not None and iterator.active else None
 
-    def _close_current(self) -> None:
+    def _close_current(self, why: str = "by a newer iter(loader) or load_state_dict()") -> None:
         iterator = self._live_iterator()
         if iterator is not None:
-            iterator.close(reason=f"this iterator over {self.path} (epoch {iterator.epoch}) was "
-                                  f"closed by a newer iter(loader) or load_state_dict()")
+            iterator.close(reason=f"this iterator over {self.path} (epoch {iterator.epoch}) was closed {why}")
 
     # ------------------------------------------------------------ checkpoints
-    def state_dict(self) -> Dict[str, int]:
+    def state_dict(self) -> dict[str, int]:
         """Where the loader stands, to resume with :meth:`load_state_dict`.
 
         Returns:
@@ -260,27 +314,48 @@ class Loader:
         if self._closed:
             return
         self._closed = True
-        self._close_current()
+        self._close_current("because its loader was closed (loader.close())")
         if self._runner is not None:
             self._runner.shutdown(wait=True)
+        if self._memory is not None:
             self._memory.close()
 
-    def __enter__(self) -> "Loader":
+    def __enter__(self) -> Loader:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self, _finalizing=sys.is_finalizing):
         runner = getattr(self, "_runner", None)
         # At interpreter exit the executor's own atexit hook joins the threads, and the modules
-        # shutdown() needs may already be torn down.
-        if runner is not None and not sys.is_finalizing():
+        # shutdown() needs may already be torn down (``sys`` itself may be None by then: the
+        # check is bound when the class is defined).
+        if runner is not None and not _finalizing():
             runner.shutdown(wait=False)
 
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, num_workers="
                 f"{self.num_workers}, order={self.order.value!r}, fields={self.field_names})")
+
+
+def _check_buffer_memory(pipelines, slots: int, batch_size: int, batches_ahead: int) -> None:
+    """Refuse buffers that cannot fit in memory: ``slots`` batch slots of every pipeline's host
+    buffers against :func:`~ffload.system.available_memory`. Raises ConfigurationError with the
+    bytes needed."""
+    per_slot = 0
+    for pipeline in pipelines:
+        for spec in pipeline.buffer_specs:
+            if spec is None or (spec.on_torch and str(spec.device).startswith("cuda")):
+                continue
+            itemsize = spec.dtype.itemsize if spec.on_torch else np.dtype(spec.dtype).itemsize
+            per_slot += int(np.prod(spec.shape, dtype=np.int64)) * itemsize
+    needed, available = per_slot * slots, available_memory()
+    if needed > available:
+        raise ConfigurationError(f"batch_size={batch_size} with {slots} batch slots (batches_ahead={batches_ahead}, "
+                                 f"and one per worker) needs {needed / 2**30:.1f} GiB of buffers, {per_slot} bytes "
+                                 f"per slot; {available / 2**30:.1f} GiB of memory is available: lower batch_size "
+                                 "or batches_ahead")
 
 
 def _distributed_rank():

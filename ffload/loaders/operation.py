@@ -39,7 +39,7 @@ spec (per-sample shape and dtype, or a torch spec once :class:`ToTensor` has run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class Spec:
             ``(H, W, C)``; operations that need the channel axis read it here.
     """
 
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
     dtype: Any
     on_torch: bool = False
     device: str = "cpu"
@@ -85,23 +85,53 @@ class BatchContext:
     seeds: np.ndarray
     region: np.ndarray
     metadata: np.ndarray
-    ptrs: Optional[np.ndarray]
-    sizes: Optional[np.ndarray]
+    ptrs: np.ndarray | None
+    sizes: np.ndarray | None
     epoch: int
 
 
 class Operation:
-    """Base class of decoders and transforms (see the module docstring for the protocol).
+    """One stage of a field pipeline. ffload's own protocol (FFCV's ``Operation`` is similar in
+    spirit, not in its methods). A stage implements:
 
-    Class attributes:
-        is_decoder: True for the first operation of a pipeline (it reads the dataset).
-        field_types: for decoders, the field classes it can decode (checked at construction).
+    ``declare(spec, field, view) -> Spec`` — once, when the loader is built
+        Check the input (``spec`` is ``None`` for a decoder, else the previous stage's output)
+        and return this stage's per-sample output :class:`Spec`. Raise ``TypeError`` /
+        ``ValueError`` for an input it cannot handle; the pipeline prefixes the field and stage.
+        Anything the stage computes once (tables, salts) is set on ``self`` here.
+    ``buffer_spec(spec_out, batch_size) -> Spec | None`` — optional
+        The output buffer it needs per in-flight batch slot. Default: ``(batch_size,) +
+        spec_out.shape`` of ``spec_out.dtype`` (numpy); return ``None`` for an in-place stage
+        (it returns its input) or a torch stage that allocates.
+    ``__call__(src, dst, ctx) -> batch`` — per batch, on a worker thread
+        Fill ``dst[:B]`` from ``src`` (``B = len(ctx.indices)``) with compiled code and return it
+        (or return ``src`` modified in place). Called concurrently on several threads: keep no
+        per-call state on ``self``.
+
+    Hooks the loader honours:
+
+    * ``salt`` (a ``uint64`` attribute, set in ``declare``, e.g. from :func:`~.rng.op_salt`):
+      random stages draw from ``seed_state(ctx.seeds[b], self.salt)``; the pipeline mixes the
+      stage's position into it, so two identical stages in one pipeline draw independently.
+    * ``is_decoder`` (class attribute): True for the first stage, which reads the dataset
+      through ``ctx.region`` / ``ctx.ptrs`` / ``ctx.sizes``; ``field_types``: the field classes
+      a decoder accepts (checked when the pipeline is built).
+    * Flip fusion: a stage whose :meth:`fusable_flip` returns ``(flip_prob, salt)`` (ffload's
+      :class:`~.transforms.RandomHorizontalFlip`) and that directly follows a decoder whose
+      :meth:`fuse_flip` accepts that pair (the RGB image decoders) is fused: after every
+      ``declare`` (so ``salt`` is final), the pipeline calls ``decoder.fuse_flip(flip_prob,
+      salt)``, which mirrors sample b while writing it when ``uniform(seed_state(ctx.seeds[b],
+      salt)) < flip_prob`` (the flip's own rule and draws: same batches), and sets the flip
+      stage's ``fused = True``, which makes its ``__call__`` return its input untouched.
+
+    Everything random derives from ``ctx.seeds``, never from global state, so batches do not
+    depend on ``num_workers`` or thread timing. A complete example is in the module docstring.
     """
 
     is_decoder = False
-    field_types: Tuple[type, ...] = ()
+    field_types: tuple[type, ...] = ()
 
-    def declare(self, spec: Optional[Spec], field, view) -> Spec:
+    def declare(self, spec: Spec | None, field, view) -> Spec:
         """Validate the input and return the per-sample output spec.
 
         Args:
@@ -114,7 +144,7 @@ class Operation:
         """
         raise NotImplementedError
 
-    def buffer_spec(self, spec_out: Spec, batch_size: int) -> Optional[Spec]:
+    def buffer_spec(self, spec_out: Spec, batch_size: int) -> Spec | None:
         """The output buffer this operation needs per batch slot, or ``None`` (in place, or a
         torch operation that allocates). Default: ``(batch_size,) + spec_out.shape`` of
         ``spec_out.dtype``, a numpy array the loader allocates once per slot. A spec with
@@ -122,6 +152,17 @@ class Operation:
         if spec_out.on_torch:
             return None
         return Spec((batch_size,) + tuple(spec_out.shape), spec_out.dtype)
+
+    def fusable_flip(self) -> tuple[float, np.uint64] | None:
+        """``(flip_prob, salt)`` when this stage is a random horizontal flip that the decoder
+        before it may apply instead (see the class docstring), else ``None`` (the default)."""
+        return None
+
+    def fuse_flip(self, flip_prob: float, salt: np.uint64) -> bool:
+        """Take over the next stage's random horizontal flip (a decoder hook, see the class
+        docstring): return True when this stage will mirror sample b while writing it whenever
+        ``uniform(seed_state(ctx.seeds[b], salt)) < flip_prob``. Default: False (not supported)."""
+        return False
 
     def __call__(self, src, dst, ctx: BatchContext):
         """Process one batch: ``src`` is the previous output (``None`` for decoders), ``dst`` the

@@ -20,7 +20,6 @@ Everything here is plain numpy (nothing to compile), so building a loader stays 
 from __future__ import annotations
 
 import enum
-from typing import Optional, Union
 
 import numpy as np
 
@@ -33,7 +32,7 @@ class OrderOption(enum.Enum):
     QUASI_RANDOM = "quasi_random"
 
 
-def parse_order(order: Union[str, OrderOption]) -> OrderOption:
+def parse_order(order: str | OrderOption) -> OrderOption:
     """Accept an :class:`OrderOption` or its name (``'random'``, ``'RANDOM'``, ...).
 
     Raises:
@@ -130,7 +129,7 @@ class QuasiRandom(TraversalOrder):
 
 
 def make_order(option: OrderOption, indices: np.ndarray, seed: int,
-               sample_pages: Optional[np.ndarray] = None, window_size: int = 1) -> TraversalOrder:
+               sample_pages: np.ndarray | None = None, window_size: int = 1) -> TraversalOrder:
     """Build the :class:`TraversalOrder` for ``option`` (``sample_pages``/``window_size`` are
     used by ``QUASI_RANDOM`` only)."""
     if option is OrderOption.SEQUENTIAL:

@@ -10,17 +10,33 @@ its shape, dtype and device.
 from __future__ import annotations
 
 import copy
-from typing import List, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ..formats.fields import (BytesField, FloatField, IntField, JSONField, NDArrayField,
-                              RGBImageField)
-from .decoders import (BytesDecoder, FloatDecoder, IntDecoder, NDArrayDecoder,
-                       SimpleRGBImageDecoder)
-from .rng import op_salt
+from ..formats import image_sizes
+from ..formats.fields import (
+    BytesField,
+    FloatField,
+    ImageArrayField,
+    IntField,
+    JSONField,
+    NDArrayField,
+    RaggedArrayField,
+    RGBImageField,
+)
+from .decoders import (
+    BytesDecoder,
+    FloatDecoder,
+    ImageArrayDecoder,
+    IntDecoder,
+    NDArrayDecoder,
+    RaggedArrayDecoder,
+    SimpleRGBImageDecoder,
+)
 from .operation import BatchContext, Operation, Spec
+from .rng import op_salt
 from .torch_ops import ToTensor
 
 
@@ -49,27 +65,29 @@ class ModuleOp(Operation):
 
 _DEFAULT_DECODERS = [(RGBImageField, SimpleRGBImageDecoder), (IntField, IntDecoder),
                      (FloatField, FloatDecoder), (NDArrayField, NDArrayDecoder),
-                     (JSONField, BytesDecoder), (BytesField, BytesDecoder)]
+                     (JSONField, BytesDecoder), (RaggedArrayField, RaggedArrayDecoder),
+                     (ImageArrayField, ImageArrayDecoder), (BytesField, BytesDecoder)]
 
 
-def default_pipeline(name: str, field, view) -> List[Operation]:
+def default_pipeline(name: str, field, view) -> list[Operation]:
     """The pipeline used for a field missing from ``pipelines`` (FFCV: default decoder + ToTensor).
 
     ``RGBImageField`` -> ``[SimpleRGBImageDecoder(), ToTensor()]`` (all images must share one
     size), ``IntField``/``FloatField``/``NDArrayField``/``BytesField``/``JSONField`` -> their
-    decoder + ``ToTensor()``.
+    decoder + ``ToTensor()``, ``RaggedArrayField`` -> ``RaggedArrayDecoder()`` (padded rows; the
+    lengths need a second view, see there), ``ImageArrayField`` -> ``ImageArrayDecoder()`` (one size).
 
     Raises:
         TypeError: images of several sizes (a crop decoder is needed; the same error type as
             ``SimpleRGBImageDecoder`` raises for them), or no default for the field's type.
     """
     if isinstance(field, RGBImageField) and view.num_samples:
-        col = view.metadata[name]
-        heights, widths = col["height"], col["width"]
-        if heights.min() != heights.max() or widths.min() != widths.max():
+        sizes = image_sizes(view.metadata[name])
+        if len(sizes) > 1:
+            (h_min, w_min), (h_max, w_max) = sizes.min(axis=0), sizes.max(axis=0)
             raise TypeError(
                 f"field {name!r} of {view.path} holds images of several sizes (height "
-                f"{heights.min()}..{heights.max()}, width {widths.min()}..{widths.max()} pixels), "
+                f"{h_min}..{h_max}, width {w_min}..{w_max} pixels), "
                 f"so batches need a crop: pass e.g. pipelines={{{name!r}: "
                 f"[CenterCropRGBImageDecoder((224, 224), ratio=224 / 256), ToTensor()]}} or "
                 f"RandomResizedCropRGBImageDecoder((224, 224))")
@@ -84,21 +102,27 @@ class FieldPipeline:
     """One field's validated chain.
 
     Attributes:
-        name: the field name.
+        name: the output name (the field's name, or a view's name from ``custom_field_mapper``).
+        source: the dataset field it reads (``name`` unless it is a second view of a field).
         field: its :class:`ffload.formats.fields.Field`.
         ops: the operations (``torch.nn.Module`` wrapped in :class:`ModuleOp`).
         specs: the output :class:`Spec` of each operation (``specs[-1]`` is the batch's).
         buffer_specs: per operation, the buffer :class:`Spec` of ``batch_size`` rows, or ``None``.
+
+    ``fuse=False`` keeps a flip that directly follows the decoder as its own stage (by default
+    the decoder applies it, see :class:`~.operation.Operation`; the batches are identical).
     """
 
-    def __init__(self, name: str, field, ops: List[Operation], view, batch_size: int):
+    def __init__(self, name: str, field, ops: list[Operation], view, batch_size: int, source: str | None = None,
+                 fuse: bool = True):
         # ``declare`` records per-pipeline facts on the operation (image shape, payload size):
         # each pipeline works on its own copies, so one op object may serve several pipelines
         # or loaders.
         ops = [copy.copy(op) for op in ops]
         self.name, self.field, self.ops = name, field, ops
+        self.source = name if source is None else source
         self._check_decoder()
-        self.specs: List[Spec] = []
+        self.specs: list[Spec] = []
         spec = None
         for i, op in enumerate(ops):
             try:
@@ -109,13 +133,24 @@ class FieldPipeline:
             if not isinstance(spec, Spec):
                 raise TypeError(f"pipeline of field {name!r}: {type(op).__name__}.declare returned "
                                 f"{type(spec).__name__}, not a Spec")
-            if hasattr(op, "salt"):  # two identical random ops in one pipeline draw independently
-                op.salt = op_salt(int(op.salt), i)
+            if hasattr(op, "salt"):  # two identical random ops in one pipeline draw independently,
+                # and so do two views of one field (their output names differ)
+                op.salt = op_salt(int(op.salt), i) if self.name == self.source else \
+                    op_salt(int(op.salt), i, self.name)
             self.specs.append(spec)
+        if fuse:
+            self._fuse_flip()
         self.buffer_specs = [op.buffer_spec(s, batch_size) for op, s in zip(ops, self.specs)]
         self._to_pin = self._torch_input_buffer()
 
-    def _torch_input_buffer(self) -> Optional[int]:
+    def _fuse_flip(self) -> None:
+        # A flip right after the decoder is applied by the decoder while it writes (Operation's
+        # flip-fusion hook): same draws, one pass over the pixels fewer.
+        flip = self.ops[1].fusable_flip() if len(self.ops) > 1 else None
+        if flip is not None and self.ops[0].fuse_flip(*flip):
+            self.ops[1].fused = True
+
+    def _torch_input_buffer(self) -> int | None:
         # The numpy buffer ToTensor wraps: the last one allocated before the first torch stage
         # (in-place operations in between return their input, so they own no buffer).
         first_torch = next((i for i, s in enumerate(self.specs) if s.on_torch), None)
@@ -143,7 +178,7 @@ class FieldPipeline:
         """Per-sample spec of the field's batches."""
         return self.specs[-1]
 
-    def allocate(self, pin_memory: bool) -> List[Optional[object]]:
+    def allocate(self, pin_memory: bool) -> list[object | None]:
         """One slot's buffers: per operation a ``(batch_size, ...)`` array (numpy, or torch for a
         torch buffer spec) or ``None``. With ``pin_memory``, the numpy buffer that
         :class:`ToTensor` wraps (the last one allocated before it: in-place operations own none)
@@ -169,8 +204,8 @@ class FieldPipeline:
         return x
 
 
-def build_pipelines(view, pipelines: Optional[Mapping[str, Optional[Sequence]]],
-                    batch_size: int) -> List[FieldPipeline]:
+def build_pipelines(view, pipelines: Mapping[str, Sequence | None] | None,
+                    batch_size: int, custom_field_mapper: Mapping[str, str] | None = None) -> list[FieldPipeline]:
     """Validate ``pipelines`` against the dataset and build the enabled fields' chains.
 
     Args:
@@ -178,6 +213,10 @@ def build_pipelines(view, pipelines: Optional[Mapping[str, Optional[Sequence]]],
         pipelines: field name -> list of operations (``None`` disables the field); fields not
             listed get :func:`default_pipeline`. ``None`` means all defaults.
         batch_size: rows of each buffer.
+        custom_field_mapper: extra output name -> the dataset field it decodes again (FFCV's
+            argument of that name): several augmented views of one sample from one read, e.g.
+            ``{"image2": "image"}`` with ``pipelines["image2"]`` (SimCLR / DINO multi-crop). Views
+            come after the dataset's fields in the batch and draw their own random numbers.
 
     Returns:
         The enabled fields' :class:`FieldPipeline`, in the dataset's field order.
@@ -190,29 +229,37 @@ def build_pipelines(view, pipelines: Optional[Mapping[str, Optional[Sequence]]],
     if not isinstance(pipelines, Mapping):
         raise TypeError(f"pipelines must be a dict of field name -> list of operations, got "
                         f"{type(pipelines).__name__}")
-    unknown = [k for k in pipelines if k not in view.fields]
+    mapper = dict(custom_field_mapper or {})
+    for out, src in mapper.items():
+        if out in view.fields or src not in view.fields or out not in pipelines or pipelines[out] is None:
+            raise ValueError(f"custom_field_mapper {out!r} -> {src!r}: the view needs a new name, an existing "
+                             f"field ({', '.join(map(repr, view.fields))}) and a pipeline in pipelines[{out!r}]")
+    unknown = [k for k in pipelines if k not in view.fields and k not in mapper]
     if unknown:
         raise ValueError(f"pipelines names unknown field(s) {', '.join(map(repr, unknown))}; "
                          f"{view.path} has fields {', '.join(map(repr, view.fields))}")
-    built: List[FieldPipeline] = []
+    built: list[FieldPipeline] = []
     for name, field in view.fields.items():
         if name in pipelines and pipelines[name] is None:
             continue
         ops = (_as_operations(name, pipelines[name]) if name in pipelines
                else default_pipeline(name, field, view))
         built.append(FieldPipeline(name, field, ops, view, batch_size))
+    for out, src in mapper.items():
+        built.append(FieldPipeline(out, view.fields[src], _as_operations(out, pipelines[out]), view, batch_size,
+                                   source=src))
     if not built:
         raise ValueError(f"every field of {view.path} is disabled in pipelines; enable at least one")
     return built
 
 
-def _as_operations(name: str, ops) -> List[Operation]:
+def _as_operations(name: str, ops) -> list[Operation]:
     if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
         raise TypeError(f"pipeline of field {name!r} must be a list of operations (or None), got "
                         f"{type(ops).__name__}")
     if not ops:
         raise ValueError(f"pipeline of field {name!r} is empty; pass None to disable the field")
-    out: List[Operation] = []
+    out: list[Operation] = []
     for i, op in enumerate(ops):
         if isinstance(op, Operation):
             out.append(op)
@@ -224,7 +271,7 @@ def _as_operations(name: str, ops) -> List[Operation]:
     return out
 
 
-def cuda_device(pipelines: Sequence[FieldPipeline]) -> Optional[torch.device]:
+def cuda_device(pipelines: Sequence[FieldPipeline]) -> torch.device | None:
     """The CUDA device the batches end on (the first pipeline whose output is on CUDA), or None.
 
     Raises:

@@ -8,9 +8,8 @@ sample id)``. Kernels move pixels as unsigned integers of the element size, so e
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -92,23 +91,36 @@ def _flip(flat, batch, height, width, channels, seeds, salt, prob):
                     _reverse_pixels(flat, left, left + row - c_n, width // 2, c_n)
 
 
-class RandomHorizontalFlip(_NHWCTransform):
-    """Flip each ``(H, W, C)`` image left-right with probability ``flip_prob``, in place
-    (FFCV's / torchvision's ``RandomHorizontalFlip``).
-
-    Sample b flips when ``uniform(seed_state(seeds[b], salt)) < flip_prob``.
-
-    Raises:
-        ValueError: ``flip_prob`` outside [0, 1]. TypeError (declare): input not numpy (H, W, C).
-    """
+class _RandomFlip(_NHWCTransform):
+    """Base of the random flips: sample b flips when ``uniform(seed_state(seeds[b], salt)) <
+    flip_prob``. Raises ValueError for ``flip_prob`` outside [0, 1]."""
 
     def __init__(self, flip_prob: float = 0.5):
         if not 0.0 <= flip_prob <= 1.0:
             raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
         self.flip_prob = float(flip_prob)
 
+
+class RandomHorizontalFlip(_RandomFlip):
+    """Flip each ``(H, W, C)`` image left-right with probability ``flip_prob``, in place
+    (FFCV's / torchvision's ``RandomHorizontalFlip``).
+
+    Sample b flips when ``uniform(seed_state(seeds[b], salt)) < flip_prob``. Directly after an
+    RGB image decoder, the decoder mirrors the samples while writing them and this stage does
+    nothing (:attr:`fused`; the hook is described in :class:`~.operation.Operation`).
+
+    Raises:
+        ValueError: ``flip_prob`` outside [0, 1]. TypeError (declare): input not numpy (H, W, C).
+    """
+
+    fused = False
+
+    def fusable_flip(self):
+        return self.flip_prob, self.salt
+
     def __call__(self, src, dst, ctx):
-        _flip(flat_view(_bits(src)), *src.shape, ctx.seeds, self.salt, self.flip_prob)
+        if not self.fused:  # fused: the decoder before it has flipped the samples
+            _flip(flat_view(_bits(src)), *src.shape, ctx.seeds, self.salt, self.flip_prob)
         return src
 
 

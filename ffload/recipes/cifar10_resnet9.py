@@ -5,6 +5,7 @@ Usage::
     ffload recipe cifar10-resnet9 --data ~/data/cifar-10-batches-py --out runs/r9
     python -m ffload.recipes.cifar10_resnet9 --data ~/data/cifar-10-batches-py --out runs/r9
     python -m ffload.recipes.cifar10_resnet9 --demo --out runs/digits --device cpu   # offline
+    torchrun --nproc_per_node=2 -m ffload.recipes.cifar10_resnet9 --demo --out runs/ddp --distributed
 
 ``--data`` is either the official ``cifar-10-batches-py`` folder (``data_batch_1..5`` and
 ``test_batch``; the folder that contains it is accepted too) or an ImageFolder with ``train/``
@@ -49,15 +50,25 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable
 
 import click
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 import ffload
+from ffload.commands import FfloadCommand
 from ffload.recipes.data import RecipeError, demo_folder, make_loaders, prepare_data
-from ffload.recipes.report import (cost_usd, format_header, format_row, format_summary,
-                                   plot_accuracy, rows_to_dicts, write_json)
+from ffload.recipes.distributed import ProcessGroup, join_process_group
+from ffload.recipes.report import (
+    cost_usd,
+    format_header,
+    format_row,
+    format_summary,
+    plot_accuracy,
+    rows_to_dicts,
+    write_json,
+)
 from ffload.recipes.resnet9 import resnet9
 from ffload.recipes.training import RecipeConfig, resolve_device, train_model
 
@@ -82,12 +93,13 @@ def ensure_writable(out: os.PathLike) -> Path:
     return out
 
 
-def run_recipe(data_dir: Optional[os.PathLike], out: os.PathLike, config: RecipeConfig,
-               fmt: str = "beton", device: Optional[str] = None,
-               num_workers: Optional[int] = None, price_per_hour: float = 0.0,
-               cache_dir: Optional[os.PathLike] = None, demo: bool = False,
+def run_recipe(data_dir: os.PathLike | None, out: os.PathLike, config: RecipeConfig,
+               fmt: str = "beton", device: str | None = None,
+               num_workers: int | None = None, price_per_hour: float = 0.0,
+               cache_dir: os.PathLike | None = None, demo: bool = False,
                progress: bool = True,
-               echo: Callable[[str], None] = lambda s: None) -> Dict:
+               echo: Callable[[str], None] = lambda s: None,
+               distributed: bool = False) -> dict:
     """The whole recipe: validate, convert (cached), train, evaluate, write the reports.
 
     Args:
@@ -104,16 +116,26 @@ def run_recipe(data_dir: Optional[os.PathLike], out: os.PathLike, config: Recipe
             (:func:`ffload.convert.demo_data.build_digits_folder`) and train on it.
         progress: conversion progress bars.
         echo: receives the table lines as they are produced (the CLI prints them).
+        distributed: train with ``DistributedDataParallel`` in the ``torch.distributed``
+            process group (initialised already, or from torchrun's environment, see
+            :func:`ffload.recipes.distributed.join_process_group`). ``config.batch_size`` is the
+            global batch, split evenly over the ranks (so the learning rate and schedule mean
+            the same as with one process); each rank reads its share of every epoch
+            (``Loader(..., distributed=True)``); metrics are reduced over the ranks; local rank 0
+            of each node converts the data first; rank 0 alone echoes and writes the reports.
 
     Returns:
         the ``metrics.json`` dict: ``final_test_accuracy`` (fraction), ``total_seconds`` (wall,
         conversion included), ``train_seconds``, ``eval_seconds``, ``convert_seconds``,
         ``device_hours``, ``cost_usd``, ``price_per_hour``, ``mean_data_wait_fraction``,
         ``epochs`` (rows, see :class:`ffload.recipes.report.EpochStats`),
-        ``iteration_losses``, ``config``, ``data``, ``device``, ``num_parameters``, ``versions``.
+        ``iteration_losses``, ``config``, ``data``, ``device``, ``num_parameters``,
+        ``world_size``, ``versions``.
 
     Raises:
-        RecipeError: bad data folder, output folder or device, before any training.
+        RecipeError: bad data folder, output folder or device, before any training;
+            ``distributed`` without a process group or torchrun's environment, or a batch size
+            not divisible by the world size.
         ValueError: bad ``fmt`` or hyperparameters.
     """
     start = time.perf_counter()
@@ -122,12 +144,37 @@ def run_recipe(data_dir: Optional[os.PathLike], out: os.PathLike, config: Recipe
     if config.epochs < 1 or config.batch_size < 1 or not config.width > 0:
         raise ValueError(f"epochs and batch_size must be >= 1 and width > 0, got {config}")
     dev = resolve_device(device)
-    out = ensure_writable(out)
+    group = join_process_group(dev) if distributed else None
+    try:
+        return _train_and_report(data_dir, ensure_writable(out), config, fmt, group, dev,
+                                 num_workers, price_per_hour, cache_dir, demo, progress, echo, start)
+    finally:
+        if group is not None:
+            group.close()
+
+
+def _train_and_report(data_dir, out: Path, config: RecipeConfig, fmt: str,
+                      group: ProcessGroup | None, dev: torch.device, num_workers: int | None,
+                      price_per_hour: float, cache_dir: os.PathLike | None, demo: bool,
+                      progress: bool, echo: Callable[[str], None], start: float) -> dict:
+    """:func:`run_recipe` after validation, in this process's part of the job (``group``, or
+    ``None`` for a single process)."""
+    batch_size = config.batch_size
+    if group is not None:
+        dev = group.device
+        if group.rank != 0:
+            echo = _silent
+        if batch_size % group.world_size:
+            raise RecipeError(f"--batch-size {batch_size} is not divisible by the "
+                              f"{group.world_size} processes (each takes an equal share)")
+        batch_size //= group.world_size
     cache_dir = Path(cache_dir) if cache_dir is not None else out.resolve().parent / "ffload-cache"
     num_workers = num_workers or min(8, os.cpu_count() or 1)
-    if demo:
-        data_dir = demo_folder(out)
-    data = prepare_data(data_dir, cache_dir, fmt, num_workers, progress)
+
+    def prepare():
+        source = demo_folder(out) if demo else data_dir
+        return source, prepare_data(source, cache_dir, fmt, num_workers, progress)
+    data_dir, data = prepare() if group is None else group.local_zero_first(prepare)
     echo(f"data: {data.layout} {data_dir} -> {data.format} "
          f"({'cached' if data.cache_hit else f'converted in {data.convert_seconds:.1f} s'}): "
          f"{data.num_train} train / {data.num_test} test images, {data.num_classes} classes")
@@ -137,10 +184,13 @@ def run_recipe(data_dir: Optional[os.PathLike], out: os.PathLike, config: Recipe
     torch.manual_seed(config.seed)
     model = resnet9(num_classes=data.num_classes, width=config.width)
     model = model.to(device=dev, memory_format=torch.channels_last)
-    train_loader, test_loader = make_loaders(data, config.batch_size, num_workers, dev,
-                                             config.seed)
-    echo(f"device: {dev}, {sum(p.numel() for p in model.parameters()):,} parameters, "
-         f"{num_workers} loader workers")
+    num_parameters = sum(p.numel() for p in model.parameters())
+    if group is not None:
+        model = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    train_loader, test_loader = make_loaders(data, batch_size, num_workers, dev, config.seed,
+                                             distributed=group is not None)
+    ranks = "" if group is None else f" in each of {group.world_size} processes"
+    echo(f"device: {dev}, {num_parameters:,} parameters, {num_workers} loader workers{ranks}")
     echo(format_header())
     rows, losses = train_model(model, train_loader, test_loader, config, dev,
                                on_epoch=lambda r: echo(format_row(r)))
@@ -162,16 +212,22 @@ def run_recipe(data_dir: Optional[os.PathLike], out: os.PathLike, config: Recipe
         "data": {**asdict(data), "source": str(data_dir)},
         "device": str(dev) if dev.type == "cpu" else f"{dev} ({torch.cuda.get_device_name(dev)})",
         "num_workers": num_workers,
-        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "num_parameters": num_parameters,
+        "world_size": 1 if group is None else group.world_size,
         "versions": {"ffload": ffload.__version__, "torch": torch.__version__,
                      "python": platform.python_version()},
     }
-    write_json(out / "metrics.json", metrics)
-    plot_accuracy(rows, out / "accuracy.png",
-                  title=f"ResNet-9 (width {config.width}) on {data.layout}, {data.format}")
+    if group is None or group.rank == 0:
+        write_json(out / "metrics.json", metrics)
+        plot_accuracy(rows, out / "accuracy.png",
+                      title=f"ResNet-9 (width {config.width}) on {data.layout}, {data.format}")
     echo(format_summary(metrics))
     echo(f"wrote {out / 'metrics.json'} and {out / 'accuracy.png'}")
     return metrics
+
+
+def _silent(line: str) -> None:
+    """The echo of ranks other than 0."""
 
 
 # --------------------------------------------------------------------------- CLI
@@ -180,7 +236,7 @@ DEMO_DEFAULTS = {"epochs": 8, "batch_size": 64, "width": 0.25}
 _DEFAULTS = RecipeConfig()
 
 
-@click.command("cifar10-resnet9", help=__doc__.split("\n\n")[0])
+@click.command("cifar10-resnet9", cls=FfloadCommand, help=__doc__.split("\n\n")[0])
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
               help="cifar-10-batches-py folder, or an ImageFolder with train/ and test/.")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path),
@@ -212,8 +268,12 @@ _DEFAULTS = RecipeConfig()
 @click.option("--demo", is_flag=True,
               help="Train on the scikit-learn digits (built under --out), offline.")
 @click.option("--no-progress", is_flag=True, help="No conversion progress bars.")
+@click.option("--distributed", is_flag=True,
+              help="One process of a torchrun job: DistributedDataParallel, each rank its share "
+                   "of every epoch, --batch-size split over the ranks (docs/distributed.md).")
 def recipe_command(data_dir, out, fmt, epochs, batch_size, lr, lr_peak_epoch, device,
-                   num_workers, seed, width, price_per_hour, cache_dir, demo, no_progress):
+                   num_workers, seed, width, price_per_hour, cache_dir, demo, no_progress,
+                   distributed):
     if demo and data_dir is not None:
         raise click.UsageError("--data and --demo are mutually exclusive")
     if not demo and data_dir is None:
@@ -226,10 +286,10 @@ def recipe_command(data_dir, out, fmt, epochs, batch_size, lr, lr_peak_epoch, de
         width=width or defaults.get("width", _DEFAULTS.width))
     run_recipe(data_dir, out, config, fmt=fmt, device=device, num_workers=num_workers,
                price_per_hour=price_per_hour, cache_dir=cache_dir, demo=demo,
-               progress=not no_progress, echo=click.echo)
+               progress=not no_progress, echo=click.echo, distributed=distributed)
 
 
-def main(args: Optional[List[str]] = None) -> None:
+def main(args: list[str] | None = None) -> None:
     """Run the command line (``args`` default to ``sys.argv[1:]``); exits like a click command."""
     recipe_command.main(args=args, prog_name="ffload recipe cifar10-resnet9")
 

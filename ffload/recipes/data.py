@@ -12,13 +12,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
 
-import click
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import ffload
+from ffload.errors import ConfigurationError, RecipeError
 from ffload.recipes.report import write_json
 
 __all__ = ["CIFAR_MEAN", "CIFAR_STD", "RecipeError", "PreparedData", "detect_layout",
@@ -29,14 +29,6 @@ __all__ = ["CIFAR_MEAN", "CIFAR_STD", "RecipeError", "PreparedData", "detect_lay
 CIFAR_MEAN = (125.307, 122.950, 113.865)
 CIFAR_STD = (62.993, 62.089, 66.705)
 
-CIFAR_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
-CIFAR_FOLDER = "cifar-10-batches-py"
-
-
-class RecipeError(click.ClickException):
-    """A problem with the recipe's inputs (data folder, output folder, device), raised before
-    training starts; ``str(e)`` names the path and the cause, the CLI prints ``Error: ...`` and
-    exits with status 1."""
 
 
 @dataclass
@@ -59,7 +51,7 @@ class PreparedData:
     format: str
     layout: str
     num_classes: int
-    image_shape: Tuple[int, int]
+    image_shape: tuple[int, int]
     num_train: int
     num_test: int
     cache_hit: bool
@@ -67,37 +59,39 @@ class PreparedData:
 
 # --------------------------------------------------------------------------- data preparation
 
-def detect_layout(data_dir: os.PathLike) -> Tuple[str, Path]:
-    """Which of the two accepted layouts ``data_dir`` holds.
+def detect_layout(data_dir: os.PathLike) -> tuple[str, Path]:
+    """Which of the two accepted layouts ``data_dir`` holds, by ffload's one source detector
+    (:func:`ffload.convert.sources.detect_kind`).
 
     Returns:
-        ``('cifar', folder)`` when ``folder`` (``data_dir`` or its ``cifar-10-batches-py``
-        sub-folder) holds any of ``data_batch_1..5``, ``test_batch``, ``batches.meta``;
-        ``('imagefolder', data_dir)`` when it has ``train/`` and ``test/`` sub-folders.
+        ``('cifar', folder)`` when it finds a CIFAR-10 python folder at ``data_dir`` (or at
+        torchvision's ``data_dir/cifar-10-batches-py``); ``('imagefolder', data_dir)`` when
+        ``data_dir`` has ``train/`` and ``test/`` sub-folders.
 
     Raises:
-        RecipeError: missing folder, neither layout, or a CIFAR folder missing some of those
-            files (naming them). Corrupt files are found by :func:`prepare_data`.
+        RecipeError: missing folder, neither layout, or a CIFAR folder missing some of its
+            batch files (naming them). Corrupt files are found by :func:`prepare_data`.
     """
+    from ffload.convert.sources import detect_kind
+    from ffload.convert.sources.cifar import TORCHVISION_FOLDERS, missing_cifar_files
+
     root = Path(data_dir)
     if not root.is_dir():
         raise RecipeError(f"--data {root}: no such directory")
-    for folder in (root, root / CIFAR_FOLDER):
-        present = [n for n in CIFAR_FILES if (folder / n).is_file()]
-        if present:
-            missing = [n for n in CIFAR_FILES if n not in present]
-            if missing:
-                raise RecipeError(f"--data {folder}: CIFAR-10 archive folder is missing "
-                                  f"{', '.join(missing)}")
-            return "cifar", folder
+    kind, folder = detect_kind(root)
+    if kind.name == "cifar10":
+        missing = missing_cifar_files(folder, "cifar10")
+        if missing:
+            raise RecipeError(f"--data {folder}: CIFAR-10 archive folder is missing {', '.join(missing)}")
+        return "cifar", Path(folder)
     if (root / "train").is_dir() and (root / "test").is_dir():
         return "imagefolder", root
     raise RecipeError(
-        f"--data {root}: neither a CIFAR-10 archive folder ({CIFAR_FOLDER}: data_batch_1..5, "
-        f"test_batch, batches.meta) nor an ImageFolder with train/ and test/ sub-folders")
+        f"--data {root}: neither a CIFAR-10 archive folder ({TORCHVISION_FOLDERS['cifar10']}: "
+        f"data_batch_1..5, test_batch, batches.meta) nor an ImageFolder with train/ and test/ sub-folders")
 
 
-def source_fingerprint(folder: Path, args: Dict) -> str:
+def source_fingerprint(folder: Path, args: dict) -> str:
     """SHA-256 (hex) of ``args`` (JSON) and every file under ``folder``: relative path, size in
     bytes and modification time in ns. Changes when a file is added, removed, resized or
     touched, or when the conversion arguments change."""
@@ -120,17 +114,16 @@ def _sources(layout: str, folder: Path):
     return ImageFolderSource(folder / "train"), ImageFolderSource(folder / "test")
 
 
-def _inspect(path: str, split: str) -> Tuple[int, Tuple[int, int], int]:
+def _inspect(path: str, split: str) -> tuple[int, tuple[int, int], int]:
     """``(num_samples, (H, W), max_label)`` of a converted split; RecipeError when its images
     differ in size (the batches of the recipe need one size)."""
-    from ffload.formats import open_dataset
+    from ffload.formats import image_sizes, open_dataset
 
     view = open_dataset(path)
     for name in ("image", "label"):
         if name not in view.fields:
             raise RecipeError(f"{path}: no '{name}' field (fields: {list(view.fields)})")
-    meta = view.metadata["image"]
-    sizes = np.unique(np.stack([meta["height"], meta["width"]], axis=1), axis=0)
+    sizes = image_sizes(view.metadata["image"])
     if len(sizes) != 1:
         raise RecipeError(f"{split} images have {len(sizes)} different sizes (e.g. "
                           f"{', '.join(f'{h}x{w}' for h, w in sizes[:3])}); this recipe "
@@ -142,7 +135,7 @@ def _inspect(path: str, split: str) -> Tuple[int, Tuple[int, int], int]:
 
 
 def prepare_data(data_dir: os.PathLike, cache_dir: os.PathLike, fmt: str = "beton",
-                 num_workers: Optional[int] = None, progress: bool = True) -> PreparedData:
+                 num_workers: int | None = None, progress: bool = True) -> PreparedData:
     """Convert ``data_dir`` (see :func:`detect_layout`) once into ``cache_dir`` and return the
     converted splits; reuse them when the fingerprint (see :func:`source_fingerprint`) matches.
 
@@ -153,10 +146,10 @@ def prepare_data(data_dir: os.PathLike, cache_dir: os.PathLike, fmt: str = "beto
     Raises:
         RecipeError: bad layout, missing/corrupt CIFAR batch, undecodable image, images of
             several sizes, unwritable cache (the message names the path and the cause).
-        ValueError: ``fmt`` not ``'beton'`` or ``'lmdb'``.
+        ConfigurationError: ``fmt`` not ``'beton'`` or ``'lmdb'`` (a ValueError).
     """
     if fmt not in ("beton", "lmdb"):
-        raise ValueError(f"format must be 'beton' or 'lmdb', got {fmt!r}")
+        raise ConfigurationError(f"format must be 'beton' or 'lmdb', got {fmt!r}")
     from ffload.convert import ConvertError, convert_dataset
 
     layout, folder = detect_layout(data_dir)
@@ -215,7 +208,7 @@ def demo_folder(out: os.PathLike) -> Path:
 # --------------------------------------------------------------------------- loaders
 
 def make_loaders(data: PreparedData, batch_size: int, num_workers: int, device: torch.device,
-                 seed: int = 0):
+                 seed: int = 0, distributed: bool = False):
     """ffload loaders of the recipe (FFCV's CIFAR pipelines, true CIFAR std).
 
     Train: random order, drop_last, ``SimpleRGBImageDecoder -> RandomHorizontalFlip ->
@@ -223,15 +216,33 @@ def make_loaders(data: PreparedData, batch_size: int, num_workers: int, device: 
     ToTorchImage(channels_last) -> NormalizeImage(mean, std)``. Test: sequential, every sample,
     no augmentation. Labels: ``IntDecoder -> ToTensor -> ToDevice -> Squeeze``.
 
+    ``distributed`` (an initialised ``torch.distributed`` process group): ``batch_size`` is
+    per rank; the train loader takes this rank's share of every epoch (``Loader(...,
+    distributed=True)``, the same number of batches on every rank); the test loader takes test
+    samples ``rank::world_size``, each exactly once over the ranks (no padding: evaluation is no
+    collective, so the shares may differ by one sample).
+
     Returns:
         ``(train_loader, test_loader)``; each yields ``(images (B, 3, H, W) float16 on CUDA /
         float32 on CPU, channels_last, labels (B,) int64)`` on ``device``.
     """
     from ffload import Loader
-    from ffload.loaders import (Cutout, IntDecoder, NormalizeImage, RandomHorizontalFlip,
-                                RandomTranslate, SimpleRGBImageDecoder, Squeeze, ToDevice,
-                                ToTensor, ToTorchImage)
+    from ffload.loaders import (
+        Cutout,
+        IntDecoder,
+        NormalizeImage,
+        RandomHorizontalFlip,
+        RandomTranslate,
+        SimpleRGBImageDecoder,
+        Squeeze,
+        ToDevice,
+        ToTensor,
+        ToTorchImage,
+    )
 
+    test_indices = None
+    if distributed:
+        test_indices = np.arange(data.num_test)[dist.get_rank()::dist.get_world_size()]
     fill = tuple(int(round(m)) for m in CIFAR_MEAN)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     loaders = []
@@ -245,6 +256,8 @@ def make_loaders(data: PreparedData, batch_size: int, num_workers: int, device: 
         loaders.append(Loader(path, batch_size=batch_size, num_workers=num_workers,
                               order="random" if train else "sequential",
                               pipelines={"image": image, "label": label},
-                              drop_last=train, seed=seed))
+                              drop_last=train, seed=seed,
+                              distributed=distributed and train,
+                              indices=None if train else test_indices))
     return tuple(loaders)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any
 
 __all__ = ["EpochStats", "cost_usd", "format_header", "format_row", "format_summary", "rows_to_dicts", "write_json", "plot_accuracy"]
 
@@ -75,7 +76,7 @@ def format_row(row: EpochStats) -> str:
     return "  ".join(fmt(row).rjust(width) for _, width, fmt in _COLUMNS)
 
 
-def format_summary(metrics: Dict[str, Any]) -> str:
+def format_summary(metrics: dict[str, Any]) -> str:
     """The end-of-run lines: final test accuracy, wall seconds, device-hours and cost.
 
     ``metrics`` is the dict written to ``metrics.json`` (keys ``final_test_accuracy``,
@@ -92,12 +93,12 @@ def format_summary(metrics: Dict[str, Any]) -> str:
     ])
 
 
-def rows_to_dicts(rows: Sequence[EpochStats]) -> List[Dict[str, Any]]:
+def rows_to_dicts(rows: Sequence[EpochStats]) -> list[dict[str, Any]]:
     """The rows as JSON-able dicts (the ``epochs`` entry of ``metrics.json``)."""
     return [asdict(r) for r in rows]
 
 
-def write_json(path: os.PathLike, obj: Dict[str, Any]) -> None:
+def write_json(path: os.PathLike, obj: dict[str, Any]) -> None:
     """Write ``obj`` as indented JSON to ``path`` atomically (temporary file in the same folder,
     fsync, rename): readers see the old file or the whole new one.
 

@@ -5,14 +5,17 @@ timing, test-time-augmented evaluation and the choice of device.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ffload.recipes.data import RecipeError
+from ffload.recipes.distributed import broadcast_buffers, global_mean, global_sum
 from ffload.recipes.report import EpochStats
 
 __all__ = ["RecipeConfig", "lr_schedule", "evaluate", "train_model", "resolve_device"]
@@ -81,7 +84,7 @@ class _WaitClock:
     def __init__(self, device: torch.device):
         self.stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
         self.host = 0.0
-        self.events: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def call(self, fn, arg):
         """``fn(arg)`` (``iter``/``next`` on the loader), timed."""
@@ -108,7 +111,12 @@ class _WaitClock:
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device, tta: bool = True) -> float:
     """Fraction of ``loader``'s samples whose argmax logit equals the label; with ``tta`` the
     logits of the batch and its horizontal mirror (``torch.flip(x, dims=[3])``, the width of
-    NCHW) are summed first. ``loader`` yields ``(images (B, 3, H, W), labels (B,))``."""
+    NCHW) are summed first. ``loader`` yields ``(images (B, 3, H, W), labels (B,))``.
+
+    Under ``torch.distributed`` each rank evaluates its own share of the test set (its loader's
+    samples) and the counts are summed over the ranks: pass the bare module, not the
+    ``DistributedDataParallel`` wrapper (whose forward is a collective the shares' different
+    batch counts would desynchronise)."""
     model.eval()
     correct = torch.zeros((), dtype=torch.int64, device=device)
     total = 0
@@ -120,17 +128,23 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, tta: bool
                 out = out + model(torch.flip(images, dims=[3]))
             correct += (out.argmax(1) == labels).sum()
             total += labels.shape[0]
-    return correct.item() / max(total, 1)
+    counts = global_sum(torch.stack([correct, torch.tensor(total, device=device)]))
+    return counts[0].item() / max(counts[1].item(), 1)
 
 
 def train_model(model: nn.Module, train_loader, test_loader, config: RecipeConfig,
                 device: torch.device,
-                on_epoch: Optional[Callable[[EpochStats], None]] = None
-                ) -> Tuple[List[EpochStats], List[float]]:
+                on_epoch: Callable[[EpochStats], None] | None = None
+                ) -> tuple[list[EpochStats], list[float]]:
     """Train ``model`` with the recipe's optimiser and schedule, evaluating after every epoch.
 
+    Under ``torch.distributed`` (``model`` wrapped in ``DistributedDataParallel``, each rank's
+    ``train_loader`` yielding its share of every epoch, the same number of batches on every
+    rank) the losses are averaged and the accuracies and images/s summed over the ranks, and
+    every rank evaluates rank 0's BatchNorm statistics on its share of the test set.
+
     Args:
-        model: on ``device`` (channels_last on CUDA).
+        model: on ``device`` (channels_last on CUDA), possibly in ``DistributedDataParallel``.
         train_loader, test_loader: re-iterable, ``len()`` = batches per epoch, yielding
             ``(images (B, 3, H, W) float, labels (B,) int64)`` on ``device`` (ffload loaders from
             :func:`ffload.recipes.data.make_loaders` or
@@ -163,8 +177,8 @@ def train_model(model: nn.Module, train_loader, test_loader, config: RecipeConfi
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its kernels
     scaler = torch.amp.GradScaler("cuda", enabled=cuda)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=config.label_smoothing)
-    rows: List[EpochStats] = []
-    all_losses: List[float] = []
+    rows: list[EpochStats] = []
+    all_losses: list[float] = []
     train_total = 0.0
     for epoch in range(config.epochs):
         model.train()
@@ -192,11 +206,17 @@ def train_model(model: nn.Module, train_loader, test_loader, config: RecipeConfi
         _sync(device)
         epoch_seconds = time.perf_counter() - t0
         wait = clock.seconds()
-        epoch_losses = torch.stack(losses).float().cpu().tolist()
+        epoch_losses = global_mean(torch.stack(losses).float()).cpu().tolist()
+        counts = global_sum(torch.stack([correct, torch.tensor(seen, device=device)]))
+        correct, seen = counts[0], int(counts[1].item())
         all_losses.extend(epoch_losses)
         train_total += epoch_seconds
         t1 = time.perf_counter()
-        test_acc = evaluate(model, test_loader, device, config.tta)
+        bare = model
+        if isinstance(model, DistributedDataParallel):
+            bare = model.module
+            broadcast_buffers(bare)
+        test_acc = evaluate(bare, test_loader, device, config.tta)
         row = EpochStats(
             epoch=epoch, train_loss=float(np.mean(epoch_losses)),
             train_accuracy=correct.item() / seen, test_accuracy=test_acc,
@@ -216,7 +236,7 @@ def _sync(device: torch.device) -> None:
 
 # --------------------------------------------------------------------------- device
 
-def resolve_device(name: Optional[str]) -> torch.device:
+def resolve_device(name: str | None) -> torch.device:
     """``'cuda'`` / ``'cpu'`` / ``'cuda:N'`` / ``None`` (CUDA when available, else CPU) as a
     ``torch.device``; CUDA devices get an explicit index (``'cuda'`` is the current device).
 

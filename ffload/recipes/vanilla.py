@@ -20,17 +20,17 @@ dependency of ffload's own loader).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, List, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ffload.convert.sources import ImageFolderSource
+
 __all__ = ["ImageFolderDataset", "EpochSampler", "VanillaLoader", "write_image_folder",
            "augment"]
-
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".ppm", ".webp")
 
 
 def augment(image: np.ndarray, rng: np.random.Generator, padding: int, crop_size: int,
@@ -66,8 +66,11 @@ def augment(image: np.ndarray, rng: np.random.Generator, padding: int, crop_size
 
 
 class ImageFolderDataset(Dataset):
-    """``root/<class>/<image>`` read with PIL, one sample at a time (torchvision ``ImageFolder``
-    semantics: class folders sorted by name give labels ``0..C-1``, files sorted by name).
+    """``root/<class>/**/<image>`` read with PIL, one sample at a time. The files, classes and
+    labels are ffload's one ImageFolder listing, ``ffload.convert.sources.ImageFolderSource``
+    (torchvision ``ImageFolder`` semantics: class folders sorted by name give labels
+    ``0..C-1``, files in torchvision's order, nested folders included), so this baseline reads
+    exactly the samples ``ffload convert`` writes.
 
     Args:
         root: the folder.
@@ -80,23 +83,16 @@ class ImageFolderDataset(Dataset):
     (epoch 0) -> ``(image (3, H, W) float32 normalised, label int)``.
 
     Raises:
-        ValueError: ``root`` has no class folder or no image.
+        ffload.convert.sources.SourceError (a ValueError): ``root`` missing, without class
+            folders, or a class folder without images (named in the message).
         OSError: an image cannot be decoded (names the file) when it is read.
     """
 
     def __init__(self, root: os.PathLike, mean: Sequence[float], std: Sequence[float],
                  train: bool, seed: int = 0, padding: int = 2, crop_size: int = 4):
-        root = Path(root)
-        classes = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
-        if not classes:
-            raise ValueError(f"{root}: no class folders (expected root/<class>/<image>)")
-        self.classes: List[str] = classes
-        self.samples: List[Tuple[str, int]] = [
-            (str(p), label) for label, name in enumerate(classes)
-            for p in sorted((root / name).iterdir())
-            if p.suffix.lower() in IMAGE_EXTENSIONS]
-        if not self.samples:
-            raise ValueError(f"{root}: no images with extensions {IMAGE_EXTENSIONS}")
+        source = ImageFolderSource(root)
+        self.classes: list[str] = list(source.classes)
+        self.samples: list[tuple[str, int]] = [(source.path(i), int(source.labels[i])) for i in range(len(source))]
         self.mean = torch.tensor(mean, dtype=torch.float32).view(3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
         self.fill = tuple(int(round(m)) for m in mean)
@@ -108,7 +104,7 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, key) -> Tuple[torch.Tensor, int]:
+    def __getitem__(self, key) -> tuple[torch.Tensor, int]:
         epoch, index = key if isinstance(key, tuple) else (0, key)
         path, label = self.samples[index]
         from PIL import Image
@@ -143,7 +139,7 @@ class EpochSampler(Sampler):
     def __len__(self) -> int:
         return self.n
 
-    def __iter__(self) -> Iterator[Tuple[int, int]]:
+    def __iter__(self) -> Iterator[tuple[int, int]]:
         order = (np.random.default_rng((self.seed, self.epoch)).permutation(self.n)
                  if self.shuffle else np.arange(self.n))
         return ((self.epoch, int(i)) for i in order)
@@ -185,7 +181,7 @@ class VanillaLoader:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self.sampler.set_epoch(self.epoch)
         self.epoch += 1
         for images, labels in self.loader:

@@ -23,9 +23,10 @@ import pickle
 
 import numpy as np
 
-from .sources import SourceError, check_index
+from .base import SourceError, check_index
 
-__all__ = ["CIFARSource", "is_cifar_folder", "cifar_variant", "find_cifar_folder", "read_cifar_pickle"]
+__all__ = ["CIFARSource", "is_cifar_folder", "cifar_variant", "find_cifar_folder", "missing_cifar_files",
+           "read_cifar_pickle"]
 
 CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_FILES = ("test_batch",)
@@ -36,7 +37,6 @@ CIFAR100_META_FILE = "meta"
 TORCHVISION_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 """Folder names that torchvision's ``CIFAR10(root)`` / ``CIFAR100(root)`` extract under ``root``."""
 
-_DISPLAY = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}
 _IMAGE_BYTES = 32 * 32 * 3
 
 
@@ -86,16 +86,16 @@ def read_cifar_pickle(path: str | os.PathLike) -> dict:
         with open(path, "rb") as f:
             obj = _CIFARUnpickler(f, encoding="bytes").load()
     except FileNotFoundError as e:
-        raise SourceError(f"{path}: CIFAR file is missing") from e
+        raise SourceError(f"{path}: CIFAR file is missing", path=path) from e
     except OSError as e:
-        raise SourceError(f"{path}: cannot read the CIFAR file ({e.strerror or e})") from e
+        raise SourceError(f"{path}: cannot read the CIFAR file ({e.strerror or e})", path=path) from e
     except _ForbiddenGlobal as e:
         raise SourceError(f"{path}: refusing to unpickle: the file references {e}, but a CIFAR archive may only "
-                          f"contain numpy arrays, lists, dicts, strings and numbers") from e
+                          f"contain numpy arrays, lists, dicts, strings and numbers", path=path) from e
     except Exception as e:  # a corrupt pickle can raise almost anything (EOFError, UnpicklingError, ValueError...)
-        raise SourceError(f"{path}: corrupt CIFAR file ({type(e).__name__}: {e})") from e
+        raise SourceError(f"{path}: corrupt CIFAR file ({type(e).__name__}: {e})", path=path) from e
     if not isinstance(obj, dict):
-        raise SourceError(f"{path}: corrupt CIFAR file (expected a pickled dict, found {type(obj).__name__})")
+        raise SourceError(f"{path}: corrupt CIFAR file (expected a pickled dict, found {type(obj).__name__})", path=path)
     return {k.decode("latin-1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
 
 
@@ -112,6 +112,16 @@ def cifar_variant(path: str | os.PathLike) -> str | None:
     if has(CIFAR100_META_FILE) and any(has(n) for n in CIFAR100_TRAIN_FILES + CIFAR100_TEST_FILES):
         return "cifar100"
     return None
+
+
+def missing_cifar_files(folder: str | os.PathLike, variant: str) -> list[str]:
+    """The file names of a complete ``variant`` (``'cifar10'``/``'cifar100'``) archive folder -- train batches,
+    test batches, meta file, in that order -- that are not files in ``folder``."""
+    if variant == "cifar10":
+        names = CIFAR10_TRAIN_FILES + CIFAR10_TEST_FILES + (CIFAR10_META_FILE,)
+    else:
+        names = CIFAR100_TRAIN_FILES + CIFAR100_TEST_FILES + (CIFAR100_META_FILE,)
+    return [n for n in names if not os.path.isfile(os.path.join(folder, n))]
 
 
 def find_cifar_folder(path: str | os.PathLike) -> tuple[str, str] | None:
@@ -142,21 +152,21 @@ def _read_batch(path: str, label_key: str, num_classes: int) -> tuple[np.ndarray
     batch = read_cifar_pickle(path)
     data, labels = batch.get("data"), batch.get(label_key)
     if data is None or labels is None:
-        raise SourceError(f"{path}: corrupt CIFAR batch (keys {sorted(batch)}, expected 'data' and {label_key!r})")
+        raise SourceError(f"{path}: corrupt CIFAR batch (keys {sorted(batch)}, expected 'data' and {label_key!r})", path=path)
     if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
             and data.shape[1] == _IMAGE_BYTES):
         desc = f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
-        raise SourceError(f"{path}: corrupt CIFAR batch ('data' must be an (N, 3072) uint8 array, found {desc})")
+        raise SourceError(f"{path}: corrupt CIFAR batch ('data' must be an (N, 3072) uint8 array, found {desc})", path=path)
     try:
         labels = np.asarray(labels)
     except (TypeError, ValueError) as e:
-        raise SourceError(f"{path}: corrupt CIFAR batch ({label_key!r} is not a list of integers)") from e
+        raise SourceError(f"{path}: corrupt CIFAR batch ({label_key!r} is not a list of integers)", path=path) from e
     if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != len(data):
         raise SourceError(f"{path}: corrupt CIFAR batch ({label_key!r} must hold {len(data)} integers, found "
-                          f"{labels.dtype} array of shape {labels.shape})")
+                          f"{labels.dtype} array of shape {labels.shape})", path=path)
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise SourceError(f"{path}: corrupt CIFAR batch ({label_key!r} outside [0, {num_classes}): "
-                          f"[{labels.min()}, {labels.max()}])")
+                          f"[{labels.min()}, {labels.max()}])", path=path)
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     return np.ascontiguousarray(images), labels.astype(np.int64)
 
@@ -164,7 +174,7 @@ def _read_batch(path: str, label_key: str, num_classes: int) -> tuple[np.ndarray
 def _decode_names(path: str, meta: dict, key: str) -> list[str]:
     names = meta.get(key)
     if not isinstance(names, list) or not names or not all(isinstance(n, (bytes, str)) for n in names):
-        raise SourceError(f"{path}: corrupt CIFAR meta file ({key!r} must be a non-empty list of names)")
+        raise SourceError(f"{path}: corrupt CIFAR meta file ({key!r} must be a non-empty list of names)", path=path)
     return [n.decode("utf-8", errors="replace") if isinstance(n, bytes) else n for n in names]
 
 
@@ -197,11 +207,11 @@ class CIFARSource:
         if found is None:
             raise SourceError(f"{os.fspath(folder)}: not a CIFAR python folder (expected {CIFAR10_META_FILE} + "
                               f"data_batch_1..5 + test_batch, or {CIFAR100_META_FILE} + train + test, directly or "
-                              f"under {' or '.join(TORCHVISION_FOLDERS.values())})")
+                              f"under {' or '.join(TORCHVISION_FOLDERS.values())})", path=os.fspath(folder))
         self.folder, self.variant = os.path.abspath(found[0]), found[1]
         if label_kind not in ("fine", "coarse") or (self.variant == "cifar10" and label_kind != "fine"):
             allowed = "'fine' or 'coarse'" if self.variant == "cifar100" else "'fine' (CIFAR-10 has one label kind)"
-            raise SourceError(f"{self.folder}: label_kind must be {allowed}, got {label_kind!r}")
+            raise SourceError(f"{self.folder}: label_kind must be {allowed}, got {label_kind!r}", path=self.folder)
         self.train = bool(train)
         self.label_kind = label_kind
         self.name = f"{self.variant}-{'train' if self.train else 'test'}"
@@ -234,7 +244,7 @@ class CIFARSource:
         if self._images is None:
             images, labels = self._read_split()
             if not np.array_equal(labels, self.labels):
-                raise SourceError(f"{self.folder}: the CIFAR batch files changed since the source was created")
+                raise SourceError(f"{self.folder}: the CIFAR batch files changed since the source was created", path=self.folder)
             self._images = images
         return self._images[i], int(self.labels[i])
 

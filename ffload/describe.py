@@ -1,12 +1,11 @@
 """What is inside a dataset: fields, counts, sizes, class histogram, and a thumbnail grid."""
 from __future__ import annotations
 
-from typing import Optional
-
 import cv2
 import numpy as np
 
-from .formats import DatasetView
+from .errors import ConfigurationError
+from .formats import DatasetView, image_sizes
 from .formats.fields import JPG, IntField, RGBImageField
 
 
@@ -16,7 +15,7 @@ def _stats(x: np.ndarray) -> dict:
     return {"min": int(x.min()), "mean": round(float(x.mean()), 1), "max": int(x.max())}
 
 
-def label_field(view: DatasetView) -> Optional[str]:
+def label_field(view: DatasetView) -> str | None:
     """The name of the label field: ``'label'`` if present, else the first IntField."""
     if isinstance(view.fields.get("label"), IntField):
         return "label"
@@ -36,7 +35,8 @@ def summarize(view: DatasetView) -> dict:
             entry["payload_bytes_total"] = int(view.sizes[name].sum())
         if isinstance(f, RGBImageField):
             col = view.metadata[name]
-            entry["width"], entry["height"] = _stats(col["width"]), _stats(col["height"])
+            sizes = image_sizes(col, distinct=False)
+            entry["width"], entry["height"] = _stats(sizes[:, 1]), _stats(sizes[:, 0])
             entry["modes"] = {"jpg": int((col["mode"] == JPG).sum()), "raw": int((col["mode"] != JPG).sum())}
         fields.append(entry)
     out = {"path": view.path, "format": view.format, "samples": n, "bytes": total,
@@ -52,48 +52,34 @@ def summarize(view: DatasetView) -> dict:
     return out
 
 
-def decode_image(view: DatasetView, name: str, index: int, region=None) -> np.ndarray:
-    """Decode image ``index`` of field ``name`` to ``(H, W, 3) uint8`` RGB (reference decoder:
-    raw bytes reshaped, or OpenCV's JPEG decode).
-
-    Raises:
-        ValueError: the JPEG payload does not decode, naming the sample.
-    """
-    meta = view.metadata[name][index]
-    data = view.payload(name, index, region)
-    h, w = int(meta["height"]), int(meta["width"])
-    if int(meta["mode"]) == JPG:
-        img = cv2.imdecode(np.asarray(data), cv2.IMREAD_COLOR_RGB)
-        if img is None or img.shape != (h, w, 3):
-            raise ValueError(f"{view.path}: sample {index}: the JPEG payload of field {name!r} "
-                             "does not decode")
-        return img
-    return np.asarray(data).reshape(h, w, 3)
-
-
 def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, thumb: int = 96) -> int:
-    """Write a PNG grid of ``count`` evenly spaced samples' images with their labels.
+    """Write a PNG grid of ``count`` evenly spaced samples' images with their labels, decoded
+    by the Loader's default pipeline (:class:`ffload.samples.SampleDecoder`) and shrunk to at
+    most ``thumb`` pixels a side (INTER_AREA).
 
-    Returns the number of images drawn. Raises ValueError when there is no image field.
+    Returns the number of images drawn. Raises ConfigurationError when there is no image field,
+    and the decoder's error (naming the sample) when an image does not decode.
     """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .samples import SampleDecoder  # imports the loaders (torch): only for a grid
+
     img_field = next((n for n, f in view.fields.items() if isinstance(f, RGBImageField)), None)
     if img_field is None:
-        raise ValueError(f"{view.path}: no RGBImageField to draw")
+        raise ConfigurationError(f"{view.path}: no RGBImageField to draw", path=view.path)
     lab = label_field(view)
     count = min(count, view.num_samples)
     idx = np.linspace(0, view.num_samples - 1, count).astype(int) if count else []
     cols = int(np.ceil(np.sqrt(count))) or 1
     rows = int(np.ceil(count / cols)) or 1
     fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.4, rows * 1.55), squeeze=False)
-    region = view.open_region()
+    decode = SampleDecoder(view, img_field)
     for ax in axes.ravel():
         ax.axis("off")
     for ax, i in zip(axes.ravel(), idx):
-        img = decode_image(view, img_field, int(i), region)
+        img = decode(int(i))
         scale = thumb / max(img.shape[:2])
         if scale < 1:
             img = cv2.resize(img, (max(1, int(img.shape[1] * scale)), max(1, int(img.shape[0] * scale))),

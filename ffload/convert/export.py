@@ -1,0 +1,150 @@
+"""Export a dataset (``.beton`` or LMDB) to WebDataset tar shards, for users moving to streaming.
+
+Each sample ``i`` becomes the members ``%08d.<ext>`` of one key, in sample order (WebDataset's
+layout; see :mod:`ffload.convert.sources.webdataset`, which reads them back):
+
+* the first :class:`~ffload.formats.RGBImageField`: ``jpg`` — the stored JPEG bytes, not
+  re-encoded — or ``png`` for a raw image (lossless, so pixels survive the round trip);
+* an :class:`~ffload.formats.IntField` named ``label``: ``cls`` (ASCII integer);
+* every other field ``name``: ``name.jpg``/``name.png`` (images), ``name.txt`` (int, float),
+  ``name.json`` (JSON), ``name.bin`` (bytes), ``name.npy`` (NDArray, RaggedArray ``(K, ...)``,
+  ImageArray ``(H, W, C)``: numpy's ``.npy`` format without pickle).
+
+Shards follow ``pattern`` (a ``%``-format of the shard number, as WebDataset's ``ShardWriter``),
+each closed at ``maxcount`` samples or ``maxsize`` bytes, whichever comes first. A shard is
+written under a temporary name and renamed when complete; an error removes every shard of the
+run, so the output appears only whole.
+"""
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from collections.abc import Iterator
+
+import cv2
+import numpy as np
+
+from ..formats import DatasetView
+from ..formats.fields import (
+    JPG,
+    BytesExtensionField,
+    BytesField,
+    FloatField,
+    IntField,
+    JSONField,
+    NDArrayField,
+    RGBImageField,
+)
+from .sources import SourceError
+
+
+def _members(view: DatasetView, i: int, region, image_name: str | None) -> Iterator[tuple[str, bytes]]:
+    """``(extension, bytes)`` of every field of sample ``i``."""
+    for name, field in view.fields.items():
+        if isinstance(field, RGBImageField):
+            meta = view.metadata[name][i]
+            data = view.payload(name, i, region)
+            if int(meta["mode"]) == JPG:
+                ext, blob = "jpg", data.tobytes()
+            else:
+                rgb = np.asarray(data).reshape(int(meta["height"]), int(meta["width"]), 3)
+                ok, png = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+                if not ok:
+                    raise SourceError(f"{view.path}: sample {i}, field {name!r}: PNG encoding failed")
+                ext, blob = "png", png.tobytes()
+            yield (ext if name == image_name else f"{name}.{ext}"), blob
+        elif isinstance(field, IntField) and name == "label":
+            yield "cls", str(int(view.metadata[name][i])).encode()
+        elif isinstance(field, (IntField, FloatField)):
+            yield f"{name}.txt", repr(view.metadata[name][i].item()).encode()
+        elif isinstance(field, JSONField):
+            yield f"{name}.json", view.payload(name, i, region).tobytes().rstrip(b"\0")
+        elif isinstance(field, BytesExtensionField):  # ragged arrays, N-channel images
+            yield f"{name}.npy", _npy(field.to_array(view.payload(name, i, region)))
+        elif isinstance(field, BytesField):
+            yield f"{name}.bin", view.payload(name, i, region).tobytes()
+        elif isinstance(field, NDArrayField):
+            yield f"{name}.npy", _npy(np.frombuffer(view.payload(name, i, region), dtype=field.dtype).reshape(field.shape))
+
+
+def _npy(array: np.ndarray) -> bytes:
+    """``array`` in numpy's ``.npy`` format (no pickle)."""
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def export_webdataset(view: DatasetView, pattern: str, maxcount: int = 100_000, maxsize: int = 3_000_000_000,
+                      progress: bool = False) -> list[str]:
+    """Write every sample of ``view`` to WebDataset shards named ``pattern % shard_number``.
+
+    Args:
+        view: an open dataset (:func:`ffload.formats.open_dataset`).
+        pattern: e.g. ``'out/train-%06d.tar'``; its directory is created.
+        maxcount: samples per shard at most (>= 1).
+        maxsize: bytes of member data per shard at most (a sample larger than it gets a shard
+            of its own).
+        progress: a tqdm bar.
+
+    Returns:
+        The shard paths written, in order.
+
+    Raises:
+        ValueError: ``pattern`` without one ``%d``-style field, or non-positive limits.
+        OSError: the output cannot be written (no shard of this run is left behind).
+    """
+    try:
+        first = pattern % 0
+    except TypeError:
+        raise ValueError(f"pattern {pattern!r} needs one %d-style field for the shard number") from None
+    if first == pattern % 1 or maxcount < 1 or maxsize < 1:
+        raise ValueError(f"pattern {pattern!r} must vary with the shard number; limits must be >= 1")
+    os.makedirs(os.path.dirname(os.path.abspath(first)), exist_ok=True)
+    image_name = next((n for n, f in view.fields.items() if isinstance(f, RGBImageField)), None)
+    region = view.open_region()
+    written: list[str] = []
+    tar, tmp, count, size = None, None, 0, 0
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=view.num_samples, unit="sample", desc=f"export {os.path.basename(view.path)}")
+
+    def close():
+        tar.close()
+        final = pattern % len(written)
+        os.replace(tmp, final)
+        written.append(final)
+
+    try:
+        for i in range(view.num_samples):
+            members = list(_members(view, i, region, image_name))
+            sample_bytes = sum(len(b) for _, b in members)
+            if tar is not None and (count >= maxcount or (count and size + sample_bytes > maxsize)):
+                close()
+                tar = None
+            if tar is None:
+                tmp = f"{pattern % len(written)}.tmp{os.getpid()}"
+                tar = tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT)
+                count = size = 0
+            for ext, blob in members:
+                info = tarfile.TarInfo(f"{i:08d}.{ext}")
+                info.size, info.mode, info.mtime = len(blob), 0o444, 0
+                tar.addfile(info, io.BytesIO(blob))
+            count += 1
+            size += sample_bytes
+            if bar is not None:
+                bar.update(1)
+        if tar is not None:
+            close()
+    except BaseException:
+        if tar is not None:
+            tar.close()
+            os.unlink(tmp)
+        for path in written:
+            os.unlink(path)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    return written

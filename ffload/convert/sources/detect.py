@@ -1,0 +1,129 @@
+"""Which source reads a path: ordered detection over one table of source kinds.
+
+:data:`SOURCE_KINDS` lists every kind in the order detection tries them (as WebDataset tries each
+input kind in turn): the CIFAR python folders first, because they are recognised by their file
+names, then WebDataset shards (``.tar`` files or a brace pattern of them) and Hugging Face
+datasets (a ``save_to_disk`` folder or Parquet files), then the ImageFolder, which accepts any
+folder and names what is wrong with it. The same
+table gives the ``kind`` argument of :func:`detect_source` and the choices of ``ffload convert
+--source``, so a new kind is one row here.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..images import DEFAULT_MAX_PIXELS
+from .base import Source, SourceError
+from .cifar import TORCHVISION_FOLDERS, CIFARSource, cifar_variant
+from .hf import HFSource, looks_like_hf
+from .imagefolder import ImageFolderSource
+from .webdataset import WebDatasetSource, looks_like_webdataset
+
+__all__ = ["SourceKind", "SOURCE_KINDS", "detect_kind", "detect_source"]
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    """One kind of dataset folder that :func:`detect_source` recognises.
+
+    Attributes:
+        name: the ``kind`` argument and ``--source`` value (``'cifar10'``, ...).
+        described_as: how a message names a folder of this kind ("this is <described_as>").
+        find: ``path -> folder``: the folder to open when ``path`` holds this kind (``path`` itself or
+            a sub-folder, e.g. torchvision's ``cifar-10-batches-py``), else ``None``. Reads no data.
+        open: ``(folder, split, label_kind, max_pixels) -> Source``; raises :class:`SourceError` naming the path.
+    """
+
+    name: str
+    described_as: str
+    find: Callable[[str], str | None]
+    open: Callable[[str, str | None, str, int | None], Source]
+
+
+def _cifar_finder(variant: str) -> Callable[[str], str | None]:
+    """``find`` of a CIFAR kind: ``path`` itself, or torchvision's ``path/<archive folder>``."""
+    def find(path: str) -> str | None:
+        for folder in (path, os.path.join(path, TORCHVISION_FOLDERS[variant])):
+            if cifar_variant(folder) == variant:
+                return folder
+        return None
+    return find
+
+
+def _open_cifar(folder: str, split: str | None, label_kind: str, max_pixels: int | None) -> CIFARSource:
+    if split not in (None, "train", "test"):
+        raise SourceError(f"{folder}: CIFAR split must be 'train' or 'test', got {split!r}", path=folder)
+    return CIFARSource(folder, train=split != "test", label_kind=label_kind)
+
+
+def _open_image_folder(folder: str, split: str | None, label_kind: str,
+                       max_pixels: int | None) -> ImageFolderSource:
+    if split is not None:
+        split_dir = os.path.join(folder, split)
+        if not os.path.isdir(split_dir):
+            raise SourceError(f"{split_dir}: no split folder {split!r} in {folder}", path=split_dir)
+        folder = split_dir
+    return ImageFolderSource(folder, max_pixels=max_pixels)
+
+
+SOURCE_KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (
+    SourceKind("cifar10", "a cifar10 folder", _cifar_finder("cifar10"), _open_cifar),
+    SourceKind("cifar100", "a cifar100 folder", _cifar_finder("cifar100"), _open_cifar),
+    SourceKind("webdataset", "WebDataset shards", lambda path: path if looks_like_webdataset(path) else None,
+               lambda path, split, label_kind, max_pixels: WebDatasetSource(path, max_pixels=max_pixels)),
+    SourceKind("hf", "a Hugging Face dataset", lambda path: path if looks_like_hf(path) else None,
+               lambda path, split, label_kind, max_pixels: HFSource(path, split=split, max_pixels=max_pixels)),
+    SourceKind("imagefolder", "not a CIFAR python folder", lambda path: path, _open_image_folder),
+)}
+"""Every source kind, in detection order (the last one accepts any path)."""
+
+
+def detect_kind(path: str | os.PathLike) -> tuple[SourceKind, str]:
+    """The first kind of :data:`SOURCE_KINDS` whose ``find`` accepts ``path``, and the folder it found.
+
+    Reads only file names. Every path gets a kind: ``'imagefolder'`` when nothing else matches
+    (opening it then says what is missing).
+    """
+    path = os.fspath(path)
+    return next((kind, folder) for kind in SOURCE_KINDS.values() if (folder := kind.find(path)) is not None)
+
+
+def detect_source(path: str | os.PathLike, kind: str | None = None, split: str | None = None,
+                  label_kind: str = "fine", max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Source:
+    """Open a dataset folder as the right source.
+
+    Args:
+        path: a CIFAR python folder (or torchvision's root holding one), WebDataset shards (a ``.tar``,
+            a brace pattern ``'train-{000000..000146}.tar'`` or a folder of them), a Hugging Face
+            ``save_to_disk`` folder or Parquet files, or an ImageFolder root.
+        kind: ``None`` (auto: the first of :data:`SOURCE_KINDS` that :func:`detect_kind` finds), or one of
+            its names: ``'cifar10'``, ``'cifar100'``, ``'webdataset'``, ``'hf'``, ``'imagefolder'``.
+        split: CIFAR: ``'train'`` (default) or ``'test'``. Hugging Face DatasetDict: the split (default
+            ``'train'``). ImageFolder: ``None`` reads ``path`` itself, any other value reads the subfolder
+            ``path/<split>`` (``'train'``, ``'val'``, ...).
+        label_kind: CIFAR-100 ``'fine'`` (default) or ``'coarse'``.
+        max_pixels: sources that decode image files refuse images whose header declares more
+            pixels (:func:`~ffload.convert.images.check_pixels`); ``None``: no limit.
+    Returns:
+        the source of the kind found (:class:`~.imagefolder.ImageFolderSource`, :class:`~.cifar.CIFARSource`,
+        :class:`~.webdataset.WebDatasetSource`, :class:`~.hf.HFSource`).
+    Raises:
+        SourceError: ``path`` missing, unknown ``kind``/``split``, a ``kind`` that does not match the
+            folder, or any error of the chosen source.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path) and not looks_like_webdataset(path):  # a shard pattern names no one file
+        raise SourceError(f"{path}: no such file or folder", path=path)
+    if kind is None:
+        chosen, folder = detect_kind(path)
+    elif kind not in SOURCE_KINDS:
+        names = ", ".join(repr(name) for name in SOURCE_KINDS)
+        raise SourceError(f"unknown dataset kind {kind!r}; expected one of {names} or None")
+    else:
+        chosen, folder = SOURCE_KINDS[kind], SOURCE_KINDS[kind].find(path)
+        if folder is None:
+            raise SourceError(f"{path}: asked for {kind}, but this is {detect_kind(path)[0].described_as}",
+                              path=path)
+    return chosen.open(folder, split, label_kind, max_pixels)

@@ -1,0 +1,207 @@
+"""WebDataset tar shards as a conversion source (https://github.com/webdataset/webdataset).
+
+Layout (WebDataset's convention): each shard is a POSIX tar; consecutive members whose names
+share a *key* form one sample, the key being the name up to the first dot of its last path
+component and the *extension* the rest (``train/n0153/img_00042.jpg`` -> key
+``train/n0153/img_00042``, extension ``jpg``), as ``webdataset.tariterators.base_plus_ext`` splits
+them. Extensions are compared lower-case.
+
+* Image: the first of ``jpg jpeg png webp bmp tif tiff`` present (decoded by ffload's one image
+  decoder: EXIF orientation, gray/alpha/16-bit rules of :mod:`ffload.convert.images`).
+* Label: ``cls`` (ASCII integer), else ``cls2``, else ``json`` (an integer, or an object with an
+  integer ``"label"``); a sample without any is an error when the source is indexed.
+* Class names: ``classes.txt`` (one name per line) beside the first shard, when present;
+  otherwise ``None`` (labels are kept as they are).
+
+Why ``tarfile`` and not the ``webdataset`` package: conversion encodes samples in parallel
+worker processes that each need *random* access (``src[i]``) and the sample count up front;
+``webdataset`` is a streaming pipeline over sequential reads. The shards are indexed once
+(member headers only: data blocks are skipped by seeking) and each sample is then one ``pread``
+at its member's data offset. Compressed shards (``.tar.gz``) cannot be read at an offset and
+are refused with a hint.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import tarfile
+
+import numpy as np
+
+from ..images import DEFAULT_MAX_PIXELS, decode_image_bytes
+from .base import SourceError, check_index
+
+IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
+LABEL_KEYS = ("cls", "cls2", "json")
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
+
+
+def expand_shards(pattern: str) -> list[str]:
+    """The shard paths of ``pattern``: brace ranges as WebDataset writes them
+    (``train-{000000..000146}.tar``, via the ``braceexpand`` package), then shell globs; a
+    directory means every ``*.tar`` in it, sorted.
+
+    Raises:
+        SourceError: nothing matches, or a named shard does not exist.
+    """
+    if os.path.isdir(pattern):
+        paths = sorted(glob.glob(os.path.join(pattern, "*.tar")))
+    else:
+        try:
+            from braceexpand import braceexpand
+        except ImportError as e:  # pragma: no cover - the dependency is declared
+            raise SourceError("WebDataset patterns need the 'braceexpand' package: pip install braceexpand") from e
+        paths = []
+        for expanded in braceexpand(pattern):
+            matches = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else [expanded]
+            paths.extend(matches)
+        missing = [p for p in paths if not os.path.isfile(p)]
+        if missing:
+            raise SourceError(f"{pattern}: {len(missing)} shard(s) missing, first {missing[0]}")
+    if not paths:
+        raise SourceError(f"{pattern}: no WebDataset shard (.tar) matches")
+    return paths
+
+
+def looks_like_webdataset(path: str) -> bool:
+    """True for a ``.tar`` path or pattern, or a directory holding ``.tar`` files."""
+    if os.path.isdir(path):
+        return bool(glob.glob(os.path.join(path, "*.tar")))
+    return path.endswith(".tar") or (".tar" in path and ("{" in path or glob.has_magic(path)))
+
+
+def _label_of(ext: str, data: bytes, where: str) -> int:
+    try:
+        if ext in ("cls", "cls2"):
+            return int(data.decode("ascii").strip())
+        value = json.loads(data)
+        value = value.get("label") if isinstance(value, dict) else value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"no integer label in {data[:80]!r}")
+        return value
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SourceError(f"{where}.{ext}: not an integer label ({e})") from None
+
+
+class WebDatasetSource:
+    """Samples of WebDataset tar shards (see the module docstring for the layout).
+
+    Args:
+        pattern: a shard path, a brace pattern (``'shards/train-{000000..000146}.tar'``), a glob,
+            or a directory of ``.tar`` files.
+        name: default: the first shard's directory name.
+        max_pixels: images whose header declares more pixels are refused
+            (:func:`~ffload.convert.images.check_pixels`); ``None``: no limit.
+    Attributes:
+        shards: the shard paths, in order (samples are numbered shard by shard, member order).
+        classes: names from ``classes.txt`` beside the first shard, or ``None``.
+        labels: ``(N,) int64``.
+    Raises:
+        SourceError: no shard, a compressed or unreadable shard, a sample without an image or a
+            label, a label outside ``classes`` — naming the shard and member.
+    """
+
+    def __init__(self, pattern: str, name: str | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS):
+        self.max_pixels = max_pixels
+        self.shards = expand_shards(os.fspath(pattern))
+        self.name = name or os.path.basename(os.path.dirname(os.path.abspath(self.shards[0]))) or "webdataset"
+        names_file = os.path.join(os.path.dirname(self.shards[0]), "classes.txt")
+        self.classes = None
+        if os.path.isfile(names_file):
+            with open(names_file, encoding="utf8") as f:
+                self.classes = [line.strip() for line in f if line.strip()]
+        shard_ids, offsets, sizes, labels, keys = [], [], [], [], []
+        for s, shard in enumerate(self.shards):
+            for key, offset, size, label in self._index(shard):
+                shard_ids.append(s)
+                offsets.append(offset)
+                sizes.append(size)
+                labels.append(label)
+                keys.append(key)
+        self._shard = np.asarray(shard_ids, dtype=np.int32)
+        self._offset = np.asarray(offsets, dtype=np.int64)
+        self._size = np.asarray(sizes, dtype=np.int64)
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self._keys = keys
+        if self.classes is not None and len(self.labels) and \
+                (self.labels.min() < 0 or self.labels.max() >= len(self.classes)):
+            bad = int(np.flatnonzero((self.labels < 0) | (self.labels >= len(self.classes)))[0])
+            raise SourceError(f"{self.describe(bad)}: label {self.labels[bad]} outside the {len(self.classes)} "
+                              f"classes of {names_file}")
+        self._files: dict[int, int] = {}
+
+    def _index(self, shard: str):
+        """Yield ``(key, image data offset, image size, label)`` per sample of one shard."""
+        try:
+            tar = tarfile.open(shard, mode="r:")  # uncompressed only: members are read at offsets
+        except tarfile.ReadError as e:
+            raise SourceError(f"{shard}: not an uncompressed tar ({e}); WebDataset shards are read at member "
+                              "offsets, decompress .tar.gz shards first") from None
+        except OSError as e:
+            raise SourceError(f"{shard}: {e.strerror or e}") from None
+        with tar:
+            key, members = None, {}
+
+            def finish():
+                where = f"{shard}:{key}"
+                image = next((members[e] for e in IMAGE_KEYS if e in members), None)
+                if image is None:
+                    raise SourceError(f"{where}: no image member ({'/'.join(IMAGE_KEYS)}) among "
+                                      f"{sorted(members)}")
+                ext = next((e for e in LABEL_KEYS if e in members), None)
+                if ext is None:
+                    raise SourceError(f"{where}: no label member ({'/'.join(LABEL_KEYS)}) among {sorted(members)}")
+                label = _label_of(ext, tar.extractfile(members[ext]).read(), where)
+                return key, image.offset_data, image.size, label
+
+            for member in tar:
+                if not member.isfile():
+                    continue
+                match = _KEY_EXT.match(member.name)
+                if match is None or os.path.basename(member.name).startswith("."):
+                    continue  # no extension, or hidden (e.g. macOS ._ files)
+                if match.group(1) != key:
+                    if key is not None:
+                        yield finish()
+                    key, members = match.group(1), {}
+                members[match.group(2).lower()] = member
+            if key is not None:
+                yield finish()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def encoded(self, i) -> bytes:
+        """The image member's bytes of sample ``i``, as stored in the shard."""
+        i = check_index(i, len(self), self.name)
+        s = int(self._shard[i])
+        fd = self._files.get(s)
+        if fd is None:  # one descriptor per shard and process (workers are forked after indexing)
+            fd = self._files[s] = os.open(self.shards[s], os.O_RDONLY)
+        data = os.pread(fd, int(self._size[i]), int(self._offset[i]))
+        if len(data) != self._size[i]:
+            raise SourceError(f"{self.describe(i)}: shard truncated ({len(data)} of {self._size[i]} bytes)")
+        return data
+
+    def __getitem__(self, i) -> tuple[np.ndarray, int]:
+        """``(image (H, W, 3) uint8 RGB, label int)``; ImageDecodeError naming the member."""
+        i = check_index(i, len(self), self.name)
+        return decode_image_bytes(self.encoded(i), self.describe(i), self.max_pixels), int(self.labels[i])
+
+    def describe(self, i: int) -> str:
+        """``'<shard>:<key>'``."""
+        return f"{self.shards[int(self._shard[i])]}:{self._keys[i]}"
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_files"] = {}  # descriptors do not travel to other processes
+        return state
+
+    def __del__(self):
+        for fd in getattr(self, "_files", {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,271 @@
+"""The page pool: ``os_cache=False`` in QUASI_RANDOM order (``.beton`` and LMDB).
+
+FFCV's ``ProcessCacheManager`` design: a fixed pool of ``cache_limit // page_size`` slots of one
+``.beton`` page each (``(slots * page_size,) uint8``, an anonymous mapping), whose memory is
+allocated once, on the first use of each slot (``MADV_POPULATE_WRITE``: one call, not one fault
+per 4 KiB page), and reused for the rest of the loader's life: a new page overwrites an evicted
+one in place. No page fault and no ``MADV_DONTNEED`` per read, where the block cache of
+:class:`~.memory.ProcessCacheMemory` pays a first-touch fault for every block it reads (about
+5 us per 4 KiB on the 2-core VM of issue 10) because eviction gives the memory back.
+
+A payload lives in the slot of the page it starts in, as one contiguous range: a ``.beton``
+sample's payloads never straddle a page (FFCV's format); an LMDB record may run past the end of
+its nominal page (``data.mdb`` has no pages of that size), so each slot also holds the
+:func:`page_overhang` bytes after its page. The pool translates the batch's payload offsets
+(``ptrs[s] -> slot * slot_bytes + ptrs[s] % page_size``) into its own ``ptrs`` arrays, which the
+decoders index instead of ``DatasetView.ptrs`` (entries are written when a batch is prepared and
+stay valid while the batch holds its pages). Consecutive missing pages are read with one
+``os.preadv`` into their (scattered) slots (one read per page with an overhang). Eviction follows the epoch's schedule
+(:class:`~.memory.EpochSchedule`: furthest next use first), so each page is read once per epoch
+when the pool holds the pages of the batches in flight.
+
+In QUASI_RANDOM order the loader uses the pool when :func:`page_pool_fits`: it holds at least
+``min(batch_size, pages)`` slots, so any batch fits whatever the order. Otherwise (RANDOM or
+SEQUENTIAL order, a small ``cache_limit``) it uses the block cache.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from .memory import (
+    _MADV_POPULATE_WRITE,
+    _MAP_NORESERVE,
+    _NEVER,
+    EpochSchedule,
+    _FileBackedCache,
+    batch_blocks,
+    payload_columns,
+)
+
+_RUN = 64
+"""Pages read by one ``preadv`` at most (its buffer count stays far below ``IOV_MAX``)."""
+
+
+def page_overhang(view, field_names: Sequence[str]) -> int:
+    """Bytes (a multiple of ``mmap.PAGESIZE``) by which payloads of the listed fields reach past
+    the end of the ``view.page_size`` page they start in: 0 for a ``.beton`` (payloads never
+    straddle a page), up to a record's size for LMDB (``data.mdb`` has no such pages)."""
+    page, over = int(view.page_size), 0
+    for ptrs, sizes in payload_columns(view, field_names):
+        p, n = ptrs.astype(np.int64), sizes.astype(np.int64)
+        past = np.where(n > 0, p + n - (p // page + 1) * page, 0)
+        over = max(over, int(past.max(initial=0)))
+    return -(-over // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def page_pool_fits(view, field_names: Sequence[str], cache_limit: int, batch_size: int) -> bool:
+    """Whether :class:`PagePoolMemory` can serve ``view``: a page size that is a multiple of
+    ``mmap.PAGESIZE`` and ``cache_limit`` bytes holding at least ``min(batch_size, pages)`` slots
+    of a page plus :func:`page_overhang` (a batch needs at most one slot per sample)."""
+    page = int(view.page_size)
+    if page <= 0 or page % mmap.PAGESIZE or not view.data_size:
+        return False
+    pages = -(-int(view.data_size) // page)
+    return cache_limit // (page + page_overhang(view, field_names)) >= min(batch_size, pages)
+
+
+class PagePoolMemory(_FileBackedCache):
+    """``os_cache=False``: a fixed pool of ``cache_limit // (page_size + overhang)`` page slots.
+
+    Same interface as :class:`~.memory.ProcessCacheMemory` (``region``, ``ptrs``, ``prepare``,
+    ``release``, ``schedule``, ``close``, the counters). Workers claim slots under a lock, read
+    their pages in parallel outside it, and wait for pages another worker is reading, or for a
+    slot when every slot holds a page of a batch in progress.
+
+    Args:
+        view: the :class:`ffload.formats.DatasetView` (checked with :func:`page_pool_fits`).
+        field_names: the fields whose payloads the loader decodes.
+        cache_limit: bytes the pool may occupy at most.
+        batch_size: the largest batch the loader asks for.
+
+    Attributes:
+        resident_bytes, peak_resident_bytes: bytes of slots allocated so far (``<= cache_limit``;
+            slots are never given back before :meth:`close`).
+        stride: bytes per slot (``page_size`` plus :func:`page_overhang`).
+        bytes_read: bytes read from the file so far.
+
+    Raises:
+        ValueError: the view does not fit the pool (see :func:`page_pool_fits`).
+        OSError: the data file cannot be opened or the pool cannot be mapped (named).
+    """
+
+    def __init__(self, view, field_names: Sequence[str], cache_limit: int, batch_size: int):
+        if not page_pool_fits(view, field_names, cache_limit, batch_size):
+            raise ValueError(f"{view.path}: cache_limit={cache_limit} holds fewer than "
+                             f"{batch_size} pages of {view.page_size} bytes")
+        self.path, self.page = view.data_path, int(view.page_size)
+        self.stride = self.page + page_overhang(view, field_names)  # bytes per slot
+        self.data_size, self.cache_limit = int(view.data_size), int(cache_limit)
+        self._payloads = payload_columns(view, field_names)
+        self.ptrs = {name: np.zeros(view.num_samples, np.uint64)
+                     for name in field_names if name in view.ptrs}
+        self._columns = [(name, view.ptrs[name], view.sizes[name]) for name in self.ptrs]
+        pages = -(-self.data_size // self.page)
+        slots = min(pages, self.cache_limit // self.stride)
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+        try:
+            self._buffer = mmap.mmap(-1, slots * self.stride, flags=flags)
+        except OSError as e:
+            raise OSError(e.errno, f"{self.path}: cannot map a page pool of {slots * self.stride} "
+                                   f"bytes ({e.strerror}); lower cache_limit") from e
+        self.region = np.frombuffer(self._buffer, dtype=np.uint8)
+        self._slot_of = np.full(pages, -1, np.int64)  # slot holding each file page
+        self._page_in = np.full(slots, -1, np.int64)  # file page held by each slot
+        self._pins = np.zeros(slots, np.int32)
+        self._loading = np.zeros(slots, bool)
+        self._allocated = np.zeros(slots, bool)  # memory populated once, kept until close()
+        self._last_use = np.zeros(slots, np.int64)
+        self._tick = 0
+        # a payload lives in the slot of the page it starts in (its first byte is its unit)
+        self._starts = [(p, np.minimum(n, 1)) for p, n in self._payloads]
+        self._schedule = EpochSchedule(self._starts, self.page)
+        self._cond = threading.Condition()
+        self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
+        self._populate = sys.platform.startswith("linux")
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
+        """The epoch's batches (each ``(B,) int64`` sample ids), ``start`` onwards to come:
+        eviction frees the slots whose page's next use is furthest."""
+        with self._cond:
+            self._schedule.set(batches, start)
+
+    def prepare(self, indices: np.ndarray, batch: int | None = None) -> np.ndarray:
+        """Load the pages the payloads of samples ``indices`` (``(B,) int64``) span, pin their
+        slots and point ``ptrs[name][indices]`` at the payloads in ``region``; returns the lease
+        for :meth:`release`. ``batch``: its number in the :meth:`schedule`.
+
+        Raises:
+            OSError: a read failed or the file is shorter than ``data_size`` (truncated).
+        """
+        pages = batch_blocks(self._starts, indices, self.page)
+        with self._cond:
+            while True:
+                held = self._slot_of[pages]
+                if self._loading[held[held >= 0]].any():  # another worker is reading some
+                    self._cond.wait()
+                    continue
+                missing = pages[held < 0]
+                free = self._free_slots(missing.size, held[held >= 0], batch)
+                if free is not None:
+                    break
+                self._cond.wait()  # every other slot holds a page of a batch in progress
+            old = self._page_in[free]
+            self._slot_of[old[old >= 0]] = -1
+            self._page_in[free], self._slot_of[missing] = missing, free
+            self._loading[free] = True
+            slots = self._slot_of[pages]
+            self._pins[slots] += 1
+            self._schedule.prepared(batch)
+            self._tick += 1
+            self._last_use[slots] = self._tick
+        try:
+            nread = self._read_pages(missing, free)  # outside the lock: workers read in parallel
+        except BaseException:
+            with self._cond:
+                self._slot_of[missing], self._page_in[free] = -1, -1
+                self._loading[free] = False
+                self._pins[slots] -= 1
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._loading[free] = False
+            self.bytes_read += nread
+            self._cond.notify_all()
+        self._translate(indices)
+        return slots
+
+    def _free_slots(self, count: int, keep: np.ndarray, batch: int | None) -> np.ndarray | None:
+        """``count`` unpinned slots to load pages into, never the slots ``keep``: allocated ones
+        holding no page the schedule needs again first (no new memory), then never used ones,
+        then those whose page's next scheduled use is furthest, least recently used first; None
+        when fewer are free. Holds the lock."""
+        usable = (self._pins == 0) & ~self._loading
+        usable[keep] = False
+        candidates = np.flatnonzero(usable)
+        if candidates.size < count:
+            return None
+        held = self._page_in[candidates]
+        next_use = self._schedule.next_use(np.maximum(held, 0), batch)
+        next_use[held < 0] = _NEVER
+        # allocated slots whose page no scheduled batch needs, then fresh ones, then the rest
+        kind = np.where(self._allocated[candidates], np.where(next_use == _NEVER, 0, 2), 1)
+        rank = np.lexsort((self._last_use[candidates], -next_use, kind))
+        return candidates[rank[:count]]
+
+    def _read_pages(self, pages: np.ndarray, slots: np.ndarray) -> int:
+        """Read file ``pages`` (sorted; each with the overhang past its end) into ``slots``: one
+        ``preadv`` per run of consecutive pages when slots hold whole pages only (``.beton``),
+        else one per page; returns the bytes read."""
+        if pages.size == 0:
+            return 0
+        total = 0
+        run = _RUN if self.stride == self.page else 1
+        breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+        with memoryview(self._buffer) as pool:
+            for first, into in ((r[i:i + run], s[i:i + run])
+                                for r, s in zip(np.split(pages, breaks), np.split(slots, breaks))
+                                for i in range(0, r.size, run)):
+                self._allocate(into)
+                start = int(first[0]) * self.page
+                stop = min(int(first[-1]) * self.page + self.stride, self.data_size)
+                views = [pool[int(s) * self.stride:int(s) * self.stride + self.page] for s in into]
+                views[-1] = pool[int(into[-1]) * self.stride:][:stop - int(first[-1]) * self.page]
+                done = 0
+                while start + done < stop:  # a short read resumes where it stopped
+                    n = os.preadv(self._fd, _skip(views, done), start + done)
+                    if n == 0:
+                        raise OSError(f"{self.path}: file ends at byte {start + done}, expected "
+                                      f"{self.data_size} bytes (truncated?)")
+                    done += n
+                total += stop - start
+        return total
+
+    def _allocate(self, slots: np.ndarray) -> None:
+        """Populate the memory of slots used for the first time (one call per slot)."""
+        fresh = slots[~self._allocated[slots]]
+        for s in fresh:
+            if self._populate:
+                try:
+                    self._buffer.madvise(_MADV_POPULATE_WRITE, int(s) * self.stride, self.stride)
+                except OSError:  # kernel < 5.14: the read faults the pages in
+                    self._populate = False
+        if fresh.size:
+            with self._cond:
+                self._allocated[fresh] = True
+                self.resident_bytes = int(self._allocated.sum()) * self.stride
+                self.peak_resident_bytes = self.resident_bytes
+
+    def _translate(self, indices: np.ndarray) -> None:
+        """``ptrs[name][indices]``: the payloads' offsets in ``region`` (0 for empty ones)."""
+        for name, ptrs, sizes in self._columns:
+            p, used = ptrs[indices].astype(np.int64), sizes[indices] > 0
+            slot = self._slot_of[np.where(used, p // self.page, 0)]
+            here = np.where(used, slot * self.stride + p % self.page, 0)
+            self.ptrs[name][indices] = here.astype(np.uint64)
+
+    def release(self, lease: np.ndarray) -> None:
+        """Unpin the slots of a batch (the lease :meth:`prepare` returned); their pages stay
+        until the slots are needed."""
+        with self._cond:
+            self._pins[lease] -= 1
+            self._cond.notify_all()
+
+
+
+def _skip(views: list[memoryview], done: int) -> list[memoryview]:
+    """The buffers ``views`` after their first ``done`` bytes."""
+    out = []
+    for v in views:
+        if done >= len(v):
+            done -= len(v)
+            continue
+        out.append(v[done:])
+        done = 0
+    return out

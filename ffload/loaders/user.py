@@ -1,0 +1,82 @@
+"""A pipeline stage that hands each sample to a Python callable: the torchvision, Albumentations
+or PIL transforms a user already has, inside ffload's loader.
+
+Cost, stated plainly: the callable runs once per sample in the worker threads and holds the GIL
+while it runs Python, so these samples are processed one at a time across all workers (C code
+that releases the GIL, such as OpenCV inside Albumentations or torch ops, still overlaps). Put
+the compiled decoders and augmentations first, and the callable only where nothing compiled
+does the job. Randomness inside the callable comes from its own generator: to keep batches
+independent of ``num_workers`` the callable may take a ``seed`` keyword, which this stage fills
+with a per-sample seed derived from ``(seed, epoch, sample)`` like every ffload operation.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .decoders import field_name
+from .operation import Operation, Spec
+from .rng import op_salt, seed_state
+
+INPUTS = ("numpy", "tensor", "pil")
+
+
+class PythonTransform(Operation):
+    """Apply ``fn`` to every sample of a numpy ``(H, W, C)`` (or any per-sample array) stage.
+
+    Args:
+        fn: ``fn(x) -> y`` per sample; it may accept a ``seed`` keyword (a Python int).
+        output_shape: ``y``'s per-sample shape, e.g. ``(224, 224, 3)``.
+        output_dtype: ``y``'s numpy dtype.
+        input_type: what ``fn`` receives: ``'numpy'`` (the ``(H, W, C)`` array, Albumentations' input),
+            ``'tensor'`` (a ``torch.Tensor`` sharing the array's memory, HWC as stored; a torchvision
+            v2 transform wants CHW: permute in ``fn``) or ``'pil'`` (a ``PIL.Image`` of a uint8
+            RGB/L image). ``y`` may be a numpy array, a tensor or a PIL image.
+
+    Raises:
+        ValueError: an unknown ``input_type``. TypeError (declare): the input is already a torch
+            batch. ValueError (call): ``fn`` returned a shape or dtype other than declared (the
+            sample is named by the loader).
+    """
+
+    def __init__(self, fn: Callable, output_shape: Sequence[int], output_dtype=np.uint8, input_type: str = "numpy"):
+        if input_type not in INPUTS:
+            raise ValueError(f"input_type must be one of {INPUTS}, got {input_type!r}")
+        self.fn, self.input_type = fn, input_type
+        self.output_shape, self.output_dtype = tuple(int(d) for d in output_shape), np.dtype(output_dtype)
+        try:
+            self._takes_seed = "seed" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):  # builtins without a signature
+            self._takes_seed = False
+
+    def declare(self, spec, field, view):
+        name = field_name(field, view)
+        if spec is None or spec.on_torch:
+            raise TypeError(f"PythonTransform (field '{name}') runs on numpy samples, before ToTensor; got {spec}")
+        self.salt = op_salt(type(self).__name__, name)
+        self.field_name = name
+        return Spec(self.output_shape, self.output_dtype)
+
+    def _convert_in(self, x: np.ndarray):
+        if self.input_type == "tensor":
+            return torch.from_numpy(x)
+        if self.input_type == "pil":
+            from PIL import Image
+
+            return Image.fromarray(x[..., 0] if x.ndim == 3 and x.shape[2] == 1 else x)
+        return x
+
+    def __call__(self, src, dst, ctx):
+        out = dst[:len(src)]
+        for b in range(len(src)):
+            kwargs = {"seed": int(seed_state(ctx.seeds[b], self.salt))} if self._takes_seed else {}
+            y = self.fn(self._convert_in(src[b]), **kwargs)
+            y = y.numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+            if y.shape != self.output_shape or y.dtype != self.output_dtype:
+                raise ValueError(f"PythonTransform (field '{self.field_name}'): the callable returned "
+                                 f"{y.dtype}{list(y.shape)}, declared {self.output_dtype}{list(self.output_shape)}")
+            out[b] = y
+        return out

@@ -1,0 +1,104 @@
+"""Deep Lake's augmentation stacks, side by side in one run: ffload vs PyTorch DataLoader + PIL
+(the PIL calls torchvision's transforms make) vs DataLoader + OpenCV + Albumentations.
+
+    python scripts/bench_augment.py                  # ~10 min on 2 cores
+    python scripts/bench_augment.py --quick          # one round, fewer images
+    python scripts/bench_augment.py --num-workers 16 # on a many-core machine
+
+Data: the ImageNet-sized JPEG ImageFolder of :mod:`ffload.bench.datasets` (~430 px, ~98 KB at
+q90), converted once to ``photos.beton`` (JPEG payloads as they are; ffload reads it, the
+DataLoader baselines read the folder). Stacks (:data:`ffload.bench.config.DEEPLAKE_STACKS`):
+``dl_simple`` at 128 px and ``dl_complex`` at 256 px, as Deep Lake's benchmark sizes them; all
+peers output normalised float32 ``(B, 3, S, S)`` batches. Each measurement runs in its own
+process; the kinds alternate over ``--repeats`` rounds and the ratios divide medians of this
+run. Goals (issue "more sources, richer fields, augmentations"): ffload >= 3x DataLoader + PIL and
+>= 2x DataLoader + Albumentations, both stacks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from ffload.bench import (
+    BenchConfig,
+    compute_ratios,
+    format_conditions,
+    format_ratios,
+    format_rows,
+    measurement_conditions,
+    run_rounds,
+    summarize,
+)
+from ffload.bench.config import DEEPLAKE_STACKS
+from ffload.bench.datasets import JPEG_QUALITY, build_photo_jpegs
+
+STACKS = {"dl_simple": 128, "dl_complex": 256}
+KINDS = ("ffload", "dataloader_pil", "dataloader_albumentations")
+TARGETS = {("ffload", "dataloader_pil"): (">=", 3.0), ("ffload", "dataloader_albumentations"): (">=", 2.0),
+           ("dataloader_albumentations", "dataloader_pil"): (">=", 0.0)}
+
+
+def prepare(data: str, n_images: int) -> tuple[str, str]:
+    """The photo ImageFolder and its JPEG ``.beton`` in ``data`` (built once, reused)."""
+    from ffload.convert import convert_dataset
+    from ffload.convert.sources import ImageFolderSource
+
+    folder, beton = os.path.join(data, f"photos{n_images}"), os.path.join(data, f"photos{n_images}.beton")
+    if not os.path.isfile(beton):
+        if not os.path.isdir(folder):
+            build_photo_jpegs(folder, n_images)
+        convert_dataset(ImageFolderSource(folder), beton, write_mode="jpg", jpeg_quality=JPEG_QUALITY,
+                        progress=False, overwrite=True)
+    return folder, beton
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="runs/bench_augment_data")
+    ap.add_argument("--out", default="runs/bench_augment")
+    ap.add_argument("--n-images", type=int, default=512)
+    ap.add_argument("--num-workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--quick", action="store_true", help="128 images, one round")
+    args = ap.parse_args()
+    if args.quick:
+        args.n_images, args.repeats = 128, 1
+    t0 = time.perf_counter()
+    os.makedirs(args.data, exist_ok=True)
+    folder, beton = prepare(args.data, args.n_images)
+    env = measurement_conditions()
+    sections = []
+    for pipeline, size in STACKS.items():
+        configs = [BenchConfig(kind=kind, path=beton if kind == "ffload" else folder, pipeline=pipeline,
+                               batch_size=args.batch_size, num_workers=args.num_workers, epochs=args.epochs,
+                               size=size) for kind in KINDS]
+        print(f"== {pipeline} ({size} px): {DEEPLAKE_STACKS[pipeline]}", file=sys.stderr)
+        rows = summarize(run_rounds(configs, args.repeats, args.timeout,
+                                    lambda r: print(f"  {r['name']}: {r.get('img_s') or r.get('error')}",
+                                                    file=sys.stderr)))
+        ratios = compute_ratios(rows, list(TARGETS))
+        sections.append({"pipeline": pipeline, "size": size, "rows": rows, "ratios": ratios,
+                         "table": format_rows(rows), "ratio_table": format_ratios(ratios, TARGETS)})
+    md = ["# Augmentation stacks (Deep Lake's benchmark)", "", format_conditions(env), "",
+          f"{args.n_images} ImageNet-sized JPEGs, {args.num_workers} workers, batch {args.batch_size}, "
+          f"{args.repeats} interleaved round(s) of {args.epochs} epochs; {time.perf_counter() - t0:.0f} s in all.", ""]
+    for s in sections:
+        md += [f"## {s['pipeline']} at {s['size']} px: {DEEPLAKE_STACKS[s['pipeline']]}", "", s["table"], "",
+               s["ratio_table"], ""]
+    text = "\n".join(md)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"environment": env, "sections": sections, "args": vars(args)}, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""The compiled JPEG path against ffcv 1.0.2, side by side on the same ffcv-written .beton files.
+
+    flock /tmp/ffload-bench.lock python scripts/bench_jpeg.py --workers 1,2 --out runs/bench_jpeg
+
+Datasets (written by ffcv's ``DatasetWriter``, ``RGBImageField(write_mode='jpg', jpeg_quality=90)``,
+built in ``--data`` and reused while their parameters match):
+
+* ``cifar_jpg.beton``: ``--cifar-samples`` 32x32 JPEGs, random square crops (30-100 % of the
+  shorter side, INTER_AREA) of the scikit-image / scikit-learn photos.
+* ``photos.beton``: ``--photo-samples`` ImageNet-sized JPEGs: random crops (50-100 % of each side)
+  of the same photos, resized to a longer side drawn from [360, 500] px (mean ~430).
+
+Groups (each measurement in its own subprocess, rounds interleaved, ratios of medians of this run;
+``ffload.bench``'s harness):
+
+1. CIFAR-sized, ``SimpleRGBImageDecoder`` + flip, batch 512, every worker count of ``--workers``.
+2. ImageNet-sized, ``RandomResizedCrop(224)`` + flip, batch 128, with the measured full-decode
+   ceiling (single-thread full-size ``cv2.imdecode`` img/s x workers, and that many threads
+   decoding at once, same run).
+3. ImageNet-sized, ``CenterCrop(224, ratio=224/256)`` + flip, batch 128.
+
+Then a per-image profile of the compiled path (one thread, in this process, CPU time): header,
+scaled and cropped decode, resize (with the fused flip), the whole compiled call, and the process
+CPU time per image of a one-worker Loader (the compiled call plus everything around it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import cv2
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+from ffload.bench import BenchConfig, compute_ratios, format_ratios, format_rows, run_rounds, summarize  # noqa: E402
+
+CIFAR_BATCH, PHOTO_BATCH, CROP, QUALITY = 512, 128, 224, 90
+
+
+def photos() -> list:
+    """The RGB photos of scikit-image and scikit-learn (300..640 px)."""
+    from skimage import data
+    from sklearn.datasets import load_sample_images
+
+    return [data.astronaut(), data.chelsea(), data.coffee(), data.rocket(), *load_sample_images().images]
+
+
+def make_images(n: int, kind: str, seed: int = 0):
+    """``n`` images from :func:`photos` (``kind`` 'cifar': 32x32 crops; 'photos': ~430 px crops)."""
+    rng = np.random.default_rng(seed)
+    src = photos()
+    for k in range(n):
+        p = src[k % len(src)]
+        h, w = p.shape[:2]
+        if kind == "cifar":
+            c = int(min(h, w) * rng.uniform(0.3, 1.0))
+            y, x = int(rng.integers(0, h - c + 1)), int(rng.integers(0, w - c + 1))
+            yield cv2.resize(p[y:y + c, x:x + c], (32, 32), interpolation=cv2.INTER_AREA), k % 10
+        else:
+            ch, cw = int(h * rng.uniform(0.5, 1.0)), int(w * rng.uniform(0.5, 1.0))
+            y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+            r = int(rng.integers(360, 501)) / max(ch, cw)
+            size = (max(1, round(cw * r)), max(1, round(ch * r)))
+            crop = p[y:y + ch, x:x + cw]
+            yield cv2.resize(crop, size, interpolation=cv2.INTER_AREA if r < 1 else cv2.INTER_CUBIC), k % 10
+
+
+class _Images:
+    """An indexable ``(image, label)`` dataset for ffcv's writer."""
+
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def write_beton(path: str, n: int, kind: str) -> None:
+    """Write ``n`` images of ``kind`` with ffcv's own writer (JPEG q90, label IntField)."""
+    from ffcv.fields import IntField, RGBImageField
+    from ffcv.writer import DatasetWriter
+
+    writer = DatasetWriter(path, {"image": RGBImageField(write_mode="jpg", jpeg_quality=QUALITY),
+                                  "label": IntField()}, num_workers=2)
+    writer.from_indexed_dataset(_Images(make_images(n, kind)), chunksize=256)
+
+
+def prepare(data: str, n_cifar: int, n_photos: int) -> dict:
+    params = {"cifar": n_cifar, "photos": n_photos, "quality": QUALITY, "version": 1}
+    marker = os.path.join(data, "bench_jpeg.json")
+    paths = {"cifar": os.path.join(data, "cifar_jpg.beton"), "photos": os.path.join(data, "photos.beton")}
+    if os.path.isfile(marker) and json.load(open(marker)) == params:
+        return paths
+    os.makedirs(data, exist_ok=True)
+    write_beton(paths["cifar"], n_cifar, "cifar")
+    write_beton(paths["photos"], n_photos, "photos")
+    with open(marker, "w") as f:
+        json.dump(params, f)
+    return paths
+
+
+def profile(path: str, n: int = 512) -> dict:
+    """Per-image CPU microseconds of the compiled RandomResizedCrop(224) path, one thread: header,
+    scaled + cropped decode, resize (the rest of ``decode_rows``), and a full-size decode of the
+    same bytes for reference."""
+    from numba import njit
+
+    from ffload.formats import open_dataset
+    from ffload.loaders import jpeg
+    from ffload.loaders import turbojpeg as tj
+    from ffload.loaders.crops import random_resized_crop_boxes
+    from ffload.loaders.rng import op_salt, sample_seeds
+
+    @njit(nogil=True)
+    def headers(handle, region, ptrs, sizes, indices):
+        total = 0
+        for s in indices:
+            jpeg._header(handle, region.ctypes.data + np.uint64(ptrs[s]), sizes[s])
+            total += jpeg._get(handle, tj.TJPARAM_JPEGWIDTH)
+        return total
+
+    @njit(nogil=True)
+    def decodes(handle, region, ptrs, sizes, indices, heights, widths, boxes, scratch):
+        for b in range(indices.shape[0]):  # as jpeg._decode_jpeg, without the resize
+            s = indices[b]
+            buf = region.ctypes.data + np.uint64(ptrs[s])
+            jpeg._header(handle, buf, sizes[s])
+            sub = jpeg._get(handle, tj.TJPARAM_SUBSAMP)
+            m, y0, x0, y1, x1 = jpeg.scaled_box(boxes[b, 0], boxes[b, 1], boxes[b, 2], boxes[b, 3],
+                                                np.int64(heights[s]), np.int64(widths[s]), 224, 224)
+            num, den = m, 8
+            while num % 2 == 0 and den > 1:
+                num //= 2
+                den //= 2
+            jpeg._scale(handle, tj.pack2(num, den))
+            mcu = (jpeg._MCU_WIDTH[sub] * m + 7) // 8
+            xa = (x0 // mcu) * mcu
+            jpeg._crop(handle, tj.pack2(xa, y0), tj.pack2(x1 - xa, y1 - y0))
+            jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, (x1 - xa) * 3, tj.TJPF_RGB)
+
+    view = open_dataset(path)
+    region = np.asarray(view.open_region())
+    meta = view.metadata["image"]
+    ptrs, sizes = view.ptrs["image"], view.sizes["image"]
+    idx = np.arange(min(n, view.num_samples), dtype=np.int64)
+    boxes = np.empty((len(idx), 4), np.int64)
+    random_resized_crop_boxes(idx, meta["height"], meta["width"], sample_seeds(0, 0, idx), op_salt("p"),
+                              0.08, 1.0, 3 / 4, 4 / 3, boxes)
+    handle = jpeg.thread_handle()
+    scratch = np.empty(int((meta["height"].astype(np.int64) * meta["width"]).max()) * 3, np.uint8)
+    out = np.empty((len(idx), CROP, CROP, 3), np.uint8)
+
+    def best(fn, reps=5):  # CPU seconds of this thread: robust to other processes on the machine
+        fn()
+        times = []
+        for _ in range(reps):
+            t = time.thread_time()
+            fn()
+            times.append(time.thread_time() - t)
+        return min(times) / len(idx) * 1e6
+
+    t_header = best(lambda: headers(handle, region, ptrs, sizes, idx))
+    t_decode = best(lambda: decodes(handle, region, ptrs, sizes, idx, meta["height"], meta["width"], boxes, scratch))
+    t_all = best(lambda: jpeg.decode_batch(idx, meta, ptrs, sizes, region, boxes, np.zeros(len(idx), np.bool_),
+                                           out, 0))
+    payloads = [region[int(ptrs[i]):int(ptrs[i]) + int(sizes[i])] for i in idx]
+    cv2.setNumThreads(1)
+    t_full = best(lambda: [cv2.imdecode(p, cv2.IMREAD_COLOR_RGB) for p in payloads], reps=3)
+    return {"header_us": t_header, "decode_us": t_decode - t_header, "resize_us": t_all - t_decode,
+            "compiled_total_us": t_all, "loader_cpu_us": loader_cpu(path), "full_decode_us": t_full}
+
+
+def loader_cpu(path: str, epochs: int = 3) -> float:
+    """Process CPU microseconds per image of a one-worker ``ffload.Loader`` running the benchmark's
+    RandomResizedCrop(224) + flip pipeline (best epoch after a warm-up one): the compiled call
+    plus everything the loader does around it (boxes, flips, batching, tensors)."""
+    import ffload
+    import ffload.loaders as ops
+    from ffload.bench import BenchConfig
+    from ffload.bench.pipelines import build_pipelines
+
+    cfg = BenchConfig(kind="ffload", path=path, pipeline="rrc", batch_size=PHOTO_BATCH, num_workers=1,
+                      epochs=epochs, size=CROP)
+    loader = ffload.Loader(path, batch_size=PHOTO_BATCH, num_workers=1, order="random", os_cache=True,
+                           pipelines=build_pipelines(cfg, {n: getattr(ops, n) for n in ops.__all__}))
+    times = []
+    for _ in range(epochs + 1):
+        t = time.process_time()
+        for _batch in loader:
+            pass
+        times.append(time.process_time() - t)
+    loader.close()
+    return min(times[1:]) / len(loader.indices) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", default="1,2", help="comma-separated num_workers list (default 1,2)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
+    ap.add_argument("--epochs", type=int, default=4, help="epochs per run (epoch 0 excluded)")
+    ap.add_argument("--cifar-samples", type=int, default=50000)
+    ap.add_argument("--photo-samples", type=int, default=1536)
+    ap.add_argument("--data", default="/tmp/bench_jpeg_data", help="dataset folder (kept, reused)")
+    ap.add_argument("--out", default="runs/bench_jpeg", help="results.md and results.json go here")
+    ap.add_argument("--groups", default="cifar,rrc,center", help="subset of cifar,rrc,center")
+    ap.add_argument("--timeout", type=float, default=900)
+    args = ap.parse_args()
+    workers = [int(w) for w in args.workers.split(",")]
+    from ffload.loaders import jpeg
+
+    paths = prepare(args.data, args.cifar_samples, args.photo_samples)
+    md = [f"# bench_jpeg: ffload (JPEG backend: {jpeg.backend()}) vs ffcv 1.0.2", "",
+          f"{len(os.sched_getaffinity(0))} CPUs; workers {workers}; {args.repeats} interleaved rounds, "
+          f"{args.epochs} epochs per run; command: `{' '.join(sys.argv)}`", ""]
+    plan = {"cifar": ("CIFAR-sized JPEG 32x32 q90, SimpleRGBImageDecoder + flip", paths["cifar"], "simple",
+                      CIFAR_BATCH, ["ffload", "ffcv"]),
+            "rrc": ("ImageNet-sized JPEG q90, RandomResizedCrop(224) + flip", paths["photos"], "rrc",
+                    PHOTO_BATCH, ["ffload", "ffcv", "decode_ceiling"]),
+            "center": ("ImageNet-sized JPEG q90, CenterCrop(224) + flip", paths["photos"], "center",
+                       PHOTO_BATCH, ["ffload", "ffcv"])}
+    report = {}
+    for key in args.groups.split(","):
+        title, path, pipeline, batch, kinds = plan[key]
+        configs = [BenchConfig(kind=k, path=path, pipeline=pipeline, batch_size=batch, num_workers=w,
+                               epochs=args.epochs, size=CROP, name="decode ceiling" if k == "decode_ceiling" else k)
+                   for w in workers for k in kinds]
+        print(f"== {title}", file=sys.stderr)
+        results = run_rounds(configs, args.repeats, args.timeout, lambda r: print(
+            f"  {r['name']} {r['config']['num_workers']}w: {r.get('img_s', r.get('error'))}", file=sys.stderr))
+        rows = summarize(results)
+        pairs = [("ffload", "ffcv"), ("ffload", "decode ceiling"), ("ffload", "decode ceiling (threads)")]
+        ratios = compute_ratios(rows, pairs)
+        by_w = {r["num_workers"]: r["img_s"] for r in rows if r["name"] == "ffload"}
+        scaling = {f"{w}w / {workers[0]}w": by_w[w] / by_w[workers[0]] for w in workers[1:]
+                   if by_w.get(w) and by_w.get(workers[0])}
+        md += [f"## {title}", "", format_rows(rows), "", format_ratios(ratios), "",
+               "ffload scaling: " + (", ".join(f"{k} = {v:.2f}" for k, v in scaling.items()) or "-"), ""]
+        report[key] = {"rows": rows, "ratios": ratios, "scaling": scaling}
+    prof = profile(paths["photos"])
+    report["profile"] = prof
+    md += ["## Per-image profile, RandomResizedCrop(224), one thread (microseconds)", "",
+           "| header | scaled+cropped decode | resize | compiled total | loader CPU (1 worker) | full-size cv2.imdecode |",
+           "|---|---|---|---|---|---|",
+           f"| {prof['header_us']:.0f} | {prof['decode_us']:.0f} | {prof['resize_us']:.0f} | "
+           f"{prof['compiled_total_us']:.0f} | {prof['loader_cpu_us']:.0f} | {prof['full_decode_us']:.0f} |", ""]
+    text = "\n".join(md)
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(report, f, indent=2, default=str)
+
+
+if __name__ == "__main__":
+    main()

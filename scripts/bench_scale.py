@@ -1,0 +1,431 @@
+"""Loading a dataset larger than RAM from a cold disk: ffload vs ffcv 1.0.2 vs the disk itself.
+
+    # with ffload importable (pip install -e . or PYTHONPATH=.); cases run in child processes
+    flock /tmp/ffload-bench.lock python scripts/bench_scale.py                   # > RAM (slow)
+    flock /tmp/ffload-bench.lock python scripts/bench_scale.py --size-gb 4 --seconds 40
+    python scripts/bench_scale.py --data big.beton --num-workers 16 --keep       # a given file
+
+1. Dataset: raw 256x256 RGB images (192 KiB each, as ImageNet at 256 px stored raw), labels
+   equal to the sample index, and the index stamped in each image's first 8 bytes, written by
+   ``ffload.formats.write_dataset`` (8 MiB pages) in ``--dir``; ``--size-gb`` defaults to 1.25x
+   this machine's RAM. It is deleted at the end unless ``--keep`` (a ``--data`` file is kept).
+2. The disk's own limits on that file, in the same run: random reads of one sample's size
+   (``O_DIRECT``, 1, 4 and 16 in flight, one thread each) and sequential 8 MiB reads.
+3. Optional (``--readahead-probe``): how fast random samples are read through a memory map with
+   no prefetch, ``posix_fadvise(WILLNEED)``, ``madvise(MADV_WILLNEED)`` or ``preadv`` from 16
+   threads issued first (the choice documented in ``ffload/loaders/readahead.py``).
+   ``--cache-probe``: ffload's ``os_cache=False`` cache alone (``prepare``/``release`` of the
+   QUASI_RANDOM batches, no decoding), page pool vs block cache, twice each, cold each time.
+4. ffload and ffcv, each in RANDOM and QUASI_RANDOM x ``os_cache`` True/False, each in a fresh
+   process, page cache dropped first (``sync; echo 3 > /proc/sys/vm/drop_caches``: needs root;
+   the script checks that ``Cached`` fell and says when it could not drop), batch 256, decoder
+   ``SimpleRGBImageDecoder`` + ``ToTensor``, for up to ``--seconds`` after the first batch (or one
+   epoch). ``--lmdb``: ffload also on an LMDB copy of the same samples (rows ``ffload-lmdb``,
+   whose ratio is against ffload on the ``.beton``). Every batch is checked: stamp == label,
+   and for ffload the indices are exactly ``loader.epoch_order(0)``; for ffcv no sample twice.
+
+Prints img/s, MiB/s, peak RSS (``ru_maxrss`` of the case's process; with ``os_cache=True`` it
+counts the page-cache pages the process mapped, which the kernel reclaims), the ratio to ffcv in the
+same cell, and to the disk limit (random cases: the 16-in-flight random rate; quasi-random: the
+sequential rate); writes ``results.md``, ``results.json`` and ``throughput.png`` to ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+SIDE = 256
+SAMPLE = SIDE * SIDE * 3  # bytes of one raw image
+MIB = 1 << 20
+
+
+# ------------------------------------------------------------------ dataset
+def build_dataset(path: str, size_bytes: int) -> int:
+    """Write ``size_bytes // SAMPLE`` stamped raw images to ``path``; returns the count."""
+    from ffload.formats import IntField, RGBImageField, write_dataset
+
+    n = max(1, size_bytes // SAMPLE)
+    pool = np.random.default_rng(0).integers(0, 256, 64 * MIB, dtype=np.uint8)
+
+    def samples():
+        for i in range(n):
+            start = (i * 7919 * 4096) % (pool.size - SAMPLE)
+            image = pool[start:start + SAMPLE].copy()
+            image[:8] = np.frombuffer(np.int64(i).tobytes(), np.uint8)
+            yield image.reshape(SIDE, SIDE, 3), i
+
+    write_dataset(path, {"image": RGBImageField(write_mode="raw"), "label": IntField()},
+                  samples(), n)
+    return n
+
+
+# --------------------------------------------------------------- page cache
+def cached_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Cached:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def drop_caches(data_path: str) -> str:
+    """Drop the page cache (root) and say whether it worked; otherwise evict the data file's
+    pages with ``POSIX_FADV_DONTNEED`` (works for clean pages without root)."""
+    before = cached_bytes()
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        dropped = True
+    except OSError:
+        dropped = False
+    fd = os.open(data_path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    after = cached_bytes()
+    how = "drop_caches" if dropped else "fadvise(DONTNEED) only (drop_caches not permitted)"
+    return f"{how}: Cached {before / 2**30:.1f} -> {after / 2**30:.1f} GiB"
+
+
+# --------------------------------------------------------------- disk limits
+def _direct_reader(path, offsets, size, out, stop):
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    buf = mmap.mmap(-1, size)
+    done = 0
+    try:
+        for off in offsets:
+            if stop[0] < time.perf_counter():
+                break
+            done += os.preadv(fd, [buf], int(off))
+    finally:
+        os.close(fd)
+        buf.close()
+    out.append(done)
+
+
+def disk_rate(path: str, data_size: int, size: int, in_flight: int, seconds: float,
+              sequential: bool = False) -> float:
+    """MiB/s of ``O_DIRECT`` reads of ``size`` bytes, ``in_flight`` threads, for ``seconds``."""
+    span = (data_size - size) // 4096
+    rng = np.random.default_rng(in_flight)
+    out, threads = [], []
+    stop = [time.perf_counter() + seconds]
+    for _ in range(in_flight):
+        if sequential:
+            start = rng.integers(0, max(1, span)) * 4096
+            offsets = (start + np.arange(data_size // size) * size) % (data_size - size)
+            offsets -= offsets % 4096
+        else:
+            offsets = rng.integers(0, span, 200_000) * 4096
+        threads.append(threading.Thread(target=_direct_reader, args=(path, offsets, size, out, stop)))
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(out) / MIB / (time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------ cache path alone
+def cache_probe(path: str, kind: str, limit: int, batch_size: int, workers: int,
+                seconds: float) -> float:
+    """MiB/s of samples made resident by ffload's ``os_cache=False`` cache alone: ``prepare`` +
+    ``release`` of each batch of the QUASI_RANDOM epoch, in order from ``workers`` threads, no
+    decoding and no read-ahead, for up to ``seconds``. ``kind``: ``"pool"`` (the page pool) or
+    ``"blocks"`` (the 64 KiB block cache, which gives evicted memory back)."""
+    import concurrent.futures
+
+    import ffload
+    from ffload.loaders.memory import ProcessCacheMemory
+    from ffload.loaders.pagepool import PagePoolMemory
+
+    with ffload.Loader(path, batch_size=batch_size, order="quasi_random", read_ahead=0) as loader:
+        order, view = loader.epoch_order(0), loader.view
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    memory = (PagePoolMemory(view, ["image"], limit, batch_size) if kind == "pool" else
+              ProcessCacheMemory(view, ["image"], limit, batch_size, whole_pages=True))
+    memory.schedule(batches, 0)
+    t0 = time.perf_counter()
+
+    def one(k):
+        if time.perf_counter() - t0 > seconds:
+            return 0
+        memory.release(memory.prepare(batches[k], k))
+        return len(batches[k])
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        done = sum(pool.map(one, range(len(batches))))
+    rate = done * SAMPLE / MIB / (time.perf_counter() - t0)
+    memory.close()
+    return rate
+
+
+# ------------------------------------------------------ read-ahead mechanisms
+def readahead_probe(path: str, ptrs: np.ndarray, mechanism: str, count: int) -> float:
+    """MiB/s reading ``count`` random samples through a memory map after prefetching them all
+    with ``mechanism`` (cold cache; prefetch and touch both timed)."""
+    import concurrent.futures
+
+    picks = np.random.default_rng(7).choice(len(ptrs), count, replace=False)
+    fd = os.open(path, os.O_RDONLY)
+    region = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    view = np.frombuffer(region, np.uint8)
+    t0 = time.perf_counter()
+    if mechanism == "fadvise":
+        for p in ptrs[picks]:
+            os.posix_fadvise(fd, int(p), SAMPLE, os.POSIX_FADV_WILLNEED)
+    elif mechanism == "madvise":
+        for p in ptrs[picks]:
+            start = int(p) - int(p) % mmap.PAGESIZE
+            region.madvise(mmap.MADV_WILLNEED, start, int(p) + SAMPLE - start)
+    elif mechanism == "preadv16":
+        def read(p, buf=threading.local()):
+            if not hasattr(buf, "b"):
+                buf.b = bytearray(SAMPLE)
+            os.preadv(fd, [buf.b], int(p))
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(read, ptrs[picks]))
+    total = 0
+    for p in ptrs[picks]:
+        total += int(view[int(p):int(p) + SAMPLE:4096].sum())  # touch every page
+    seconds = time.perf_counter() - t0
+    del view
+    region.close()
+    os.close(fd)
+    return count * SAMPLE / MIB / seconds
+
+
+# -------------------------------------------------------------- one case
+def run_case(args) -> dict:
+    """In a fresh process: one loader, one order, one os_cache; returns the measurement."""
+    import torch  # noqa: F401  (both loaders import it; keep it out of the timing)
+
+    t_open = time.perf_counter()
+    if args.loader == "ffload":
+        import ffload
+        loader = ffload.Loader(args.data, batch_size=args.batch_size, num_workers=args.num_workers,
+                               order=args.order, os_cache=args.os_cache,
+                               cache_limit=args.cache_limit_gb and int(args.cache_limit_gb * 2**30))
+        expected = loader.epoch_order(0)
+    else:
+        from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
+        from ffcv.loader import Loader, OrderOption
+        from ffcv.transforms import ToTensor
+        loader = Loader(args.data, batch_size=args.batch_size, num_workers=args.num_workers,
+                        order=OrderOption[args.order.upper()], os_cache=args.os_cache,
+                        pipelines={"image": [SimpleRGBImageDecoder(), ToTensor()],
+                                   "label": [IntDecoder(), ToTensor()]})
+        expected = None
+    seen = 0
+    stamps_ok = True
+    visited = []
+    start = None
+    for k, (images, labels) in enumerate(loader):
+        flat = images.reshape(images.shape[0], -1)[:, :8].numpy().copy().view(np.int64)[:, 0]
+        labels = labels.reshape(-1).numpy()
+        stamps_ok &= bool(np.array_equal(flat, labels))
+        if expected is not None:
+            stamps_ok &= bool(np.array_equal(labels, expected[k * args.batch_size:
+                                                            k * args.batch_size + len(labels)]))
+        visited.append(labels.copy())
+        if start is None:
+            start, first = time.perf_counter(), time.perf_counter() - t_open
+            continue
+        seen += len(labels)
+        if time.perf_counter() - start > args.seconds:
+            break
+    seconds = time.perf_counter() - start
+    visited = np.concatenate(visited)
+    stamps_ok &= len(np.unique(visited)) == len(visited)
+    del loader
+    return {"img_s": seen / seconds, "mib_s": seen * SAMPLE / MIB / seconds,
+            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "samples": int(len(visited)), "first_batch_s": first, "correct": bool(stamps_ok)}
+
+
+def spawn_case(script_args, loader, order, os_cache, data=None) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--case", loader, order, str(int(os_cache)),
+           "--data", data or script_args.data, "--batch-size", str(script_args.batch_size),
+           "--num-workers", str(script_args.num_workers), "--seconds", str(script_args.seconds)]
+    if script_args.cache_limit_gb:
+        cmd += ["--cache-limit-gb", str(script_args.cache_limit_gb)]
+    out = subprocess.run(cmd, capture_output=True, text=True,
+                         timeout=script_args.seconds * 4 + 600)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"exit {out.returncode}: {tail[0][:160]}"}
+    return json.loads(lines[-1])
+
+
+# ------------------------------------------------------------------- report
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def report(results, disk, note, out_dir) -> str:
+    lines = [f"# bench_scale: {note}", "",
+             "| disk (O_DIRECT) and probes | MiB/s |", "|---|---|"]
+    lines += [f"| {k} | {v:.0f} |" for k, v in disk.items()]
+    lines += ["", "(vs ffcv: ffload-lmdb rows are against ffload on the .beton)", "",
+              "| loader | order | os_cache | img/s | MiB/s | peak RSS GiB | vs ffcv | vs disk "
+              "| first batch s | samples | correct |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (loader, order, os_cache), r in results.items():
+        if "error" in r:
+            lines.append(f"| {loader} | {order} | {os_cache} | {r['error']} |")
+            continue
+        peer = results.get(("ffcv", order, os_cache), {}).get("mib_s")
+        if loader == "ffload-lmdb":  # LMDB against the same loader on the .beton
+            peer = results.get(("ffload", order, os_cache), {}).get("mib_s")
+        limit = disk.get("random x16") if order == "random" else disk.get("sequential")
+        lines.append(f"| {loader} | {order} | {os_cache} | {r['img_s']:.0f} | {r['mib_s']:.0f} "
+                     f"| {r['peak_rss_gib']:.2f} | {ratio(r['mib_s'], peer) if loader != 'ffcv' else '-'} "
+                     f"| {ratio(r['mib_s'], limit)} | {r['first_batch_s']:.1f} | {r['samples']} "
+                     f"| {r['correct']} |")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"note": note, "disk": disk,
+                   "cases": [{"loader": k[0], "order": k[1], "os_cache": k[2], **v}
+                             for k, v in results.items()]}, f, indent=1)
+    plot(results, disk, os.path.join(out_dir, "throughput.png"))
+    return text
+
+
+def plot(results, disk, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k, v in results.items() if "mib_s" in v]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    labels = [f"{k[0]}\n{k[1]}\nos_cache={k[2]}" for k in keys]
+    ax.bar(range(len(keys)), [results[k]["mib_s"] for k in keys],
+           color=["tab:blue" if k[0] == "ffload" else "tab:orange" for k in keys])
+    for name, style in (("random x16", "--"), ("sequential", ":")):
+        if name in disk:
+            ax.axhline(disk[name], linestyle=style, color="k", label=f"disk {name}")
+    ax.set_xticks(range(len(keys)), labels, fontsize=7)
+    ax.set_ylabel("MiB/s (cold cache)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", help="an existing stamped .beton to use (kept)")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to build the dataset")
+    parser.add_argument("--size-gb", type=float, default=None,
+                        help="dataset size in GiB (default: 1.25x RAM)")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--num-workers", type=int, default=os.cpu_count())
+    parser.add_argument("--seconds", type=float, default=60.0, help="time limit per case")
+    parser.add_argument("--disk-seconds", type=float, default=4.0)
+    parser.add_argument("--loaders", default="ffload,ffcv")
+    parser.add_argument("--orders", default="random,quasi_random")
+    parser.add_argument("--os-cache", default="true,false", help="os_cache values to run")
+    parser.add_argument("--cache-limit-gb", type=float, default=None,
+                        help="ffload's cache_limit with os_cache=False (default: the loader's)")
+    parser.add_argument("--readahead-probe", action="store_true")
+    parser.add_argument("--cache-probe", action="store_true",
+                        help="time ffload's os_cache=False cache alone: page pool vs block cache")
+    parser.add_argument("--keep", action="store_true", help="keep the dataset built here")
+    parser.add_argument("--lmdb", action="store_true",
+                        help="also run ffload on an LMDB copy (built next to the .beton, kept "
+                             "as the .beton is)")
+    parser.add_argument("--out", default="runs/bench_scale")
+    parser.add_argument("--case", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.case:
+        args.loader, args.order, args.os_cache = args.case[0], args.case[1], args.case[2] == "1"
+        print(json.dumps(run_case(args)), flush=True)
+        return
+
+    os.makedirs(args.out, exist_ok=True)
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    built = None
+    if args.data is None:
+        size = int((args.size_gb or 1.25 * ram / 2**30) * 2**30)
+        built = args.data = os.path.join(args.dir, f"bench_scale_{size >> 20}MiB.beton")
+        t0 = time.perf_counter()
+        n = build_dataset(built, size)
+        print(f"built {built}: {n} samples, {os.path.getsize(built) / 2**30:.1f} GiB in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+    lmdb_built = None
+    if args.lmdb:
+        args.lmdb = os.path.splitext(args.data)[0] + ".lmdb"
+        if not os.path.exists(args.lmdb):
+            t0 = time.perf_counter()
+            from ffload.formats import open_dataset
+            n = build_dataset(args.lmdb, open_dataset(args.data).num_samples * SAMPLE)
+            lmdb_built = args.lmdb if built is not None and not args.keep else None
+            print(f"built {args.lmdb}: {n} samples in {time.perf_counter() - t0:.0f} s", flush=True)
+    try:
+        from ffload.formats import open_dataset
+        view = open_dataset(args.data)
+        ptrs = view.ptrs["image"].astype(np.int64)
+        note = (f"{view.num_samples} samples, {os.path.getsize(args.data) / 2**30:.1f} GiB "
+                f"(RAM {ram / 2**30:.1f} GiB), batch {args.batch_size}, {args.num_workers} workers, "
+                f"{os.cpu_count()} CPUs, <= {args.seconds:.0f} s per case")
+        print(note, flush=True)
+        disk = {}
+        for depth in (1, 4, 16):
+            drop_caches(args.data)
+            disk[f"random x{depth}"] = disk_rate(args.data, view.data_size, SAMPLE, depth,
+                                                 args.disk_seconds)
+        disk["sequential"] = disk_rate(args.data, view.data_size, 8 * MIB, 1, args.disk_seconds,
+                                       sequential=True)
+        print("disk:", {k: round(v) for k, v in disk.items()}, flush=True)
+        if args.readahead_probe:
+            for mechanism in ("none", "fadvise", "madvise", "preadv16"):
+                print(drop_caches(args.data))
+                rate = readahead_probe(args.data, ptrs, mechanism, min(2000, len(ptrs)))
+                disk[f"mmap after {mechanism}"] = rate
+                print(f"read-ahead probe {mechanism}: {rate:.0f} MiB/s", flush=True)
+        if args.cache_probe:
+            limit = int((args.cache_limit_gb or 4) * 2**30)
+            for round_, kind in enumerate(("blocks", "pool") * 2):
+                print(drop_caches(args.data))
+                rate = cache_probe(args.data, kind, limit, args.batch_size, args.num_workers,
+                                   args.seconds)
+                disk[f"cache path {kind} #{round_ // 2 + 1}"] = rate
+                print(f"cache probe {kind}: {rate:.0f} MiB/s", flush=True)
+        results = {}
+        for order in args.orders.split(","):
+            for os_cache in [v.strip().lower() == "true" for v in args.os_cache.split(",")]:
+                for loader in args.loaders.split(",") + (["ffload-lmdb"] if args.lmdb else []):
+                    how = drop_caches(args.data)
+                    if loader == "ffload-lmdb":
+                        r = spawn_case(args, "ffload", order, os_cache, data=args.lmdb)
+                    else:
+                        r = spawn_case(args, loader, order, os_cache)
+                    results[(loader, order, os_cache)] = r
+                    print(f"{loader:6s} {order:12s} os_cache={os_cache!s:5s} {how} -> {r}",
+                          flush=True)
+        print(report(results, disk, note, args.out))
+    finally:
+        if lmdb_built is not None:
+            shutil.rmtree(lmdb_built)
+        if built is not None and not args.keep:
+            os.remove(built)
+            print(f"deleted {built}")
+        elif built is not None:
+            print(f"kept {built}")
+
+
+if __name__ == "__main__":
+    main()

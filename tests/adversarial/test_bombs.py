@@ -1,0 +1,142 @@
+"""Decompression bombs: a small file whose header declares a huge image is refused from its header,
+before anything is decoded, naming the file (conversion) or the sample (open, verify, inspect)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+import ffload
+from ffload.convert.images import check_pixels, decode_image_bytes, header_size, load_image
+from ffload.convert.sources import ImageFolderSource
+from ffload.errors import FormatError, ImageBombError
+from ffload.formats import IntField, RGBImageField, open_dataset, write_dataset
+from ffload.limits import DEFAULT_MAX_PIXELS
+
+FFLOAD = [sys.executable, "-m", "ffload.cli"]
+
+
+def _png_bomb(width: int, height: int) -> bytes:
+    """A valid-looking gray PNG declaring ``width x height`` with a few bytes of deflate data."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 4096))
+            + chunk(b"IEND", b""))
+
+
+def _jpeg_declaring(width: int, height: int) -> bytes:
+    import cv2
+    data = bytearray(cv2.imencode(".jpg", np.zeros((8, 8, 3), np.uint8))[1].tobytes())
+    sof = data.find(b"\xff\xc0")
+    data[sof + 5:sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("ext", [".jpg", ".png", ".bmp", ".webp", ".tif"])
+def test_header_size_of_every_format_matches_the_image(ext):
+    import cv2
+    data = cv2.imencode(ext, np.zeros((37, 53, 3), np.uint8))[1].tobytes()
+    fmt = {".jpg": "JPEG", ".png": "PNG", ".bmp": "BMP", ".webp": "WebP", ".tif": "TIFF"}[ext]
+    assert header_size(data, fmt, "x") == (37, 53)
+
+
+def test_png_bomb_is_refused_from_its_header_naming_the_file(tmp_path):
+    path = tmp_path / "bomb.png"
+    path.write_bytes(_png_bomb(30000, 30000))
+    with pytest.raises(ImageBombError, match=r"bomb\.png: 30000x30000 image \(900,000,000 pixels\)"):
+        load_image(path)
+
+
+def test_jpeg_bomb_is_refused_and_a_raised_limit_lets_a_small_image_through():
+    with pytest.raises(ImageBombError, match="60000x60000"):
+        decode_image_bytes(_jpeg_declaring(60000, 60000), "big.jpg")
+    assert decode_image_bytes(_jpeg_declaring(8, 8), "ok.jpg", max_pixels=64).shape == (8, 8, 3)
+    with pytest.raises(ImageBombError, match="ok.jpg"):
+        decode_image_bytes(_jpeg_declaring(8, 8), "ok.jpg", max_pixels=63)
+
+
+def test_above_half_the_limit_warns_naming_the_file(caplog):
+    with caplog.at_level(logging.WARNING, logger="ffload.convert.images"):
+        check_pixels(100, 100, 15_000, "large.png")
+        check_pixels(100, 100, 20_000, "fine.png")
+    assert "large.png: large image, 100x100" in caplog.text and "fine.png" not in caplog.text
+    assert DEFAULT_MAX_PIXELS == 2 * 89_478_485  # Pillow's MAX_IMAGE_PIXELS, doubled
+
+
+def test_convert_refuses_the_bomb_naming_the_file_and_max_pixels_changes_it(tmp_path):
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "bomb.png").write_bytes(_png_bomb(30000, 30000))
+    import cv2
+    cv2.imwrite(str(root / "a" / "ok.png"), np.zeros((40, 40, 3), np.uint8))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([*FFLOAD, "convert", str(root), str(tmp_path / "o.beton"), "--quiet", "--num-workers", "0"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 1 and "bomb.png" in run.stderr and "30000x30000" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "o.beton").exists()
+    run = subprocess.run([*FFLOAD, "convert", str(root), str(tmp_path / "o.beton"), "--quiet", "--num-workers", "0",
+                          "--on-error", "skip", "--json", "--max-pixels", "1600"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)  # ok.png is 40x40 = 1,600 pixels: exactly at the limit, allowed
+    assert report["samples"] == 1 and [s["input"] for s in report["skipped"]] == [str(root / "a" / "bomb.png")]
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_open_refuses_metadata_declaring_a_huge_image_naming_the_sample(tmp_path, suffix, monkeypatch):
+    path = str(tmp_path / f"d{suffix}")
+    images = [np.zeros((4, 4, 3), np.uint8) for _ in range(3)]
+    write_dataset(path, {"image": RGBImageField("raw"), "label": IntField()}, [(im, 0) for im in images], 3)
+    view = open_dataset(path)
+    view.metadata["image"]["height"][1] = 60000  # what a hostile header would say
+    view.metadata["image"]["width"][1] = 60000
+    import ffload.formats as formats
+    monkeypatch.setattr(formats, "open_beton", lambda p: view)
+    monkeypatch.setattr(formats, "open_lmdb", lambda p: view)
+    with pytest.raises(FormatError, match=r"sample 1, field 'image'.*60000x60000"):
+        open_dataset(path)
+    with pytest.raises(FormatError, match="sample 1"):
+        ffload.Loader(path, batch_size=2, num_workers=1)
+    assert open_dataset(path, max_pixels=None) is view
+
+
+def test_verify_and_inspect_refuse_a_beton_whose_metadata_declares_a_huge_image(tmp_path):
+    path = str(tmp_path / "d.beton")
+    images = [np.zeros((4, 4, 3), np.uint8) for _ in range(3)]
+    write_dataset(path, {"image": RGBImageField("raw"), "label": IntField()}, [(im, 0) for im in images], 3)
+    view = open_dataset(path)
+    # patch the metadata table in the file: find sample 2's (height, width) uint16 pair after the header
+    table = view.metadata.tobytes()
+    raw = bytearray(open(path, "rb").read())
+    at = raw.find(table)
+    assert at > 0
+    patched = view.metadata.copy()
+    patched["image"]["height"][2] = 65535
+    patched["image"]["width"][2] = 65535
+    raw[at:at + len(table)] = patched.tobytes()
+    open(path, "wb").write(bytes(raw))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    for command in (["verify", path, "--quiet"], ["inspect", path, "--grid", str(tmp_path / "g.png")]):
+        run = subprocess.run([*FFLOAD, *command], capture_output=True, text=True, env=env, timeout=120)
+        assert run.returncode == 1 and "sample 2" in run.stderr and "65535x65535" in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr
+
+
+def test_image_folder_source_passes_its_limit_to_the_decoder(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.png").write_bytes(_png_bomb(20, 20))
+    src = ImageFolderSource(tmp_path, max_pixels=100)
+    with pytest.raises(ImageBombError, match="x.png"):
+        src[0]
+    src.max_pixels = None
+    image, label = src[0]
+    assert image.shape == (20, 20, 3) and label == 0
+

@@ -1,0 +1,222 @@
+"""The bounded process cache (``os_cache=False``) and the deep read-ahead, on files several
+times larger than the cache (issue 10, parts 1 and 2). No timing: the cache's own counters, the
+kernel's resident-page count of its mapping, and the recorded ``posix_fadvise`` ranges."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import ffload
+from ffload.formats import BytesField, NDArrayField, open_dataset, write_dataset
+from ffload.loaders.memory import CACHE_BLOCK, ProcessCacheMemory, batch_blocks, payload_columns
+from ffload.loaders.pagepool import PagePoolMemory
+from ffload.loaders.readahead import ADVISE_PAGE, ReadAhead
+
+N, SAMPLE = 240, 30_000  # 7.2 MB of payloads, about 5x the cache limit below
+LIMIT = 24 * CACHE_BLOCK  # 1.5 MiB: one batch of 8 samples needs at most 16 blocks
+
+
+def stamped(i: int) -> np.ndarray:
+    """Payload of sample ``i``: its index in the first 8 bytes, then bytes that depend on it."""
+    out = np.full(SAMPLE, i % 251, np.uint8)
+    out[:8] = np.frombuffer(np.int64(i).tobytes(), np.uint8)
+    return out
+
+
+@pytest.fixture(scope="module", params=["beton", "lmdb"])
+def stamped_dataset(request, tmp_path_factory):
+    """``blob`` (stamped BytesField) and ``other`` (an NDArrayField never decoded here)."""
+    path = str(tmp_path_factory.mktemp("cache") / f"stamped.{request.param}")
+    fields = {"blob": BytesField(), "other": NDArrayField(np.uint8, (5000,))}
+    return write_dataset(path, fields, ((stamped(i), np.full(5000, 7, np.uint8)) for i in range(N)),
+                         N, page_size=1 << 21)
+
+
+def loader(path, **kw):
+    return ffload.Loader(path, batch_size=8, num_workers=3, pipelines={"other": None}, **kw)
+
+
+def mapping_rss(region: np.ndarray) -> int:
+    """Resident bytes of ``region`` (a page-aligned mapping), from ``mincore(2)``: exactly its own
+    pages (``/proc/self/smaps`` would count a neighbouring mapping the kernel merged with it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    pages = np.zeros(-(-region.nbytes // mmap.PAGESIZE), np.uint8)
+    assert region.ctypes.data % mmap.PAGESIZE == 0
+    if libc.mincore(region.ctypes.data, region.nbytes, pages.ctypes.data) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return int(np.count_nonzero(pages & 1)) * mmap.PAGESIZE
+
+
+@pytest.mark.parametrize("order", ["sequential", "random", "quasi_random"])
+def test_process_cache_stays_under_its_limit_and_serves_the_right_samples(stamped_dataset, order):
+    assert os.path.getsize(open_dataset(stamped_dataset).data_path) > 4 * LIMIT
+    cached = loader(stamped_dataset, order=order, os_cache=False, cache_limit=LIMIT)
+    mapped = loader(stamped_dataset, order=order, os_cache=True)
+    memory = cached._memory
+    for epoch in range(2):
+        want = cached.epoch_order(epoch)
+        got = [b[0].numpy().copy() for b in cached]
+        ref = [b[0].numpy().copy() for b in mapped]
+        rows = np.concatenate(got)
+        np.testing.assert_array_equal(rows[:, :8].copy().view(np.int64)[:, 0], want)
+        np.testing.assert_array_equal(rows, np.stack([stamped(int(i)) for i in want]))
+        np.testing.assert_array_equal(rows, np.concatenate(ref))  # same bytes as os_cache=True
+        assert 0 < memory.peak_resident_bytes <= LIMIT
+        if sys.platform.startswith("linux"):
+            assert mapping_rss(memory.region) <= LIMIT  # evicted blocks gave their memory back
+    assert memory.bytes_read > 2 * LIMIT  # the epochs did cycle through more than the limit
+    cached.close()
+    mapped.close()
+
+
+@pytest.mark.parametrize("suffix", ["beton", "lmdb"])
+def test_quasi_random_reads_each_block_once_per_epoch(tmp_path, suffix):
+    # 29 pages of 2 MiB; a quasi-random window spans 4 pages, the cache a little over 2 windows
+    n, limit = 2000, 20 << 20
+    path = write_dataset(str(tmp_path / f"many.{suffix}"), {"blob": BytesField()},
+                         ((stamped(i),) for i in range(n)), n, page_size=1 << 21)
+    cached = ffload.Loader(path, batch_size=32, num_workers=3, order="quasi_random",
+                           os_cache=False, cache_limit=limit, read_ahead=0)
+    assert os.path.getsize(cached.view.data_path) > 2.5 * limit
+    blocks = batch_blocks(payload_columns(cached.view, ["blob"]), np.arange(n), CACHE_BLOCK)
+    # an LMDB record may straddle two pages: the first block of the next page is shared by two
+    # windows and may be read twice (.beton payloads never straddle a page)
+    ptrs, sizes = cached.view.ptrs["blob"].astype(np.int64), cached.view.sizes["blob"].astype(np.int64)
+    page = cached.view.page_size
+    straddlers = int(np.sum(ptrs // page != (ptrs + sizes - 1) // page))
+    assert suffix == "lmdb" or straddlers == 0
+    for epoch in range(2):
+        before = cached._memory.bytes_read
+        got = np.concatenate([b[0][:, :8].numpy().copy().view(np.int64)[:, 0] for b in cached])
+        np.testing.assert_array_equal(got, cached.epoch_order(epoch))
+        # a page's samples are drawn together: its blocks are read once per epoch, not per batch
+        # (.beton: whole pages at once, with the page's tail after its last payload)
+        pages = np.unique(blocks // (page // CACHE_BLOCK)).size
+        bound = pages * page // CACHE_BLOCK if suffix == "beton" else blocks.size + straddlers
+        assert cached._memory.bytes_read - before <= bound * CACHE_BLOCK
+        assert cached._memory.peak_resident_bytes <= limit
+    cached.close()
+
+
+@pytest.mark.parametrize("suffix", ["beton", "lmdb"])
+def test_page_pool_serves_quasi_random_order_from_fixed_slots(tmp_path, suffix):
+    # about 29 pages of 2 MiB, a pool of 9 or 10 page slots: each slot's memory is allocated once
+    # and reused (an LMDB slot also holds the bytes its page's last record runs over by)
+    n, limit = 2000, 20 << 20
+    path = write_dataset(str(tmp_path / f"pool.{suffix}"), {"blob": BytesField()},
+                         ((stamped(i),) for i in range(n)), n, page_size=1 << 21)
+    kw = dict(batch_size=8, num_workers=3, order="quasi_random", read_ahead=0)
+    cached = ffload.Loader(path, os_cache=False, cache_limit=limit, **kw)
+    mapped = ffload.Loader(path, os_cache=True, **kw)
+    memory = cached._memory
+    assert isinstance(memory, PagePoolMemory)
+    assert os.path.getsize(cached.view.data_path) > 2.5 * limit
+    assert (memory.stride > 1 << 21) == (suffix == "lmdb")
+    pages = np.unique(cached.view.sample_pages).size
+    for epoch in range(2):
+        before = memory.bytes_read
+        got = np.concatenate([b[0].numpy().copy() for b in cached])
+        np.testing.assert_array_equal(got[:, :8].copy().view(np.int64)[:, 0], cached.epoch_order(epoch))
+        np.testing.assert_array_equal(got, np.concatenate([b[0].numpy().copy() for b in mapped]))
+        assert memory.bytes_read - before <= pages * memory.stride  # each page read once per epoch
+        assert memory.peak_resident_bytes <= limit and memory.region.nbytes <= limit
+        if sys.platform.startswith("linux"):  # slots stay populated between reads
+            assert 0 < mapping_rss(memory.region) <= limit
+    # the epochs read more than the pool holds: slots were reused, their memory kept
+    assert memory.bytes_read > 2 * memory.region.nbytes >= 2 * memory.resident_bytes > 0
+    cached.close()
+    mapped.close()
+    # RANDOM order, and a limit below batch_size pages, use the block cache
+    for order, small in [("random", limit), ("quasi_random", 4 << 20)]:
+        with ffload.Loader(path, batch_size=8, order=order, os_cache=False, cache_limit=small) as other:
+            assert isinstance(other._memory, ProcessCacheMemory)
+
+
+def test_batch_larger_than_the_cache_fails_at_open(stamped_dataset):
+    with pytest.raises(ValueError, match=r"batch of 8 samples may need \d+ bytes.*cache_limit=65536"):
+        loader(stamped_dataset, os_cache=False, cache_limit=CACHE_BLOCK)
+    with pytest.raises(ValueError, match="cache_limit"):
+        loader(stamped_dataset, os_cache=False, cache_limit=0)
+
+
+def test_a_waiting_batch_gets_room_when_others_release(stamped_dataset):
+    """Two batches that cannot be resident together: the second waits for the first's release."""
+    view = open_dataset(stamped_dataset)
+    memory = ProcessCacheMemory(view, ["blob"], cache_limit=8 * CACHE_BLOCK, batch_size=4)
+    first = memory.prepare(np.arange(0, 8))  # 8 x 30 kB: 4 or 5 blocks, as the second batch
+    done = threading.Event()
+
+    def second():
+        memory.release(memory.prepare(np.arange(100, 108)))
+        done.set()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    assert not done.wait(0.5)  # blocked: the first batch's blocks are pinned
+    memory.release(first)
+    thread.join(30)
+    assert done.is_set() and memory.peak_resident_bytes <= 8 * CACHE_BLOCK
+    memory.close()
+
+
+def wait_until_stalled(ahead: ReadAhead) -> None:
+    for _ in range(2000):
+        with ahead._cond:
+            if not ahead._may_advance() and ahead._thread.is_alive():
+                # the IO thread has handed back the lock: no batch is being requested
+                if all(b < ahead._next for b, _ in ahead._ahead):
+                    return
+        threading.Event().wait(0.005)
+    raise AssertionError("read-ahead never stopped")
+
+
+def test_read_ahead_requests_only_payload_pages_and_stays_bounded(stamped_dataset):
+    view = open_dataset(stamped_dataset)
+    columns = payload_columns(view, ["blob"])
+    order = np.random.default_rng(0).permutation(N)
+    batches = [order[i:i + 8] for i in range(0, N, 8)]
+    limit = 10 * 8 * SAMPLE
+    ahead = ReadAhead(view.data_path, view.data_size, columns, limit, record=True)
+    ahead.schedule(batches, 0)
+    wait_until_stalled(ahead)
+    for b in range(0, len(batches), 3):
+        ahead.started(b)
+        wait_until_stalled(ahead)
+    requested = list(ahead.requested)
+    ahead.close()
+    allowed = set(batch_blocks(columns, np.arange(N), ADVISE_PAGE).tolist())
+    other = payload_columns(view, ["other"])[0]
+    assert requested
+    for offset, length in requested:
+        assert 0 <= offset and offset + length <= view.data_size  # inside the data region
+        assert offset % ADVISE_PAGE == 0
+        pages = set(range(offset // ADVISE_PAGE, -(-(offset + length) // ADVISE_PAGE)))
+        assert pages <= allowed  # only pages holding decoded payloads
+    # the undecoded field's pages that hold no blob byte are never requested
+    other_only = set(batch_blocks([other], np.arange(N), ADVISE_PAGE).tolist()) - allowed
+    got = {p for off, n in requested for p in range(off // ADVISE_PAGE, -(-(off + n) // ADVISE_PAGE))}
+    assert other_only and not got & other_only
+    biggest = max(len(b) for b in batches) * (SAMPLE + 2 * ADVISE_PAGE)
+    assert 0 < ahead.max_bytes_ahead <= limit + biggest
+
+
+def test_read_ahead_with_the_loader_serves_the_same_bytes(stamped_dataset, monkeypatch):
+    import ffload.loaders.loader as loader_module
+    made = []
+    monkeypatch.setattr(loader_module, "ReadAhead", lambda *a, **kw: made.append(
+        ReadAhead(*a, **kw, record=True)) or made[-1])
+    view = open_dataset(stamped_dataset)
+    with loader(stamped_dataset, order="random", read_ahead=64 * SAMPLE) as a, \
+            loader(stamped_dataset, order="random", read_ahead=0) as b:
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x[0].numpy(), y[0].numpy())
+        requested = list(made[0].requested)
+    assert len(made) == 1 and requested  # read_ahead=0 makes no read-ahead at all
+    assert all(0 <= off and off + n <= view.data_size for off, n in requested)

@@ -1,0 +1,138 @@
+"""WebDataset shards: read as a conversion source (brace patterns, WebDataset's key/extension
+layout, cls/json labels) and written by ``export_webdataset``, round-trip tested."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import cv2
+import numpy as np
+import pytest
+from skimage import data
+
+from ffload.convert import convert_dataset
+from ffload.convert.export import export_webdataset
+from ffload.convert.sources import SourceError
+from ffload.convert.sources.webdataset import WebDatasetSource, expand_shards
+from ffload.formats import IntField, JSONField, RGBImageField, open_dataset, write_dataset
+
+
+def _photos(n=10):
+    img = data.astronaut()
+    return [np.ascontiguousarray(img[8 * k:8 * k + 40 + k, 5 * k:5 * k + 32]) for k in range(n)]
+
+
+def _add(tar, name, blob):
+    info = tarfile.TarInfo(name)
+    info.size = len(blob)
+    tar.addfile(info, io.BytesIO(blob))
+
+
+def _png(rgb):
+    return cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))[1].tobytes()
+
+
+def test_hand_written_shards_in_webdatasets_layout(tmp_path):
+    photos = _photos(6)
+    for s in range(2):
+        with tarfile.open(tmp_path / f"train-{s:06d}.tar", "w") as tar:
+            _add(tar, "._hidden.jpg", b"junk")  # macOS resource fork: ignored
+            for k in range(3 * s, 3 * s + 3):
+                key = f"n01/img_{k:04d}"
+                _add(tar, f"{key}.PNG", _png(photos[k]))  # extensions compare lower-case
+                if k % 2:
+                    _add(tar, f"{key}.json", json.dumps({"label": k % 3, "w": 1}).encode())
+                else:
+                    _add(tar, f"{key}.cls", f"{k % 3}\n".encode())
+                _add(tar, f"{key}.txt", b"a caption, ignored")
+    (tmp_path / "classes.txt").write_text("a\nb\nc\n")
+    src = WebDatasetSource(str(tmp_path / "train-{000000..000001}.tar"))
+    assert len(src) == 6 and src.classes == ["a", "b", "c"]
+    assert src.labels.tolist() == [k % 3 for k in range(6)]
+    for k in range(6):
+        image, label = src[k]
+        np.testing.assert_array_equal(image, photos[k])
+        assert label == k % 3
+    assert src.describe(4).endswith("train-000001.tar:n01/img_0004")
+    out = convert_dataset(src, str(tmp_path / "w.beton"), write_mode="raw", num_workers=2, progress=False)
+    assert out.samples == 6 and out.classes == 3
+    view = open_dataset(str(tmp_path / "w.beton"))
+    assert view.metadata["label"].tolist() == [k % 3 for k in range(6)]
+
+
+def test_missing_label_and_compressed_shards_are_named(tmp_path):
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        _add(tar, "x1.jpg", b"")
+    with pytest.raises(SourceError, match=r"a\.tar:x1: no label member"):
+        WebDatasetSource(str(tmp_path / "a.tar"))
+    with tarfile.open(tmp_path / "b.tar.gz", "w:gz") as tar:
+        _add(tar, "x1.cls", b"1")
+    os.rename(tmp_path / "b.tar.gz", tmp_path / "b.tar")
+    with pytest.raises(SourceError, match="decompress"):
+        WebDatasetSource(str(tmp_path / "b.tar"))
+    with pytest.raises(SourceError, match="missing"):
+        expand_shards(str(tmp_path / "c-{0..3}.tar"))
+
+
+@pytest.mark.parametrize("mode", ["raw", "jpg"])
+def test_export_round_trip(tmp_path, mode):
+    photos = _photos(10)
+    src = str(tmp_path / "d.beton")
+    write_dataset(src, {"image": RGBImageField(mode, jpeg_quality=90), "label": IntField(), "meta": JSONField()},
+                  [(p, k % 4, {"k": k}) for k, p in enumerate(photos)], len(photos))
+    view = open_dataset(src)
+    shards = export_webdataset(view, str(tmp_path / "out" / "train-%06d.tar"), maxcount=4)
+    assert [os.path.basename(s) for s in shards] == ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
+    assert not [f for f in os.listdir(tmp_path / "out") if ".tmp" in f]
+    back = WebDatasetSource(str(tmp_path / "out" / "train-{000000..000002}.tar"))
+    assert back.labels.tolist() == [k % 4 for k in range(10)]
+    region = view.open_region()
+    for k in range(10):
+        image, _ = back[k]
+        if mode == "raw":
+            np.testing.assert_array_equal(image, photos[k])  # lossless
+        else:  # the stored JPEG travels as it is
+            assert back.encoded(k) == view.payload("image", k, region).tobytes()
+    with tarfile.open(shards[0]) as tar:
+        names = tar.getnames()
+        assert names[:3] == ["00000000.jpg" if mode == "jpg" else "00000000.png", "00000000.cls",
+                             "00000000.meta.json"]
+        assert json.loads(tar.extractfile("00000001.meta.json").read()) == {"k": 1}
+
+
+def test_export_leaves_nothing_when_it_fails(tmp_path):
+    photos = _photos(6)
+    src = str(tmp_path / "d.beton")
+    write_dataset(src, {"image": RGBImageField("raw"), "label": IntField()},
+                  [(p, 0) for p in photos], len(photos))
+    view = open_dataset(src)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f"train-000001.tar.tmp{os.getpid()}").mkdir()  # the second shard cannot be created
+    with pytest.raises(OSError):
+        export_webdataset(view, str(out / "train-%06d.tar"), maxcount=3)
+    assert sorted(os.listdir(out)) == [f"train-000001.tar.tmp{os.getpid()}"]
+    with pytest.raises(ValueError, match="%d"):
+        export_webdataset(view, str(out / "train.tar"))
+
+
+def test_cli_export_then_convert_detects_the_shards(tmp_path):
+    from click.testing import CliRunner
+
+    from ffload.cli import main
+
+    photos = _photos(5)
+    src = str(tmp_path / "d.beton")
+    write_dataset(src, {"image": RGBImageField("raw"), "label": IntField()},
+                  [(p, k) for k, p in enumerate(photos)], len(photos))
+    runner = CliRunner()
+    out = runner.invoke(main, ["export", src, str(tmp_path / "s" / "part-%03d.tar"), "--maxcount", "2", "--quiet"])
+    assert out.exit_code == 0, out.output
+    assert "3 shard(s)" in out.output
+    back = runner.invoke(main, ["convert", str(tmp_path / "s" / "part-{000..002}.tar"), str(tmp_path / "b.lmdb"),
+                                "--quiet", "--num-workers", "0"])
+    assert back.exit_code == 0, back.output
+    view = open_dataset(str(tmp_path / "b.lmdb"))
+    assert view.num_samples == 5 and view.metadata["label"].tolist() == list(range(5))
