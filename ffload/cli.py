@@ -221,7 +221,9 @@ def verify(path, num_workers, quiet, max_pixels):
     if problems:
         for index, field, cause in problems:
             click.echo(f"sample {index}, field {field!r}: {cause}", err=True)
-        raise FormatError(f"{path}: {len(problems)} of {view.num_samples} samples do not decode", path=path)
+        bad = len({index for index, _, _ in problems})  # a sample with two bad fields counts once
+        extra = f" ({len(problems)} problems)" if len(problems) != bad else ""
+        raise FormatError(f"{path}: {bad} of {view.num_samples} samples do not decode{extra}", path=path)
     click.echo(f"{path}: all {view.num_samples} samples decode")
 
 

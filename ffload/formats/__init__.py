@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from ..errors import ConfigurationError
 from ..limits import DEFAULT_MAX_PIXELS
 from .atomic import dataset_writer, format_for_path
 from .beton import open_beton
@@ -111,5 +112,5 @@ def write_dataset(dst: str, fields: dict[str, Field], samples: Iterable[Sequence
             writer.add(i, metas, payloads)
             count += 1
         if count != num_samples:
-            raise ValueError(f"num_samples={num_samples} but {count} samples were given")
+            raise ConfigurationError(f"num_samples={num_samples} but {count} samples were given")
     return dst

@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, FieldError
 from .fields import FIELD_TYPES, Field, metadata_dtype, named_metadata_dtype
 from .view import DatasetView, check_field_values, dataset_error
 from .writer import DatasetWriter
@@ -69,9 +69,10 @@ def field_descriptors(fields: dict[str, Field]) -> np.ndarray:
         try:
             encoded = name.encode("ascii")
         except UnicodeEncodeError:
-            raise ValueError(f"field name {name!r} must be ASCII (.beton stores 16 ASCII bytes)") from None
+            raise ConfigurationError(f"field name {name!r} must be ASCII (.beton stores 16 ASCII bytes)",
+                                     field=name) from None
         if not 0 < len(encoded) <= NAME_LEN or b"\0" in encoded:
-            raise ValueError(f"field name {name!r} must be 1..{NAME_LEN} ASCII characters")
+            raise ConfigurationError(f"field name {name!r} must be 1..{NAME_LEN} ASCII characters", field=name)
         desc[i]["type_id"] = f.type_id
         desc[i]["name"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
         desc[i]["arguments"][:] = f.to_binary()
@@ -175,8 +176,8 @@ class BetonWriter(DatasetWriter):
         new, larger pages, so only the data region's start moves (data shifted once)."""
         new_page = _next_pow2(sample_bytes)
         if new_page > MAX_PAGE_SIZE:
-            raise ValueError(f"sample {self.count} needs {sample_bytes} bytes; a .beton page holds "
-                             f"at most {MAX_PAGE_SIZE}")
+            raise FieldError(f"sample {self.count} needs {sample_bytes} bytes; a .beton page holds "
+                             f"at most {MAX_PAGE_SIZE}", sample=self.count)
         if self.before_grow is not None:
             self.before_grow()
         new_start = _align(self._meta_end, new_page)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import ConfigurationError
 from .fields import Field
 
 
@@ -52,10 +53,10 @@ class DatasetWriter:
         in field order.
 
         Raises:
-            ValueError: ``index`` is not the next sample, or ``num_samples`` were added already.
+            ConfigurationError: ``index`` is not the next sample, or ``num_samples`` were added already.
         """
         if index != self.count or index >= self.num_samples:
-            raise ValueError(f"samples must be added in order, at most {self.num_samples}: "
+            raise ConfigurationError(f"samples must be added in order, at most {self.num_samples}: "
                              f"expected {self.count}, got {index}")
         self._write_sample(index, metas, payloads)
         self.count += 1
