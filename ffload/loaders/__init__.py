@@ -5,7 +5,7 @@ imported from its submodule on first use).
 """
 from __future__ import annotations
 
-import importlib
+from ..lazy import lazy_getattr
 
 _MODULES = {  # public name -> the submodule defining it; imported on first use (torch, numba)
     **dict.fromkeys(["ColorJitter", "GaussianBlur", "RandomAffine", "RandomCrop", "RandomErasing",
@@ -24,16 +24,7 @@ _MODULES = {  # public name -> the submodule defining it; imported on first use 
 }
 
 
-def __getattr__(name):
-    """Import the submodule defining ``name`` on first use, so that importing a light submodule
-    (``ffload.loaders.turbojpeg``, used by ``convert``) does not import torch."""
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_getattr(__name__, _MODULES, globals())
 
 __all__ = ["Loader", "OrderOption", "LoaderError", "EpochIterator", "Operation", "Spec",
            "BatchContext", "SimpleRGBImageDecoder", "CenterCropRGBImageDecoder",
