@@ -244,3 +244,50 @@ def test_image_array_decoder_geometry_is_the_whole_image(tmp_path):
     expected = HAND_BOXES / 10
     expected = np.stack([30 - expected[:, 2], expected[:, 1], 30 - expected[:, 0], expected[:, 3]], axis=1)
     np.testing.assert_allclose(boxes[1], expected, rtol=1e-6)
+
+
+def test_corrupt_mask_names_the_sample_and_field(tmp_path):
+    from ffload.formats import open_dataset
+    from ffload.loaders import LoaderError
+
+    rows = rectangles(4)
+    dst = write_dataset(str(tmp_path / "c.beton"), FIELDS, rows, 4)
+    ptr = int(open_dataset(dst).ptrs["mask"][2])
+    with open(dst, "r+b") as fp:  # sample 2's header: one row more than its payload holds
+        fp.seek(ptr)
+        fp.write(np.array([rows[2][2].shape[0] + 1], "<u4").tobytes())
+    loader = Loader(dst, batch_size=4, num_workers=1, order=OrderOption.SEQUENTIAL,
+                    pipelines={"image": [RandomResizedCropRGBImageDecoder(32), RandomHorizontalFlip()],
+                               "boxes": [RaggedArrayDecoder(), TransformBoxes("image")],
+                               "mask": [MaskDecoder("image")], "index": [IntDecoder()]})
+    with pytest.raises(LoaderError, match="sample 2, field 'mask'.*header and payload") as e:
+        next(iter(loader))
+    assert e.value.sample == 2 and e.value.field == "mask"
+
+
+def test_documented_detection_pipeline(tmp_path):
+    """docs/fields.md's example: torch stages after the image's flip keep its geometry."""
+    import torch
+
+    from ffload.loaders import NormalizeImage, ToTensor, ToTorchImage
+
+    rows = [(img, box, mask, [i]) for img, box, mask, i in rectangles(6)]
+    fields = {**{k: FIELDS[k] for k in ("image", "boxes", "mask")}, "labels": RaggedArrayField("int64")}
+    dst = write_dataset(str(tmp_path / "doc.beton"), fields, rows, 6)
+    loader = Loader(dst, batch_size=3, num_workers=1, order=OrderOption.SEQUENTIAL, pipelines={
+        "image": [RandomResizedCropRGBImageDecoder((40, 48)), RandomHorizontalFlip(), ToTensor(),
+                  ToTorchImage(), NormalizeImage([0, 0, 0], [255, 255, 255], np.float32)],
+        "boxes": [RaggedArrayDecoder(max_length=5), TransformBoxes("image", drop=False), ToTensor()],
+        "labels": [RaggedArrayDecoder(max_length=5, fill=-1), ToTensor()],
+        "mask": [MaskDecoder("image"), ToTensor()],
+        "num_boxes": [BoxCountDecoder("boxes"), ToTensor()]}, custom_field_mapper={"num_boxes": "boxes"})
+    for image, boxes, mask, labels, num_boxes in loader:
+        assert image.shape == (3, 3, 40, 48) and image.dtype == torch.float32
+        assert boxes.shape == (3, 5, 4) and mask.shape == (3, 40, 48, 1) and num_boxes.tolist() == [1, 1, 1]
+        for b in range(3):
+            on_mask = extent(mask[b, :, :, 0].numpy() == 1)
+            box = boxes[b, 0].numpy()
+            if on_mask is not None and min(box[2] - box[0], box[3] - box[1]) >= 2:
+                assert np.abs(on_mask - box).max() <= 1
+                assert np.abs(extent(image[b].numpy().mean(axis=0) > 0.5) - box).max() <= 1
+            assert labels[b].tolist() == [int(labels[b, 0])] + [-1] * 4
