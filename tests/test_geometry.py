@@ -291,3 +291,23 @@ def test_documented_detection_pipeline(tmp_path):
                 assert np.abs(on_mask - box).max() <= 1
                 assert np.abs(extent(image[b].numpy().mean(axis=0) > 0.5) - box).max() <= 1
             assert labels[b].tolist() == [int(labels[b, 0])] + [-1] * 4
+
+
+def test_boxes_do_not_depend_on_num_workers_or_batch_size(tmp_path):
+    dst = write_dataset(str(tmp_path / "w.lmdb"), FIELDS, rectangles(12, seed=9), 12)
+    pipelines = {"image": [RandomResizedCropRGBImageDecoder(32), RandomHorizontalFlip()],
+                 "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
+                 "mask": [MaskDecoder("image")], "index": [IntDecoder()]}
+    runs = []
+    for workers, batch_size in ((1, 12), (2, 5)):
+        loader = Loader(dst, batch_size=batch_size, num_workers=workers, order=OrderOption.RANDOM, seed=4,
+                        pipelines=pipelines)
+        by_index = {}
+        for _, boxes, mask, index in loader:
+            for j, i in enumerate(index.tolist()):
+                by_index[i] = (boxes[j].copy(), mask[j].copy())
+        runs.append(by_index)
+    assert sorted(runs[0]) == list(range(12))
+    for i in range(12):
+        np.testing.assert_array_equal(runs[0][i][0], runs[1][i][0])
+        np.testing.assert_array_equal(runs[0][i][1], runs[1][i][1])

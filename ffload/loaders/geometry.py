@@ -103,7 +103,7 @@ def link(consumer_name: str, op, built: Mapping, later: set[str]) -> None:
             (its decoder is not an image decoder; no TransformBoxes), or moves pixels in a way
             it does not record.
     """
-    for kind, source in getattr(op, "requires", ()):
+    for kind, source in op.requires:
         what = f"pipeline of field {consumer_name!r}: {type(op).__name__} follows field {source!r}"
         if source not in built:
             if source in later:

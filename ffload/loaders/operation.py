@@ -127,6 +127,10 @@ class Operation:
       transformed with the image's geometry stay valid after it; a stage that moves pixels
       either records what it did (:meth:`record_geometry`) or makes the loader refuse box/mask
       operations that follow its image. The default, False, is the safe answer for unknown stages.
+    * Reading another field's pipeline (:mod:`.geometry`): a stage with ``requires = ((kind,
+      name), ...)`` gets ``link(kind, producer)`` (the :class:`~.pipeline.FieldPipeline` named
+      ``name``, already built and declared) before its own ``declare``; at run time it reads
+      ``ctx.shared[(kind, name)]``. The loader refuses a ``name`` that is absent or runs later.
     * Flip fusion: a stage whose :meth:`fusable_flip` returns ``(flip_prob, salt)`` (ffload's
       :class:`~.transforms.RandomHorizontalFlip`) and that directly follows a decoder whose
       :meth:`fuse_flip` accepts that pair (the RGB image decoders) is fused: after every
@@ -142,6 +146,7 @@ class Operation:
     is_decoder = False
     field_types: tuple[type, ...] = ()
     keeps_geometry = False
+    requires: tuple[tuple[str, str], ...] = ()
     publish = None  # set by .geometry.link: the key under which this stage publishes in ctx.shared
 
     def declare(self, spec: Spec | None, field, view) -> Spec:
@@ -176,6 +181,10 @@ class Operation:
         docstring): return True when this stage will mirror sample b while writing it whenever
         ``uniform(seed_state(ctx.seeds[b], salt)) < flip_prob``. Default: False (not supported)."""
         return False
+
+    def link(self, kind: str, producer) -> None:
+        """Called once per ``requires`` entry when the loader is built, before :meth:`declare`,
+        with the producing :class:`~.pipeline.FieldPipeline`. Default: nothing."""
 
     def record_geometry(self, geometry, ctx: BatchContext) -> None:
         """Geometry hook of stages that move pixels in a known way (the random flips): apply this
