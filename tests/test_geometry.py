@@ -311,3 +311,11 @@ def test_boxes_do_not_depend_on_num_workers_or_batch_size(tmp_path):
     for i in range(12):
         np.testing.assert_array_equal(runs[0][i][0], runs[1][i][0])
         np.testing.assert_array_equal(runs[0][i][1], runs[1][i][1])
+
+
+def test_declared_outside_a_loader_is_refused(tmp_path):
+    from ffload.formats import open_dataset
+
+    view = open_dataset(hand_dataset(tmp_path / "d.beton"))
+    with pytest.raises(ConfigurationError, match="MaskDecoder \\(field 'mask'\\) reads pipeline 'image'"):
+        MaskDecoder("image").declare(None, view.fields["mask"], view)

@@ -35,6 +35,13 @@ from .geometry import COUNT, GEOMETRY
 from .operation import Operation, Spec
 
 
+def _require_link(op, name: str, source: str) -> None:
+    """Raise unless the loader linked ``op`` to pipeline ``source`` (its ``link`` ran)."""
+    if getattr(op, "_key", None) is None:
+        raise ConfigurationError(f"{type(op).__name__} (field '{name}') reads pipeline {source!r}: build it inside a "
+                                 f"Loader (or FieldPipeline with upstream=...), which links the two", field=name)
+
+
 @njit(nogil=True, cache=True)
 def transform_boxes(boxes, counts, crops, out_h, out_w, hflip, vflip, drop, min_size, fill):
     """Map each sample's first ``counts[b]`` boxes through its image's geometry, in place.
@@ -108,7 +115,7 @@ class TransformBoxes(Operation):
 
     Raises:
         ConfigurationError: bad arguments; (loader construction) the image pipeline is missing,
-            runs later, or moves pixels in a way it does not record (:func:`.geometry.link`).
+            runs later, or moves pixels in a way it does not record (:func:`.geometry.link`); (declare) not linked by a loader.
         TypeError (declare): the input is not a numpy ``(K, 4)`` float batch of a RaggedArrayField.
     """
 
@@ -133,6 +140,7 @@ class TransformBoxes(Operation):
                             f"RaggedArrayDecoder on a RaggedArrayField(float, (4,)), got {spec} of "
                             f"{type(field).__name__}")
         self.row_bytes = np.uint64(field.row_bytes)
+        _require_link(self, name, self.image)
         return spec
 
     def buffer_spec(self, spec_out, batch_size):
@@ -158,7 +166,7 @@ class BoxCountDecoder(Decoder):
 
     Raises:
         ConfigurationError: ``boxes`` not a name; (loader construction) that pipeline is missing,
-            runs later, or has no TransformBoxes.
+            runs later, or has no TransformBoxes; (declare) not linked by a loader.
         TypeError (declare): the field is not a RaggedArrayField.
     """
 
@@ -174,7 +182,7 @@ class BoxCountDecoder(Decoder):
         self._key = (kind, producer.name)
 
     def declare(self, spec, field, view):
-        self._check_field(field, view)
+        _require_link(self, self._check_field(field, view), self.boxes)
         return Spec((), np.dtype(np.int64))
 
     def __call__(self, src, dst, ctx):
@@ -241,7 +249,7 @@ class MaskDecoder(Decoder):
 
     Raises:
         ConfigurationError: ``image`` not a name; (loader construction) the image pipeline is
-            missing, runs later, or moves pixels in a way it does not record.
+            missing, runs later, or moves pixels in a way it does not record; (declare) not linked by a loader.
         TypeError (declare): the field is not an ImageArrayField.
         ValueError (call): a corrupt mask payload, naming the field and sample.
     """
@@ -259,7 +267,7 @@ class MaskDecoder(Decoder):
         self.output_size = tuple(int(v) for v in producer.specs[0].shape[:2])
 
     def declare(self, spec, field, view):
-        self._check_field(field, view)
+        _require_link(self, self._check_field(field, view), self.image)
         self.pixel_bytes = field.pixel_bytes
         return Spec(self.output_size + (field.channels,), field.dtype)
 
