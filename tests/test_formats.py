@@ -487,3 +487,28 @@ def test_image_sizes_from_metadata():
     np.testing.assert_array_equal(image_sizes(column), [[32, 7], [32, 48], [65535, 48]])
     assert image_sizes(column[:0]).shape == (0, 2)
     np.testing.assert_array_equal(image_sizes(column[1:4], distinct=False), [[32, 7], [32, 48], [65535, 48]])
+
+
+def test_lmdb_offsets_come_from_lmdbs_own_mapping_when_the_file_is_mapped_twice(tmp_path):
+    """A process may map data.mdb more than once (an earlier view's open_region()); the record
+    offsets must be taken against LMDB's mapping, the one holding the values it returns."""
+    import lmdb
+
+    from ffload.formats.lmdb_format import _address, _lmdb_map_base
+
+    rows = [(np.full((8, 8, 3), i, np.uint8), i) for i in range(5)]
+    dst = write_dataset(str(tmp_path / "twice.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, 5)
+    data_path = os.path.join(dst, "data.mdb")
+    other = np.memmap(data_path, dtype=np.uint8, mode="r")  # a second mapping of the file, offset 0
+    env = lmdb.open(dst, readonly=True, lock=False)
+    with env.begin(buffers=True) as txn:
+        value = txn.get(b"__ffload__")
+        lmdb_base = _lmdb_map_base(data_path, _address(value))
+        assert lmdb_base is not None and lmdb_base != other.ctypes.data
+        assert _lmdb_map_base(data_path, other.ctypes.data + 10) == other.ctypes.data
+        assert bytes(value) == bytes(np.asarray(other[_address(value) - lmdb_base:][:len(value)]))
+    env.close()
+    view = open_dataset(dst)
+    for i in range(5):
+        assert view.payload("image", i)[:4].tolist() == [i] * 4
+    del other

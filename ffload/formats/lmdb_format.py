@@ -211,8 +211,11 @@ def _fields_from_meta(path: str, meta: dict) -> dict[str, Field]:
     return fields
 
 
-def _lmdb_map_base(data_path: str) -> int | None:
-    """Start address of this process's mapping of ``data_path`` (LMDB's own), from /proc."""
+def _lmdb_map_base(data_path: str, probe: int) -> int | None:
+    """Start address of LMDB's own mapping of ``data_path`` in this process, from /proc: the
+    mapping of the file from offset 0 that holds ``probe``, the address of a value LMDB returned.
+    (The process may map the file more than once: a loader's ``open_region()`` of an earlier
+    view, another environment; the first mapping listed is not necessarily LMDB's.)"""
     try:
         st = os.stat(data_path)
         with open("/proc/self/maps") as maps:
@@ -220,8 +223,9 @@ def _lmdb_map_base(data_path: str) -> int | None:
             for line in maps:
                 parts = line.rstrip("\n").split(maxsplit=5)  # the path (field 6) may hold spaces
                 if len(parts) == 6 and int(parts[4]) == st.st_ino and parts[5] == real:
-                    if int(parts[2], 16) == 0:
-                        return int(parts[0].split("-")[0], 16)
+                    start, end = (int(v, 16) for v in parts[0].split("-"))
+                    if int(parts[2], 16) == 0 and start <= probe < end:
+                        return start
     except (OSError, ValueError):
         return None
     return None
@@ -263,7 +267,7 @@ def open_lmdb(path: str) -> DatasetView:
         rec_dtype = named_metadata_dtype(fields)
         if int(meta.get("record_size", -1)) != rec_dtype.itemsize:
             raise dataset_error(path, "metadata record_size does not match its fields")
-        base = _lmdb_map_base(data_path)
+        base = _lmdb_map_base(data_path, _address(txn.get(META_KEY)))
         data_size = os.path.getsize(data_path)
         offsets = np.zeros(n, dtype=np.uint64)
         lengths = np.zeros(n, dtype=np.uint64)

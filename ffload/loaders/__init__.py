@@ -12,7 +12,8 @@ _MODULES = {  # public name -> the submodule defining it; imported on first use 
                      "RandomGrayscale", "RandomPerspective", "RandomRotation", "RandomVerticalFlip"], "augment"),
     **dict.fromkeys(["BytesDecoder", "CenterCropImageArrayDecoder", "CenterCropRGBImageDecoder", "FloatDecoder",
                      "ImageArrayDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder", "RaggedLengthDecoder",
-                     "RandomCropImageArrayDecoder", "RandomResizedCropRGBImageDecoder", "SimpleRGBImageDecoder"],
+                     "RandomCropImageArrayDecoder", "RandomResizedCropRGBImageDecoder", "ResizeRGBImageDecoder",
+                     "SimpleRGBImageDecoder"],
                     "decoders"),
     **dict.fromkeys(["EpochIterator", "LoaderError"], "iterator"),
     "Loader": "loader",
@@ -21,6 +22,7 @@ _MODULES = {  # public name -> the submodule defining it; imported on first use 
     **dict.fromkeys(["Convert", "Squeeze", "ToDevice", "ToTensor", "ToTorchImage"], "torch_ops"),
     **dict.fromkeys(["Cutout", "NormalizeImage", "RandomHorizontalFlip", "RandomTranslate"], "transforms"),
     "PythonTransform": "user",
+    **dict.fromkeys(["BoxCountDecoder", "MaskDecoder", "TransformBoxes"], "targets"),
 }
 
 
@@ -33,4 +35,5 @@ __all__ = ["Loader", "OrderOption", "LoaderError", "EpochIterator", "Operation",
            "CenterCropImageArrayDecoder", "RandomCropImageArrayDecoder", "RandomHorizontalFlip", "RandomTranslate", "Cutout", "NormalizeImage",
            "ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze", "RandomVerticalFlip", "RandomCrop",
            "RandomAffine", "RandomRotation", "RandomPerspective", "ColorJitter", "RandomGrayscale", "GaussianBlur",
-           "RandomErasing", "PythonTransform"]
+           "RandomErasing", "PythonTransform", "ResizeRGBImageDecoder", "TransformBoxes", "BoxCountDecoder",
+           "MaskDecoder"]
