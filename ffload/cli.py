@@ -194,8 +194,11 @@ def inspect(path, as_json, grid, grid_count, max_pixels):
     if "histogram" in info:
         click.echo(f"  classes   {info['classes']} (field {info['label_field']!r})")
         top = max(info["histogram"].values())
+        names = info.get("class_names", [])
+        width = min(24, max((len(n) for n in names), default=0))
         for label, count in info["histogram"].items():
-            click.echo(f"    {label:>5} {count:>8}  {'#' * max(1, round(30 * count / top))}")
+            name = names[int(label)] if 0 <= int(label) < len(names) else ""
+            click.echo(f"    {label:>5} {name[:width]:<{width}} {count:>8}  {'#' * max(1, round(30 * count / top))}")
     if grid:
         click.echo(f"  grid      {grid} ({info['grid']['images']} images)")
 

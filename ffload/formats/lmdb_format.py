@@ -103,13 +103,15 @@ class LMDBWriter(DatasetWriter):
         num_samples: at most this many samples will be added (fewer when inputs are skipped).
         txn_bytes: commit a write transaction every this many bytes (and at close).
         initial_map_size: bytes; LMDB's map size to start with (it doubles when full).
+        info: dataset-level JSON object (see :class:`~.writer.DatasetWriter`), stored under
+            ``"info"`` in the metadata record.
     """
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
-                 txn_bytes: int = 64 << 20, initial_map_size: int = 64 << 20):
+                 txn_bytes: int = 64 << 20, initial_map_size: int = 64 << 20, info: dict | None = None):
         import lmdb
 
-        super().__init__(path, fields, num_samples)
+        super().__init__(path, fields, num_samples, info)
         self._lmdb = lmdb
         self.record_dtype = named_metadata_dtype(self.fields)
         self.map_size = int(initial_map_size)
@@ -159,6 +161,8 @@ class LMDBWriter(DatasetWriter):
                             "arguments": f.arguments()} for n, f in self.fields.items()],
                 "record_dtype": _dtype_to_json(self.record_dtype),
                 "record_size": self.record_dtype.itemsize}
+        if self.info:
+            meta["info"] = self.info
         self._put_all([(META_KEY, json.dumps(meta).encode("utf8"))])
         self.env.sync(True)
 
@@ -261,6 +265,9 @@ def open_lmdb(path: str) -> DatasetView:
     try:
         meta = _read_meta(path, txn)
         fields = _fields_from_meta(path, meta)
+        info = meta.get("info", {})
+        if not isinstance(info, dict):
+            raise dataset_error(path, f"metadata record: info is a JSON {type(info).__name__}, not an object")
         n = meta.get("num_samples")
         if not isinstance(n, int) or n < 0:
             raise dataset_error(path, f"metadata record: invalid num_samples {n!r}")
@@ -306,6 +313,7 @@ def open_lmdb(path: str) -> DatasetView:
             view = _build_view(path, fields, rec_dtype, offsets, lengths, None, int(memory.size), memory)
         else:
             view = _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, None)
+        view.info = info
     except BaseException as e:
         txn.abort()
         _release_env(env_key)
