@@ -36,7 +36,7 @@ _STATE_KEYS = ("epoch", "batches_yielded", "seed", "batch_size", "order", "drop_
 
 def _check_int(name: str, value, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise ConfigurationError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return int(value)
 
 
@@ -288,22 +288,22 @@ class Loader:
         epochs. Closes a live iterator.
 
         Raises:
-            ValueError: missing keys, or a state saved with another seed, batch size, order,
+            ConfigurationError: missing keys, or a state saved with another seed, batch size, order,
                 ``drop_last``, number of indices or world size (batches would not line up).
         """
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
-            raise ValueError(f"loader state lacks {', '.join(missing)}")
+            raise ConfigurationError(f"loader state lacks {', '.join(missing)}")
         mine = self.state_dict()
         bad = [f"{k}={state[k]!r} (this loader: {mine[k]!r})" for k in _STATE_KEYS[2:]
                if state[k] != mine[k]]
         if bad:
-            raise ValueError("loader state does not match this loader: " + ", ".join(bad))
+            raise ConfigurationError("loader state does not match this loader: " + ", ".join(bad))
         epoch = _check_int("state['epoch']", state["epoch"], 0)
         done = _check_int("state['batches_yielded']", state["batches_yielded"], 0)
         if done > len(self):
-            raise ValueError(f"state['batches_yielded']={done} exceeds the {len(self)} batches "
-                             f"per epoch")
+            raise ConfigurationError(f"state['batches_yielded']={done} exceeds the {len(self)} batches "
+                                     f"per epoch")
         self._close_current()
         finished = len(self) and done == len(self)
         self._next_epoch, self._start_batch = (epoch + 1, 0) if finished else (epoch, done)
@@ -373,16 +373,16 @@ def _check_indices(indices, view) -> np.ndarray:
         return np.arange(n, dtype=np.int64)
     arr = np.asarray(indices)
     if arr.dtype == bool:
-        raise ValueError("indices is a boolean mask; pass np.flatnonzero(mask)")
+        raise ConfigurationError("indices is a boolean mask; pass np.flatnonzero(mask)")
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise ValueError(f"indices must be a 1-D sequence of integers, got {arr.dtype} of shape "
-                         f"{arr.shape}")
+        raise ConfigurationError(f"indices must be a 1-D sequence of integers, got {arr.dtype} of shape "
+                                 f"{arr.shape}")
     if arr.size == 0:
-        raise ValueError("indices is empty")
+        raise ConfigurationError("indices is empty")
     bad = np.flatnonzero((arr < 0) | (arr >= n))
     if bad.size:
-        raise ValueError(f"indices[{int(bad[0])}] = {int(arr[bad[0]])} is out of range: "
-                         f"{view.path} has {n} samples")
+        raise ConfigurationError(f"indices[{int(bad[0])}] = {int(arr[bad[0]])} is out of range: "
+                                 f"{view.path} has {n} samples")
     return arr.astype(np.int64)
 
 
