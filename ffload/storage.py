@@ -234,7 +234,7 @@ class _ShortRead(ConnectionError):
     """A range GET whose body is shorter than the range (a connection cut mid-body): transient."""
 
 
-def storage_call(url: str, what: str, call, retry: RetryPolicy | None = None, on_attempt=None):
+def storage_call(url: str, what: str, call, retry: RetryPolicy | None = None, on_attempt=None, on_retry=None):
     """Run ``call()`` (one request to the object ``url``) under ``retry``.
 
     Args:
@@ -243,6 +243,7 @@ def storage_call(url: str, what: str, call, retry: RetryPolicy | None = None, on
         call: a function of no arguments doing one request.
         retry: the :class:`RetryPolicy` (default one when ``None``).
         on_attempt: called (no arguments) before each try (request counters).
+        on_retry: called with the error before sleeping for a retry (error counters).
 
     Returns:
         what ``call`` returns.
@@ -267,6 +268,8 @@ def storage_call(url: str, what: str, call, retry: RetryPolicy | None = None, on
             if not transient or failures >= retry.attempts or late:
                 tries = f" after {failures} attempts" if transient else ""
                 raise StorageError(f"{url}: cannot {what}{tries}: {cause}", path=url, transient=transient) from e
+            if on_retry is not None:
+                on_retry(e)
             time.sleep(retry.delay(failures))
 
 
@@ -281,6 +284,7 @@ class RemoteObject:
     Attributes:
         url: as given. size: bytes of the object (one HEAD at construction).
         requests: range GETs issued so far, retries included (thread-safe counter).
+        retried: range GETs that failed with a transient error and were tried again.
         bytes_read: bytes received by range GETs so far.
 
     Raises:
@@ -293,7 +297,7 @@ class RemoteObject:
         self.storage_options = storage_options
         self.fs, self.fs_path = open_filesystem(url, storage_options)
         self._lock = threading.Lock()
-        self.requests = self.bytes_read = 0
+        self.requests = self.bytes_read = self.retried = 0
         try:
             info = storage_call(url, "read its size", lambda: self.fs.info(self.fs_path), self.retry)
         except StorageError as e:
@@ -310,6 +314,10 @@ class RemoteObject:
         with self._lock:
             self.requests += 1
 
+    def _count_retry(self, error: BaseException) -> None:
+        with self._lock:
+            self.retried += 1
+
     def read(self, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of the object (one range GET, retried; ``0 <= start <= stop <=
         size``). Raises StorageError naming the object and the range."""
@@ -324,7 +332,7 @@ class RemoteObject:
                 raise _ShortRead(f"got {len(data)} of {stop - start} bytes")
             return data
 
-        data = storage_call(self.url, f"read bytes {start}..{stop}", get, self.retry, self._count)
+        data = storage_call(self.url, f"read bytes {start}..{stop}", get, self.retry, self._count, self._count_retry)
         with self._lock:
             self.bytes_read += len(data)
         return data

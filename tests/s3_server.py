@@ -20,7 +20,9 @@ environment (:meth:`~S3TestServer.environment`), as a user's would.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import threading
 import time
@@ -57,7 +59,7 @@ class S3TestServer(ThreadedMotoServer):
 
     Attributes:
         endpoint: ``'http://127.0.0.1:PORT'``. requests: requests received (all methods).
-        gets: ``GET`` requests received.
+        gets: ``GET`` requests received. lists: bucket listings (``GET ?list-type=2``) received.
     """
 
     def __init__(self, port: int = 0):
@@ -66,7 +68,7 @@ class S3TestServer(ThreadedMotoServer):
         self._fail = 0
         self._fail_status, self._fail_code = 503, "SlowDown"
         self._lock = threading.Lock()
-        self.requests = self.gets = 0
+        self.requests = self.gets = self.lists = 0
 
     def _serve(self) -> None:
         self._server.serve_forever(poll_interval=0.05)
@@ -76,6 +78,7 @@ class S3TestServer(ThreadedMotoServer):
             with self._lock:
                 self.requests += 1
                 self.gets += environ["REQUEST_METHOD"] == "GET"
+                self.lists += environ["REQUEST_METHOD"] == "GET" and "list-type" in environ.get("QUERY_STRING", "")
                 failing = self._fail > 0 and not environ.get("PATH_INFO", "").startswith("/moto-api")
                 if failing:
                     self._fail -= 1
@@ -181,3 +184,24 @@ class S3TestServer(ThreadedMotoServer):
         s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
                           aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
         s3.create_bucket(Bucket=name)
+
+
+@contextlib.contextmanager
+def s3_environment(bucket: str = "bkt"):
+    """A started :class:`S3TestServer` with ``bucket`` created and this process's environment
+    pointing at it (:meth:`S3TestServer.environment`) until the block ends (a pytest fixture's
+    body: ``with s3_environment() as server: yield server``)."""
+    server = S3TestServer()
+    server.start()
+    saved = {k: os.environ.get(k) for k in server.environment()}
+    os.environ.update(server.environment())
+    try:
+        server.create_bucket(bucket)
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-from s3_server import S3TestServer  # noqa: E402
+from s3_server import s3_environment  # noqa: E402
 
 from ffload.errors import ConfigurationError, StorageError  # noqa: E402
 from ffload.storage import RemoteObject, RetryPolicy, is_remote, open_filesystem, remote_exists, upload_file  # noqa: E402
@@ -20,18 +19,8 @@ FAST = RetryPolicy(attempts=12, base_delay=0.05, max_delay=0.5)
 
 @pytest.fixture(scope="module")
 def s3():
-    server = S3TestServer()
-    server.start()
-    saved = {k: os.environ.get(k) for k in server.environment()}
-    os.environ.update(server.environment())
-    server.create_bucket("bkt")
-    yield server
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with s3_environment("bkt") as server:
+        yield server
 
 
 def test_is_remote():
@@ -133,4 +122,3 @@ def test_upload_file(s3, tmp_path):
     upload_file(str(local), "s3://bkt/up/up.bin", retry=FAST)
     assert remote_exists("s3://bkt/up/up.bin")
     assert RemoteObject("s3://bkt/up/up.bin").read(0, len(data)) == data
-    time.sleep(0)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DatasetError
+from ..errors import ConfigurationError, DatasetError
 from ..system import path_bytes
 from .fields import Field
 
@@ -46,6 +46,9 @@ class DatasetView:
         memory: the payload bytes held in process memory when ``data_path`` is None.
         snapshot: what keeps the offsets valid while the view lives (LMDB: an open read
             transaction, so that concurrent writers do not reuse its pages), or None.
+        remote: for a ``.beton`` on object storage (``path`` is its URL), the
+            :class:`ffload.storage.RemoteObject` its payloads are read from (by the Loader's page
+            cache, :mod:`ffload.loaders.pagepool`); ``data_path`` and ``memory`` are then None.
     """
 
     path: str
@@ -60,6 +63,7 @@ class DatasetView:
     page_size: int
     memory: np.ndarray | None = None
     snapshot: object | None = None
+    remote: object | None = None
 
     @property
     def sample_pages(self) -> np.ndarray:
@@ -72,7 +76,15 @@ class DatasetView:
 
     def open_region(self) -> np.ndarray:
         """A read-only ``uint8`` 1-D view of the data file, memory-mapped so that the OS page
-        cache serves it (several processes share one copy), or the in-memory payloads."""
+        cache serves it (several processes share one copy), or the in-memory payloads.
+
+        Raises:
+            ConfigurationError: a remote dataset (its payloads are read through ``ffload.Loader``'s
+                page cache, not mapped).
+        """
+        if self.remote is not None:
+            raise ConfigurationError(f"{self.path}: a dataset on object storage is read through ffload.Loader "
+                                     "(its page cache); download it to map it", path=self.path)
         if self.data_path is None:
             return self.memory
         if self.data_size == 0:
@@ -86,5 +98,7 @@ class DatasetView:
         return region[p:p + s]
 
     def file_bytes(self) -> int:
-        """Total bytes on disk (the .beton file, or the LMDB directory's files)."""
+        """Total bytes on disk (the .beton file, or the LMDB directory's files; a remote object's size)."""
+        if self.remote is not None:
+            return int(self.data_size)
         return path_bytes(self.path)
