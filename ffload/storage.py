@@ -84,9 +84,12 @@ def _import_fsspec():
 
 def default_storage_options(protocol: str) -> dict[str, Any]:
     """The options ffload passes for ``protocol`` unless ``storage_options`` overrides them: for
-    ``s3``, botocore's and s3fs's own retries off (ffload's :class:`RetryPolicy` retries)."""
+    ``s3``, botocore's and s3fs's own retries off (ffload's :class:`RetryPolicy` retries), and a
+    new filesystem instance per call (the environment is read each time)."""
     if protocol in ("s3", "s3a"):
-        return {"config_kwargs": {"retries": {"total_max_attempts": 1}}}
+        # skip_instance_cache: fsspec would otherwise hand back an instance made with the
+        # environment (endpoint, credentials) of an earlier call
+        return {"config_kwargs": {"retries": {"total_max_attempts": 1}}, "skip_instance_cache": True}
     return {}
 
 

@@ -75,6 +75,10 @@ class S3TestServer(ThreadedMotoServer):
 
     def _wsgi(self, app):
         def serve(environ, start_response):
+            if environ.get("PATH_INFO") == "/_ffload-counters":  # for benchmarks in another process
+                body = json.dumps({"requests": self.requests, "gets": self.gets, "lists": self.lists}).encode()
+                start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+                return [body]
             with self._lock:
                 self.requests += 1
                 self.gets += environ["REQUEST_METHOD"] == "GET"
@@ -205,3 +209,19 @@ def s3_environment(bucket: str = "bkt"):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def counters(endpoint: str) -> dict[str, int]:
+    """The request counters of a server at ``endpoint`` (``requests``, ``gets``, ``lists``)."""
+    with urllib.request.urlopen(endpoint + "/_ffload-counters", timeout=10) as response:  # loopback only
+        return json.loads(response.read())
+
+
+if __name__ == "__main__":  # a server in a process of its own: prints its endpoint, serves until stdin closes
+    import sys
+
+    server = S3TestServer()
+    server.start()
+    print(server.endpoint, flush=True)
+    sys.stdin.read()
+    server.stop()
