@@ -19,7 +19,9 @@
    Each time is the whole cold epoch: from building the loader (opening the dataset, starting workers) to its
    last batch. ffload's process first compiles its pipelines on the local copy (numba compiles per process;
    a training job pays that once, not per epoch), outside the time. The server counts the GET requests of each run; ffload's are compared with its bound, one per
-   page plus 10. Reported: medians of img/s, the ratio ffload / webdataset, GETs.
+   page plus 10. Reported: medians of img/s, the ratio ffload / webdataset, GETs; and, for reference, the same
+   ffload loader over the local file (``ffload-local``: ``os_cache=False``, the same page pool read with
+   ``preadv`` from the page cache: the rate without the network).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ RUNNER = r"""
 import json, os, sys, time
 kind, url, workers, batch, size, cache, warm = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7]
 import numpy as np, torch
-if kind == "ffload":
+if kind.startswith("ffload"):
     import ffload
     from ffload.loaders import CenterCropRGBImageDecoder, IntDecoder, ToTensor
     def pipelines():
@@ -49,11 +51,13 @@ if kind == "ffload":
                        order="quasi_random", cache_limit=1 << 30) as local:  # writable region, as remote
         next(iter(local))
 t0 = time.perf_counter()
-if kind == "ffload":
+if kind.startswith("ffload"):
+    if kind == "ffload-local":  # the same page pool over the local file (os_cache=False)
+        url = warm
     loader = ffload.Loader(url, batch_size=batch, num_workers=workers, order="quasi_random", seed=0,
-                           cache_dir=cache, cache_limit=1 << 30, pipelines=pipelines())
+                           cache_dir=cache, cache_limit=1 << 30, pipelines=pipelines(), os_cache=False)
     n = sum(len(labels) for _, labels in loader)
-    gets = loader.memory.source.requests
+    gets = loader.memory.source.requests if loader.remote else None
 else:
     import cv2, fsspec, webdataset as wds
     gopen = sys.modules["webdataset.gopen"]
@@ -116,9 +120,9 @@ def main() -> None:
         for shard in shards:
             upload_file(shard, f"s3://bench/wds/{os.path.basename(shard)}")
             urls.append(f"s3://bench/wds/{os.path.basename(shard)}")
-        results: dict[str, list[dict]] = {"ffload": [], "webdataset": []}
+        results: dict[str, list[dict]] = {"ffload": [], "webdataset": [], "ffload-local": []}
         for r in range(args.repeats):
-            for kind in ("ffload", "webdataset"):
+            for kind in results:
                 target = "s3://bench/train.beton" if kind == "ffload" else json.dumps(urls)
                 before = counters(endpoint)["gets"]
                 out = subprocess.run([sys.executable, "-c", RUNNER, kind, target, str(args.workers),
@@ -141,6 +145,7 @@ def main() -> None:
         "images": view.num_samples, "beton_bytes": view.data_size, "page_size": view.page_size,
         "shards": len(shards), "workers": args.workers, "batch_size": args.batch_size, "size": args.size,
         "img_per_s": med, "ratio_ffload_over_webdataset": med["ffload"] / med["webdataset"],
+        "remote_over_local": med["ffload"] / med["ffload-local"],
         "ffload_gets": [r["server_gets"] for r in results["ffload"]], "ffload_get_bound": pages + 10,
         "webdataset_gets": [r["server_gets"] for r in results["webdataset"]],
         "runs": results, "conditions": measurement_conditions(),
@@ -150,6 +155,8 @@ def main() -> None:
           f"{len(shards)} shards; {args.workers} workers, batch {args.batch_size}, {args.size}x{args.size}")
     print(f"cold quasi-random epoch: ffload {med['ffload']:.0f} img/s, WebDataset {med['webdataset']:.0f} img/s, "
           f"ratio {summary['ratio_ffload_over_webdataset']:.2f}x")
+    print(f"reference, ffload on the local file (os_cache=False, page cache warm): {med['ffload-local']:.0f} img/s; "
+          f"remote / local {med['ffload'] / med['ffload-local']:.2f}")
     print(f"ffload GETs per cold epoch {summary['ffload_gets']} (bound: {pages} pages + 10 = {pages + 10}); "
           f"WebDataset GETs {summary['webdataset_gets']}")
     if args.out:
