@@ -1,7 +1,8 @@
 """Cold-epoch loading from object storage: ffload's remote Loader vs WebDataset, same server, same JPEGs.
 
-    flock /tmp/ffload-bench.lock python scripts/bench_remote.py [--per-class 150] [--workers 2] [--batch-size 64]
-        [--size 128] [--repeats 2] [--out runs/bench_remote.json]
+    pip install webdataset   # the peer
+    flock /tmp/ffload-bench.lock python scripts/bench_remote.py [--per-class 300] [--workers 2] [--batch-size 64]
+        [--size 128] [--repeats 3] [--out runs/bench_remote.json]
 
 1. Builds an ImageFolder of views of the bundled photos (``ffload.convert.demo_data``), converts it to
    ``train.beton`` with ``write_mode='jpg'`` (source JPEGs stored as they are) and exports that file as
@@ -80,11 +81,11 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "samples": n, "gets": get
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--per-class", type=int, default=150)
+    parser.add_argument("--per-class", type=int, default=300)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 

@@ -60,6 +60,7 @@ class S3TestServer(ThreadedMotoServer):
     Attributes:
         endpoint: ``'http://127.0.0.1:PORT'``. requests: requests received (all methods).
         gets: ``GET`` requests received. lists: bucket listings (``GET ?list-type=2``) received.
+        in_flight: requests being served now; max_in_flight: the most at once (:meth:`reset_max`).
     """
 
     def __init__(self, port: int = 0):
@@ -69,6 +70,7 @@ class S3TestServer(ThreadedMotoServer):
         self._fail_status, self._fail_code = 503, "SlowDown"
         self._lock = threading.Lock()
         self.requests = self.gets = self.lists = 0
+        self.in_flight = self.max_in_flight = 0
 
     def _serve(self) -> None:
         self._server.serve_forever(poll_interval=0.05)
@@ -94,8 +96,20 @@ class S3TestServer(ThreadedMotoServer):
                 start_response(f"{self._fail_status} Injected", [("Content-Type", "application/xml"),
                                                                   ("Content-Length", str(len(body)))])
                 return [body]
-            return app(environ, start_response)
+            with self._lock:
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                return list(app(environ, start_response))  # the body, built while counted in flight
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
         return serve
+
+    def reset_max(self) -> None:
+        """Start counting :attr:`max_in_flight` again."""
+        with self._lock:
+            self.max_in_flight = self.in_flight
 
     @property
     def endpoint(self) -> str:

@@ -101,6 +101,16 @@ def test_cold_quasi_random_epoch_gets_each_page_once(s3, tmp_path):
         assert loader.memory.source.requests == cold
 
 
+def test_concurrent_requests_are_bounded(s3, tmp_path):
+    s3.reset_max()
+    with ffload.Loader(URL, batch_size=4, num_workers=2, order="random", seed=9, cache_limit=5 * PAGE,
+                       cache_dir=str(tmp_path), max_requests=2, indices=np.arange(0, N, 3)) as loader:
+        for _ in loader:
+            pass
+        assert loader.memory.source.requests > 10
+    assert s3.max_in_flight == 2  # the read-ahead keeps both request slots busy, never more
+
+
 def test_server_killed_mid_epoch(s3, tmp_path):
     remote = ffload.Loader(URL, batch_size=4, num_workers=2, order="quasi_random", seed=7,
                            cache_limit=4 * PAGE, cache_dir=str(tmp_path), read_ahead=PAGE)
