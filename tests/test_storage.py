@@ -99,6 +99,28 @@ def test_wrong_credentials_name_the_object(s3):
         s3.require_auth(False)
 
 
+def test_credentials_from_the_aws_files(s3, tmp_path, monkeypatch):
+    fs, path = open_filesystem("s3://bkt/profile.bin")
+    fs.pipe_file(path, b"from ~/.aws")
+    user = s3.create_user("profile-tester")
+    (tmp_path / "credentials").write_text(f"[ffload]\naws_access_key_id = {user['key']}\n"
+                                          f"aws_secret_access_key = {user['secret']}\n")
+    (tmp_path / "config").write_text("[profile ffload]\nregion = us-east-1\n")
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))  # where ~/.aws/credentials is
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "ffload")
+    s3.require_auth(True)
+    try:
+        assert RemoteObject("s3://bkt/profile.bin", retry=FAST).read(0, 4) == b"from"
+        monkeypatch.setenv("AWS_PROFILE", "default")  # no such profile in the file: botocore names it
+        with pytest.raises(StorageError, match=r"s3://bkt/profile\.bin: .*profile \(default\) could not be found"):
+            RemoteObject("s3://bkt/profile.bin", retry=FAST)
+    finally:
+        s3.require_auth(False)
+
+
 def test_server_restart_keeps_objects_and_reads_retry(s3):
     fs, path = open_filesystem("s3://bkt/restart.bin")
     fs.pipe_file(path, b"survives restarts")
