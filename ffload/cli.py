@@ -207,8 +207,11 @@ def inspect(path, as_json, grid, grid_count, max_pixels):
     if "histogram" in info:
         click.echo(f"  classes   {info['classes']} (field {info['label_field']!r})")
         top = max(info["histogram"].values())
+        names = info.get("class_names", [])
+        width = min(24, max((len(n) for n in names), default=0))
         for label, count in info["histogram"].items():
-            click.echo(f"    {label:>5} {count:>8}  {'#' * max(1, round(30 * count / top))}")
+            name = names[int(label)] if 0 <= int(label) < len(names) else ""
+            click.echo(f"    {label:>5} {name[:width]:<{width}} {count:>8}  {'#' * max(1, round(30 * count / top))}")
     if grid:
         click.echo(f"  grid      {grid} ({info['grid']['images']} images)")
 
@@ -234,7 +237,9 @@ def verify(path, num_workers, quiet, max_pixels):
     if problems:
         for index, field, cause in problems:
             click.echo(f"sample {index}, field {field!r}: {cause}", err=True)
-        raise FormatError(f"{path}: {len(problems)} of {view.num_samples} samples do not decode", path=path)
+        bad = len({index for index, _, _ in problems})  # a sample with two bad fields counts once
+        extra = f" ({len(problems)} problems)" if len(problems) != bad else ""
+        raise FormatError(f"{path}: {bad} of {view.num_samples} samples do not decode{extra}", path=path)
     click.echo(f"{path}: all {view.num_samples} samples decode")
 
 

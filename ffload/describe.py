@@ -24,7 +24,8 @@ def label_field(view: DatasetView) -> str | None:
 
 def summarize(view: DatasetView) -> dict:
     """A JSON-able description of ``view``: format, samples, bytes, per-field details (payload
-    sizes in bytes, image sizes in pixels and write modes), and the label histogram."""
+    sizes in bytes, image sizes in pixels and write modes), the label histogram, and the dataset's
+    ``info`` (``class_names``: its ``"classes"``, names indexed by label, when stored)."""
     n = view.num_samples
     total = view.file_bytes()
     fields = []
@@ -49,6 +50,10 @@ def summarize(view: DatasetView) -> dict:
         out["label_field"] = lab
         out["classes"] = int(values.size)
         out["histogram"] = {str(int(v)): int(c) for v, c in zip(values, counts)}
+    if view.info:
+        out["info"] = view.info
+        if isinstance(view.info.get("classes"), list):
+            out["class_names"] = [str(c) for c in view.info["classes"]]
     return out
 
 

@@ -311,6 +311,25 @@ def test_inspect_reports_and_refuses(tmp_path, digits_folder):
     assert r.exit_code != 0 and "truncated" in r.output
 
 
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_class_names_are_stored_and_inspected(tmp_path, suffix):
+    root = tmp_path / "src"
+    for k, name in enumerate(["zebra", "aardvark", "mole"]):  # sorted: aardvark 0, mole 1, zebra 2
+        (root / name).mkdir(parents=True)
+        for i in range(k + 1):
+            cv2.imwrite(str(root / name / f"{i}.png"), np.full((8, 8, 3), 40 * k, np.uint8))
+    dst = tmp_path / f"d{suffix}"
+    assert run_cli("convert", root, dst, "--quiet").exit_code == 0
+    assert open_dataset(str(dst)).info == {"classes": ["aardvark", "mole", "zebra"]}
+    info = json.loads(run_cli("inspect", dst, "--json").output)
+    assert info["class_names"] == ["aardvark", "mole", "zebra"] and info["histogram"] == {"0": 2, "1": 3, "2": 1}
+    lines = run_cli("inspect", dst).output.splitlines()
+    assert any(line.split()[:3] == ["1", "mole", "3"] for line in lines), lines
+    no_names = convert_dataset(ArraySource(np.zeros((2, 4, 4, 3), np.uint8), [0, 1]), str(tmp_path / f"a{suffix}"),
+                               progress=False)
+    assert open_dataset(no_names.dst).info == {}
+
+
 def test_source_errors_raise_before_writing(tmp_path):
     with pytest.raises(SourceError):
         ImageFolderSource(str(tmp_path / "missing"))

@@ -32,6 +32,7 @@ from ffload.loaders.decoders import (
     IntDecoder,
     NDArrayDecoder,
     RandomResizedCropRGBImageDecoder,
+    ResizeRGBImageDecoder,
     SimpleRGBImageDecoder,
 )
 from ffload.loaders.operation import BatchContext
@@ -233,6 +234,41 @@ def test_center_crop_jpg_scaled_decoding_is_close_to_full_decode(tmp_path, photo
     # a different image would be far: the tolerance is meaningful
     other = reference_resize(full[::-1], box, (out, out))
     assert np.abs(row.astype(int) - other).mean() > 20
+
+
+
+# ---------------------------------------------------------------- ResizeRGBImageDecoder
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+@pytest.mark.parametrize("out_hw", [(48, 64), (100, 37), (300, 200), (90, 600)])
+def test_resize_raw_equals_cv2_resize(tmp_path, photos, suffix, out_hw):
+    # (48, 64) and (100, 37) shrink both sides (INTER_AREA), (300, 200) and (90, 600) grow one (INTER_LINEAR)
+    view = write(tmp_path / f"d{suffix}", {"image": RGBImageField("raw")}, [(p,) for p in photos])
+    order = [6, 2, 0, 5, 1, 3, 4]
+    out = decode(ResizeRGBImageDecoder(out_hw), view, "image", order)
+    for row, i in zip(out, order):
+        h, w = photos[i].shape[:2]
+        assert_resize_close(row, reference_resize(photos[i], (0, 0, h, w), out_hw))  # the whole image, no aspect kept
+
+
+@pytest.mark.parametrize("out_hw", [(64, 64), (150, 100), (400, 380)])
+def test_resize_jpg_is_close_to_full_decode_and_cv2_resize(tmp_path, photos, out_hw):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)}, [(p,) for p in photos])
+    out = decode(ResizeRGBImageDecoder(out_hw), view, "image", range(len(photos)))
+    for i, row in enumerate(out):
+        full = cv2.imdecode(payload(view, "image", i), cv2.IMREAD_COLOR_RGB)
+        ref = reference_resize(full, (0, 0) + full.shape[:2], out_hw)
+        diff = np.abs(row.astype(int) - ref)
+        assert diff.mean() <= 1.5, (i, diff.mean())  # DCT-scaled decodes when the image is >= 1.5x the output
+        assert np.abs(row.astype(int) - ref[::-1]).mean() > 5 * max(diff.mean(), 1)  # the tolerance is meaningful
+
+
+def test_resize_square_size_and_arguments(tmp_path, photos):
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("raw")}, [(p,) for p in photos])
+    assert decode(ResizeRGBImageDecoder(32), view, "image", [0]).shape == (1, 32, 32, 3)
+    with pytest.raises(ValueError, match="output_size must be positive"):
+        ResizeRGBImageDecoder((0, 5))
 
 
 # ---------------------------------------------------------------- crop geometry

@@ -84,6 +84,17 @@ def test_field_arguments_vs_field_values():
         RGBImageField("bmp")
 
 
+
+def test_writer_arguments_are_configuration_errors(tmp_path):
+    with pytest.raises(errors.ConfigurationError, match="must be ASCII") as info:
+        write_dataset(str(tmp_path / "a.beton"), {"étiquette": IntField()}, [(1,)], 1)
+    assert info.value.field == "étiquette"
+    with pytest.raises(errors.ConfigurationError, match="1..16 ASCII characters"):
+        write_dataset(str(tmp_path / "b.beton"), {"x" * 17: IntField()}, [(1,)], 1)
+    with pytest.raises(errors.ConfigurationError, match="num_samples=3 but 2 samples were given"):
+        write_dataset(str(tmp_path / "c.beton"), {"label": IntField()}, [(1,), (2,)], 3)
+    assert not any(p.name.startswith(("a.beton", "b.beton", "c.beton")) for p in tmp_path.iterdir())
+
 def test_dataset_errors_carry_the_path(tmp_path):
     from ffload.formats import open_dataset
     junk = tmp_path / "junk.beton"

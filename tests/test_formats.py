@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from isolated import run_isolated
 
+from ffload.errors import ConfigurationError
 from ffload.formats import (
     BytesField,
     DatasetError,
@@ -210,7 +211,7 @@ def ffcv_loader_reads_our_files(tmp: str):
     samples = [(im, i * 3, i / 8, np.arange(5, dtype=np.int16) * i, np.arange(i + 1, dtype=np.uint8), {"i": i})
                for i, im in enumerate(imgs)]
     dst = str(tmp_path / "ours.beton")
-    write_dataset(dst, fields, samples, len(samples))
+    write_dataset(dst, fields, samples, len(samples), info={"classes": ["x", "y"]})  # ffcv skips the info block
     loader = Loader(dst, batch_size=4, num_workers=1, order=OrderOption.SEQUENTIAL, drop_last=False,
                     pipelines={"image": [SimpleRGBImageDecoder()], "label": [IntDecoder()],
                                "value": [FloatDecoder()], "array": [NDArrayDecoder()],
@@ -266,6 +267,46 @@ def _good_beton(tmp_path):
     dst = str(tmp_path / "good.beton")
     write_dataset(dst, fields, samples, len(samples))
     return dst
+
+
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_dataset_info_round_trip_and_refusals(tmp_path, suffix):
+    fields, samples = all_field_samples()
+    info = {"classes": ["chat", "chien", "éléphant"], "source": {"kind": "imagefolder", "n": 3}}
+    dst = write_dataset(str(tmp_path / f"d{suffix}"), fields, samples, len(samples), info=info)
+    view = open_dataset(dst)
+    assert view.info == info
+    check_view(view, samples)  # the info block moves nothing the samples need
+    # fewer samples than reserved (skipped inputs): the block follows the rows actually written
+    from ffload.formats.atomic import dataset_writer
+    with dataset_writer(str(tmp_path / f"s{suffix}"), {"label": IntField()}, 10, info=info) as writer:
+        for i in range(4):
+            writer.add(i, [np.int64(i)], [None])
+    short = open_dataset(str(tmp_path / f"s{suffix}"))
+    assert short.num_samples == 4 and short.info == info and short.metadata["label"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ConfigurationError, match="JSON values only"):
+        write_dataset(str(tmp_path / f"bad{suffix}"), {"label": IntField()}, [(1,)], 1, info={"x": {1, 2}})
+    with pytest.raises(ConfigurationError, match="must be a dict"):
+        write_dataset(str(tmp_path / f"bad{suffix}"), {"label": IntField()}, [(1,)], 1, info=["a"])
+    assert not os.path.exists(tmp_path / f"bad{suffix}")
+
+
+def test_corrupt_info_block_is_refused(tmp_path):
+    from ffload.formats.beton import INFO_MAGIC
+    dst = write_dataset(str(tmp_path / "d.beton"), {"label": IntField(), "blob": BytesField()},
+                        [(i, np.arange(3, dtype=np.uint8)) for i in range(3)], 3, info={"classes": ["a"]})
+    raw = bytearray(open(dst, "rb").read())
+    at = raw.find(INFO_MAGIC) + len(INFO_MAGIC)
+    good = bytes(raw)
+    raw[at:at + 8] = np.uint64(1 << 40).astype("<u8").tobytes()  # a length running past the data
+    open(dst, "wb").write(raw)
+    with pytest.raises(DatasetError, match="runs past the data"):
+        open_dataset(dst)
+    raw = bytearray(good)
+    raw[at + 8] = ord("[")  # '{"classes"...' becomes '["classes"...': not JSON any more
+    open(dst, "wb").write(raw)
+    with pytest.raises(DatasetError, match="not UTF-8 JSON"):
+        open_dataset(dst)
 
 
 def test_missing_and_not_a_dataset(tmp_path):
@@ -487,3 +528,28 @@ def test_image_sizes_from_metadata():
     np.testing.assert_array_equal(image_sizes(column), [[32, 7], [32, 48], [65535, 48]])
     assert image_sizes(column[:0]).shape == (0, 2)
     np.testing.assert_array_equal(image_sizes(column[1:4], distinct=False), [[32, 7], [32, 48], [65535, 48]])
+
+
+def test_lmdb_offsets_come_from_lmdbs_own_mapping_when_the_file_is_mapped_twice(tmp_path):
+    """A process may map data.mdb more than once (an earlier view's open_region()); the record
+    offsets must be taken against LMDB's mapping, the one holding the values it returns."""
+    import lmdb
+
+    from ffload.formats.lmdb_format import _address, _lmdb_map_base
+
+    rows = [(np.full((8, 8, 3), i, np.uint8), i) for i in range(5)]
+    dst = write_dataset(str(tmp_path / "twice.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, 5)
+    data_path = os.path.join(dst, "data.mdb")
+    other = np.memmap(data_path, dtype=np.uint8, mode="r")  # a second mapping of the file, offset 0
+    env = lmdb.open(dst, readonly=True, lock=False)
+    with env.begin(buffers=True) as txn:
+        value = txn.get(b"__ffload__")
+        lmdb_base = _lmdb_map_base(data_path, _address(value))
+        assert lmdb_base is not None and lmdb_base != other.ctypes.data
+        assert _lmdb_map_base(data_path, other.ctypes.data + 10) == other.ctypes.data
+        assert bytes(value) == bytes(np.asarray(other[_address(value) - lmdb_base:][:len(value)]))
+    env.close()
+    view = open_dataset(dst)
+    for i in range(5):
+        assert view.payload("image", i)[:4].tolist() == [i] * 4
+    del other

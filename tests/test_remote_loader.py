@@ -54,8 +54,8 @@ def test_remote_view_is_the_local_view(s3):
     for name in local.ptrs:
         assert np.array_equal(remote.ptrs[name], local.ptrs[name])
         assert np.array_equal(remote.sizes[name], local.sizes[name])
-    assert np.array_equal(remote.sample_pages, local.sample_pages)
-    assert remote.remote.requests <= 5  # header, descriptors, metadata, allocation table, LMDB probe
+    assert np.array_equal(remote.sample_pages, local.sample_pages) and remote.info == local.info
+    assert remote.remote.requests <= 6  # LMDB probe, header, descriptors, allocation table, metadata, info
     with pytest.raises(ConfigurationError, match="object storage"):
         remote.open_region()
 

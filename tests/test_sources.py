@@ -319,6 +319,13 @@ def test_cifar10_round_trip(cifar10, cifar_arrays, train):
     assert "sample 4 of cifar10-" in src.describe(4)
 
 
+def test_cifar_class_names_reach_the_dataset(tmp_path, cifar10):
+    from ffload.convert import convert_dataset
+    from ffload.formats import open_dataset
+    dst = convert_dataset(CIFARSource(cifar10, train=False), str(tmp_path / "c.beton"), progress=False).dst
+    assert open_dataset(dst).info["classes"] == list(CIFAR10_LABEL_NAMES)
+
+
 @pytest.mark.parametrize("label_kind", ["fine", "coarse"])
 def test_cifar100_round_trip(cifar100, cifar_arrays, label_kind):
     for train, split in ((True, "train"), (False, "test")):

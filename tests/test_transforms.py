@@ -9,6 +9,7 @@ import pytest
 import torch
 from skimage import data
 
+from ffload.errors import ConfigurationError
 from ffload.formats import IntField, RGBImageField
 from ffload.loaders.operation import BatchContext, Spec
 from ffload.loaders.rng import randint, sample_seeds, seed_state, uniform
@@ -174,14 +175,16 @@ def test_normalize_torch_stage_nhwc(batch):
 
 
 def test_normalize_checks():
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigurationError, match="std != 0"):
         NormalizeImage([1, 2, 3], [1, 0, 1])
     with pytest.raises(ValueError):
         NormalizeImage([1, 2], [1, 2, 3])
     with pytest.raises(ValueError):
         NormalizeImage(MEAN, STD, np.int32)
-    with pytest.raises(TypeError, match="uint8"):
+    with pytest.raises(TypeError, match="uint8, int8, uint16 or int16"):
         NormalizeImage(MEAN, STD).declare(Spec((8, 8, 3), np.dtype(np.float32)), FIELD, VIEW)
+    with pytest.raises(TypeError, match="uint8, int8, uint16 or int16"):  # no 2**32-row table
+        NormalizeImage(MEAN, STD).declare(Spec((8, 8, 3), np.dtype(np.uint32)), FIELD, VIEW)
     with pytest.raises(TypeError, match="3 channels"):
         NormalizeImage(MEAN, STD).declare(Spec((8, 8, 4), np.dtype(np.uint8)), FIELD, VIEW)
     with pytest.raises(TypeError, match="after ToTensor"):  # numpy has no bfloat16
@@ -189,6 +192,35 @@ def test_normalize_checks():
     spec = NormalizeImage(MEAN, STD, torch.bfloat16).declare(Spec((3, 8, 8), torch.uint8, on_torch=True, channels_first=True),
                                                              FIELD, VIEW)
     assert spec.dtype == torch.bfloat16
+
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("pixels", [np.uint16, np.int16, np.int8])
+def test_normalize_16_bit_and_signed_numpy_stage_equals_reference(dtype, pixels):
+    info = np.iinfo(pixels)
+    rng = np.random.default_rng(5)
+    x = rng.integers(info.min, info.max, (6, 9, 7, 2), dtype=pixels, endpoint=True)
+    x[0, 0, 0] = info.max, info.min  # the table's both ends
+    mean, std = [1000.0, -20.5], [350.0, 7.25]  # in the pixels' own units
+    out = run(NormalizeImage(mean, std, dtype), x, context(6))
+    ref = ((x.astype(np.float64) - mean) / std).astype(dtype)
+    assert out.dtype == dtype and np.array_equal(out, ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_normalize_uint16_torch_stage(dtype):
+    x = np.random.default_rng(6).integers(0, 65535, (4, 5, 6, 1), dtype=np.uint16, endpoint=True)
+    x[0, 0, 0, 0] = 65535  # above float16's largest finite value: converted through float32
+    op = NormalizeImage([30000.0], [20000.0], dtype)
+    spec, x_t = Spec(x.shape[1:], np.dtype(np.uint16)), x.copy()
+    for stage in (ToTensor(), ToTorchImage(), op):
+        spec = stage.declare(spec, FIELD, VIEW)
+        x_t = stage(x_t, None, context(4))
+    assert spec.dtype == dtype and x_t.dtype == dtype and x_t.shape == (4, 1, 5, 6)
+    ref = (x.astype(np.float64) - 30000.0) / 20000.0
+    assert np.allclose(x_t.float().numpy().transpose(0, 2, 3, 1), ref, rtol=0, atol=2e-3 if dtype == torch.float16 else 1e-6)
+    assert torch.isfinite(x_t).all()
 
 
 # ---------------------------------------------------------------- torch stage

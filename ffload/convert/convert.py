@@ -199,11 +199,13 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     if unreadable and on_error == "fail":
         raise ConvertError(f"{unreadable[0][0]}: {unreadable[0][1]} ({len(unreadable)} unreadable entries; "
                            f"--on-error skip lists them and goes on)", path=unreadable[0][0])
+    classes = getattr(source, "classes", None)
+    info = {"classes": [str(c) for c in classes]} if classes else None  # read back as view.info
     journal = state = None
     if fmt == "beton":
         arguments = {"fields": {k: [type(f).__name__, f.arguments()] for k, f in fields.items()},
                      "page_size": page_size, "on_error": on_error, "reencode": reencode,
-                     "strip_metadata": strip_metadata, "verify": verify}
+                     "strip_metadata": strip_metadata, "verify": verify, "info": info}
         journal, state = _open_journal(dst, fields, source, arguments, resume, checkpoint_seconds)
     elif resume:
         raise ConfigurationError(f"{dst}: resume=True / --resume works for .beton outputs only")
@@ -218,8 +220,8 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     t0 = time.perf_counter()
     try:
         with dataset_writer(dst, fields, n, overwrite=overwrite, page_size=page_size,
-                            tmp=journal and journal.partial,
-                            open_writer=journal and journal.writer(page_size, state)) as writer:
+                            tmp=journal and journal.partial, info=info,
+                            open_writer=journal and journal.writer(page_size, state, info)) as writer:
             if journal is not None:
                 if label_pos is not None:
                     labels[:written] = writer.metadata[f"f{label_pos}"][:written]
@@ -264,7 +266,6 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - t0
-    classes = getattr(source, "classes", None)
     counts = None
     if label_pos is not None and written and labels[:written].min() >= 0:
         counts = np.bincount(labels[:written], minlength=len(classes) if classes else 0)

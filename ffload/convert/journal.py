@@ -156,9 +156,10 @@ class ConversionJournal:
         for path in (self.meta_path, self.alloc_path):
             open(path, "wb").close()
 
-    def writer(self, page_size: int | None, journal: dict | None):
-        """``open_writer`` for :func:`ffload.formats.atomic.dataset_writer`: a new BetonWriter on the partial
-        path, or one continuing it at ``journal``'s checkpoint; checkpoints are invalidated before pages grow."""
+    def writer(self, page_size: int | None, journal: dict | None, info: dict | None = None):
+        """``open_writer`` for :func:`ffload.formats.atomic.dataset_writer`: a new BetonWriter (storing
+        ``info``) on the partial path, or one continuing it at ``journal``'s checkpoint; checkpoints are
+        invalidated before pages grow."""
         def open_writer(path: str) -> BetonWriter:
             resume = None
             if journal is not None:
@@ -167,7 +168,8 @@ class ConversionJournal:
                 for name, rows in ((self.meta_path, meta), (self.alloc_path, allocs)):
                     os.truncate(name, rows.nbytes)
                 resume = ({k: journal[k] for k in ("count", "page_size", "data_start", "data_bytes")}, meta, allocs)
-            writer = BetonWriter(path, self.fields, self.num_samples, page_size or DEFAULT_PAGE_SIZE, resume=resume)
+            writer = BetonWriter(path, self.fields, self.num_samples, page_size or DEFAULT_PAGE_SIZE, resume=resume,
+                                 info=info)
             writer.before_grow = self._invalidate
             return writer
         return open_writer

@@ -117,17 +117,18 @@ def _check_image_pixels(view: DatasetView, max_pixels: int) -> None:
 
 
 def write_dataset(dst: str, fields: dict[str, Field], samples: Iterable[Sequence], num_samples: int,
-                  overwrite: bool = False, page_size: int | None = None) -> str:
+                  overwrite: bool = False, page_size: int | None = None, info: dict | None = None) -> str:
     """Encode ``samples`` (tuples of values in field order) in this process and write ``dst``
     (``.beton`` or ``.lmdb`` by suffix) atomically. For large image datasets use
-    :func:`ffload.convert.convert_dataset`, which encodes in parallel.
+    :func:`ffload.convert.convert_dataset`, which encodes in parallel. ``info`` is a dataset-level
+    JSON object read back as ``open_dataset(dst).info`` (e.g. ``{"classes": names}``).
 
     Raises:
         FieldError: a value does not fit its field (the message names the sample index).
         FileExistsError, ValueError: see :func:`dataset_writer`.
     """
     flist = list(fields.values())
-    with dataset_writer(dst, fields, num_samples, overwrite, page_size) as writer:
+    with dataset_writer(dst, fields, num_samples, overwrite, page_size, info=info) as writer:
         count = 0
         for i, sample in enumerate(samples):
             if len(sample) != len(flist):
@@ -143,5 +144,5 @@ def write_dataset(dst: str, fields: dict[str, Field], samples: Iterable[Sequence
             writer.add(i, metas, payloads)
             count += 1
         if count != num_samples:
-            raise ValueError(f"num_samples={num_samples} but {count} samples were given")
+            raise ConfigurationError(f"num_samples={num_samples} but {count} samples were given")
     return dst

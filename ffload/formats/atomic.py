@@ -216,7 +216,8 @@ def _swap_in(tmp: str, dst: str, litter: list[str]) -> None:
 @contextmanager
 def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwrite: bool = False,
                    page_size: int | None = None, tmp: str | None = None,
-                   open_writer: Callable[[str], DatasetWriter] | None = None) -> Iterator[DatasetWriter]:
+                   open_writer: Callable[[str], DatasetWriter] | None = None,
+                   info: dict | None = None) -> Iterator[DatasetWriter]:
     """Context manager yielding a :class:`~.writer.DatasetWriter` (``add(index, metas,
     payloads)``) for ``dst``, with the guarantees of the module docstring.
 
@@ -224,8 +225,8 @@ def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwri
     exit the writer is closed, synced and swapped onto ``dst``; on an exception the temporary
     output is deleted and the exception propagates. ``tmp`` names the temporary output (default:
     a fresh hidden name beside ``dst`` carrying this process's pid) and ``open_writer(tmp)`` makes
-    the writer (default: a new BetonWriter / LMDBWriter), as a resumed conversion does
-    (``ffload.convert.journal``).
+    the writer (default: a new BetonWriter / LMDBWriter storing ``info``, the dataset-level JSON
+    object), as a resumed conversion does (``ffload.convert.journal``).
 
     Raises:
         DatasetBusyError: another process is writing ``dst`` (names its pid).
@@ -247,9 +248,9 @@ def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwri
             if open_writer is not None:
                 writer = open_writer(tmp)
             elif fmt == "beton":
-                writer = BetonWriter(tmp, fields, num_samples, page_size or DEFAULT_PAGE_SIZE)
+                writer = BetonWriter(tmp, fields, num_samples, page_size or DEFAULT_PAGE_SIZE, info=info)
             else:
-                writer = LMDBWriter(tmp, fields, num_samples)
+                writer = LMDBWriter(tmp, fields, num_samples, info=info)
             with writer:  # closes (commits) on normal exit, aborts on an exception
                 yield writer
             _swap_in(tmp, dst, litter)

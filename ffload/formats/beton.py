@@ -8,6 +8,8 @@ Layout (all little-endian; the dtypes below are FFCV's ``ffcv/types.py``)::
                       arguments 1024 x u1                             (1041 bytes each)
     metadata          num_samples x metadata_dtype(fields)            (aligned struct of the
                       fields' metadata records)
+    info (ffload)     optional: INFO_MAGIC, JSON length <u8, UTF-8 JSON object (the dataset's
+                      ``info``, e.g. class names), in the padding that precedes the first page
     zero padding      to a multiple of page_size
     data pages        page_size bytes each; a sample's payloads never straddle a page; the last
                       page is written in full (zero padded)
@@ -18,16 +20,20 @@ a larger (power-of-two) page size instead of "Tried allocating ... but page size
 ffcv's reader and loader accept as any other page size; an empty payload is followed by one zero
 byte, so that its offset is its own (ffcv's writer gives it the next payload's offset, and ffcv's
 reader, which finds a payload's size by offset, may then read either with the other's size).
-Pages are filled in sample order.
+Pages are filled in sample order. The dataset-level ``info`` (class names) lives in the padding
+between the metadata and the first page, which ffcv's reader never reads (it finds the metadata
+right after the field descriptors and the pages through the allocation table), so ffcv reads such
+files unchanged; a file without it has zeros there and ``info`` is ``{}``.
 """
 from __future__ import annotations
 
 import io
+import json
 import os
 
 import numpy as np
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, FieldError
 from .fields import FIELD_TYPES, Field, metadata_dtype, named_metadata_dtype
 from .view import DatasetView, check_field_values, dataset_error
 from .writer import DatasetWriter
@@ -40,6 +46,7 @@ FIELD_DESC_TYPE = np.dtype([("type_id", "<u1"), ("name", ("<u1", 16)),
 ALLOC_TYPE = np.dtype([("sample_id", "<u8"), ("ptr", "<u8"), ("size", "<u8")])
 
 MIN_PAGE_SIZE = 1 << 21  # 2 MiB, ffcv's minimum
+INFO_MAGIC = b"ffload-info\0"  # 12 bytes, then the JSON length <u8, then the JSON
 DEFAULT_PAGE_SIZE = 1 << 23  # 8 MiB, ffcv's default (4 * MIN_PAGE_SIZE)
 MAX_PAGE_SIZE = 1 << 31  # the largest power of two below ffcv's uint32 limit
 NAME_LEN = 16
@@ -69,9 +76,10 @@ def field_descriptors(fields: dict[str, Field]) -> np.ndarray:
         try:
             encoded = name.encode("ascii")
         except UnicodeEncodeError:
-            raise ValueError(f"field name {name!r} must be ASCII (.beton stores 16 ASCII bytes)") from None
+            raise ConfigurationError(f"field name {name!r} must be ASCII (.beton stores 16 ASCII bytes)",
+                                     field=name) from None
         if not 0 < len(encoded) <= NAME_LEN or b"\0" in encoded:
-            raise ValueError(f"field name {name!r} must be 1..{NAME_LEN} ASCII characters")
+            raise ConfigurationError(f"field name {name!r} must be 1..{NAME_LEN} ASCII characters", field=name)
         desc[i]["type_id"] = f.type_id
         desc[i]["name"][: len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
         desc[i]["arguments"][:] = f.to_binary()
@@ -91,7 +99,10 @@ class BetonWriter(DatasetWriter):
             first page.
         page_size: bytes, power of two >= 2 MiB; grows automatically for larger samples.
         resume: ``(state, metadata rows, allocation rows)`` of a :meth:`checkpoint` of ``path``
-            (all rows since the start): continue that file instead of creating one.
+            (all rows since the start): continue that file instead of creating one (with the
+            same ``info``).
+        info: dataset-level JSON object (see :class:`~.writer.DatasetWriter`), stored after the
+            metadata (see the module docstring).
     """
 
     before_grow = None
@@ -99,14 +110,18 @@ class BetonWriter(DatasetWriter):
     a checkpoint taken before then no longer describes the file (see :meth:`checkpoint`)."""
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
-                 page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray] | None = None):
-        super().__init__(path, fields, num_samples)
+                 page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray] | None = None,
+                 info: dict | None = None):
+        super().__init__(path, fields, num_samples, info)
         self.page_size = check_page_size(page_size)
         self.metadata = np.zeros(self.num_samples, dtype=metadata_dtype(self._field_list))
         self._columns = [self.metadata[f"f{k}"] for k in range(len(self._field_list))]
         self._desc = field_descriptors(self.fields)
-        self._meta_end = HEADER_TYPE.itemsize + self._desc.nbytes + self.metadata.nbytes
-        self._data_start = _align(self._meta_end, self.page_size)
+        self._info_block = (INFO_MAGIC + np.uint64(len(self._info_json)).astype("<u8").tobytes() + self._info_json
+                            if self._info_json else b"")
+        # the metadata rows reserved for num_samples, then the info block: the data starts after both
+        self._head_end = HEADER_TYPE.itemsize + self._desc.nbytes + self.metadata.nbytes + len(self._info_block)
+        self._data_start = _align(self._head_end, self.page_size)
         self._pos = 0  # bytes written into the data region; pointers are relative to it until close
         self._allocs: list[tuple[int, int, int]] = []
         self._fp = self._handle = open(path, "r+b" if resume else "w+b", buffering=0)
@@ -143,7 +158,7 @@ class BetonWriter(DatasetWriter):
                              f"of {len(metadata)} metadata rows")
         self.page_size = check_page_size(state["page_size"])
         self._data_start, self._pos = int(state["data_start"]), int(state["data_bytes"])
-        if self._data_start != _align(self._meta_end, self.page_size):
+        if self._data_start != _align(self._head_end, self.page_size):
             raise ValueError(f"checkpoint's data region starts at {self._data_start}, not at a page")
         self.metadata[:count] = metadata
         self._allocs = [tuple(int(v) for v in row) for row in allocs.tolist()]
@@ -175,11 +190,11 @@ class BetonWriter(DatasetWriter):
         new, larger pages, so only the data region's start moves (data shifted once)."""
         new_page = _next_pow2(sample_bytes)
         if new_page > MAX_PAGE_SIZE:
-            raise ValueError(f"sample {self.count} needs {sample_bytes} bytes; a .beton page holds "
-                             f"at most {MAX_PAGE_SIZE}")
+            raise FieldError(f"sample {self.count} needs {sample_bytes} bytes; a .beton page holds "
+                             f"at most {MAX_PAGE_SIZE}", sample=self.count)
         if self.before_grow is not None:
             self.before_grow()
-        new_start = _align(self._meta_end, new_page)
+        new_start = _align(self._head_end, new_page)
         self._out.flush()
         shift = new_start - self._data_start
         if shift and self._pos:
@@ -198,8 +213,9 @@ class BetonWriter(DatasetWriter):
     def _finalize(self) -> None:
         """Pad the last page, make the pointers absolute, write metadata, allocation table and
         header; fsync."""
-        if self._pos == 0:  # no payloads at all: the table follows the metadata (as in ffcv)
-            self._data_start = self._meta_end
+        if self._pos == 0:  # no payloads at all: the table follows the rows written (as in ffcv) and info
+            self._data_start = (HEADER_TYPE.itemsize + self._desc.nbytes + self.count * self.metadata.itemsize
+                                + len(self._info_block))
             self._out.seek(self._data_start)
         if self._pos % self.page_size:
             self._pad(self.page_size - self._pos % self.page_size)
@@ -218,7 +234,8 @@ class BetonWriter(DatasetWriter):
         header["page_size"] = self.page_size
         header["num_samples"] = self.count
         header["alloc_table_ptr"] = self._data_start + self._pos
-        head = header.tobytes() + self._desc.tobytes() + self.metadata[: self.count].tobytes()
+        # the info block follows the rows written (fewer than reserved when inputs were skipped)
+        head = header.tobytes() + self._desc.tobytes() + self.metadata[: self.count].tobytes() + self._info_block
         os.pwrite(self._fp.fileno(), head, 0)
         os.fsync(self._fp.fileno())
 
@@ -254,6 +271,30 @@ def read_header(path: str, source) -> np.void:
     return header
 
 
+def read_info(path: str, source, start: int, end: int, head: bytes) -> dict:
+    """The dataset-level ``info`` stored at byte ``start`` (the metadata's end), if ``head`` (the
+    bytes read there, up to ``len(INFO_MAGIC) + 8``) begins with :data:`INFO_MAGIC`; the block must
+    end by ``end`` (the first payload or the allocation table); the JSON is read through ``source``
+    (``.read(start, stop) -> bytes``). ``{}`` when absent (ffcv's files, older ffload files).
+
+    Raises:
+        DatasetError: a block that runs past ``end`` or whose JSON is not an object.
+    """
+    size = len(INFO_MAGIC) + 8
+    if end - start < size or len(head) < size or head[:len(INFO_MAGIC)] != INFO_MAGIC:
+        return {}
+    length = int(np.frombuffer(head[len(INFO_MAGIC):size], "<u8")[0])
+    if length > end - start - size:
+        raise dataset_error(path, f"info block of {length} bytes at {start} runs past the data at {end} (corrupt file)")
+    try:
+        info = json.loads(source.read(start + size, start + size + length).decode("utf8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise dataset_error(path, f"info block at {start} is not UTF-8 JSON: {e}") from e
+    if not isinstance(info, dict):
+        raise dataset_error(path, f"info block at {start} holds a JSON {type(info).__name__}, not an object")
+    return info
+
+
 def open_beton(path: str, source=None) -> DatasetView:
     """Open a ``.beton`` file (written by ffload or ffcv) and validate every offset.
 
@@ -262,7 +303,8 @@ def open_beton(path: str, source=None) -> DatasetView:
         source: what to read the bytes from: ``size`` (bytes) and ``read(start, stop) -> bytes``;
             ``None``: the local file ``path`` (:class:`LocalBytes`). A remote one
             (:class:`ffload.storage.RemoteObject`) is read with four range reads (header, field
-            descriptors, metadata table, allocation table) and the view gets ``remote=source``
+            descriptors, allocation table, metadata table with the head of the info block; a
+            fifth for the info JSON when there is one) and the view gets ``remote=source``
             and no ``data_path``: its payloads are read by the Loader's page cache.
 
     Raises:
@@ -302,9 +344,13 @@ def open_beton(path: str, source=None) -> DatasetView:
                           f"at {table_ptr}, file size {size} bytes")
     if (size - table_ptr) % ALLOC_TYPE.itemsize:
         raise dataset_error(path, "truncated (allocation table is not a whole number of entries)")
-    metadata = (np.frombuffer(bytearray(source.read(desc_end, meta_end)), dtype=mtype) if n
-                else np.zeros(0, mtype))
     table = np.frombuffer(source.read(table_ptr, size), dtype=ALLOC_TYPE)
+    # the metadata and the head of the info block after it, in one read
+    info_end = int(table["ptr"].min()) if table.size else table_ptr
+    info_head = len(INFO_MAGIC) + 8 if info_end - meta_end >= len(INFO_MAGIC) + 8 else 0
+    block = source.read(desc_end, meta_end + info_head)
+    metadata = np.frombuffer(bytearray(block[:meta_end - desc_end]), dtype=mtype) if n else np.zeros(0, mtype)
+    info = read_info(path, source, meta_end, info_end, block[meta_end - desc_end:])
     ends = table["ptr"] + table["size"]
     if table.size and (ends.max() > table_ptr or table["ptr"].min() < meta_end
                        or table["sample_id"].max() >= n or np.any(ends < table["ptr"])):
@@ -348,4 +394,4 @@ def open_beton(path: str, source=None) -> DatasetView:
     check_field_values(path, fields, named)
     return DatasetView(path=path, format="beton", num_samples=n, fields=fields, metadata=named,
                        ptrs=ptrs, sizes=sizes, data_path=None if remote else path, data_size=size,
-                       page_size=page_size, remote=source if remote else None)
+                       page_size=page_size, info=info, remote=source if remote else None)

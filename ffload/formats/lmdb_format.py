@@ -103,13 +103,15 @@ class LMDBWriter(DatasetWriter):
         num_samples: at most this many samples will be added (fewer when inputs are skipped).
         txn_bytes: commit a write transaction every this many bytes (and at close).
         initial_map_size: bytes; LMDB's map size to start with (it doubles when full).
+        info: dataset-level JSON object (see :class:`~.writer.DatasetWriter`), stored under
+            ``"info"`` in the metadata record.
     """
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
-                 txn_bytes: int = 64 << 20, initial_map_size: int = 64 << 20):
+                 txn_bytes: int = 64 << 20, initial_map_size: int = 64 << 20, info: dict | None = None):
         import lmdb
 
-        super().__init__(path, fields, num_samples)
+        super().__init__(path, fields, num_samples, info)
         self._lmdb = lmdb
         self.record_dtype = named_metadata_dtype(self.fields)
         self.map_size = int(initial_map_size)
@@ -159,6 +161,8 @@ class LMDBWriter(DatasetWriter):
                             "arguments": f.arguments()} for n, f in self.fields.items()],
                 "record_dtype": _dtype_to_json(self.record_dtype),
                 "record_size": self.record_dtype.itemsize}
+        if self.info:
+            meta["info"] = self.info
         self._put_all([(META_KEY, json.dumps(meta).encode("utf8"))])
         self.env.sync(True)
 
@@ -211,8 +215,11 @@ def _fields_from_meta(path: str, meta: dict) -> dict[str, Field]:
     return fields
 
 
-def _lmdb_map_base(data_path: str) -> int | None:
-    """Start address of this process's mapping of ``data_path`` (LMDB's own), from /proc."""
+def _lmdb_map_base(data_path: str, probe: int) -> int | None:
+    """Start address of LMDB's own mapping of ``data_path`` in this process, from /proc: the
+    mapping of the file from offset 0 that holds ``probe``, the address of a value LMDB returned.
+    (The process may map the file more than once: a loader's ``open_region()`` of an earlier
+    view, another environment; the first mapping listed is not necessarily LMDB's.)"""
     try:
         st = os.stat(data_path)
         with open("/proc/self/maps") as maps:
@@ -220,8 +227,9 @@ def _lmdb_map_base(data_path: str) -> int | None:
             for line in maps:
                 parts = line.rstrip("\n").split(maxsplit=5)  # the path (field 6) may hold spaces
                 if len(parts) == 6 and int(parts[4]) == st.st_ino and parts[5] == real:
-                    if int(parts[2], 16) == 0:
-                        return int(parts[0].split("-")[0], 16)
+                    start, end = (int(v, 16) for v in parts[0].split("-"))
+                    if int(parts[2], 16) == 0 and start <= probe < end:
+                        return start
     except (OSError, ValueError):
         return None
     return None
@@ -257,13 +265,16 @@ def open_lmdb(path: str) -> DatasetView:
     try:
         meta = _read_meta(path, txn)
         fields = _fields_from_meta(path, meta)
+        info = meta.get("info", {})
+        if not isinstance(info, dict):
+            raise dataset_error(path, f"metadata record: info is a JSON {type(info).__name__}, not an object")
         n = meta.get("num_samples")
         if not isinstance(n, int) or n < 0:
             raise dataset_error(path, f"metadata record: invalid num_samples {n!r}")
         rec_dtype = named_metadata_dtype(fields)
         if int(meta.get("record_size", -1)) != rec_dtype.itemsize:
             raise dataset_error(path, "metadata record_size does not match its fields")
-        base = _lmdb_map_base(data_path)
+        base = _lmdb_map_base(data_path, _address(txn.get(META_KEY)))
         data_size = os.path.getsize(data_path)
         offsets = np.zeros(n, dtype=np.uint64)
         lengths = np.zeros(n, dtype=np.uint64)
@@ -302,6 +313,7 @@ def open_lmdb(path: str) -> DatasetView:
             view = _build_view(path, fields, rec_dtype, offsets, lengths, None, int(memory.size), memory)
         else:
             view = _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, None)
+        view.info = info
     except BaseException as e:
         txn.abort()
         _release_env(env_key)

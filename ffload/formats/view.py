@@ -1,7 +1,7 @@
 """The one view of a dataset that the loader sees, whichever container holds it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,6 +46,8 @@ class DatasetView:
         memory: the payload bytes held in process memory when ``data_path`` is None.
         snapshot: what keeps the offsets valid while the view lives (LMDB: an open read
             transaction, so that concurrent writers do not reuse its pages), or None.
+        info: the dataset-level JSON object its writer stored (``info["classes"]``: class names
+            indexed by label, when the source had them); ``{}`` when none (e.g. ffcv's files).
         remote: for a ``.beton`` on object storage (``path`` is its URL), the
             :class:`ffload.storage.RemoteObject` its payloads are read from (by the Loader's page
             cache, :mod:`ffload.loaders.pagepool`); ``data_path`` and ``memory`` are then None.
@@ -63,6 +65,7 @@ class DatasetView:
     page_size: int
     memory: np.ndarray | None = None
     snapshot: object | None = None
+    info: dict = field(default_factory=dict)
     remote: object | None = None
 
     @property

@@ -3,11 +3,29 @@
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import ConfigurationError
 from .fields import Field
+
+
+def encode_info(info: dict) -> bytes:
+    """``info`` as compact UTF-8 JSON (empty bytes for an empty dict).
+
+    Raises:
+        ConfigurationError: ``info`` is not a dict of JSON-able values (names the cause).
+    """
+    if not isinstance(info, dict):
+        raise ConfigurationError(f"info must be a dict (a JSON object), got {type(info).__name__}")
+    if not info:
+        return b""
+    try:
+        return json.dumps(info, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf8")
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"info must hold JSON values only: {e}") from e
 
 
 class DatasetWriter:
@@ -32,6 +50,9 @@ class DatasetWriter:
         fields: name -> Field, in order.
         num_samples: at most this many samples will be added; fewer may be (skipped inputs):
             the container then records the number actually added.
+        info: dataset-level information, a JSON object (``{"classes": [...]}``: class names
+            indexed by label), stored once in the container and read back as
+            :attr:`~.view.DatasetView.info`; ``None``: none.
 
     Attributes:
         count: samples added so far (the index the next :meth:`add` must carry).
@@ -39,12 +60,14 @@ class DatasetWriter:
 
     _handle = None
 
-    def __init__(self, path: str, fields: dict[str, Field], num_samples: int):
+    def __init__(self, path: str, fields: dict[str, Field], num_samples: int, info: dict | None = None):
         self.path = path
         self.fields = dict(fields)
         self._field_list = list(self.fields.values())
         self.num_samples = int(num_samples)
         self.count = 0
+        self._info_json = encode_info({} if info is None else info)  # checks it first
+        self.info = dict(info or {})
 
     def add(self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None]) -> None:
         """Append sample ``index``: its metadata records (each field's ``metadata_type``, the
@@ -52,10 +75,10 @@ class DatasetWriter:
         in field order.
 
         Raises:
-            ValueError: ``index`` is not the next sample, or ``num_samples`` were added already.
+            ConfigurationError: ``index`` is not the next sample, or ``num_samples`` were added already.
         """
         if index != self.count or index >= self.num_samples:
-            raise ValueError(f"samples must be added in order, at most {self.num_samples}: "
+            raise ConfigurationError(f"samples must be added in order, at most {self.num_samples}: "
                              f"expected {self.count}, got {index}")
         self._write_sample(index, metas, payloads)
         self.count += 1

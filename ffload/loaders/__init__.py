@@ -5,14 +5,15 @@ imported from its submodule on first use).
 """
 from __future__ import annotations
 
-import importlib
+from ..lazy import lazy_getattr
 
 _MODULES = {  # public name -> the submodule defining it; imported on first use (torch, numba)
     **dict.fromkeys(["ColorJitter", "GaussianBlur", "RandomAffine", "RandomCrop", "RandomErasing",
                      "RandomGrayscale", "RandomPerspective", "RandomRotation", "RandomVerticalFlip"], "augment"),
     **dict.fromkeys(["BytesDecoder", "CenterCropImageArrayDecoder", "CenterCropRGBImageDecoder", "FloatDecoder",
                      "ImageArrayDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder", "RaggedLengthDecoder",
-                     "RandomCropImageArrayDecoder", "RandomResizedCropRGBImageDecoder", "SimpleRGBImageDecoder"],
+                     "RandomCropImageArrayDecoder", "RandomResizedCropRGBImageDecoder", "ResizeRGBImageDecoder",
+                     "SimpleRGBImageDecoder"],
                     "decoders"),
     **dict.fromkeys(["EpochIterator", "LoaderError"], "iterator"),
     "Loader": "loader",
@@ -21,19 +22,11 @@ _MODULES = {  # public name -> the submodule defining it; imported on first use 
     **dict.fromkeys(["Convert", "Squeeze", "ToDevice", "ToTensor", "ToTorchImage"], "torch_ops"),
     **dict.fromkeys(["Cutout", "NormalizeImage", "RandomHorizontalFlip", "RandomTranslate"], "transforms"),
     "PythonTransform": "user",
+    **dict.fromkeys(["BoxCountDecoder", "MaskDecoder", "TransformBoxes"], "targets"),
 }
 
 
-def __getattr__(name):
-    """Import the submodule defining ``name`` on first use, so that importing a light submodule
-    (``ffload.loaders.turbojpeg``, used by ``convert``) does not import torch."""
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_getattr(__name__, _MODULES, globals())
 
 __all__ = ["Loader", "OrderOption", "LoaderError", "EpochIterator", "Operation", "Spec",
            "BatchContext", "SimpleRGBImageDecoder", "CenterCropRGBImageDecoder",
@@ -42,4 +35,5 @@ __all__ = ["Loader", "OrderOption", "LoaderError", "EpochIterator", "Operation",
            "CenterCropImageArrayDecoder", "RandomCropImageArrayDecoder", "RandomHorizontalFlip", "RandomTranslate", "Cutout", "NormalizeImage",
            "ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze", "RandomVerticalFlip", "RandomCrop",
            "RandomAffine", "RandomRotation", "RandomPerspective", "ColorJitter", "RandomGrayscale", "GaussianBlur",
-           "RandomErasing", "PythonTransform"]
+           "RandomErasing", "PythonTransform", "ResizeRGBImageDecoder", "TransformBoxes", "BoxCountDecoder",
+           "MaskDecoder"]

@@ -79,6 +79,8 @@ class RandomVerticalFlip(_RandomFlip):
         ValueError: ``flip_prob`` outside [0, 1]. TypeError (declare): input not numpy (H, W, C).
     """
 
+    axis = "vflip"
+
     def __call__(self, src, dst, ctx):
         _vflip(_bits(src), ctx.seeds, self.salt, self.flip_prob)
         return src
@@ -113,6 +115,8 @@ class RandomGrayscale(_RGBTransform):
     Raises:
         ValueError: ``p`` outside [0, 1]. TypeError (declare): input not ``(H, W, 3) uint8``.
     """
+
+    keeps_geometry = True
 
     def __init__(self, p: float = 0.1):
         if not 0.0 <= p <= 1.0:
@@ -239,6 +243,8 @@ class ColorJitter(_RGBTransform):
             ``(H, W, 3) uint8``.
     """
 
+    keeps_geometry = True
+
     def __init__(self, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0):
         self.ranges = np.array([_pair(brightness, "brightness", 1.0, 0.0), _pair(contrast, "contrast", 1.0, 0.0),
                                 _pair(saturation, "saturation", 1.0, 0.0), _pair(hue, "hue")], dtype=np.float64)
@@ -319,6 +325,8 @@ class GaussianBlur(_NHWCTransform):
         TypeError (declare): input not numpy ``(H, W, C) uint8``.
     """
 
+    keeps_geometry = True
+
     def __init__(self, kernel_size: int, sigma: float | Sequence[float] = (0.1, 2.0)):
         if int(kernel_size) < 1 or int(kernel_size) % 2 == 0:
             raise ValueError(f"kernel_size must be an odd integer >= 1, got {kernel_size}")
@@ -397,6 +405,8 @@ class RandomErasing(_FilledTransform):
         ValueError: ``p`` outside [0, 1], bad ranges or fill. TypeError (declare): input not
             numpy (H, W, C).
     """
+
+    keeps_geometry = True
 
     def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), fill: Sequence[float] = (0, 0, 0)):
         if not 0.0 <= p <= 1.0:

@@ -27,6 +27,7 @@ from ..formats.fields import (
 )
 from . import jpeg
 from .crops import center_crop_boxes, random_resized_crop_boxes
+from .geometry import Geometry
 from .operation import BatchContext, Operation, Spec
 from .rng import op_salt, randint, seed_state, uniform
 
@@ -78,7 +79,7 @@ def _copy(src, src_start, dst, dst_start, n):
 
 
 @njit(nogil=True, cache=True)
-def _flip_draws(seeds, salt, prob, out):
+def flip_draws(seeds, salt, prob, out):
     """``out[b] = uniform(seed_state(seeds[b], salt)) < prob``: RandomHorizontalFlip's rule."""
     for b in range(seeds.shape[0]):
         u, _ = uniform(seed_state(seeds[b], salt))
@@ -93,6 +94,7 @@ class _RGBDecoder(Decoder):
 
     field_types = (RGBImageField,)
     flip = None  # (flip_prob, salt) of a fused RandomHorizontalFlip
+    publishes_geometry = True  # crop boxes and fused flips, for box/mask stages (.geometry)
 
     def fuse_flip(self, flip_prob, salt):
         self.flip = (float(flip_prob), np.uint64(salt))
@@ -120,7 +122,7 @@ class _RGBDecoder(Decoder):
         self._boxes(ctx, column["height"], column["width"], boxes)
         flips = np.zeros(batch, np.bool_)
         if self.flip is not None:
-            _flip_draws(ctx.seeds, self.flip[1], self.flip[0], flips)
+            flip_draws(ctx.seeds, self.flip[1], self.flip[0], flips)
         bad, code, detail = jpeg.decode_batch(indices, column, ctx.ptrs, ctx.sizes, _region(ctx), boxes,
                                               flips, out, JPG)
         if bad >= 0:
@@ -132,6 +134,9 @@ class _RGBDecoder(Decoder):
             if code == jpeg.OUTSIDE:
                 raise ValueError(f"{where}: {detail}")
             raise ValueError(f"{where}: corrupt JPEG ({int(ctx.sizes[s])} bytes): {detail}")
+        if self.publish is not None:
+            sizes = np.stack([column["height"][indices], column["width"][indices]], axis=1)
+            Geometry.publish(ctx, self.publish, boxes, sizes, out.shape[1:3], flips)
         return out
 
 
@@ -265,6 +270,38 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     def _boxes(self, ctx, heights, widths, out):
         random_resized_crop_boxes(ctx.indices, heights, widths, ctx.seeds, self.salt,
                                   self.scale[0], self.scale[1], self.ratio[0], self.ratio[1], out)
+
+
+class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
+    """Resize the whole image to ``output_size``, for images of any size (torchvision's
+    ``Resize((h, w))`` with a ``(height, width)`` size: both sides set, the aspect ratio is not
+    kept; FFCV has no such decoder).
+
+    Interpolation is :func:`ffload.loaders.resize.resize_rgb`'s, chosen per image as
+    :class:`CenterCropRGBImageDecoder` does: OpenCV's ``INTER_AREA`` when neither side grows (an
+    area average, which is what torchvision's bilinear ``antialias=True`` approximates when
+    shrinking), ``INTER_LINEAR`` (bilinear, half-pixel centres) when a side grows; within one
+    grey level of ``cv2.resize`` with that interpolation on raw images. JPEGs are decoded by
+    libjpeg-turbo at the DCT scale ``M/8`` that keeps the image at least 1.5x the output
+    (:mod:`ffload.loaders.jpeg`), so they are close to, not equal to, a full decode + ``cv2.resize``
+    (about one grey level mean absolute difference). Raw and JPEG samples alike, one compiled
+    call per batch; a following :class:`~.transforms.RandomHorizontalFlip` is fused.
+
+    Args:
+        output_size: ``(height, width)`` or an int (square), pixels.
+
+    Output per sample: ``(height, width, 3) uint8`` RGB.
+
+    Raises:
+        TypeError (declare): the field is not an RGBImageField.
+        ValueError: a non-positive size; (call) a corrupt JPEG (libjpeg-turbo's message), naming
+            the field and sample.
+    """
+
+    def _boxes(self, ctx, heights, widths, out):
+        out[:, :2] = 0
+        out[:, 2] = heights[ctx.indices]
+        out[:, 3] = widths[ctx.indices]
 
 
 class _MetadataDecoder(Decoder):
@@ -526,6 +563,7 @@ class ImageArrayDecoder(Decoder):
     """
 
     field_types = (ImageArrayField,)
+    publishes_geometry = True  # the whole image, for box/mask stages (.geometry)
 
     def declare(self, spec, field, view):
         name = self._check_field(field, view)
@@ -554,17 +592,23 @@ class ImageArrayDecoder(Decoder):
             s = int(ctx.indices[bad])
             raise ValueError(f"field '{self.field_name}', sample {s}: not a {width}x{height} image of "
                              f"{self.nbytes} pixel bytes (corrupt header or payload outside the data region)")
+        if self.publish is not None:
+            whole = np.tile(np.array([0, 0, height, width], np.int64), (len(out), 1))
+            Geometry.publish(ctx, self.publish, whole, whole[:, 2:], (height, width))
         return out
 
 
 @njit(nogil=True, cache=True)
-def _crop_images(indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, header_bytes, seeds, salt, random):
+def _crop_images(indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, header_bytes, seeds, salt, random,
+                 boxes, image_sizes):
     """Cut an ``out_h x out_w`` window of each sample's image into its row of ``dst`` (flat
     ``(B * out_h * out_w * pixel_bytes,) uint8``): centred (torchvision's ``CenterCrop`` offsets,
     ``round((h - out_h) / 2)`` half to even) or, with ``random``, at ``(y, x)`` uniform in
     ``{0..h - out_h} x {0..w - out_w}`` drawn in that order from ``seed_state(seeds[b], salt)``
-    (torchvision's ``RandomCrop.get_params``). Returns ``(-1, 0, 0)``, or ``(row, h, w)`` of the
-    first sample whose payload is not its header's image (h = -1), or is smaller than the window."""
+    (torchvision's ``RandomCrop.get_params``). Writes each row's window ``(y0, x0, out_h, out_w)``
+    into ``boxes`` and its image ``(h, w)`` into ``image_sizes`` (``(B, 4)`` / ``(B, 2) int64``).
+    Returns ``(-1, 0, 0)``, or ``(row, h, w)`` of the first sample whose payload is not its
+    header's image (h = -1), or is smaller than the window."""
     row = out_w * pixel_bytes
     for b in range(indices.shape[0]):
         s = indices[b]
@@ -584,6 +628,12 @@ def _crop_images(indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, h
         else:
             y0 = (h - out_h) // 2 + ((h - out_h) % 2) * (((h - out_h) // 2) % 2)
             x0 = (w - out_w) // 2 + ((w - out_w) % 2) * (((w - out_w) // 2) % 2)
+        boxes[b, 0] = y0
+        boxes[b, 1] = x0
+        boxes[b, 2] = out_h
+        boxes[b, 3] = out_w
+        image_sizes[b, 0] = h
+        image_sizes[b, 1] = w
         for r in range(out_h):
             _copy(region, p + header_bytes + ((y0 + r) * w + x0) * pixel_bytes, dst, (b * out_h + r) * row, row)
     return -1, np.int64(0), np.int64(0)
@@ -594,6 +644,7 @@ class _CropImageArrayDecoder(Decoder):
 
     field_types = (ImageArrayField,)
     random = False
+    publishes_geometry = True  # the windows, for box/mask stages (.geometry)
 
     def __init__(self, output_size: int | tuple[int, int]):
         self.output_size = _output_size(output_size)
@@ -607,14 +658,18 @@ class _CropImageArrayDecoder(Decoder):
     def __call__(self, src, dst, ctx):
         out = dst[:len(ctx.indices)]
         out_h, out_w = self.output_size
+        boxes = np.empty((len(out), 4), np.int64)
+        image_sizes = np.empty((len(out), 2), np.int64)
         bad, h, w = _crop_images(ctx.indices, ctx.ptrs, ctx.sizes, _region(ctx), flat_view(out).view(np.uint8),
                                  out_h, out_w, self.pixel_bytes, IMAGE_HEADER.itemsize, ctx.seeds,
-                                 np.uint64(self.salt), self.random)
+                                 np.uint64(self.salt), self.random, boxes, image_sizes)
         if bad >= 0:
             where = f"field '{self.field_name}', sample {int(ctx.indices[bad])}"
             if h < 0:
                 raise ValueError(f"{where}: header and payload size disagree (corrupt image)")
             raise ValueError(f"{where}: the {w}x{h} image is smaller than the {out_w}x{out_h} crop")
+        if self.publish is not None:
+            Geometry.publish(ctx, self.publish, boxes, image_sizes, self.output_size)
         return out
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import LoaderClosedError, LoaderError
+from .geometry import shared_rows
 from .operation import BatchContext
 from .rng import sample_seeds
 
@@ -130,9 +131,10 @@ class BatchRunner:
             raise LoaderError(f"epoch {epoch}, batch {batch} (samples {_describe(indices)}): "
                               f"{type(e).__name__}: {e}", epoch, batch) from e
         out = []
+        shared: dict = {}  # what a field's pipeline publishes for later ones (crop boxes, flips)
         try:
             for p, bufs, (meta, ptrs, sizes) in zip(self.pipelines, buffers, self._columns):
-                ctx = BatchContext(indices, seeds, self.memory.region, meta, ptrs, sizes, epoch)
+                ctx = BatchContext(indices, seeds, self.memory.region, meta, ptrs, sizes, epoch, shared)
                 try:
                     out.append(p.run(bufs, ctx))
                 except Exception as e:
@@ -145,7 +147,7 @@ class BatchRunner:
         """Find the failing sample by re-running the field on each sample alone."""
         for j in range(len(ctx.indices)):
             one = BatchContext(ctx.indices[j:j + 1], ctx.seeds[j:j + 1], ctx.region, ctx.metadata,
-                               ctx.ptrs, ctx.sizes, ctx.epoch)
+                               ctx.ptrs, ctx.sizes, ctx.epoch, shared_rows(ctx.shared, j))
             try:
                 pipeline.run(buffers, one)
             except Exception as e:

@@ -38,7 +38,7 @@ spec (per-sample shape and dtype, or a torch spec once :class:`ToTensor` has run
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,11 @@ class BatchContext:
             (``None`` for fields without a payload: ints, floats).
         sizes: ``(N,) uint64`` payload sizes in bytes (``None`` likewise).
         epoch: the epoch number.
+        shared: one dict per batch, the same object for every field's pipeline of that batch:
+            what a pipeline publishes for pipelines that run after it (an image's crop boxes
+            and flips, :class:`~.geometry.Geometry`, under ``("geometry", name)``; a box
+            transform's kept counts under ``("count", name)``). Values are per-sample arrays of
+            ``B`` rows (or objects with ``rows(j)``); see :mod:`ffload.loaders.geometry`.
     """
 
     indices: np.ndarray
@@ -88,6 +93,7 @@ class BatchContext:
     ptrs: np.ndarray | None
     sizes: np.ndarray | None
     epoch: int
+    shared: dict = field(default_factory=dict)
 
 
 class Operation:
@@ -116,6 +122,15 @@ class Operation:
     * ``is_decoder`` (class attribute): True for the first stage, which reads the dataset
       through ``ctx.region`` / ``ctx.ptrs`` / ``ctx.sizes``; ``field_types``: the field classes
       a decoder accepts (checked when the pipeline is built).
+    * Geometry (:mod:`.geometry`): ``keeps_geometry = True`` (class attribute) says the stage
+      moves no pixel (colour, normalisation, dtype and layout stages), so boxes and masks
+      transformed with the image's geometry stay valid after it; a stage that moves pixels
+      either records what it did (:meth:`record_geometry`) or makes the loader refuse box/mask
+      operations that follow its image. The default, False, is the safe answer for unknown stages.
+    * Reading another field's pipeline (:mod:`.geometry`): a stage with ``requires = ((kind,
+      name), ...)`` gets ``link(kind, producer)`` (the :class:`~.pipeline.FieldPipeline` named
+      ``name``, already built and declared) before its own ``declare``; at run time it reads
+      ``ctx.shared[(kind, name)]``. The loader refuses a ``name`` that is absent or runs later.
     * Flip fusion: a stage whose :meth:`fusable_flip` returns ``(flip_prob, salt)`` (ffload's
       :class:`~.transforms.RandomHorizontalFlip`) and that directly follows a decoder whose
       :meth:`fuse_flip` accepts that pair (the RGB image decoders) is fused: after every
@@ -130,6 +145,9 @@ class Operation:
 
     is_decoder = False
     field_types: tuple[type, ...] = ()
+    keeps_geometry = False
+    requires: tuple[tuple[str, str], ...] = ()
+    publish = None  # set by .geometry.link: the key under which this stage publishes in ctx.shared
 
     def declare(self, spec: Spec | None, field, view) -> Spec:
         """Validate the input and return the per-sample output spec.
@@ -163,6 +181,17 @@ class Operation:
         docstring): return True when this stage will mirror sample b while writing it whenever
         ``uniform(seed_state(ctx.seeds[b], salt)) < flip_prob``. Default: False (not supported)."""
         return False
+
+    def link(self, kind: str, producer) -> None:
+        """Called once per ``requires`` entry when the loader is built, before :meth:`declare`,
+        with the producing :class:`~.pipeline.FieldPipeline`. Default: nothing."""
+
+    def record_geometry(self, geometry, ctx: BatchContext) -> None:
+        """Geometry hook of stages that move pixels in a known way (the random flips): apply this
+        batch's per-sample change to ``geometry`` (a :class:`~.geometry.Geometry` of ``B`` rows)
+        so that box and mask operations of other fields follow it. Only called on stages that
+        define it, after the decoder published the geometry and before the stage's own call."""
+        raise NotImplementedError
 
     def __call__(self, src, dst, ctx: BatchContext):
         """Process one batch: ``src`` is the previous output (``None`` for decoders), ``dst`` the

@@ -35,6 +35,7 @@ from .decoders import (
     RaggedArrayDecoder,
     SimpleRGBImageDecoder,
 )
+from .geometry import link, records
 from .operation import BatchContext, Operation, Spec
 from .rng import op_salt
 from .torch_ops import ToTensor
@@ -114,7 +115,8 @@ class FieldPipeline:
     """
 
     def __init__(self, name: str, field, ops: list[Operation], view, batch_size: int, source: str | None = None,
-                 fuse: bool = True):
+                 fuse: bool = True, upstream: Mapping[str, FieldPipeline] | None = None,
+                 later: Sequence[str] = ()):
         # ``declare`` records per-pipeline facts on the operation (image shape, payload size):
         # each pipeline works on its own copies, so one op object may serve several pipelines
         # or loaders.
@@ -122,6 +124,8 @@ class FieldPipeline:
         self.name, self.field, self.ops = name, field, ops
         self.source = name if source is None else source
         self._check_decoder()
+        for op in ops:  # box/mask stages read what earlier pipelines publish (.geometry)
+            link(name, op, upstream or {}, set(later))
         self.specs: list[Spec] = []
         spec = None
         for i, op in enumerate(ops):
@@ -197,9 +201,12 @@ class FieldPipeline:
         return buffers
 
     def run(self, buffers: Sequence, ctx: BatchContext):
-        """Apply the chain to one batch (``ctx.indices``) with one slot's ``buffers``."""
+        """Apply the chain to one batch (``ctx.indices``) with one slot's ``buffers``; stages
+        that record geometry (:mod:`.geometry`) update the published record as they run."""
         x = None
         for op, buf in zip(self.ops, buffers):
+            if op.publish is not None and records(op):
+                op.record_geometry(ctx.shared[op.publish], ctx)
             x = op(x, buf, ctx)
         return x
 
@@ -239,15 +246,17 @@ def build_pipelines(view, pipelines: Mapping[str, Sequence | None] | None,
         raise ValueError(f"pipelines names unknown field(s) {', '.join(map(repr, unknown))}; "
                          f"{view.path} has fields {', '.join(map(repr, view.fields))}")
     built: list[FieldPipeline] = []
+    enabled = [n for n in view.fields if not (n in pipelines and pipelines[n] is None)] + list(mapper)
     for name, field in view.fields.items():
         if name in pipelines and pipelines[name] is None:
             continue
         ops = (_as_operations(name, pipelines[name]) if name in pipelines
                else default_pipeline(name, field, view))
-        built.append(FieldPipeline(name, field, ops, view, batch_size))
+        built.append(FieldPipeline(name, field, ops, view, batch_size, upstream={p.name: p for p in built},
+                                   later=enabled[len(built) + 1:]))
     for out, src in mapper.items():
         built.append(FieldPipeline(out, view.fields[src], _as_operations(out, pipelines[out]), view, batch_size,
-                                   source=src))
+                                   source=src, upstream={p.name: p for p in built}, later=enabled[len(built) + 1:]))
     if not built:
         raise ValueError(f"every field of {view.path} is disabled in pipelines; enable at least one")
     return built

@@ -48,6 +48,8 @@ class ToTensor(Operation):
 
     Raises TypeError (declare): input already a tensor or a dtype torch lacks."""
 
+    keeps_geometry = True
+
     def declare(self, spec, field, view):
         _require(spec, False, self, field, view)
         return Spec(spec.shape, torch_dtype(spec.dtype), on_torch=True, device="cpu")
@@ -67,6 +69,8 @@ class ToTorchImage(Operation):
 
     Raises TypeError (declare): input not a ``(H, W, C)`` tensor.
     """
+
+    keeps_geometry = True
 
     def __init__(self, channels_last: bool = True, convert_back_int16: bool = True):
         self.channels_last = channels_last
@@ -97,6 +101,8 @@ class Convert(Operation):
     the torch stage it is ``tensor.to(dtype)`` (layout kept). ``target_dtype`` may be numpy or
     torch. Raises TypeError (declare) for a dtype the stage lacks."""
 
+    keeps_geometry = True
+
     def __init__(self, target_dtype):
         self.target_dtype = target_dtype
 
@@ -125,6 +131,8 @@ class ToDevice(Operation):
     Raises TypeError (declare): input not a tensor; RuntimeError (declare): a CUDA device
     without CUDA (torch built without it, or no GPU)."""
 
+    keeps_geometry = True
+
     def __init__(self, device, non_blocking: bool = True):
         self.device = torch.device(device)
         self.non_blocking = non_blocking
@@ -149,6 +157,8 @@ class Squeeze(Operation):
 
     Raises ValueError (declare): a dim is 0, out of range or not of size 1.
     """
+
+    keeps_geometry = True
 
     def __init__(self, *dims: int):
         self.dims = tuple(int(d) for d in dims)

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from numba import njit
 
-from .decoders import field_name, flat_view
+from ..errors import ConfigurationError
+from .decoders import field_name, flat_view, flip_draws
 from .operation import Operation, Spec
 from .rng import op_salt, randint, seed_state, uniform
 from .torch_ops import numpy_dtype, torch_dtype
@@ -95,10 +96,23 @@ class _RandomFlip(_NHWCTransform):
     """Base of the random flips: sample b flips when ``uniform(seed_state(seeds[b], salt)) <
     flip_prob``. Raises ValueError for ``flip_prob`` outside [0, 1]."""
 
+    axis = "hflip"  # the Geometry attribute it toggles
+
     def __init__(self, flip_prob: float = 0.5):
         if not 0.0 <= flip_prob <= 1.0:
             raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
         self.flip_prob = float(flip_prob)
+
+    def record_geometry(self, geometry, ctx):
+        """Toggle ``geometry.hflip`` (``vflip`` for the vertical flip) of the samples this stage
+        flips (the same draws as its ``__call__``); a flip fused into the decoder is already in
+        the decoder's geometry."""
+        if getattr(self, "fused", False):
+            return
+        flips = np.empty(len(ctx.indices), np.bool_)
+        flip_draws(ctx.seeds, self.salt, self.flip_prob, flips)
+        flags = getattr(geometry, self.axis)
+        np.logical_xor(flags, flips, out=flags)
 
 
 class RandomHorizontalFlip(_RandomFlip):
@@ -235,6 +249,8 @@ class Cutout(_FilledTransform):
         ValueError: crop_size < 1, bad fill. TypeError (declare): input not numpy (H, W, C).
     """
 
+    keeps_geometry = True  # it paints, it moves nothing
+
     def __init__(self, crop_size: int, fill: Sequence[float] = (0, 0, 0)):
         if int(crop_size) < 1:
             raise ValueError(f"crop_size must be >= 1, got {crop_size}")
@@ -247,9 +263,10 @@ class Cutout(_FilledTransform):
 
 
 @njit(nogil=True, cache=True)
-def _lookup(src, table, out):
-    # src, out: flat (B * H * W * C,); table: (256 * C,) flattened (256, C)
-    c_n = np.uint64(table.shape[0] // 256)
+def _lookup(src, table, out, channels):
+    # src, out: flat (B * H * W * C,); src holds the unsigned bits of the integer pixels
+    # (uint8 / uint16), which index table: (2**bits * C,) flattened (2**bits, C)
+    c_n = np.uint64(channels)
     k = np.uint64(0)
     for _ in range(np.uint64(src.shape[0]) // c_n):
         for c in range(c_n):
@@ -257,49 +274,61 @@ def _lookup(src, table, out):
         k += c_n
 
 
+_NORMALIZE_INPUTS = ("uint8", "int8", "uint16", "int16")  # integer pixels a lookup table covers
+
+
 class NormalizeImage(Operation):
-    """``(x - mean) / std`` per channel, fused with the uint8 -> float conversion (FFCV's
-    ``NormalizeImage``).
+    """``(x - mean) / std`` per channel, fused with the integer -> float conversion (FFCV's
+    ``NormalizeImage``, extended to 16-bit and signed pixels).
 
-    Numpy stage (before ToTensor): ``(H, W, C) uint8`` -> ``(H, W, C) dtype`` in one pass through
-    a 256-entry table per channel computed in float64, so values equal
-    ``((x - mean) / std).astype(dtype)`` exactly.
+    Input: integer images of 8 or 16 bits, ``uint8`` (RGB decoders), ``uint16`` (depth maps,
+    16-bit images of an ``ImageArrayField``), ``int8`` or ``int16``, with ``C`` channels.
 
-    Torch stage (after ToTensor / ToTorchImage / ToDevice, CPU or CUDA): a ``uint8`` tensor ->
+    Numpy stage (before ToTensor): ``(H, W, C)`` integers -> ``(H, W, C) dtype`` in one compiled
+    pass through a lookup table of every input value per channel (256 or 65536 rows, computed in
+    float64), so values equal ``((x - mean) / std).astype(dtype)`` exactly. The table is
+    ``2**bits * C * itemsize(dtype)`` bytes (768 KiB for 3-channel uint16 to float32).
+
+    Torch stage (after ToTensor / ToTorchImage / ToDevice, CPU or CUDA): an 8-bit tensor ->
     ``dtype`` by one fused ``addcmul(-mean / std, x, 1 / std)`` (float rounding differs from the
-    float64 formula by about one ulp); the layout (NCHW, channels_last) is kept. The channel
-    axis is the first per-sample axis after ToTorchImage (``Spec.channels_first``), else the last.
+    float64 formula by about one ulp); a 16-bit tensor is converted to float32 first (uint16
+    values above 65504 do not fit float16), then the same ``addcmul`` in float32 and a cast to
+    ``dtype``. The layout (NCHW, channels_last) is kept. The channel axis is the first per-sample
+    axis after ToTorchImage (``Spec.channels_first``), else the last.
 
     Args:
-        mean, std: ``(C,)`` in the units of the uint8 input (e.g. ImageNet ``255 * [0.485, ...]``).
+        mean, std: ``(C,)`` in the units of the input pixels (e.g. ImageNet ``255 * [0.485, ...]``
+            for uint8, millimetres of a uint16 depth map).
         dtype: floating output type, numpy (``np.float16``, ``np.float32``, ``np.float64``) or
             torch (``torch.bfloat16`` too, on the torch stage only).
 
     Raises:
-        ValueError: mean/std lengths differ, a std is 0, dtype not floating. TypeError
-            (declare): input not uint8 or without a C-sized axis, or a dtype numpy lacks on the
-            numpy stage.
+        ConfigurationError (a ValueError): mean/std lengths differ, a std is 0, dtype not
+            floating. TypeError (declare): input not uint8/int8/uint16/int16 or without a C-sized
+            axis, or a dtype numpy lacks on the numpy stage.
     """
+
+    keeps_geometry = True
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], dtype=np.float32):
         self.mean = np.asarray(mean, dtype=np.float64).reshape(-1)
         self.std = np.asarray(std, dtype=np.float64).reshape(-1)
         if self.mean.size != self.std.size or not np.all(self.std != 0):
-            raise ValueError(f"mean and std need one value per channel and std != 0, got "
-                             f"{self.mean.tolist()} and {self.std.tolist()}")
+            raise ConfigurationError(f"NormalizeImage: mean and std need one value per channel and std != 0, got "
+                                     f"{self.mean.tolist()} and {self.std.tolist()}")
         self.dtype = dtype
         if not torch_dtype(dtype).is_floating_point:
-            raise ValueError(f"NormalizeImage outputs a floating dtype, got {dtype}")
+            raise ConfigurationError(f"NormalizeImage outputs a floating dtype, got {dtype}")
         self.on_torch = False
 
     def declare(self, spec, field, view):
         name = field_name(field, view)
         channels = self.mean.size
-        uint8 = torch.uint8 if spec is not None and spec.on_torch else np.dtype(np.uint8)
-        if spec is None or spec.dtype != uint8 or len(spec.shape) != 3 or \
+        inputs = [torch_dtype(t) if spec is not None and spec.on_torch else np.dtype(t) for t in _NORMALIZE_INPUTS]
+        if spec is None or spec.dtype not in inputs or len(spec.shape) != 3 or \
                 spec.shape[0 if spec.channels_first else 2] != channels:
-            raise TypeError(f"NormalizeImage (field '{name}') needs a uint8 image with {channels} "
-                            f"channels, got {spec}")
+            raise TypeError(f"NormalizeImage (field '{name}') needs a uint8, int8, uint16 or int16 image with "
+                            f"{channels} channels, got {spec}")
         self.on_torch = spec.on_torch
         if not spec.on_torch:
             if spec.shape[-1] != channels:
@@ -309,21 +338,27 @@ class NormalizeImage(Operation):
                 dtype = numpy_dtype(self.dtype)
             except TypeError as e:
                 raise TypeError(f"NormalizeImage (field '{name}'): {e}; use it after ToTensor") from e
-            table = (np.arange(256, dtype=np.float64)[:, None] - self.mean) / self.std
+            levels = 1 << (8 * spec.dtype.itemsize)  # table row u holds the pixel whose bits are u
+            values = np.arange(levels, dtype=f"u{spec.dtype.itemsize}").view(spec.dtype).astype(np.float64)
+            table = (values[:, None] - self.mean) / self.std
             self._table = _bits(table.astype(dtype)).reshape(-1)
             return Spec(spec.shape, dtype)
         axis = 0 if spec.channels_first else 2
         shape = [1, 1, 1, 1]
         shape[axis + 1] = channels
         out_dtype = torch_dtype(self.dtype)
-        self._scale = torch.tensor(1.0 / self.std, dtype=out_dtype, device=spec.device).reshape(shape)
-        self._bias = torch.tensor(-self.mean / self.std, dtype=out_dtype,
-                                  device=spec.device).reshape(shape)
+        self._wide = spec.dtype.itemsize > 1  # 16-bit: through float32
+        work = torch.float32 if self._wide else out_dtype
+        self._out_dtype = out_dtype
+        self._scale = torch.tensor(1.0 / self.std, dtype=work, device=spec.device).reshape(shape)
+        self._bias = torch.tensor(-self.mean / self.std, dtype=work, device=spec.device).reshape(shape)
         return replace(spec, dtype=out_dtype)
 
     def __call__(self, src, dst, ctx):
         if self.on_torch:
+            if self._wide:
+                return torch.addcmul(self._bias, src.to(torch.float32), self._scale).to(self._out_dtype)
             return torch.addcmul(self._bias, src, self._scale)
         out = dst[:src.shape[0]]
-        _lookup(flat_view(src), self._table, flat_view(_bits(out)))
+        _lookup(flat_view(_bits(src)), self._table, flat_view(_bits(out)), src.shape[-1])
         return out

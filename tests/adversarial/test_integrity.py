@@ -117,14 +117,15 @@ def test_lmdb_int_type_flipped_to_float_is_refused(tmp_path):
 
 def test_verify_lists_every_bad_json_payload_and_exits_1(tmp_path):
     path = tmp_path / "d.beton"
-    samples = [({"i": i},) for i in range(6)]
-    raw = _beton(path, {"meta": JSONField()}, samples)
-    for i in (1, 4):  # break two payloads' JSON in place
-        at = raw.find(f'{{"i": {i}}}'.encode())
+    samples = [({"i": i}, {"j": i}) for i in range(6)]
+    raw = _beton(path, {"meta": JSONField(), "more": JSONField()}, samples)
+    for text in ('{"i": 1}', '{"i": 4}', '{"j": 1}'):  # break three payloads of two samples in place
+        at = raw.find(text.encode())
         raw[at] = ord("[")
     path.write_bytes(bytes(raw))
     run = subprocess.run([sys.executable, "-m", "ffload.cli", "verify", str(path), "--quiet"],
                          capture_output=True, text=True, env=ENV, timeout=120)
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert "sample 1, field 'meta'" in run.stderr and "sample 4, field 'meta'" in run.stderr
-    assert "2 of 6 samples do not decode" in run.stderr
+    assert "sample 1, field 'more'" in run.stderr and "sample 4, field 'more'" not in run.stderr
+    assert "2 of 6 samples do not decode (3 problems)" in run.stderr
