@@ -20,6 +20,7 @@ from ffload.cli import main  # noqa: E402
 from ffload.convert import convert_dataset  # noqa: E402
 from ffload.convert.sources import ImageFolderSource, detect_source  # noqa: E402
 from ffload.errors import ConfigurationError, ConvertError, SourceError, StorageError  # noqa: E402
+from ffload.formats import open_dataset  # noqa: E402
 from ffload.storage import open_filesystem, remote_exists  # noqa: E402
 
 CLASSES = {"cat": 7, "dog": 5, "emu": 6}
@@ -88,6 +89,7 @@ def test_convert_remote_to_remote_is_the_local_conversion(s3, tmp_path, workers)
     convert_dataset(str(s3.root), str(tmp_path / "local.beton"), write_mode="jpg", num_workers=0, progress=False)
     fs, path = open_filesystem(dst)
     assert fs.cat_file(path) == (tmp_path / "local.beton").read_bytes()
+    assert open_dataset(dst).info.get("classes") == sorted(CLASSES)  # the info block, read remotely
     again = CliRunner().invoke(main, ["convert", "s3://bkt/folder", dst, "--quiet", "--num-workers", "0"])
     assert again.exit_code == 1 and "already exists" in again.output
 
