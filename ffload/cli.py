@@ -110,15 +110,20 @@ def _max_pixels_option(what: str):
 @click.option("--address", "ray_address", default=None,
               help="--engine ray: the cluster to join ('auto', 'ray://host:port'; default: RAY_ADDRESS or a new "
                    "local Ray instance).")
+@click.option("--storage-options", "storage_options", default=None, metavar="JSON",
+              help="For s3:// (object storage) SRC or DST: the filesystem's options as a JSON object, e.g. "
+                   "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"key\": ..., \"secret\": ...}' (default: "
+                   "credentials and endpoint from the environment and ~/.aws).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("an input image")
 def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quality, smart_threshold,
             compress_probability, num_workers, page_size, overwrite, on_error, reencode, strip_metadata, verify,
-            resume, engine, ray_address, as_json, quiet, max_pixels):
+            resume, engine, ray_address, storage_options, as_json, quiet, max_pixels):
     """Convert SRC (an ImageFolder tree or a CIFAR-10/100 python archive folder) into DST.
 
-    The format comes from DST's suffix: .beton (FFCV v2) or .lmdb (an LMDB directory).
+    The format comes from DST's suffix: .beton (FFCV v2) or .lmdb (an LMDB directory). SRC (an
+    ImageFolder) and DST (.beton) may be s3:// URLs: DST is uploaded once complete.
     """
     from .convert import convert_dataset
     from .convert.passthrough import REASONS
@@ -126,14 +131,22 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
 
     if ray_address is not None and engine != "ray":
         raise click.UsageError("--address is the Ray cluster of --engine ray; add --engine ray")
+    if storage_options is not None:
+        try:
+            storage_options = json.loads(storage_options)
+        except json.JSONDecodeError as e:
+            raise click.UsageError(f"--storage-options is not JSON ({e})") from None
+        if not isinstance(storage_options, dict):
+            raise click.UsageError("--storage-options must be a JSON object ({...})")
     source = detect_source(src, kind=None if source_kind == "auto" else source_kind, split=split,
-                           max_pixels=max_pixels)
+                           max_pixels=max_pixels, storage_options=storage_options)
     report = convert_dataset(source, dst, write_mode=write_mode, max_resolution=max_resolution,
                              jpeg_quality=jpeg_quality, smart_threshold=smart_threshold,
                              compress_probability=compress_probability, num_workers=num_workers,
                              on_error=on_error, overwrite=overwrite, progress=not quiet,
                              page_size=page_size, reencode=reencode, strip_metadata=strip_metadata,
-                             verify=verify, resume=resume, engine=engine, ray_address=ray_address)
+                             verify=verify, resume=resume, engine=engine, ray_address=ray_address,
+                             storage_options=storage_options)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
         return

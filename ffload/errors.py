@@ -15,6 +15,7 @@ before this module existed, so ``except ValueError`` written against older ffloa
     ├── ConvertError         (RuntimeError) a conversion that stopped
     │   └── DatasetBusyError                an output another process is writing
     ├── LoaderError          (RuntimeError) a batch that failed while loading
+    ├── StorageError         (RuntimeError) a request to object storage (s3://) that failed
     └── RecipeError                         a training recipe's inputs, refused before training
 
 The command line (:mod:`ffload.cli`) prints any ``FfloadError`` as one line,
@@ -24,7 +25,7 @@ This module imports nothing from ffload, so every module may import it.
 from __future__ import annotations
 
 __all__ = ["FfloadError", "ConfigurationError", "SourceError", "ImageDecodeError", "ImageBombError", "FormatError",
-           "DatasetError", "FieldError", "ConvertError", "DatasetBusyError", "LoaderError", "RecipeError"]
+           "DatasetError", "FieldError", "ConvertError", "DatasetBusyError", "LoaderError", "StorageError", "RecipeError"]
 
 
 class FfloadError(Exception):
@@ -107,6 +108,21 @@ class LoaderError(FfloadError, RuntimeError):
 class LoaderClosedError(FfloadError, RuntimeError):
     """A closed ``Loader``, or an epoch iterator closed by the loader (a newer ``iter()``,
     ``load_state_dict``, ``close``), was used; the message says which and why."""
+
+
+class StorageError(FfloadError, RuntimeError):
+    """A request to remote object storage (``s3://bucket/key``, :mod:`ffload.storage`) that failed:
+    the message names the object, the operation and the cause (no such object, access denied,
+    credentials refused, or a transient error that outlasted the retries).
+
+    Attributes:
+        transient: True when the last error was a transient one (connection, 5xx, throttling)
+            that outlasted the retries; False for a permanent one.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, transient: bool = False, hint: str | None = None):
+        super().__init__(message, path=path, hint=hint)
+        self.transient = transient
 
 
 class RecipeError(FfloadError):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 import time
 from collections import Counter
@@ -12,6 +13,7 @@ import numpy as np
 from ..errors import ConfigurationError, ConvertError
 from ..formats import dataset_writer, format_for_path
 from ..formats.fields import Field, IntField, RGBImageField
+from ..storage import is_remote
 from ..system import available_cpus, path_bytes
 from .encode import SampleEncoder, encoded_chunks
 
@@ -111,13 +113,18 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                     fields: dict[str, Field] | None = None, source_kind: str | None = None,
                     reencode: bool = False, strip_metadata: bool = False, verify: bool = False,
                     resume: bool = False, checkpoint_seconds: float = 1.0, engine: str = "local",
-                    ray_address: str | None = None) -> ConvertReport:
+                    ray_address: str | None = None, storage_options: dict | None = None) -> ConvertReport:
     """Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix).
 
     Args:
-        source: a path (ImageFolder root or CIFAR archive folder, see ``detect_source``) or a
-            Source (``ImageFolderSource``, ``CIFARSource``, ``ArraySource``, ``IndexableSource``).
-        dst: output path; it appears only when complete (temporary name, fsync, rename).
+        source: a path (ImageFolder root or CIFAR archive folder, see ``detect_source``; or the
+            URL of an ImageFolder on object storage, ``s3://bucket/prefix``) or a Source
+            (``ImageFolderSource``, ``CIFARSource``, ``ArraySource``, ``IndexableSource``,
+            ``RemoteImageFolderSource``).
+        dst: output path; it appears only when complete (temporary name, fsync, rename). A URL
+            (``s3://bucket/key.beton``; ``.beton`` only) is written to a local temporary file (in
+            ``$TMPDIR``) and uploaded once complete, so a failed conversion never leaves an object
+            there (S3 makes an object visible only when its upload completes).
         write_mode, max_resolution, jpeg_quality, smart_threshold, compress_probability: the
             ``RGBImageField`` arguments (FFCV's meaning).
         num_workers: encoding processes (None: all cores; 0: in this process).
@@ -144,6 +151,8 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
             tasks across the cluster at ``ray_address`` (``'auto'``, ``'ray://host:port'``; None:
             this process's Ray instance or a new local one), written here in order: the same
             output bytes (:mod:`ffload.convert.ray_engine`; needs ``ffload[ray]``).
+        storage_options: for a URL ``source`` or ``dst``, the filesystem's options (credentials,
+            ``endpoint_url``; :func:`ffload.storage.open_filesystem`).
 
     Returns:
         ConvertReport.
@@ -168,11 +177,14 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     if engine == "ray":
         from .ray_engine import import_ray
         import_ray()  # the install hint before any writing
+    if is_remote(dst):
+        arguments = {name: value for name, value in locals().items() if name in _PARAMETERS}
+        return _convert_to_remote(arguments.pop("dst"), arguments)
     fmt = format_for_path(dst)
     if os.path.lexists(dst) and not overwrite:
         raise FileExistsError(f"{dst} already exists (use --overwrite / overwrite=True to replace it)")
     if isinstance(source, (str, os.PathLike)):
-        source = detect_source(os.fspath(source), kind=source_kind)
+        source = detect_source(os.fspath(source), kind=source_kind, storage_options=storage_options)
     if fields is None:
         fields = image_fields(write_mode, max_resolution, jpeg_quality, smart_threshold, compress_probability)
     n = len(source)
@@ -261,3 +273,38 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                          bytes=path_bytes(dst), seconds=seconds, skipped=skipped, label_counts=counts,
                          workers=workers, passed_through=outcomes.pop("passed_through", 0),
                          reencoded=dict(sorted(outcomes.items())), resumed_from=start)
+
+
+def _convert_to_remote(dst: str, arguments: dict) -> ConvertReport:
+    """:func:`convert_dataset` to a URL: convert into a local temporary file, then upload it
+    (:func:`ffload.storage.upload_file`); the temporary folder is removed whatever happens.
+    Raises ConfigurationError for an LMDB URL or ``resume``, FileExistsError when the object
+    exists without ``overwrite``, StorageError when the upload fails (nothing is left at ``dst``)."""
+    import posixpath
+    import shutil
+    import tempfile
+
+    from ..storage import remote_exists, upload_file
+
+    options = arguments["storage_options"]
+    if format_for_path(dst) != "beton":
+        raise ConfigurationError(f"{dst}: only .beton outputs can be written to object storage (an LMDB directory is "
+                                 "read through a local memory map)", path=dst, hint="convert to a .beton URL")
+    if arguments["resume"]:
+        raise ConfigurationError(f"{dst}: resume=True / --resume needs a local DST (the partial output lives beside "
+                                 "it); convert to a local file, then upload it", path=dst)
+    if not arguments["overwrite"] and remote_exists(dst, options):
+        raise FileExistsError(f"{dst} already exists (use --overwrite / overwrite=True to replace it)")
+    folder = tempfile.mkdtemp(prefix="ffload-upload-")
+    try:
+        local = os.path.join(folder, posixpath.basename(dst))
+        report = convert_dataset(dst=local, **dict(arguments, overwrite=False))
+        upload_file(local, dst, options)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    report.dst = dst
+    return report
+
+
+_PARAMETERS = frozenset(inspect.signature(convert_dataset).parameters)
+"""The argument names of :func:`convert_dataset` (forwarded by :func:`_convert_to_remote`)."""

@@ -172,6 +172,9 @@ def encode_chunk(encoder: SampleEncoder, start: int, stop: int,
     room = 0 if slab is None else len(slab)
     used = 0
     ok, tail, errors, outcomes = [], [], [], Counter()
+    prefetch = getattr(encoder.source, "prefetch", None)
+    if prefetch is not None:  # remote sources: the chunk's objects, fetched concurrently (bounded)
+        prefetch(range(start, stop))
     for i in range(start, stop):
         try:
             encoded, outcome = encoder.encode(i)

@@ -49,7 +49,8 @@ VERSION = 1
 def source_fingerprint(source) -> str:
     """A sha256 (hex) identifying the samples of ``source``: its type, name, length, classes and labels, and for
     file-backed sources every file's path, size and ``st_mtime_ns`` (``ImageFolderSource.path(i)``, or the shards
-    of a ``WebDatasetSource``). Raises OSError when a file cannot be stat'ed."""
+    of a ``WebDatasetSource``; for a remote source, each object's URL, size and ETag from its listing).
+    Raises OSError when a file cannot be stat'ed."""
     digest = hashlib.sha256()
     classes = getattr(source, "classes", None)
     digest.update(json.dumps([type(source).__name__, getattr(source, "name", None), len(source),
@@ -57,6 +58,10 @@ def source_fingerprint(source) -> str:
     labels = getattr(source, "labels", None)
     if labels is not None:
         digest.update(np.ascontiguousarray(labels, dtype=np.int64).tobytes())
+    if hasattr(source, "file_entries"):  # remote sources: URL, size and ETag from their listing
+        for url, size, etag in source.file_entries():
+            digest.update(f"{url}\0{size}\0{etag}\n".encode())
+        return digest.hexdigest()
     if hasattr(source, "path"):
         files = (source.path(i) for i in range(len(source)))
     else:

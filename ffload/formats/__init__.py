@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import ConfigurationError
 from ..limits import DEFAULT_MAX_PIXELS
+from ..storage import is_remote
 from .atomic import dataset_writer, format_for_path
 from .beton import open_beton
 from .fields import (
@@ -37,12 +38,19 @@ __all__ = ["open_dataset", "write_dataset", "dataset_writer", "format_for_path",
            "BytesField", "NDArrayField", "JSONField", "RaggedArrayField", "ImageArrayField", "image_sizes"]
 
 
-def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> DatasetView:
+def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                 storage_options: dict | None = None) -> DatasetView:
     """Open a ``.beton`` file or an ffload LMDB directory for reading (format detected from the
     contents, not the name).
 
     Args:
-        path: the ``.beton`` file or LMDB directory.
+        path: the ``.beton`` file or LMDB directory, or the URL of a ``.beton`` on object storage
+            (``s3://bucket/key.beton``, :mod:`ffload.storage`): its header, field descriptors,
+            metadata table and allocation table are read with a few range requests, and the
+            view (the same fields, ptrs, sizes, page_size as for the local file) has
+            ``remote`` set and no ``data_path`` (payloads are read through ``ffload.Loader``).
+        storage_options: for a URL, the filesystem's options (credentials, ``endpoint_url``; see
+            :func:`ffload.storage.open_filesystem`).
         max_pixels: refuse a dataset whose metadata declares an image (:class:`RGBImageField`)
             of more pixels, so that no decoder, ``verify`` or ``inspect --grid`` allocates for a
             hostile header (default :data:`~ffload.limits.DEFAULT_MAX_PIXELS`; ``None``: no limit).
@@ -51,11 +59,16 @@ def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Data
         DatasetError: missing path, or not a dataset (with the cause: truncated, wrong version,
             LMDB without ffload's metadata record, offsets outside the file, an image above
             ``max_pixels`` naming its sample, ...).
+        ConfigurationError: an LMDB URL (LMDB is read through a local memory map: not from
+            object storage), or fsspec/s3fs missing for a URL.
+        StorageError: a URL whose object is missing, denied, or unreachable (named).
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
+    if is_remote(path):
+        view = _open_remote(path, storage_options)
+    elif not os.path.exists(path):
         raise DatasetError(f"{path}: no such file or directory")
-    if os.path.isdir(path):
+    elif os.path.isdir(path):
         view = open_lmdb(path)
     else:
         with open(path, "rb") as fp:
@@ -66,6 +79,24 @@ def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Data
     if max_pixels is not None:
         _check_image_pixels(view, max_pixels)
     return view
+
+
+def _refuse_remote_lmdb(url: str) -> ConfigurationError:
+    return ConfigurationError(f"{url}: LMDB datasets cannot be read from object storage: LMDB reads its data.mdb "
+                              "through a local memory map (mmap), which a remote object does not have",
+                              path=url, hint="convert it to .beton (ffload convert), or download the directory")
+
+
+def _open_remote(url: str, storage_options: dict | None) -> DatasetView:
+    """The view of a remote ``.beton`` (see :func:`open_dataset`)."""
+    from ..storage import RemoteObject
+
+    if url.rstrip("/").endswith((".lmdb", "/data.mdb")):
+        raise _refuse_remote_lmdb(url)
+    remote = RemoteObject(url, storage_options)
+    if remote.size >= 20 and remote.read(16, 20) == LMDB_MAGIC:
+        raise _refuse_remote_lmdb(url)
+    return open_beton(url, source=remote)
 
 
 def _check_image_pixels(view: DatasetView, max_pixels: int) -> None:

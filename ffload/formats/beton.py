@@ -240,9 +240,28 @@ class BetonWriter(DatasetWriter):
         os.fsync(self._fp.fileno())
 
 
-def read_header(path: str, fp) -> np.void:
-    """Read and sanity-check the header; raises DatasetError naming the cause."""
-    raw = fp.read(HEADER_TYPE.itemsize)
+class LocalBytes:
+    """A local file read by byte ranges (``os.pread``), the local counterpart of
+    :class:`ffload.storage.RemoteObject` for :func:`open_beton`.
+
+    Attributes:
+        size: bytes in the file (at construction).
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.size = os.path.getsize(path)
+
+    def read(self, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` (fewer only at the end of the file)."""
+        with open(self.path, "rb") as fp:
+            return os.pread(fp.fileno(), stop - start, start) if stop > start else b""
+
+
+def read_header(path: str, source) -> np.void:
+    """Read and sanity-check the header through ``source`` (``.read(start, stop) -> bytes``);
+    raises DatasetError naming the cause."""
+    raw = source.read(0, min(HEADER_TYPE.itemsize, source.size))
     if len(raw) < HEADER_TYPE.itemsize:
         raise dataset_error(path, "not a .beton dataset (file shorter than the header)")
     header = np.frombuffer(raw, dtype=HEADER_TYPE)[0]
@@ -252,26 +271,23 @@ def read_header(path: str, fp) -> np.void:
     return header
 
 
-def read_info(path: str, fp, start: int, end: int) -> dict:
-    """The dataset-level ``info`` stored at byte ``start`` (the metadata's end), if the bytes there
-    begin with :data:`INFO_MAGIC`; the block must end by ``end`` (the first payload or the
-    allocation table). ``{}`` when absent (ffcv's files, older ffload files).
+def read_info(path: str, source, start: int, end: int, head: bytes) -> dict:
+    """The dataset-level ``info`` stored at byte ``start`` (the metadata's end), if ``head`` (the
+    bytes read there, up to ``len(INFO_MAGIC) + 8``) begins with :data:`INFO_MAGIC`; the block must
+    end by ``end`` (the first payload or the allocation table); the JSON is read through ``source``
+    (``.read(start, stop) -> bytes``). ``{}`` when absent (ffcv's files, older ffload files).
 
     Raises:
         DatasetError: a block that runs past ``end`` or whose JSON is not an object.
     """
-    head = len(INFO_MAGIC) + 8
-    if end - start < head:
+    size = len(INFO_MAGIC) + 8
+    if end - start < size or len(head) < size or head[:len(INFO_MAGIC)] != INFO_MAGIC:
         return {}
-    fp.seek(start)
-    raw = fp.read(head)
-    if raw[:len(INFO_MAGIC)] != INFO_MAGIC:
-        return {}
-    length = int(np.frombuffer(raw[len(INFO_MAGIC):], "<u8")[0])
-    if length > end - start - head:
+    length = int(np.frombuffer(head[len(INFO_MAGIC):size], "<u8")[0])
+    if length > end - start - size:
         raise dataset_error(path, f"info block of {length} bytes at {start} runs past the data at {end} (corrupt file)")
     try:
-        info = json.loads(fp.read(length).decode("utf8"))
+        info = json.loads(source.read(start + size, start + size + length).decode("utf8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise dataset_error(path, f"info block at {start} is not UTF-8 JSON: {e}") from e
     if not isinstance(info, dict):
@@ -279,48 +295,62 @@ def read_info(path: str, fp, start: int, end: int) -> dict:
     return info
 
 
-def open_beton(path: str) -> DatasetView:
+def open_beton(path: str, source=None) -> DatasetView:
     """Open a ``.beton`` file (written by ffload or ffcv) and validate every offset.
+
+    Args:
+        path: the file, or the URL of a remote object (``s3://bucket/key``).
+        source: what to read the bytes from: ``size`` (bytes) and ``read(start, stop) -> bytes``;
+            ``None``: the local file ``path`` (:class:`LocalBytes`). A remote one
+            (:class:`ffload.storage.RemoteObject`) is read with four range reads (header, field
+            descriptors, allocation table, metadata table with the head of the info block; a
+            fifth for the info JSON when there is one) and the view gets ``remote=source``
+            and no ``data_path``: its payloads are read by the Loader's page cache.
 
     Raises:
         DatasetError: not a .beton, wrong version, truncated, unknown field type, or any payload
             or allocation pointing outside the file.
+        StorageError: a remote read failed (see :mod:`ffload.storage`).
     """
-    size = os.path.getsize(path)
-    with open(path, "rb") as fp:
-        header = read_header(path, fp)
-        num_fields, n = int(header["num_fields"]), int(header["num_samples"])
-        page_size, table_ptr = int(header["page_size"]), int(header["alloc_table_ptr"])
-        if num_fields == 0 or page_size == 0 or page_size & (page_size - 1):
-            raise dataset_error(path, f"corrupt header (num_fields={num_fields}, page_size={page_size})")
-        desc_end = HEADER_TYPE.itemsize + num_fields * FIELD_DESC_TYPE.itemsize
-        if desc_end > size:
-            raise dataset_error(path, "truncated (field descriptors cut off)")
-        desc = np.frombuffer(fp.read(num_fields * FIELD_DESC_TYPE.itemsize), dtype=FIELD_DESC_TYPE)
-        fields: dict[str, Field] = {}
-        for d in desc:
-            name = d["name"].tobytes().split(b"\0", 1)[0].decode("ascii", "replace")
-            cls = FIELD_TYPES.get(int(d["type_id"]))
-            if cls is None:
-                raise dataset_error(path, f"field {name!r} has unknown type id {int(d['type_id'])} "
-                                  "(a custom ffcv field)")
-            if name in fields:
-                raise dataset_error(path, f"duplicate field name {name!r}")
-            try:
-                fields[name] = cls.from_binary(d["arguments"])
-            except ValueError as e:
-                raise dataset_error(path, f"field {name!r}: {e}") from e
-        mtype = metadata_dtype(list(fields.values()))
-        meta_end = desc_end + n * mtype.itemsize
-        if meta_end > size or not meta_end <= table_ptr <= size:
-            raise dataset_error(path, f"truncated or corrupt: metadata ends at {meta_end}, allocation table "
-                              f"at {table_ptr}, file size {size} bytes")
-        if (size - table_ptr) % ALLOC_TYPE.itemsize:
-            raise dataset_error(path, "truncated (allocation table is not a whole number of entries)")
-        metadata = np.fromfile(fp, dtype=mtype, count=n, offset=0) if n else np.zeros(0, mtype)
-        fp.seek(table_ptr)
-        table = np.frombuffer(fp.read(size - table_ptr), dtype=ALLOC_TYPE)
-        info = read_info(path, fp, meta_end, int(table["ptr"].min()) if table.size else table_ptr)
+    remote = source is not None
+    source = LocalBytes(path) if source is None else source
+    size = int(source.size)
+    header = read_header(path, source)
+    num_fields, n = int(header["num_fields"]), int(header["num_samples"])
+    page_size, table_ptr = int(header["page_size"]), int(header["alloc_table_ptr"])
+    if num_fields == 0 or page_size == 0 or page_size & (page_size - 1):
+        raise dataset_error(path, f"corrupt header (num_fields={num_fields}, page_size={page_size})")
+    desc_end = HEADER_TYPE.itemsize + num_fields * FIELD_DESC_TYPE.itemsize
+    if desc_end > size:
+        raise dataset_error(path, "truncated (field descriptors cut off)")
+    desc = np.frombuffer(source.read(HEADER_TYPE.itemsize, desc_end), dtype=FIELD_DESC_TYPE)
+    fields: dict[str, Field] = {}
+    for d in desc:
+        name = d["name"].tobytes().split(b"\0", 1)[0].decode("ascii", "replace")
+        cls = FIELD_TYPES.get(int(d["type_id"]))
+        if cls is None:
+            raise dataset_error(path, f"field {name!r} has unknown type id {int(d['type_id'])} "
+                              "(a custom ffcv field)")
+        if name in fields:
+            raise dataset_error(path, f"duplicate field name {name!r}")
+        try:
+            fields[name] = cls.from_binary(d["arguments"])
+        except ValueError as e:
+            raise dataset_error(path, f"field {name!r}: {e}") from e
+    mtype = metadata_dtype(list(fields.values()))
+    meta_end = desc_end + n * mtype.itemsize
+    if meta_end > size or not meta_end <= table_ptr <= size:
+        raise dataset_error(path, f"truncated or corrupt: metadata ends at {meta_end}, allocation table "
+                          f"at {table_ptr}, file size {size} bytes")
+    if (size - table_ptr) % ALLOC_TYPE.itemsize:
+        raise dataset_error(path, "truncated (allocation table is not a whole number of entries)")
+    table = np.frombuffer(source.read(table_ptr, size), dtype=ALLOC_TYPE)
+    # the metadata and the head of the info block after it, in one read
+    info_end = int(table["ptr"].min()) if table.size else table_ptr
+    info_head = len(INFO_MAGIC) + 8 if info_end - meta_end >= len(INFO_MAGIC) + 8 else 0
+    block = source.read(desc_end, meta_end + info_head)
+    metadata = np.frombuffer(bytearray(block[:meta_end - desc_end]), dtype=mtype) if n else np.zeros(0, mtype)
+    info = read_info(path, source, meta_end, info_end, block[meta_end - desc_end:])
     ends = table["ptr"] + table["size"]
     if table.size and (ends.max() > table_ptr or table["ptr"].min() < meta_end
                        or table["sample_id"].max() >= n or np.any(ends < table["ptr"])):
@@ -363,4 +393,5 @@ def open_beton(path: str) -> DatasetView:
     named = metadata.view(named_metadata_dtype(fields))
     check_field_values(path, fields, named)
     return DatasetView(path=path, format="beton", num_samples=n, fields=fields, metadata=named,
-                       ptrs=ptrs, sizes=sizes, data_path=path, data_size=size, page_size=page_size, info=info)
+                       ptrs=ptrs, sizes=sizes, data_path=None if remote else path, data_size=size,
+                       page_size=page_size, info=info, remote=source if remote else None)

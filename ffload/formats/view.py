@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import DatasetError
+from ..errors import ConfigurationError, DatasetError
 from ..system import path_bytes
 from .fields import Field
 
@@ -48,6 +48,9 @@ class DatasetView:
             transaction, so that concurrent writers do not reuse its pages), or None.
         info: the dataset-level JSON object its writer stored (``info["classes"]``: class names
             indexed by label, when the source had them); ``{}`` when none (e.g. ffcv's files).
+        remote: for a ``.beton`` on object storage (``path`` is its URL), the
+            :class:`ffload.storage.RemoteObject` its payloads are read from (by the Loader's page
+            cache, :mod:`ffload.loaders.pagepool`); ``data_path`` and ``memory`` are then None.
     """
 
     path: str
@@ -63,6 +66,7 @@ class DatasetView:
     memory: np.ndarray | None = None
     snapshot: object | None = None
     info: dict = field(default_factory=dict)
+    remote: object | None = None
 
     @property
     def sample_pages(self) -> np.ndarray:
@@ -75,7 +79,15 @@ class DatasetView:
 
     def open_region(self) -> np.ndarray:
         """A read-only ``uint8`` 1-D view of the data file, memory-mapped so that the OS page
-        cache serves it (several processes share one copy), or the in-memory payloads."""
+        cache serves it (several processes share one copy), or the in-memory payloads.
+
+        Raises:
+            ConfigurationError: a remote dataset (its payloads are read through ``ffload.Loader``'s
+                page cache, not mapped).
+        """
+        if self.remote is not None:
+            raise ConfigurationError(f"{self.path}: a dataset on object storage is read through ffload.Loader "
+                                     "(its page cache); download it to map it", path=self.path)
         if self.data_path is None:
             return self.memory
         if self.data_size == 0:
@@ -89,5 +101,7 @@ class DatasetView:
         return region[p:p + s]
 
     def file_bytes(self) -> int:
-        """Total bytes on disk (the .beton file, or the LMDB directory's files)."""
+        """Total bytes on disk (the .beton file, or the LMDB directory's files; a remote object's size)."""
+        if self.remote is not None:
+            return int(self.data_size)
         return path_bytes(self.path)

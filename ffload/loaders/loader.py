@@ -20,13 +20,15 @@ import torch
 from ..errors import ConfigurationError, LoaderClosedError
 from ..formats import open_dataset
 from ..limits import DEFAULT_MAX_PIXELS
+from ..storage import is_remote
 from ..system import available_cpus, available_memory
 from .iterator import BatchRunner, EpochIterator
 from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns
 from .orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
 from .pagepool import PagePoolMemory, page_pool_fits
+from .pagesource import DEFAULT_MAX_REQUESTS, RemotePages
 from .pipeline import build_pipelines, cuda_device
-from .readahead import DEFAULT_READ_AHEAD, ReadAhead
+from .readahead import DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +51,17 @@ class Loader:
     NDArrayField ``(B, *shape)`` of its dtype, a Bytes/JSONField ``(B, max_size) uint8``.
 
     Args:
-        path: a ``.beton`` file or an LMDB directory (see :func:`ffload.formats.open_dataset`).
+        path: a ``.beton`` file or an LMDB directory (see :func:`ffload.formats.open_dataset`),
+            or the URL of a ``.beton`` on object storage (``s3://bucket/key.beton``, any fsspec
+            protocol; ``pip install 'ffload[s3]'``). A remote dataset is read in whole pages (the
+            ``.beton`` page size) with range GETs, at most ``max_requests`` at once, into a page
+            pool backed by a sparse cache file in ``cache_dir`` of at most ``cache_limit`` bytes
+            (:mod:`ffload.loaders.pagepool`), ahead of need in the epoch's order; pages that stay
+            in the pool serve later epochs without a request. ``os_cache`` does not apply, and
+            ``cache_limit`` must hold ``min(batch_size, pages)`` pages. GETs are retried on
+            transient errors (:mod:`ffload.storage`); a permanent one (missing object, denied
+            access, refused credentials) raises :class:`~ffload.errors.StorageError` naming the
+            object. LMDB URLs are refused (LMDB needs a local memory map).
         batch_size: samples per batch (>= 1); the last batch of an epoch may be smaller unless
             ``drop_last``.
         num_workers: worker threads (>= 1); ``None`` or ``-1``: the CPUs this process may use;
@@ -87,6 +99,16 @@ class Loader:
             one read (SimCLR, DINO multi-crop). Views follow the fields in the batch tuple.
         max_pixels: refuse a dataset whose metadata declares an image of more pixels (see
             :func:`ffload.formats.open_dataset`); ``None``: no limit.
+        storage_options: a remote ``path``'s filesystem options (credentials, ``endpoint_url``,
+            see :func:`ffload.storage.open_filesystem`); ``None``: the environment and ``~/.aws``.
+        cache_dir: a remote ``path``'s cache folder (``None``: ``$FFLOAD_CACHE_DIR`` or
+            ``~/.cache/ffload``); the cache file is unlinked as soon as it is created.
+        max_requests: a remote ``path``'s range GETs in flight at most (default 8).
+
+    Attributes:
+        memory: the memory manager; for a remote ``path`` the :class:`~.pagepool.PagePoolMemory`
+            (``memory.source.requests``: GETs issued so far, the opening reads included;
+            ``memory.resident_bytes`` and ``memory.cache_file_bytes()``: the cache's size).
 
     Buffer reuse (as in FFCV, batches are views of reused buffers): a yielded batch stays valid
     while you handle it and the next one; requesting the batch after that may overwrite it.
@@ -122,7 +144,8 @@ class Loader:
                  indices: Sequence[int] | None = None, batches_ahead: int = 3,
                  pin_memory: bool | None = None, cache_limit: int | None = None,
                  read_ahead: int | None = None, custom_field_mapper: Mapping[str, str] | None = None,
-                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS, storage_options: Mapping[str, Any] | None = None,
+                 cache_dir: str | os.PathLike | None = None, max_requests: int = DEFAULT_MAX_REQUESTS):
         self.batch_size = _check_int("batch_size", batch_size, 1)
         cpus = available_cpus()
         if num_workers is None or num_workers == -1:
@@ -138,7 +161,10 @@ class Loader:
         self.drop_last, self.distributed, self.os_cache = bool(drop_last), bool(distributed), bool(os_cache)
         self.rank, self.world_size = _distributed_rank() if self.distributed else (0, 1)
 
-        self.view = open_dataset(os.fspath(path), max_pixels=max_pixels)
+        self.remote = is_remote(path)
+        max_requests = _check_int("max_requests", max_requests, 1)
+        self.view = open_dataset(os.fspath(path), max_pixels=max_pixels,
+                                 storage_options=None if storage_options is None else dict(storage_options))
         self.path = self.view.path
         self.indices = _check_indices(indices, self.view)
         # buffers hold a batch: no more rows than an epoch has samples
@@ -167,7 +193,10 @@ class Loader:
         self.read_ahead = (DEFAULT_READ_AHEAD if read_ahead is None
                            else _check_int("read_ahead", read_ahead, 0))
         self._memory = None
-        if not self.os_cache and self.view.data_path is not None:  # checks that a batch fits
+        if self.remote:
+            self._memory = _remote_pool(self.view, self._read_fields, self.cache_limit, rows, cache_dir,
+                                        max_requests)
+        elif not self.os_cache and self.view.data_path is not None:  # checks that a batch fits
             # whole .beton pages hold whole samples; LMDB records straddle its nominal pages
             quasi = self.order is OrderOption.QUASI_RANDOM
             whole_pages = quasi and self.view.format == "beton"
@@ -183,6 +212,13 @@ class Loader:
             logger.warning("%s: the loader yields no batch (%d samples per rank, batch_size %d, "
                            "drop_last=%s)", self.path, self._samples_per_rank(), self.batch_size,
                            self.drop_last)
+
+    @property
+    def memory(self):
+        """The memory manager the batches are read from (see the class docstring)."""
+        if self._memory is None:
+            self._get_runner()
+        return self._memory
 
     @property
     def pipelines(self) -> dict[str, list[Any]]:
@@ -243,7 +279,9 @@ class Loader:
                 self._memory = OSCacheMemory(self.view)
             columns = payload_columns(self.view, self._read_fields)
             read_ahead = None
-            if self.read_ahead and columns and self.view.data_path is not None:
+            if self.read_ahead and columns and self.remote:
+                read_ahead = PagePoolReadAhead(self._memory, self.read_ahead)
+            elif self.read_ahead and columns and self.view.data_path is not None:
                 read_ahead = ReadAhead(self.view.data_path, self.view.data_size, columns,
                                        self.read_ahead)
             self._runner = BatchRunner(self._pipelines, self._memory, self.view, self.seed,
@@ -337,6 +375,35 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, num_workers="
                 f"{self.num_workers}, order={self.order.value!r}, fields={self.field_names})")
+
+
+def default_cache_dir() -> str:
+    """Where a remote dataset's cache file goes by default: ``$FFLOAD_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/ffload``, else ``~/.cache/ffload``."""
+    if os.environ.get("FFLOAD_CACHE_DIR"):
+        return os.environ["FFLOAD_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ffload")
+
+
+def _remote_pool(view, fields, cache_limit: int, rows: int, cache_dir, max_requests: int) -> PagePoolMemory:
+    """The page pool of a remote ``.beton`` (whole pages by range GETs into a cache file).
+    Raises ConfigurationError when ``cache_limit`` cannot hold a batch's pages (both named)."""
+    if not page_pool_fits(view, fields, cache_limit, rows):
+        pages = -(-int(view.data_size) // int(view.page_size))
+        need = min(rows, pages) * int(view.page_size)
+        raise ConfigurationError(
+            f"{view.path}: cache_limit={cache_limit} bytes cannot hold the pages one batch may need: a remote "
+            f".beton is cached in whole pages of {view.page_size} bytes and a batch of {rows} samples may touch "
+            f"{min(rows, pages)} of them ({need} bytes)", path=view.path,
+            hint=f"raise cache_limit to at least {need} or lower batch_size")
+    cache_dir = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
+    source = RemotePages(view.remote, view.data_size, view.page_size, max_requests)
+    try:
+        return PagePoolMemory(view, fields, cache_limit, rows, source=source, cache_dir=cache_dir)
+    except BaseException:
+        source.close()
+        raise
 
 
 def _check_buffer_memory(pipelines, slots: int, batch_size: int, batches_ahead: int) -> None:

@@ -22,12 +22,24 @@ when the pool holds the pages of the batches in flight.
 In QUASI_RANDOM order the loader uses the pool when :func:`page_pool_fits`: it holds at least
 ``min(batch_size, pages)`` slots, so any batch fits whatever the order. Otherwise (RANDOM or
 SEQUENTIAL order, a small ``cache_limit``) it uses the block cache.
+
+Pages come from a *page source* (:mod:`.pagesource`): the local data file (``os.preadv``), or,
+for a ``.beton`` on object storage, range GETs of whole pages (:class:`~.pagesource.RemotePages`;
+the loader uses the pool in every order then). A remote pool's slots live in a cache file in
+``cache_dir`` instead of anonymous memory: a sparse file of ``slots * page_size <= cache_limit``
+bytes, mapped shared, whose blocks are allocated as slots are first used (unlinked at once, so
+nothing is left behind by a crash). The kernel's page cache caches that file, the pool bounds its
+size, and pages kept in slots serve later epochs without a request. :meth:`PagePoolMemory.prefetch`
+loads the pages of a batch ahead of need (:class:`~.readahead.PagePoolReadAhead` walks the epoch's
+schedule), only into slots whose page is needed later than that batch (Belady's rule again), with
+the source's bounded concurrency.
 """
 from __future__ import annotations
 
 import mmap
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 
@@ -38,13 +50,10 @@ from .memory import (
     _MAP_NORESERVE,
     _NEVER,
     EpochSchedule,
-    _FileBackedCache,
     batch_blocks,
     payload_columns,
 )
-
-_RUN = 64
-"""Pages read by one ``preadv`` at most (its buffer count stays far below ``IOV_MAX``)."""
+from .pagesource import FilePages
 
 
 def page_overhang(view, field_names: Sequence[str]) -> int:
@@ -70,36 +79,47 @@ def page_pool_fits(view, field_names: Sequence[str], cache_limit: int, batch_siz
     return cache_limit // (page + page_overhang(view, field_names)) >= min(batch_size, pages)
 
 
-class PagePoolMemory(_FileBackedCache):
-    """``os_cache=False``: a fixed pool of ``cache_limit // (page_size + overhang)`` page slots.
+class PagePoolMemory:
+    """``os_cache=False`` (and remote datasets): a fixed pool of ``cache_limit // (page_size +
+    overhang)`` page slots.
 
     Same interface as :class:`~.memory.ProcessCacheMemory` (``region``, ``ptrs``, ``prepare``,
     ``release``, ``schedule``, ``close``, the counters). Workers claim slots under a lock, read
-    their pages in parallel outside it, and wait for pages another worker is reading, or for a
-    slot when every slot holds a page of a batch in progress.
+    their pages in parallel outside it, and wait for pages another worker (or the read-ahead) is
+    reading, or for a slot when every slot holds a page of a batch in progress.
 
     Args:
         view: the :class:`ffload.formats.DatasetView` (checked with :func:`page_pool_fits`).
         field_names: the fields whose payloads the loader decodes.
         cache_limit: bytes the pool may occupy at most.
         batch_size: the largest batch the loader asks for.
+        source: the page source (:mod:`.pagesource`); ``None``: the local data file
+            (:class:`~.pagesource.FilePages`).
+        cache_dir: put the slots in a cache file in this folder (created if missing) instead of
+            anonymous memory (remote datasets).
 
     Attributes:
         resident_bytes, peak_resident_bytes: bytes of slots allocated so far (``<= cache_limit``;
             slots are never given back before :meth:`close`).
         stride: bytes per slot (``page_size`` plus :func:`page_overhang`).
-        bytes_read: bytes read from the file so far.
+        bytes_read: bytes read from the source so far.
+        source: the page source (``source.requests``: GETs issued, for a remote one).
 
     Raises:
         ValueError: the view does not fit the pool (see :func:`page_pool_fits`).
-        OSError: the data file cannot be opened or the pool cannot be mapped (named).
+        OSError: the data file or the cache file cannot be opened, or the pool cannot be mapped
+            (named).
     """
 
-    def __init__(self, view, field_names: Sequence[str], cache_limit: int, batch_size: int):
+    _source = None
+    _cache_fd: int | None = None
+
+    def __init__(self, view, field_names: Sequence[str], cache_limit: int, batch_size: int,
+                 source=None, cache_dir: str | None = None):
         if not page_pool_fits(view, field_names, cache_limit, batch_size):
             raise ValueError(f"{view.path}: cache_limit={cache_limit} holds fewer than "
                              f"{batch_size} pages of {view.page_size} bytes")
-        self.path, self.page = view.data_path, int(view.page_size)
+        self.path, self.page = view.data_path or view.path, int(view.page_size)
         self.stride = self.page + page_overhang(view, field_names)  # bytes per slot
         self.data_size, self.cache_limit = int(view.data_size), int(cache_limit)
         self._payloads = payload_columns(view, field_names)
@@ -108,12 +128,7 @@ class PagePoolMemory(_FileBackedCache):
         self._columns = [(name, view.ptrs[name], view.sizes[name]) for name in self.ptrs]
         pages = -(-self.data_size // self.page)
         slots = min(pages, self.cache_limit // self.stride)
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
-        try:
-            self._buffer = mmap.mmap(-1, slots * self.stride, flags=flags)
-        except OSError as e:
-            raise OSError(e.errno, f"{self.path}: cannot map a page pool of {slots * self.stride} "
-                                   f"bytes ({e.strerror}); lower cache_limit") from e
+        self._buffer = self._map(slots * self.stride, cache_dir)
         self.region = np.frombuffer(self._buffer, dtype=np.uint8)
         self._slot_of = np.full(pages, -1, np.int64)  # slot holding each file page
         self._page_in = np.full(slots, -1, np.int64)  # file page held by each slot
@@ -128,7 +143,44 @@ class PagePoolMemory(_FileBackedCache):
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
         self._populate = sys.platform.startswith("linux")
-        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.source = self._source = source if source is not None else FilePages(view.data_path, self.data_size,
+                                                                                  self.page)
+
+    def _map(self, nbytes: int, cache_dir: str | None) -> mmap.mmap:
+        """The slots' memory: anonymous, or a sparse cache file in ``cache_dir`` mapped shared."""
+        try:
+            if cache_dir is None:
+                return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+            os.makedirs(cache_dir, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f"ffload-pages-{os.getpid()}-", suffix=".cache", dir=cache_dir)
+            os.unlink(name)  # lives while mapped and open: a crash leaves nothing behind
+            self._cache_fd = fd
+            os.ftruncate(fd, nbytes)  # sparse: blocks are allocated as slots are first written
+            return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED)
+        except OSError as e:
+            where = f"a cache file in {cache_dir}" if cache_dir else "memory"
+            raise OSError(e.errno, f"{self.path}: cannot map a page pool of {nbytes} bytes in {where} "
+                                   f"({e.strerror}); lower cache_limit") from e
+
+    def cache_file_bytes(self) -> int:
+        """Bytes of disk the cache file has allocated (``st_blocks * 512``; 0 without one)."""
+        return os.fstat(self._cache_fd).st_blocks * 512 if self._cache_fd is not None else 0
+
+    def close(self) -> None:
+        """Stop the source (its requests), close the files; the memory is freed once no batch
+        references it. Idempotent."""
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+        if self._cache_fd is not None:
+            os.close(self._cache_fd)
+            self._cache_fd = None
+        self.region = None
+
+    def __del__(self, _close=os.close):  # bound here: ``os`` may be None at interpreter teardown
+        fd = getattr(self, "_cache_fd", None)
+        if fd is not None:
+            _close(fd)
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """The epoch's batches (each ``(B,) int64`` sample ids), ``start`` onwards to come:
@@ -181,11 +233,13 @@ class PagePoolMemory(_FileBackedCache):
         self._translate(indices)
         return slots
 
-    def _free_slots(self, count: int, keep: np.ndarray, batch: int | None) -> np.ndarray | None:
+    def _free_slots(self, count: int, keep: np.ndarray, batch: int | None,
+                    later_only: bool = False) -> np.ndarray | None:
         """``count`` unpinned slots to load pages into, never the slots ``keep``: allocated ones
         holding no page the schedule needs again first (no new memory), then never used ones,
         then those whose page's next scheduled use is furthest, least recently used first; None
-        when fewer are free. Holds the lock."""
+        when fewer are free. With ``later_only`` (a prefetch for ``batch``), only slots whose
+        page is next needed after ``batch``. Holds the lock."""
         usable = (self._pins == 0) & ~self._loading
         usable[keep] = False
         candidates = np.flatnonzero(usable)
@@ -194,38 +248,72 @@ class PagePoolMemory(_FileBackedCache):
         held = self._page_in[candidates]
         next_use = self._schedule.next_use(np.maximum(held, 0), batch)
         next_use[held < 0] = _NEVER
+        if later_only:
+            later = next_use > batch
+            candidates, held, next_use = candidates[later], held[later], next_use[later]
+            if candidates.size < count:
+                return None
         # allocated slots whose page no scheduled batch needs, then fresh ones, then the rest
         kind = np.where(self._allocated[candidates], np.where(next_use == _NEVER, 0, 2), 1)
         rank = np.lexsort((self._last_use[candidates], -next_use, kind))
         return candidates[rank[:count]]
 
     def _read_pages(self, pages: np.ndarray, slots: np.ndarray) -> int:
-        """Read file ``pages`` (sorted; each with the overhang past its end) into ``slots``: one
-        ``preadv`` per run of consecutive pages when slots hold whole pages only (``.beton``),
-        else one per page; returns the bytes read."""
+        """Read file ``pages`` (sorted) into ``slots`` through the source (each page with the
+        overhang past its end); returns the bytes read."""
         if pages.size == 0:
             return 0
-        total = 0
-        run = _RUN if self.stride == self.page else 1
-        breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+        self._allocate(slots)
         with memoryview(self._buffer) as pool:
-            for first, into in ((r[i:i + run], s[i:i + run])
-                                for r, s in zip(np.split(pages, breaks), np.split(slots, breaks))
-                                for i in range(0, r.size, run)):
-                self._allocate(into)
-                start = int(first[0]) * self.page
-                stop = min(int(first[-1]) * self.page + self.stride, self.data_size)
-                views = [pool[int(s) * self.stride:int(s) * self.stride + self.page] for s in into]
-                views[-1] = pool[int(into[-1]) * self.stride:][:stop - int(first[-1]) * self.page]
-                done = 0
-                while start + done < stop:  # a short read resumes where it stopped
-                    n = os.preadv(self._fd, _skip(views, done), start + done)
-                    if n == 0:
-                        raise OSError(f"{self.path}: file ends at byte {start + done}, expected "
-                                      f"{self.data_size} bytes (truncated?)")
-                    done += n
-                total += stop - start
-        return total
+            return self._source.read(pool, pages, slots, self.stride)
+
+    def prefetch(self, indices: np.ndarray, batch: int) -> int | None:
+        """Start loading the pages of samples ``indices`` (batch ``batch`` of the schedule) that
+        are not in the pool, in the background, without pinning them: only into slots whose page
+        is needed after ``batch`` (so no batch before it loses a page). Needs a source with
+        ``submit`` (:class:`~.pagesource.RemotePages`).
+
+        Returns:
+            bytes requested (0: every page is in the pool or on its way), or None when not every
+            missing page found such a slot (nothing requested: try again once batches finish).
+        """
+        pages = batch_blocks(self._starts, indices, self.page)
+        with self._cond:
+            held = self._slot_of[pages]
+            missing = pages[held < 0]
+            if missing.size == 0:
+                return 0
+            free = self._free_slots(missing.size, held[held >= 0], batch, later_only=True)
+            if free is None:
+                return None
+            old = self._page_in[free]
+            self._slot_of[old[old >= 0]] = -1
+            self._page_in[free], self._slot_of[missing] = missing, free
+            self._loading[free] = True
+            self._tick += 1
+            self._last_use[free] = self._tick
+        pool = memoryview(self._buffer)
+        for page, slot in zip(missing.tolist(), free.tolist()):
+            future = self._source.submit(pool, page, slot, self.stride, before=self._allocate_one)
+            future.add_done_callback(lambda f, page=page, slot=slot: self._prefetched(f, page, slot))
+        return int(missing.size) * self.page
+
+    def _allocate_one(self, slot: int) -> None:
+        self._allocate(np.array([slot], np.int64))
+
+    def _prefetched(self, future, page: int, slot: int) -> None:
+        """A prefetch finished: the page is in its slot, or (failed, cancelled) forgotten, so
+        that the batch needing it reads it itself and reports the error."""
+        failed = future.cancelled() or future.exception() is not None
+        with self._cond:
+            self._loading[slot] = False
+            if failed:
+                if self._slot_of[page] == slot:
+                    self._slot_of[page] = -1
+                self._page_in[slot] = -1
+            else:
+                self.bytes_read += future.result()
+            self._cond.notify_all()
 
     def _allocate(self, slots: np.ndarray) -> None:
         """Populate the memory of slots used for the first time (one call per slot)."""
@@ -256,16 +344,3 @@ class PagePoolMemory(_FileBackedCache):
         with self._cond:
             self._pins[lease] -= 1
             self._cond.notify_all()
-
-
-
-def _skip(views: list[memoryview], done: int) -> list[memoryview]:
-    """The buffers ``views`` after their first ``done`` bytes."""
-    out = []
-    for v in views:
-        if done >= len(v):
-            done -= len(v)
-            continue
-        out.append(v[done:])
-        done = 0
-    return out

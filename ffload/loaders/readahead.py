@@ -21,6 +21,12 @@ more. io_uring has no well-kept Python wheel to rely on.
 
 The same read-ahead serves ``os_cache=False``: the process cache's ``preadv`` then copies from
 the page cache instead of waiting on the disk.
+
+For a ``.beton`` on object storage there is no file to advise: :class:`PagePoolReadAhead` walks
+the schedule the same way (same thread, same bound) and asks the page pool to fetch each batch's
+missing pages in the background (:meth:`~.pagepool.PagePoolMemory.prefetch`: whole pages, range
+GETs, bounded concurrency); when the pool has no slot to spare yet, it waits for the batches in
+progress to move on and asks again.
 """
 from __future__ import annotations
 
@@ -31,6 +37,10 @@ import threading
 import numpy as np
 
 from .memory import batch_blocks
+
+_RETRY_SECONDS = 0.02
+"""How long :class:`PagePoolReadAhead` waits before asking a full pool again (a batch starting
+wakes it sooner)."""
 
 ADVISE_PAGE = mmap.PAGESIZE
 """Granularity (bytes) of the requested ranges: the kernel's page size."""
@@ -57,10 +67,15 @@ class ReadAhead:
     """
 
     def __init__(self, path: str, data_size: int, columns, limit: int, record: bool = False):
-        self.data_size, self.limit = int(data_size), int(limit)
+        self.data_size = int(data_size)
         self._columns = columns
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), self.data_size, prot=mmap.PROT_READ)
+        self._start(limit, record)
+
+    def _start(self, limit: int, record: bool) -> None:
+        """Set up the state and start the IO thread."""
+        self.limit = int(limit)
         self._cond = threading.Condition()
         self._batches: list = []
         self._next = 0  # next batch to request
@@ -98,23 +113,36 @@ class ReadAhead:
                 while not self._closed and not self._may_advance():
                     self._cond.wait()
                 if self._closed:
-                    self._map.close()  # the IO thread owns the mapping
+                    self._finish()
                     return
                 batches, b = self._batches, max(self._next, self._decoding)
                 self._next = b + 1
-            ranges = self._ranges(batches[b])
-            for offset, length in ranges:
-                self._map.madvise(mmap.MADV_WILLNEED, offset, length)
+            nbytes = self._request(batches[b], b)
             with self._cond:
                 if batches is not self._batches:
                     continue  # a new epoch started meanwhile
-                nbytes = sum(length for _, length in ranges)
-                if self.requested is not None:
-                    self.requested.extend(ranges)
+                if nbytes is None:  # no room yet: ask again once the batches in progress move on
+                    self._next = min(self._next, b)
+                    self._cond.wait(_RETRY_SECONDS)
+                    continue
                 if b >= self._decoding:
                     self._ahead.append((b, nbytes))
                     self._ahead_bytes += nbytes
                     self.max_bytes_ahead = max(self.max_bytes_ahead, self._ahead_bytes)
+
+    def _request(self, indices: np.ndarray, batch: int) -> int | None:
+        """Ask for the pages of one batch; the bytes asked for (None: not now, ask again)."""
+        ranges = self._ranges(indices)
+        for offset, length in ranges:
+            self._map.madvise(mmap.MADV_WILLNEED, offset, length)
+        if self.requested is not None:
+            with self._cond:
+                self.requested.extend(ranges)
+        return sum(length for _, length in ranges)
+
+    def _finish(self) -> None:
+        """On the IO thread, at close: release what the requests used."""
+        self._map.close()  # the IO thread owns the mapping
 
     def _may_advance(self) -> bool:
         return (self.limit > 0 and max(self._next, self._decoding) < len(self._batches)
@@ -142,3 +170,25 @@ class ReadAhead:
             self._cond.notify_all()
         if wait:
             self._thread.join()
+
+
+class PagePoolReadAhead(ReadAhead):
+    """The read-ahead of a remote dataset: fetches the next batches' pages into the page pool.
+
+    Args:
+        pool: the :class:`~.pagepool.PagePoolMemory` (with a source that can ``submit``).
+        limit: bytes of pages fetched beyond the batch being decoded (> 0).
+
+    Attributes:
+        max_bytes_ahead: as for :class:`ReadAhead`.
+    """
+
+    def __init__(self, pool, limit: int):
+        self._pool = pool
+        self._start(limit, record=False)
+
+    def _request(self, indices: np.ndarray, batch: int) -> int | None:
+        return self._pool.prefetch(indices, batch)
+
+    def _finish(self) -> None:
+        pass

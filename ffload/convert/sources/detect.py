@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...errors import ConfigurationError
+from ...storage import is_remote
 from ..images import DEFAULT_MAX_PIXELS
 from .base import Source, SourceError
 from .cifar import TORCHVISION_FOLDERS, CIFARSource, cifar_variant
@@ -91,7 +93,8 @@ def detect_kind(path: str | os.PathLike) -> tuple[SourceKind, str]:
 
 
 def detect_source(path: str | os.PathLike, kind: str | None = None, split: str | None = None,
-                  label_kind: str = "fine", max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Source:
+                  label_kind: str = "fine", max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                  storage_options: dict | None = None) -> Source:
     """Open a dataset folder as the right source.
 
     Args:
@@ -106,6 +109,8 @@ def detect_source(path: str | os.PathLike, kind: str | None = None, split: str |
         label_kind: CIFAR-100 ``'fine'`` (default) or ``'coarse'``.
         max_pixels: sources that decode image files refuse images whose header declares more
             pixels (:func:`~ffload.convert.images.check_pixels`); ``None``: no limit.
+        storage_options: for a URL (``s3://bucket/prefix``, an ImageFolder on object storage:
+            :class:`~.remote.RemoteImageFolderSource`), the filesystem's options.
     Returns:
         the source of the kind found (:class:`~.imagefolder.ImageFolderSource`, :class:`~.cifar.CIFARSource`,
         :class:`~.webdataset.WebDatasetSource`, :class:`~.hf.HFSource`).
@@ -114,6 +119,8 @@ def detect_source(path: str | os.PathLike, kind: str | None = None, split: str |
             folder, or any error of the chosen source.
     """
     path = os.fspath(path)
+    if is_remote(path):
+        return _open_remote(path, kind, split, max_pixels, storage_options)
     if not os.path.exists(path) and not looks_like_webdataset(path):  # a shard pattern names no one file
         raise SourceError(f"{path}: no such file or folder", path=path)
     if kind is None:
@@ -127,3 +134,16 @@ def detect_source(path: str | os.PathLike, kind: str | None = None, split: str |
             raise SourceError(f"{path}: asked for {kind}, but this is {detect_kind(path)[0].described_as}",
                               path=path)
     return chosen.open(folder, split, label_kind, max_pixels)
+
+
+def _open_remote(url: str, kind: str | None, split: str | None, max_pixels: int | None,
+                 storage_options: dict | None) -> Source:
+    """An ImageFolder on object storage (the one kind read remotely); ConfigurationError for others."""
+    from .remote import RemoteImageFolderSource
+
+    if kind not in (None, "imagefolder"):
+        raise ConfigurationError(f"{url}: only ImageFolder sources (root/<class>/<image>) can be read from object "
+                                 f"storage, not {kind}", path=url, hint="download it, or use --source imagefolder")
+    if split is not None:
+        url = f"{url.rstrip('/')}/{split}"
+    return RemoteImageFolderSource(url, storage_options, max_pixels=max_pixels)

@@ -1,0 +1,149 @@
+"""Where the page pool's pages come from (:mod:`.pagepool`): a local file or a remote object.
+
+A page source fills slots of the pool with whole ``.beton`` pages. Two kinds:
+
+* :class:`FilePages`: the data file on a local disk, ``os.preadv`` straight into the slots
+  (one call per run of consecutive pages: the pool's behaviour before sources existed).
+* :class:`RemotePages`: a ``.beton`` on object storage (:class:`ffload.storage.RemoteObject`),
+  one range GET per page (the whole page, clipped to the data), at most ``max_requests`` GETs in
+  flight for the whole loader (a thread pool of that size serves both the workers' reads and the
+  read-ahead's prefetches), each retried on transient errors by :mod:`ffload.storage`.
+
+Both implement ``read(pool, pages, slots, stride) -> bytes read``: file ``pages`` (sorted
+``(K,) int64``) into ``slots`` (``(K,) int64``) of ``pool`` (a writable ``memoryview`` of
+``slots * stride`` bytes), each page at ``slot * stride``, blocking until done; ``close()``.
+:class:`RemotePages` also has ``submit(pool, page, slot, stride) -> Future`` (asynchronous, for the
+read-ahead). Page ``p`` is bytes ``[p * page_size, min(p * page_size + length, data_size))`` where
+``length`` is ``stride`` (a page plus the overhang past its end, for LMDB) for :class:`FilePages`
+and ``page_size`` for :class:`RemotePages` (``.beton`` only: payloads never straddle a page).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+
+import numpy as np
+
+_RUN = 64
+"""Pages read by one ``preadv`` at most (its buffer count stays far below ``IOV_MAX``)."""
+
+DEFAULT_MAX_REQUESTS = 8
+"""Range GETs in flight at most per remote loader (``Loader(max_requests=...)``)."""
+
+
+class FilePages:
+    """Pages of a local data file (``DatasetView.data_path``).
+
+    Args:
+        path: the file; data_size: its bytes in use; page: bytes per page.
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+
+    def __init__(self, path: str, data_size: int, page: int):
+        self.path, self.data_size, self.page = path, int(data_size), int(page)
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def read(self, pool: memoryview, pages: np.ndarray, slots: np.ndarray, stride: int) -> int:
+        """Read ``pages`` into ``slots``: one ``preadv`` per run of consecutive pages when slots
+        hold whole pages only (``stride == page``), else one per page; returns the bytes read.
+
+        Raises:
+            OSError: a read failed or the file ends before ``data_size`` (truncated; named).
+        """
+        if pages.size == 0:
+            return 0
+        total = 0
+        run = _RUN if stride == self.page else 1
+        breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+        for first, into in ((r[i:i + run], s[i:i + run])
+                            for r, s in zip(np.split(pages, breaks), np.split(slots, breaks))
+                            for i in range(0, r.size, run)):
+            start = int(first[0]) * self.page
+            stop = min(int(first[-1]) * self.page + stride, self.data_size)
+            views = [pool[int(s) * stride:int(s) * stride + self.page] for s in into]
+            views[-1] = pool[int(into[-1]) * stride:][:stop - int(first[-1]) * self.page]
+            done = 0
+            while start + done < stop:  # a short read resumes where it stopped
+                n = os.preadv(self._fd, _skip(views, done), start + done)
+                if n == 0:
+                    raise OSError(f"{self.path}: file ends at byte {start + done}, expected "
+                                  f"{self.data_size} bytes (truncated?)")
+                done += n
+            total += stop - start
+        return total
+
+    def close(self) -> None:
+        """Close the file. Idempotent."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self, _close=os.close):  # bound here: ``os`` may be None at interpreter teardown
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            _close(fd)
+
+
+class RemotePages:
+    """Whole pages of a remote ``.beton`` (one range GET each), at most ``max_requests`` at once.
+
+    Args:
+        remote: the :class:`ffload.storage.RemoteObject` (``DatasetView.remote``).
+        data_size: bytes of the object; page: bytes per page (the ``.beton`` page size).
+        max_requests: range GETs in flight at most (>= 1).
+
+    Attributes:
+        requests: GETs issued so far, retries and the dataset's opening reads included
+            (``remote.requests``).
+    """
+
+    def __init__(self, remote, data_size: int, page: int, max_requests: int = DEFAULT_MAX_REQUESTS):
+        self.remote, self.data_size, self.page = remote, int(data_size), int(page)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, int(max_requests)), "ffload-get")
+
+    @property
+    def requests(self) -> int:
+        return self.remote.requests
+
+    def _fetch(self, pool: memoryview, page: int, slot: int, stride: int, before=None) -> int:
+        start = page * self.page
+        stop = min(start + self.page, self.data_size)
+        data = self.remote.read(start, stop)
+        if before is not None:
+            before(slot)
+        pool[slot * stride:slot * stride + len(data)] = data
+        return len(data)
+
+    def submit(self, pool: memoryview, page: int, slot: int, stride: int, before=None) -> concurrent.futures.Future:
+        """Fetch ``page`` into ``slot`` in the background; the future's result is the bytes read
+        (or the :class:`~ffload.errors.StorageError`). ``before(slot)`` runs before the copy."""
+        return self._pool.submit(self._fetch, pool, int(page), int(slot), stride, before)
+
+    def read(self, pool: memoryview, pages: np.ndarray, slots: np.ndarray, stride: int, before=None) -> int:
+        """Fetch ``pages`` into ``slots`` (concurrently, bounded) and wait; returns the bytes read.
+
+        Raises:
+            StorageError: a page could not be read (the object and range named), after the
+                other requests of the call have finished.
+        """
+        futures = [self.submit(pool, p, s, stride, before) for p, s in zip(pages.tolist(), slots.tolist())]
+        concurrent.futures.wait(futures)
+        return sum(f.result() for f in futures)
+
+    def close(self) -> None:
+        """Stop the request threads (queued requests are cancelled, running ones awaited)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _skip(views: list[memoryview], done: int) -> list[memoryview]:
+    """The buffers ``views`` after their first ``done`` bytes."""
+    out = []
+    for v in views:
+        if done >= len(v):
+            done -= len(v)
+            continue
+        out.append(v[done:])
+        done = 0
+    return out
