@@ -160,3 +160,25 @@ def test_fallback_is_used_and_reported_without_the_library(tmp_path, photos, mon
     region[int(view.ptrs["image"][0]):int(view.ptrs["image"][0]) + 50] = 7
     with pytest.raises(ValueError, match=r"field 'image', sample 0: corrupt JPEG"):
         decode(RandomResizedCropRGBImageDecoder(96), view, "image", [1, 0], region=region)
+
+
+def test_compiled_decoder_is_cached_on_disk_across_processes(tmp_path, photos):
+    """The TurboJPEG calls are LLVM symbols, not this process's addresses, so the decoder's
+    machine code is cached: a second process loads it instead of compiling (seconds saved
+    before the first batch)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    path = str(tmp_path / "p.beton")
+    write(path, {"image": RGBImageField("jpg", jpeg_quality=90)}, [(p,) for p in photos[:2]])
+    script = ("import json, sys; from ffload.loaders import Loader, RandomResizedCropRGBImageDecoder, jpeg; "
+              "loader = Loader(sys.argv[1], batch_size=2, num_workers=1, pipelines={'image': "
+              "[RandomResizedCropRGBImageDecoder((32, 32))]}); next(iter(loader)); loader.close(); "
+              "s = jpeg.decode_rows.stats; print(json.dumps([len(s.cache_hits), len(s.cache_misses)]))")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"),
+               PYTHONPATH=os.pathsep.join(sys.path))
+    runs = [json.loads(subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True,
+                                      env=env, check=True, timeout=600).stdout.splitlines()[-1])
+            for _ in range(2)]
+    assert runs == [[0, 1], [1, 0]]  # compiled once, then loaded from the cache

@@ -57,9 +57,10 @@ _FACTORS = (3, 4, 5, 6, 7)  # DCT scaling numerators tried, largest reduction fi
 
 _lib = tj.library()
 if _lib is not None:
-    _init, _destroy, _set = _lib.tj3Init, _lib.tj3Destroy, _lib.tj3Set
-    _get, _header, _scale = _lib.tj3Get, _lib.tj3DecompressHeader, _lib.tj3SetScalingFactor
-    _crop, _decompress, _errcode = _lib.tj3SetCroppingRegion, _lib.tj3Decompress8, _lib.tj3GetErrorCode
+    _init, _destroy = _lib.tj3Init, _lib.tj3Destroy  # from Python (ctypes); the rest from compiled code
+    _get, _header, _scale = tj.NUMBA["tj3Get"], tj.NUMBA["tj3DecompressHeader"], tj.NUMBA["tj3SetScalingFactor"]
+    _crop, _decompress = tj.NUMBA["tj3SetCroppingRegion"], tj.NUMBA["tj3Decompress8"]
+    _errcode = tj.NUMBA["tj3GetErrorCode"]
 else:
     @njit(nogil=True, cache=True)
     def _absent(*args):
@@ -137,7 +138,12 @@ def scaled_box(top, left, h, w, height, width, out_h, out_w):
     return m, y0, x0, y1, x1
 
 
-@njit(nogil=True)
+_CACHE = _lib is not None
+"""Cache the TurboJPEG callers on disk only where the library is loaded: code compiled against
+its symbols must never be loaded by a process without it (the fallback compiles ``_absent``)."""
+
+
+@njit(nogil=True, cache=_CACHE)
 def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch, flip, out, d0, tmp, info):
     """Decode one JPEG and resize its box into ``out[d0:]``; returns a status code."""
     buf = region.ctypes.data + np.uint64(p)
@@ -186,7 +192,7 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
     return OK
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=_CACHE)
 def decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, boxes, flips,
                 out, out_h, out_w, scratch, tmp, status, info):
     """Decode, crop, resize (and flip) every row of a batch into ``out``.

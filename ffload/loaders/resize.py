@@ -15,9 +15,6 @@ Separable, vertical pass first (it shrinks the rows the horizontal pass reads):
   (contiguous again, vectorised), rounded half up, written mirrored when ``flip``.
 
 Offsets are unsigned (no negative-index wraparound checks) and numba does no bounds checks.
-
-The kernels are not cached on disk: their only callers (:mod:`ffload.loaders.jpeg`) are compiled at
-run time, since they hold a ctypes function pointer, so a disk cache of these callees saves nothing.
 """
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ AREA = 0
 LINEAR = 1
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def interpolation(crop_h, crop_w, out_h, out_w):
     """:data:`AREA` when the crop shrinks or keeps both sides (pixels), else :data:`LINEAR`."""
     if crop_h >= out_h and crop_w >= out_w:
@@ -38,7 +35,7 @@ def interpolation(crop_h, crop_w, out_h, out_w):
     return LINEAR
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _taps(offset, length, n, m, mode):
     """Source indices ``(m, T) int64``, weights ``(m, T) float64`` and tap counts ``(m,) int64``
     resampling the window ``[offset, offset + length)`` (source pixels, fractional allowed) of an
@@ -93,7 +90,7 @@ def _taps(offset, length, n, m, mode):
     return idx, wts, count
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def copy_rgb(src, src_start, src_stride, dst, dst_start, out_h, out_w, flip):
     """Copy an ``out_h x out_w`` RGB crop (layout as :func:`resize_rgb`) into an output row,
     mirrored left-right when ``flip``."""
@@ -115,7 +112,7 @@ _FRAC = 8  # fraction bits kept in the uint16 intermediate
 _HBITS = 14  # horizontal weights: Q14 (65280 * 2**14 < 2**31)
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def _fixed(wts, count, bits):
     """``(m, T) int32`` weights ``round(w * 2**bits)``, each row's largest adjusted so the row
     sums to exactly ``2**bits`` (a constant image stays constant, no saturation needed)."""
@@ -134,7 +131,7 @@ def _fixed(wts, count, bits):
     return out
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, mode,
                dst, dst_start, out_h, out_w, flip, tmp):
     """Resize a window of an RGB image into an output row.

@@ -30,6 +30,17 @@ denom}`` and ``tj3SetCroppingRegion`` takes ``tjregion {int x, y, w, h}`` **by v
 x86-64 System V and AArch64 procedure-call standards such 8- and 16-byte integer structs travel in
 one and two integer registers, packed little-endian, so they are declared here as one and two
 ``c_uint64`` (see :func:`pack2`). Other ABIs are refused (the fallback is used).
+
+From numba
+----------
+Compiled code calls the library through :data:`NUMBA`: one ``@intrinsic`` per function that
+declares the C symbol (``tj3Get`` ...) in the LLVM module and calls it, the library having been
+made visible to LLVM's symbol resolution (``llvmlite.binding.load_library_permanently``) when it
+was loaded. The machine code then refers to the symbol by name, not to an address of this
+process, so the callers can be cached on disk (``cache=True``): a new process loads the cached
+code and LLVM binds the symbols to the library it loaded. (Calling the ctypes function pointers
+from numba, as before, bakes this process's addresses into the code, so numba refuses to cache
+it and every process recompiled the image decoders: seconds before the first batch.)
 """
 from __future__ import annotations
 
@@ -42,7 +53,11 @@ import os
 import platform
 from dataclasses import dataclass
 
-from numba import njit
+from llvmlite import binding as llvm_binding
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 log = logging.getLogger(__name__)
 
@@ -144,10 +159,55 @@ _LIBRARY: list = []
 
 
 def library() -> TurboJPEG | None:
-    """The process's TurboJPEG 3 library (:func:`load`, once), or ``None``."""
+    """The process's TurboJPEG 3 library (:func:`load`, once, its symbols made visible to the
+    code numba compiles), or ``None``."""
     if not _LIBRARY:
-        _LIBRARY.append(load())
+        lib = load()
+        if lib is not None:
+            llvm_binding.load_library_permanently(lib.path)
+        _LIBRARY.append(lib)
     return _LIBRARY[0]
+
+
+_LLVM = {"i": ir.IntType(32), "p": ir.IntType(64)}  # C int; size_t, pointer or 8-byte struct
+_NUMBA = {"i": types.int32, "p": types.uint64}
+
+
+def _extern(symbol: str, ret: str, args: str):
+    """A numba ``@intrinsic`` calling the C function ``symbol`` (return and argument kinds as in
+    :data:`_LLVM`: ``'i'`` a C ``int``, ``'p'`` 64 bits). It takes integers, converts each to its
+    C type and returns an ``int64``; nopython code only."""
+    def build(argtys):
+        if len(argtys) != len(args) or not all(isinstance(t, types.Integer) for t in argtys):
+            return None
+
+        def codegen(context, builder, sig, values):
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_LLVM[ret], [_LLVM[a] for a in args]), symbol)
+            result = builder.call(fn, [context.cast(builder, v, t, _NUMBA[a])
+                                       for v, t, a in zip(values, sig.args, args)])
+            return context.cast(builder, result, _NUMBA[ret], types.int64)
+        return types.int64(*argtys), codegen
+
+    # one fixed arity each: numba's lowering does not fold *args of an intrinsic
+    by_arity = {1: lambda typingctx, a: build((a,)),
+                2: lambda typingctx, a, b: build((a, b)),
+                3: lambda typingctx, a, b, c: build((a, b, c)),
+                6: lambda typingctx, a, b, c, d, e, f: build((a, b, c, d, e, f))}
+    return intrinsic(by_arity[len(args)])
+
+
+NUMBA = {name: _extern(name, ret, args) for name, (ret, args) in {
+    "tj3Get": ("i", "pi"),
+    "tj3DecompressHeader": ("i", "ppp"),
+    "tj3SetScalingFactor": ("i", "pp"),
+    "tj3SetCroppingRegion": ("i", "ppp"),
+    "tj3Decompress8": ("i", "ppppii"),
+    "tj3GetErrorCode": ("i", "p"),
+}.items()}
+"""The functions :mod:`ffload.loaders.jpeg` calls from compiled code, by ``turbojpeg.h`` name
+(C types as in :data:`_SIGNATURES`). Call :func:`library` first: without the library the symbols
+do not resolve."""
 
 
 @njit(cache=True)
