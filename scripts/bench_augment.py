@@ -17,7 +17,6 @@ run. Goals (issue "more sources, richer fields, augmentations"): ffload >= 3x Da
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -31,6 +30,7 @@ from ffload.bench import (
     measurement_conditions,
     run_rounds,
     summarize,
+    write_results,
 )
 from ffload.bench.config import DEEPLAKE_STACKS
 from ffload.bench.datasets import JPEG_QUALITY, build_photo_jpegs
@@ -93,11 +93,7 @@ def main() -> None:
                s["ratio_table"], ""]
     text = "\n".join(md)
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"environment": env, "sections": sections, "args": vars(args)}, f, indent=2, default=str)
+    write_results(args.out, text, {"environment": env, "sections": sections, "args": vars(args)})
 
 
 if __name__ == "__main__":

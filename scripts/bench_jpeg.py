@@ -36,7 +36,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from ffload.bench import BenchConfig, compute_ratios, format_ratios, format_rows, run_rounds, summarize  # noqa: E402
+from ffload.bench import (  # noqa: E402
+    BenchConfig,
+    compute_ratios,
+    format_ratios,
+    format_rows,
+    run_rounds,
+    summarize,
+    write_results,
+)
 
 CIFAR_BATCH, PHOTO_BATCH, CROP, QUALITY = 512, 128, 224, 90
 
@@ -252,11 +260,7 @@ def main() -> None:
            f"{prof['compiled_total_us']:.0f} | {prof['loader_cpu_us']:.0f} | {prof['full_decode_us']:.0f} |", ""]
     text = "\n".join(md)
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(report, f, indent=2, default=str)
+    write_results(args.out, text, report)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ from ffload.bench import (
     plot_throughput,
     run_rounds,
     summarize,
+    write_results,
 )
 from ffload.bench.datasets import GRAIN_SIGMA, JPEG_QUALITY, LONGER_SIDE, build_photo_jpegs, raw_crops
 
@@ -292,12 +293,8 @@ def main() -> None:
         md += ["## Start-up and memory", "", startup_table(results_by_group, rss_rows), ""]
         text = "\n".join(md)
         print(text)
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "results.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump({"environment": env, "data": info, "sections": sections, "rss": rss_rows,
-                       "runs": results_by_group, "args": vars(args)}, f, indent=2)
+        write_results(args.out, text, {"environment": env, "data": info, "sections": sections, "rss": rss_rows,
+                                       "runs": results_by_group, "args": vars(args)})
         print(f"\nwrote {args.out}/results.md and results.json", file=sys.stderr)
     finally:
         if args.data is None:

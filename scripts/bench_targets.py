@@ -119,7 +119,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.num_workers, args.epochs)))
         return
-    from ffload.bench import format_conditions, measurement_conditions
+    from ffload.bench import format_conditions, measurement_conditions, write_results
 
     path = prepare(args.data, args.images)
     runs: dict[str, list[float]] = {"image": [], "targets": []}
@@ -142,11 +142,7 @@ def main() -> None:
         *(f"| {k} | {med[k]:.0f} | {', '.join(f'{v:.0f}' for v in runs[k])} |" for k in runs), "",
         f"targets / image: **{ratio:.2f}x** (goal >= 0.8x: {'met' if ratio >= 0.8 else 'NOT met'})", ""])
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"runs": runs, "median": med, "ratio": ratio, "conditions": measurement_conditions()}, f, indent=2)
+    write_results(args.out, text, {"runs": runs, "median": med, "ratio": ratio, "conditions": measurement_conditions()})
 
 
 if __name__ == "__main__":

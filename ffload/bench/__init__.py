@@ -48,7 +48,7 @@ from .harness import measure, run_rounds
 from .measurement import Measurement
 from .pipelines import center_box, rrc_box
 from .plan import choose_pipeline, describe_dataset, ffcv_available, plan_configs
-from .report import format_ratios, format_rows, plot_throughput
+from .report import format_ratios, format_rows, plot_throughput, write_results
 from .runners import run_worker
 from .summary import RATIO_PAIRS, compute_ratios, summarize
 
@@ -56,4 +56,4 @@ __all__ = ["ArrayImages", "BenchConfig", "CENTER_RATIO", "DECODERS", "DEFAULT_BA
            "PILImageFolder", "PIPELINES", "RATIO_PAIRS", "bench_command", "center_box", "choose_pipeline",
            "compute_ratios", "describe_dataset", "ffcv_available", "format_conditions", "format_ratios",
            "format_rows", "measure", "measure_decode_ceiling", "measurement_conditions", "plan_configs",
-           "plot_throughput", "rrc_box", "run_rounds", "run_worker", "summarize"]
+           "plot_throughput", "rrc_box", "run_rounds", "run_worker", "summarize", "write_results"]

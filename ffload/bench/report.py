@@ -1,7 +1,9 @@
 """Reports of :func:`ffload.bench.summarize` rows: markdown tables of the rows and of the
-ratios, and a PNG of images/s against ``num_workers``."""
+ratios, a PNG of images/s against ``num_workers``, and the results files every script writes."""
 from __future__ import annotations
 
+import json
+import os
 import textwrap
 from collections.abc import Mapping, Sequence
 
@@ -89,4 +91,15 @@ def plot_throughput(rows: Sequence[dict], path: str, title: str = "") -> str:
     finally:
         plt.close(fig)
     return path
+
+
+def write_results(out: str, text: str, data: Mapping) -> None:
+    """Write a benchmark's report: ``out/results.md`` (``text``, the markdown printed) and
+    ``out/results.json`` (``data``; values JSON cannot hold are written as ``str``), creating the
+    folder ``out``. Raises OSError when it cannot be written."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(data, f, indent=2, default=str)
 
