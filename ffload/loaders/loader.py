@@ -26,7 +26,7 @@ from .iterator import BatchRunner, EpochIterator
 from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns
 from .orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
 from .pagepool import PagePoolMemory, page_pool_fits
-from .pagesource import DEFAULT_MAX_REQUESTS, RemotePages
+from .pagesource import DEFAULT_MAX_REQUESTS, FilePages, RemotePages
 from .pipeline import build_pipelines, cuda_device
 from .readahead import DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
 
@@ -103,7 +103,9 @@ class Loader:
             see :func:`ffload.storage.open_filesystem`); ``None``: the environment and ``~/.aws``.
         cache_dir: a remote ``path``'s cache folder (``None``: ``$FFLOAD_CACHE_DIR`` or
             ``~/.cache/ffload``); the cache file is unlinked as soon as it is created.
-        max_requests: a remote ``path``'s range GETs in flight at most (default 8).
+        max_requests: a remote ``path``'s range GETs in flight at most (default 8); for a local
+            file read through the page pool (``os_cache=False``, QUASI_RANDOM), the page reads
+            its read-ahead issues at once.
 
     Attributes:
         memory: the memory manager; for a remote ``path`` the :class:`~.pagepool.PagePoolMemory`
@@ -201,7 +203,8 @@ class Loader:
             quasi = self.order is OrderOption.QUASI_RANDOM
             whole_pages = quasi and self.view.format == "beton"
             if quasi and page_pool_fits(self.view, self._read_fields, self.cache_limit, rows):
-                self._memory = PagePoolMemory(self.view, self._read_fields, self.cache_limit, rows)
+                pages = FilePages(self.view.data_path, self.view.data_size, self.view.page_size, max_requests)
+                self._memory = PagePoolMemory(self.view, self._read_fields, self.cache_limit, rows, source=pages)
             else:
                 self._memory = ProcessCacheMemory(self.view, self._read_fields, self.cache_limit,
                                                   rows, whole_pages)
@@ -279,7 +282,7 @@ class Loader:
                 self._memory = OSCacheMemory(self.view)
             columns = payload_columns(self.view, self._read_fields)
             read_ahead = None
-            if self.read_ahead and columns and self.remote:
+            if self.read_ahead and columns and isinstance(self._memory, PagePoolMemory):
                 read_ahead = PagePoolReadAhead(self._memory, self.read_ahead)
             elif self.read_ahead and columns and self.view.data_path is not None:
                 read_ahead = ReadAhead(self.view.data_path, self.view.data_size, columns,

@@ -271,7 +271,7 @@ class PagePoolMemory:
         """Start loading the pages of samples ``indices`` (batch ``batch`` of the schedule) that
         are not in the pool, in the background, without pinning them: only into slots whose page
         is needed after ``batch`` (so no batch before it loses a page). Needs a source with
-        ``submit`` (:class:`~.pagesource.RemotePages`).
+        ``submit`` (both :mod:`.pagesource` kinds).
 
         Returns:
             bytes requested (0: every page is in the pool or on its way), or None when not every
