@@ -144,83 +144,128 @@ def _jitter_params(seeds, salt, ranges, out):
 
 
 @njit(nogil=True, cache=True)
-def _blend_u8(x, other, f):
-    # torchvision's _blend on uint8: clamp(f * x + (1 - f) * other, 0, 255), truncated
-    v = np.float32(f) * np.float32(x) + (np.float32(1.0) - np.float32(f)) * np.float32(other)
-    return np.uint8(min(max(v, np.float32(0.0)), np.float32(255.0)))
+def _hue_row(r, g, b, shift, n):
+    # torchvision's _rgb2hsv -> h += shift (mod 1) -> _hsv2rgb in float32 on the 0..255 scale, on
+    # rows of channel values, branch-free so that it vectorises: the rotation keeps max (V) and
+    # min (V(1 - S)), so only the middle channel is recomputed (truncated); both ``mod 1`` are
+    # the one wrap their operand's range needs, which equals torch's fmod exactly; a grey pixel
+    # (chroma 0) comes back unchanged
+    s = np.float32(shift)
+    one, zero = np.float32(1.0), np.float32(0.0)
+    for x in range(n):
+        rf, gf, bf = r[x], g[x], b[x]
+        mx, mn = max(rf, gf, bf), min(rf, gf, bf)
+        chroma = mx - mn
+        isr = mx == rf
+        isg = (mx == gf) & ~isr
+        num = (gf - bf) if isr else ((bf - rf) if isg else (rf - gf))
+        base = zero if isr else (np.float32(2.0) if isg else np.float32(4.0))
+        h = (base + num / (one if chroma == zero else chroma)) / np.float32(6.0) + one
+        h = (h - one if h >= one else h) + s
+        h = h + one if h < zero else (h - one if h >= one else h)
+        h6 = h * np.float32(6.0)
+        i = np.int32(h6)
+        f = h6 - np.float32(i)
+        i = np.int32(0) if i == 6 else i
+        q = np.float32(np.int32(mx - chroma * f))
+        t = np.float32(np.int32(mn + chroma * f))
+        r[x] = mx if (i == 0) | (i == 5) else (q if i == 1 else (t if i == 4 else mn))
+        g[x] = t if i == 0 else (mx if (i == 1) | (i == 2) else (q if i == 3 else mn))
+        b[x] = t if i == 2 else (mx if (i == 3) | (i == 4) else (q if i == 5 else mn))
 
 
 @njit(nogil=True, cache=True)
-def _hue_shift(r, g, b, shift):
-    # torchvision's _rgb2hsv -> h += shift (mod 1) -> _hsv2rgb, in float32, on the 0..255 scale:
-    # the rotation keeps max (V) and min (V(1 - S)), so only the middle channel is recomputed
-    rf, gf, bf = np.float32(r), np.float32(g), np.float32(b)
-    mx, mn = max(rf, gf, bf), min(rf, gf, bf)
-    chroma = mx - mn
-    if chroma == 0:
-        return r, g, b
-    if mx == rf:
-        h = (gf - bf) / chroma
-    elif mx == gf:
-        h = np.float32(2.0) + (bf - rf) / chroma
-    else:
-        h = np.float32(4.0) + (rf - gf) / chroma
-    h = (h / np.float32(6.0) + np.float32(1.0)) % np.float32(1.0)  # torch.fmod: the operand is > 0
-    h6 = ((h + np.float32(shift)) % np.float32(1.0)) * np.float32(6.0)
-    i = int(h6)
-    f = h6 - np.float32(i)
-    q, t = mx - chroma * f, mn + chroma * f
-    i = i % 6
-    if i == 0:
-        return np.uint8(mx), np.uint8(t), np.uint8(mn)
-    if i == 1:
-        return np.uint8(q), np.uint8(mx), np.uint8(mn)
-    if i == 2:
-        return np.uint8(mn), np.uint8(mx), np.uint8(t)
-    if i == 3:
-        return np.uint8(mn), np.uint8(q), np.uint8(mx)
-    if i == 4:
-        return np.uint8(t), np.uint8(mn), np.uint8(mx)
-    return np.uint8(mx), np.uint8(mn), np.uint8(q)
+def _blend_row(v, other, f, n):
+    # torchvision's _blend on uint8 values held as float32, with a constant other:
+    # clamp(f v + (1 - f) other, 0, 255), truncated (torch's .to(uint8))
+    fv = np.float32(f)
+    rest = (np.float32(1.0) - fv) * np.float32(other)
+    for x in range(n):
+        v[x] = np.float32(np.int32(min(max(fv * v[x] + rest, np.float32(0.0)), np.float32(255.0))))
+
+
+@njit(nogil=True, cache=True)
+def _gray_row(r, g, b, out, n):
+    # _gray_u8 on rows of float32 values
+    for x in range(n):
+        out[x] = np.float32(np.int32(np.float32(0.2989) * r[x] + np.float32(0.587) * g[x]
+                                     + np.float32(0.114) * b[x]))
+
+
+@njit(nogil=True, cache=True)
+def _saturate_row(r, g, b, gray, f, n):
+    # saturation: the blend of each channel with the pixel's truncated luma
+    _gray_row(r, g, b, gray, n)
+    fv = np.float32(f)
+    rest = np.float32(1.0) - fv
+    zero, top = np.float32(0.0), np.float32(255.0)
+    for x in range(n):
+        o = rest * gray[x]
+        r[x] = np.float32(np.int32(min(max(fv * r[x] + o, zero), top)))
+        g[x] = np.float32(np.int32(min(max(fv * g[x] + o, zero), top)))
+        b[x] = np.float32(np.int32(min(max(fv * b[x] + o, zero), top)))
+
+
+@njit(nogil=True, cache=True)
+def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes):
+    # kinds[start:stop] (0 brightness, 1 contrast with mean, 2 saturation, 3 hue) on img
+    # (H, W, 3) uint8 row by row, each row as float32 channel planes (planes (4, W): r, g, b,
+    # scratch); with luma_sum, returns the sum of the truncated luma of the result
+    if stop <= start and not luma_sum:
+        return 0.0
+    height, width = img.shape[0], img.shape[1]
+    r, g, b, scratch = planes[0], planes[1], planes[2], planes[3]
+    total = 0.0
+    for y in range(height):
+        row = img[y]
+        for x in range(width):
+            r[x], g[x], b[x] = row[x, 0], row[x, 1], row[x, 2]
+        for step in range(start, stop):
+            kind, f = kinds[step], factors[step]
+            if kind <= 1:
+                other = 0.0 if kind == 0 else mean
+                _blend_row(r, other, f, width)
+                _blend_row(g, other, f, width)
+                _blend_row(b, other, f, width)
+            elif kind == 2:
+                _saturate_row(r, g, b, scratch, f, width)
+            else:
+                _hue_row(r, g, b, f, width)
+        if stop > start:
+            for x in range(width):
+                row[x, 0], row[x, 1], row[x, 2] = np.uint8(r[x]), np.uint8(g[x]), np.uint8(b[x])
+        if luma_sum:
+            _gray_row(r, g, b, scratch, width)
+            for x in range(width):
+                total += scratch[x]
+    return total
 
 
 @njit(nogil=True, cache=True)
 def _color_jitter(images, params, enabled):
-    # params (B, 8) from _jitter_params; enabled (4,) bool: brightness, contrast, saturation, hue
-    batch, height, width = images.shape[0], images.shape[1], images.shape[2]
-    for b in range(batch):
+    # params (B, 8) from _jitter_params; enabled (4,) bool: brightness, contrast, saturation, hue.
+    # The enabled steps in the drawn order, row by row on float32 planes so that each step is a
+    # vectorised loop; the values are the step-by-step uint8 definition's exactly (every step
+    # truncates). Contrast needs the mean luma of the image as it enters that step: one pass up to
+    # contrast sums it, a second pass runs contrast and the steps after it.
+    height, width = images.shape[1], images.shape[2]
+    kinds = np.empty(4, np.int64)
+    factors = np.empty(4, np.float64)
+    planes = np.empty((4, width), np.float32)
+    for b in range(images.shape[0]):
         img = images[b]
+        n, at = 0, -1
         for step in range(4):
             fn = int(params[b, step])
-            if not enabled[fn]:
-                continue
-            f = params[b, 4 + fn]
-            if fn == 0:
-                for y in range(height):
-                    for x in range(width):
-                        for c in range(3):
-                            img[y, x, c] = _blend_u8(img[y, x, c], 0.0, f)
-            elif fn == 1:
-                total = 0.0
-                for y in range(height):
-                    for x in range(width):
-                        total += np.float32(_gray_u8(img[y, x, 0], img[y, x, 1], img[y, x, 2]))
-                mean = np.float32(total / (height * width))
-                for y in range(height):
-                    for x in range(width):
-                        for c in range(3):
-                            img[y, x, c] = _blend_u8(img[y, x, c], mean, f)
-            elif fn == 2:
-                for y in range(height):
-                    for x in range(width):
-                        gray = _gray_u8(img[y, x, 0], img[y, x, 1], img[y, x, 2])
-                        for c in range(3):
-                            img[y, x, c] = _blend_u8(img[y, x, c], gray, f)
-            else:
-                for y in range(height):
-                    for x in range(width):
-                        img[y, x, 0], img[y, x, 1], img[y, x, 2] = _hue_shift(img[y, x, 0], img[y, x, 1],
-                                                                              img[y, x, 2], f)
+            if enabled[fn]:
+                kinds[n], factors[n] = fn, params[b, 4 + fn]
+                at = n if fn == 1 else at
+                n += 1
+        if at < 0:
+            _jitter_rows(img, kinds, factors, 0, n, 0.0, False, planes)
+        else:
+            total = _jitter_rows(img, kinds, factors, 0, at, 0.0, True, planes)
+            _jitter_rows(img, kinds, factors, at, n, np.float32(total / (height * width)), False, planes)
 
 
 class ColorJitter(_RGBTransform):
