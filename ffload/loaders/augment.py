@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from .decoders import flat_view
 from .operation import Operation, Spec
 from .rng import randint, seed_state, uniform, uniform_range
 from .transforms import _bits, _FilledTransform, _NHWCTransform, _RandomFlip
@@ -59,15 +60,30 @@ class _RGBTransform(_NHWCTransform):
 
 # ----------------------------------------------------------------------------- vertical flip
 @njit(nogil=True, cache=True)
-def _vflip(images, seeds, salt, prob):
-    batch, height = images.shape[0], images.shape[1]
+def _swap_rows(flat, batch, height, row, seeds, salt, prob):
+    # flat: (B * H * row,) words; the drawn samples' rows swap in place (unsigned offsets keep
+    # the loop free of index checks)
+    n = np.uint64(row)
     for b in range(batch):
         u, _ = uniform(seed_state(seeds[b], salt))
         if u < prob:
             for r in range(height // 2):
-                top = images[b, r].copy()
-                images[b, r] = images[b, height - 1 - r]
-                images[b, height - 1 - r] = top
+                top = np.uint64((b * height + r) * row)
+                bottom = np.uint64((b * height + height - 1 - r) * row)
+                for k in range(n):
+                    v = flat[top + k]
+                    flat[top + k] = flat[bottom + k]
+                    flat[bottom + k] = v
+
+
+def _vflip(images: np.ndarray, seeds, salt, prob) -> None:
+    """Flip the drawn samples of ``(B, H, W, C)`` C-contiguous ``images`` upside down, in place,
+    swapping 8-byte words when a row's size allows."""
+    flat = flat_view(images).view(np.uint8)
+    row = images.shape[2] * images.shape[3] * images.itemsize
+    if row % 8 == 0:
+        flat, row = flat.view(np.uint64), row // 8
+    _swap_rows(flat, images.shape[0], images.shape[1], row, seeds, salt, prob)
 
 
 class RandomVerticalFlip(_RandomFlip):
@@ -82,7 +98,7 @@ class RandomVerticalFlip(_RandomFlip):
     axis = "vflip"
 
     def __call__(self, src, dst, ctx):
-        _vflip(_bits(src), ctx.seeds, self.salt, self.flip_prob)
+        _vflip(src, ctx.seeds, self.salt, self.flip_prob)
         return src
 
 
