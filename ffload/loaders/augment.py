@@ -231,11 +231,14 @@ def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes):
         return 0.0
     height, width = img.shape[0], img.shape[1]
     r, g, b, scratch = planes[0], planes[1], planes[2], planes[3]
+    flat = img.reshape(-1)
+    u1, u2 = np.uint64(1), np.uint64(2)  # unsigned offsets: no index checks, vectorised loops
     total = 0.0
     for y in range(height):
-        row = img[y]
+        row = flat[y * width * 3:(y + 1) * width * 3]
         for x in range(width):
-            r[x], g[x], b[x] = row[x, 0], row[x, 1], row[x, 2]
+            k = np.uint64(3 * x)
+            r[x], g[x], b[x] = row[k], row[k + u1], row[k + u2]
         for step in range(start, stop):
             kind, f = kinds[step], factors[step]
             if kind <= 1:
@@ -249,7 +252,9 @@ def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes):
                 _hue_row(r, g, b, f, width)
         if stop > start:
             for x in range(width):
-                row[x, 0], row[x, 1], row[x, 2] = np.uint8(r[x]), np.uint8(g[x]), np.uint8(b[x])
+                k = np.uint64(3 * x)
+                row[k], row[k + u1], row[k + u2] = np.uint8(np.int32(r[x])), np.uint8(np.int32(g[x])), \
+                    np.uint8(np.int32(b[x]))
         if luma_sum:
             _gray_row(r, g, b, scratch, width)
             for x in range(width):
@@ -680,20 +685,20 @@ def _warp(src, dst, mats, fill):
 
 
 @njit(nogil=True, cache=True)
-def _warp_row_coords(m, y, sxs, sys_, n):
-    # the source coordinates of output row y: m @ (x + .5, y + .5, 1), projected, minus .5
-    # (one vectorised loop; affine matrices skip the division)
+def _warp_row_coords(m, y, pxs, sxs, sys_, n):
+    # the source coordinates of output row y: m @ (x + .5, y + .5, 1), projected, minus .5, with
+    # pxs[x] = x + .5 (one vectorised loop; affine matrices skip the division)
     py = y + 0.5
     bx, by, bw = m[0, 1] * py + m[0, 2], m[1, 1] * py + m[1, 2], m[2, 1] * py + m[2, 2]
     m00, m10, m20 = m[0, 0], m[1, 0], m[2, 0]
     if m20 == 0.0 and bw == 1.0:
         for x in range(n):
-            px = x + 0.5
+            px = pxs[x]
             sxs[x] = m00 * px + bx - 0.5
             sys_[x] = m10 * px + by - 0.5
     else:
         for x in range(n):
-            px = x + 0.5
+            px = pxs[x]
             inv = 1.0 / (m20 * px + bw)
             sxs[x] = (m00 * px + bx) * inv - 0.5
             sys_[x] = (m10 * px + by) * inv - 0.5
@@ -704,21 +709,25 @@ def _warp_rgb(src, dst, mats, fill):
     # _warp for 3 channels, the same values, row by row in vectorised passes: the image packed
     # once as one uint32 per pixel (R | G << 8 | B << 16), then per output row its source
     # coordinates, the four taps of every pixel (four uint32 loads), the float64 bilinear blend
-    # per channel (p00 + fx (p01 - p00), then the same in y), rounded; the pixels whose taps are
-    # not all inside are redone by _warp_border / the fill. An identity matrix is a copy.
+    # per channel (p00 + fx (p01 - p00), then the same in y), rounded. A pixel whose taps are all
+    # outside takes its four taps from fill entries after the image (so it blends to the fill);
+    # one with some taps outside is redone by _warp_border. An identity matrix is a copy.
     batch, height, width = src.shape[0], src.shape[1], src.shape[2]
     out_h, out_w = dst.shape[1], dst.shape[2]
     x_max, y_max = width - 1.0, height - 1.0
     sxs, sys_ = np.empty(out_w), np.empty(out_w)
+    pxs = np.arange(out_w) + 0.5
     fxs, fys = np.empty(out_w), np.empty(out_w)
-    inside = np.empty(out_w, np.bool_)
+    partial = np.empty(out_w, np.bool_)
     idx = np.empty(out_w, np.int64)
     taps = np.empty((4, out_w), np.uint32)
     outs = np.empty((3, out_w), np.int32)
-    packed = np.empty(height * width, np.uint32)
+    packed = np.empty(height * width + width + 2, np.uint32)
+    packed[height * width:] = np.uint32(fill[0]) | (np.uint32(fill[1]) << 8) | (np.uint32(fill[2]) << 16)
+    outside = height * width  # the index whose four taps are fill
     border = np.empty(3)
     byte = np.uint32(255)
-    u1, row = np.uint64(1), np.uint64(width)
+    u1, u2, row = np.uint64(1), np.uint64(2), np.uint64(width)
     for b in range(batch):
         s, m = src[b], mats[b]
         if _is_identity(m) and out_h == height and out_w == width:
@@ -726,20 +735,22 @@ def _warp_rgb(src, dst, mats, fill):
             continue
         sf = s.reshape(-1)
         for p in range(height * width):
-            packed[p] = np.uint32(sf[3 * p]) | (np.uint32(sf[3 * p + 1]) << 8) | (np.uint32(sf[3 * p + 2]) << 16)
+            k = np.uint64(3 * p)
+            packed[p] = np.uint32(sf[k]) | (np.uint32(sf[k + u1]) << 8) | (np.uint32(sf[k + u2]) << 16)
         for y in range(out_h):
-            _warp_row_coords(m, y, sxs, sys_, out_w)
-            n_in = 0
+            _warp_row_coords(m, y, pxs, sxs, sys_, out_w)
+            n_partial = 0
             for x in range(out_w):
                 sx, sy = sxs[x], sys_[x]
                 ok = (sx >= 0.0) & (sx < x_max) & (sy >= 0.0) & (sy < y_max)
-                inside[x] = ok
-                n_in += ok
-                sx = sx if ok else 0.0  # taps of the pixel (0, 0) stand in until the fix-up below
+                part = ~ok & (sx > -1.0) & (sx < width) & (sy > -1.0) & (sy < height)
+                partial[x] = part
+                n_partial += part
+                sx = sx if ok else 0.0
                 sy = sy if ok else 0.0
                 x0, y0 = np.int32(sx), np.int32(sy)
                 fxs[x], fys[x] = sx - x0, sy - y0
-                idx[x] = y0 * width + x0
+                idx[x] = (y0 * width + x0) if ok else outside
             t00, t01, t10, t11 = taps[0], taps[1], taps[2], taps[3]
             for x in range(out_w):
                 i = np.uint64(idx[x])
@@ -760,19 +771,15 @@ def _warp_rgb(src, dst, mats, fill):
             d = dst[b, y].reshape(-1)
             o0, o1, o2 = outs[0], outs[1], outs[2]
             for x in range(out_w):
-                d[3 * x], d[3 * x + 1], d[3 * x + 2] = np.uint8(o0[x]), np.uint8(o1[x]), np.uint8(o2[x])
-            if n_in == out_w:
+                k = np.uint64(3 * x)
+                d[k], d[k + u1], d[k + u2] = np.uint8(o0[x]), np.uint8(o1[x]), np.uint8(o2[x])
+            if n_partial == 0:
                 continue
             for x in range(out_w):
-                if not inside[x]:
-                    sx, sy = sxs[x], sys_[x]
-                    if -1.0 < sx < width and -1.0 < sy < height:
-                        _warp_border(s, x, y, sx, sy, fill, border)
-                        for c in range(3):
-                            d[3 * x + c] = np.uint8(border[c])
-                    else:
-                        for c in range(3):
-                            d[3 * x + c] = np.uint8(fill[c])
+                if partial[x]:
+                    _warp_border(s, x, y, sxs[x], sys_[x], fill, border)
+                    for c in range(3):
+                        d[3 * x + c] = np.uint8(border[c])
 
 
 class _Warp(_FilledTransform):
