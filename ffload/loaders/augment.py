@@ -159,7 +159,7 @@ def _jitter_params(seeds, salt, ranges, out):
             out[b, 4 + k], state = uniform_range(state, ranges[k, 0], ranges[k, 1])
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")  # no ZeroDivisionError branch: vectorises
 def _hue_row(r, g, b, shift, n):
     # torchvision's _rgb2hsv -> h += shift (mod 1) -> _hsv2rgb in float32 on the 0..255 scale, on
     # rows of channel values, branch-free so that it vectorises: the rotation keeps max (V) and
@@ -684,7 +684,7 @@ def _warp(src, dst, mats, fill):
                         d[y, x, c] = np.uint8(fill[c])
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")  # no ZeroDivisionError branch: vectorises
 def _warp_row_coords(m, y, pxs, sxs, sys_, n):
     # the source coordinates of output row y: m @ (x + .5, y + .5, 1), projected, minus .5, with
     # pxs[x] = x + .5 (one vectorised loop; affine matrices skip the division)
