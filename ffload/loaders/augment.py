@@ -705,6 +705,14 @@ def _warp_row_coords(m, y, pxs, sxs, sys_, n):
 
 
 @njit(nogil=True, cache=True)
+def _lerp2(p00, p01, p10, p11, fx, fy):
+    # the bilinear blend of four taps (uint32 values below 256) in float64, rounded
+    top = np.float64(np.int32(p00)) + fx * (np.float64(np.int32(p01)) - np.float64(np.int32(p00)))
+    bot = np.float64(np.int32(p10)) + fx * (np.float64(np.int32(p11)) - np.float64(np.int32(p10)))
+    return np.int32(top + fy * (bot - top) + 0.5)
+
+
+@njit(nogil=True, cache=True)
 def _warp_rgb(src, dst, mats, fill):
     # _warp for 3 channels, the same values, row by row in vectorised passes: the image packed
     # once as one uint32 per pixel (R | G << 8 | B << 16), then per output row its source
@@ -718,13 +726,14 @@ def _warp_rgb(src, dst, mats, fill):
     sxs, sys_ = np.empty(out_w), np.empty(out_w)
     pxs = np.arange(out_w) + 0.5
     fxs, fys = np.empty(out_w), np.empty(out_w)
-    partial = np.empty(out_w, np.bool_)
-    idx = np.empty(out_w, np.int64)
+    partial = np.empty(out_w, np.int32)
+    idx = np.empty(out_w, np.int32)
     taps = np.empty((4, out_w), np.uint32)
     outs = np.empty((3, out_w), np.int32)
     packed = np.empty(height * width + width + 2, np.uint32)
     packed[height * width:] = np.uint32(fill[0]) | (np.uint32(fill[1]) << 8) | (np.uint32(fill[2]) << 16)
-    outside = height * width  # the index whose four taps are fill
+    outside = np.int32(height * width)  # the index whose four taps are fill
+    w32 = np.int32(width)
     border = np.empty(3)
     byte = np.uint32(255)
     u1, u2, row = np.uint64(1), np.uint64(2), np.uint64(width)
@@ -739,37 +748,31 @@ def _warp_rgb(src, dst, mats, fill):
             packed[p] = np.uint32(sf[k]) | (np.uint32(sf[k + u1]) << 8) | (np.uint32(sf[k + u2]) << 16)
         for y in range(out_h):
             _warp_row_coords(m, y, pxs, sxs, sys_, out_w)
-            n_partial = 0
+            n_partial = np.int32(0)
             for x in range(out_w):
                 sx, sy = sxs[x], sys_[x]
                 ok = (sx >= 0.0) & (sx < x_max) & (sy >= 0.0) & (sy < y_max)
-                part = ~ok & (sx > -1.0) & (sx < width) & (sy > -1.0) & (sy < height)
+                part = np.int32(~ok & (sx > -1.0) & (sx < width) & (sy > -1.0) & (sy < height))
                 partial[x] = part
                 n_partial += part
                 sx = sx if ok else 0.0
                 sy = sy if ok else 0.0
                 x0, y0 = np.int32(sx), np.int32(sy)
-                fxs[x], fys[x] = sx - x0, sy - y0
-                idx[x] = (y0 * width + x0) if ok else outside
+                fxs[x], fys[x] = sx - np.float64(x0), sy - np.float64(y0)
+                idx[x] = (y0 * w32 + x0) if ok else outside
             t00, t01, t10, t11 = taps[0], taps[1], taps[2], taps[3]
             for x in range(out_w):
                 i = np.uint64(idx[x])
                 t00[x], t01[x] = packed[i], packed[i + u1]
                 t10[x], t11[x] = packed[i + row], packed[i + row + u1]
-            for c in range(3):
-                shift = np.uint32(8 * c)
-                o = outs[c]
-                for x in range(out_w):
-                    fx, fy = fxs[x], fys[x]
-                    p00 = np.float64(np.int32((t00[x] >> shift) & byte))
-                    p01 = np.float64(np.int32((t01[x] >> shift) & byte))
-                    p10 = np.float64(np.int32((t10[x] >> shift) & byte))
-                    p11 = np.float64(np.int32((t11[x] >> shift) & byte))
-                    top = p00 + fx * (p01 - p00)
-                    bot = p10 + fx * (p11 - p10)
-                    o[x] = np.int32(top + fy * (bot - top) + 0.5)
-            d = dst[b, y].reshape(-1)
             o0, o1, o2 = outs[0], outs[1], outs[2]
+            for x in range(out_w):
+                fx, fy = fxs[x], fys[x]
+                a00, a01, a10, a11 = t00[x], t01[x], t10[x], t11[x]
+                o0[x] = _lerp2(a00 & byte, a01 & byte, a10 & byte, a11 & byte, fx, fy)
+                o1[x] = _lerp2((a00 >> 8) & byte, (a01 >> 8) & byte, (a10 >> 8) & byte, (a11 >> 8) & byte, fx, fy)
+                o2[x] = _lerp2(a00 >> 16, a01 >> 16, a10 >> 16, a11 >> 16, fx, fy)
+            d = dst[b, y].reshape(-1)
             for x in range(out_w):
                 k = np.uint64(3 * x)
                 d[k], d[k + u1], d[k + u2] = np.uint8(o0[x]), np.uint8(o1[x]), np.uint8(o2[x])
