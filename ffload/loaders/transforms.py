@@ -268,6 +268,14 @@ def _lookup(src, table, out, channels):
     # (uint8 / uint16), which index table: (2**bits * C,) flattened (2**bits, C)
     c_n = np.uint64(channels)
     k = np.uint64(0)
+    if channels == 3:  # RGB unrolled: about twice as fast as the loop over channels
+        u1, u2 = np.uint64(1), np.uint64(2)
+        for _ in range(np.uint64(src.shape[0]) // c_n):
+            out[k] = table[np.uint64(src[k]) * c_n]
+            out[k + u1] = table[np.uint64(src[k + u1]) * c_n + u1]
+            out[k + u2] = table[np.uint64(src[k + u2]) * c_n + u2]
+            k += c_n
+        return
     for _ in range(np.uint64(src.shape[0]) // c_n):
         for c in range(c_n):
             out[k + c] = table[np.uint64(src[k + c]) * c_n + c]
