@@ -183,11 +183,18 @@ def _hue_row(r, g, b, shift, n):
         i = np.int32(h6)
         f = h6 - np.float32(i)
         i = np.int32(0) if i == 6 else i
-        q = np.float32(np.int32(mx - chroma * f))
-        t = np.float32(np.int32(mn + chroma * f))
-        r[x] = mx if (i == 0) | (i == 5) else (q if i == 1 else (t if i == 4 else mn))
-        g[x] = t if i == 0 else (mx if (i == 1) | (i == 2) else (q if i == 3 else mn))
-        b[x] = t if i == 2 else (mx if (i == 3) | (i == 4) else (q if i == 5 else mn))
+        # sector i: (V, t, p) (q, V, p) (p, V, t) (p, q, V) (t, p, V) (V, p, q) with V = max,
+        # p = min: the middle value is t in even sectors, q in odd ones, and a channel's role
+        # follows d = |2j - 5| (5: max, 1: min, 3: middle) with j = i for R, i + 4 for G, i + 2
+        # for B (mod 6)
+        mid = np.float32(np.int32(mx - chroma * f)) if i & 1 else np.float32(np.int32(mn + chroma * f))
+        jg, jb = i + 4, i + 2
+        jg, jb = jg - 6 if jg >= 6 else jg, jb - 6 if jb >= 6 else jb
+        dr, dg, db = 2 * i - 5, 2 * jg - 5, 2 * jb - 5
+        dr, dg, db = max(dr, -dr), max(dg, -dg), max(db, -db)
+        r[x] = mx if dr == 5 else (mn if dr == 1 else mid)
+        g[x] = mx if dg == 5 else (mn if dg == 1 else mid)
+        b[x] = mx if db == 5 else (mn if db == 1 else mid)
 
 
 @njit(nogil=True, cache=True)
