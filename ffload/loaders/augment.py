@@ -721,7 +721,10 @@ def _lerp2(p00, p01, p10, p11, fx, fy):
 
 @njit(nogil=True, cache=True)
 def _warp_rgb(src, dst, mats, fill):
-    # _warp for 3 channels, the same values, row by row in vectorised passes: the image packed
+    # _warp for 3 channels, row by row in vectorised passes (a row's coordinates are computed
+    # directly rather than incrementally, so a value may differ from _warp's by one where the blend
+    # lies within ~1e-12 of a rounding boundary; a zero denominator samples the fill instead of
+    # raising ZeroDivisionError): the image packed
     # once as one uint32 per pixel (R | G << 8 | B << 16), then per output row its source
     # coordinates, the four taps of every pixel (four uint32 loads), the float64 bilinear blend
     # per channel (p00 + fx (p01 - p00), then the same in y), rounded. A pixel whose taps are all
