@@ -223,6 +223,19 @@ def test_warps_blend_the_fill_by_coverage(photos, channels):
         assert partial > 100 and outside > 1000  # partly covered pixels and pure fill occur
 
 
+@pytest.mark.parametrize("channels", [3, 1])
+def test_warps_copy_the_samples_they_leave_alone(photos, channels):
+    images = np.ascontiguousarray(photos[..., :channels])
+    ctx = context(len(images))
+    op = _declared(RandomPerspective(0.5, p=0.5, fill=(0,) * channels), images)
+    mats = op.params(ctx.seeds, 48, 56)
+    out = run(op, images, ctx)
+    kept = [b for b in range(len(images)) if np.array_equal(mats[b], np.eye(3))]
+    assert 0 < len(kept) < len(images)
+    for b in range(len(images)):
+        assert np.array_equal(out[b], images[b]) == (b in kept)
+
+
 def test_affine_matrix_is_torchvisions_inverse():
     op = RandomAffine(0)
     op.salt = np.uint64(1)
