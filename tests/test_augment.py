@@ -194,6 +194,48 @@ def test_warps_match_exact_bilinear_sampling(photos, op):
         assert np.all(out[b][outside] == 0)  # the fill
 
 
+@pytest.mark.parametrize("channels", [3, 1, 4])
+def test_warps_blend_the_fill_by_coverage(photos, channels):
+    """Every pixel, partly covered ones included: torchvision's ``v * m + (1 - m) * fill`` with
+    ``v`` the zero-padded bilinear sample and ``m`` the sampled coverage, rounded (the RGB kernel
+    and the generic one)."""
+    fill = (10, 200, 30, 77)[:channels]
+    images = np.ascontiguousarray(np.concatenate([photos, photos[..., :1]], axis=-1)[..., :channels])
+    ctx = context(len(images))
+    for op in (RandomAffine(25, translate=(0.2, 0.2), scale=(0.7, 1.3), fill=fill), RandomPerspective(0.7, 1.0, fill)):
+        _declared(op, images)
+        mats = op.params(ctx.seeds, 48, 56)
+        out = run(op, images, ctx)
+        partial = outside = 0
+        for b in range(len(images)):
+            ys, xs = np.mgrid[0:48, 0:56].astype(np.float64) + 0.5
+            m = mats[b]
+            den = m[2, 0] * xs + m[2, 1] * ys + m[2, 2]
+            sx = (m[0, 0] * xs + m[0, 1] * ys + m[0, 2]) / den - 0.5
+            sy = (m[1, 0] * xs + m[1, 1] * ys + m[1, 2]) / den - 0.5
+            planes = [np.ones((48, 56))] + [images[b, ..., c].astype(np.float64) for c in range(channels)]
+            cover, *values = [ndimage.map_coordinates(p, [sy, sx], order=1, mode="grid-constant", cval=0.0)
+                              for p in planes]
+            ref = np.stack([v * cover + (1 - cover) * f for v, f in zip(values, fill)], axis=-1)
+            partial += np.count_nonzero((cover > 1e-9) & (cover < 1 - 1e-9))
+            outside += np.count_nonzero(cover <= 1e-9)
+            assert np.abs(out[b].astype(float) - ref).max() <= 0.5 + 1e-6
+        assert partial > 100 and outside > 1000  # partly covered pixels and pure fill occur
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_warps_copy_the_samples_they_leave_alone(photos, channels):
+    images = np.ascontiguousarray(photos[..., :channels])
+    ctx = context(len(images))
+    op = _declared(RandomPerspective(0.5, p=0.5, fill=(0,) * channels), images)
+    mats = op.params(ctx.seeds, 48, 56)
+    out = run(op, images, ctx)
+    kept = [b for b in range(len(images)) if np.array_equal(mats[b], np.eye(3))]
+    assert 0 < len(kept) < len(images)
+    for b in range(len(images)):
+        assert np.array_equal(out[b], images[b]) == (b in kept)
+
+
 def test_affine_matrix_is_torchvisions_inverse():
     op = RandomAffine(0)
     op.salt = np.uint64(1)

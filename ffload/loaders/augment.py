@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from .decoders import flat_view
 from .operation import Operation, Spec
 from .rng import randint, seed_state, uniform, uniform_range
 from .transforms import _bits, _FilledTransform, _NHWCTransform, _RandomFlip
@@ -59,15 +60,30 @@ class _RGBTransform(_NHWCTransform):
 
 # ----------------------------------------------------------------------------- vertical flip
 @njit(nogil=True, cache=True)
-def _vflip(images, seeds, salt, prob):
-    batch, height = images.shape[0], images.shape[1]
+def _swap_rows(flat, batch, height, row, seeds, salt, prob):
+    # flat: (B * H * row,) words; the drawn samples' rows swap in place (unsigned offsets keep
+    # the loop free of index checks)
+    n = np.uint64(row)
     for b in range(batch):
         u, _ = uniform(seed_state(seeds[b], salt))
         if u < prob:
             for r in range(height // 2):
-                top = images[b, r].copy()
-                images[b, r] = images[b, height - 1 - r]
-                images[b, height - 1 - r] = top
+                top = np.uint64((b * height + r) * row)
+                bottom = np.uint64((b * height + height - 1 - r) * row)
+                for k in range(n):
+                    v = flat[top + k]
+                    flat[top + k] = flat[bottom + k]
+                    flat[bottom + k] = v
+
+
+def _vflip(images: np.ndarray, seeds, salt, prob) -> None:
+    """Flip the drawn samples of ``(B, H, W, C)`` C-contiguous ``images`` upside down, in place,
+    swapping 8-byte words when a row's size allows."""
+    flat = flat_view(images).view(np.uint8)
+    row = images.shape[2] * images.shape[3] * images.itemsize
+    if row % 8 == 0:
+        flat, row = flat.view(np.uint64), row // 8
+    _swap_rows(flat, images.shape[0], images.shape[1], row, seeds, salt, prob)
 
 
 class RandomVerticalFlip(_RandomFlip):
@@ -82,7 +98,7 @@ class RandomVerticalFlip(_RandomFlip):
     axis = "vflip"
 
     def __call__(self, src, dst, ctx):
-        _vflip(_bits(src), ctx.seeds, self.salt, self.flip_prob)
+        _vflip(src, ctx.seeds, self.salt, self.flip_prob)
         return src
 
 
@@ -143,84 +159,141 @@ def _jitter_params(seeds, salt, ranges, out):
             out[b, 4 + k], state = uniform_range(state, ranges[k, 0], ranges[k, 1])
 
 
-@njit(nogil=True, cache=True)
-def _blend_u8(x, other, f):
-    # torchvision's _blend on uint8: clamp(f * x + (1 - f) * other, 0, 255), truncated
-    v = np.float32(f) * np.float32(x) + (np.float32(1.0) - np.float32(f)) * np.float32(other)
-    return np.uint8(min(max(v, np.float32(0.0)), np.float32(255.0)))
+@njit(nogil=True, cache=True, error_model="numpy")  # no ZeroDivisionError branch: vectorises
+def _hue_row(r, g, b, shift, n):
+    # torchvision's _rgb2hsv -> h += shift (mod 1) -> _hsv2rgb in float32 on the 0..255 scale, on
+    # rows of channel values, branch-free so that it vectorises: the rotation keeps max (V) and
+    # min (V(1 - S)), so only the middle channel is recomputed (truncated); both ``mod 1`` are
+    # the one wrap their operand's range needs, which equals torch's fmod exactly; a grey pixel
+    # (chroma 0) comes back unchanged
+    s = np.float32(shift)
+    one, zero = np.float32(1.0), np.float32(0.0)
+    for x in range(n):
+        rf, gf, bf = r[x], g[x], b[x]
+        mx, mn = max(rf, gf, bf), min(rf, gf, bf)
+        chroma = mx - mn
+        isr = mx == rf
+        isg = (mx == gf) & ~isr
+        num = (gf - bf) if isr else ((bf - rf) if isg else (rf - gf))
+        base = zero if isr else (np.float32(2.0) if isg else np.float32(4.0))
+        h = (base + num / (one if chroma == zero else chroma)) / np.float32(6.0) + one
+        h = (h - one if h >= one else h) + s
+        h = h + one if h < zero else (h - one if h >= one else h)
+        h6 = h * np.float32(6.0)
+        i = np.int32(h6)
+        f = h6 - np.float32(i)
+        i = np.int32(0) if i == 6 else i
+        # sector i: (V, t, p) (q, V, p) (p, V, t) (p, q, V) (t, p, V) (V, p, q) with V = max,
+        # p = min: the middle value is t in even sectors, q in odd ones, and a channel's role
+        # follows d = |2j - 5| (5: max, 1: min, 3: middle) with j = i for R, i + 4 for G, i + 2
+        # for B (mod 6)
+        mid = np.float32(np.int32(mx - chroma * f)) if i & 1 else np.float32(np.int32(mn + chroma * f))
+        jg, jb = i + 4, i + 2
+        jg, jb = jg - 6 if jg >= 6 else jg, jb - 6 if jb >= 6 else jb
+        dr, dg, db = 2 * i - 5, 2 * jg - 5, 2 * jb - 5
+        dr, dg, db = max(dr, -dr), max(dg, -dg), max(db, -db)
+        r[x] = mx if dr == 5 else (mn if dr == 1 else mid)
+        g[x] = mx if dg == 5 else (mn if dg == 1 else mid)
+        b[x] = mx if db == 5 else (mn if db == 1 else mid)
 
 
 @njit(nogil=True, cache=True)
-def _hue_shift(r, g, b, shift):
-    # torchvision's _rgb2hsv -> h += shift (mod 1) -> _hsv2rgb, in float32, on the 0..255 scale:
-    # the rotation keeps max (V) and min (V(1 - S)), so only the middle channel is recomputed
-    rf, gf, bf = np.float32(r), np.float32(g), np.float32(b)
-    mx, mn = max(rf, gf, bf), min(rf, gf, bf)
-    chroma = mx - mn
-    if chroma == 0:
-        return r, g, b
-    if mx == rf:
-        h = (gf - bf) / chroma
-    elif mx == gf:
-        h = np.float32(2.0) + (bf - rf) / chroma
-    else:
-        h = np.float32(4.0) + (rf - gf) / chroma
-    h = (h / np.float32(6.0) + np.float32(1.0)) % np.float32(1.0)  # torch.fmod: the operand is > 0
-    h6 = ((h + np.float32(shift)) % np.float32(1.0)) * np.float32(6.0)
-    i = int(h6)
-    f = h6 - np.float32(i)
-    q, t = mx - chroma * f, mn + chroma * f
-    i = i % 6
-    if i == 0:
-        return np.uint8(mx), np.uint8(t), np.uint8(mn)
-    if i == 1:
-        return np.uint8(q), np.uint8(mx), np.uint8(mn)
-    if i == 2:
-        return np.uint8(mn), np.uint8(mx), np.uint8(t)
-    if i == 3:
-        return np.uint8(mn), np.uint8(q), np.uint8(mx)
-    if i == 4:
-        return np.uint8(t), np.uint8(mn), np.uint8(mx)
-    return np.uint8(mx), np.uint8(mn), np.uint8(q)
+def _blend_row(v, other, f, n):
+    # torchvision's _blend on uint8 values held as float32, with a constant other:
+    # clamp(f v + (1 - f) other, 0, 255), truncated (torch's .to(uint8))
+    fv = np.float32(f)
+    rest = (np.float32(1.0) - fv) * np.float32(other)
+    for x in range(n):
+        v[x] = np.float32(np.int32(min(max(fv * v[x] + rest, np.float32(0.0)), np.float32(255.0))))
+
+
+@njit(nogil=True, cache=True)
+def _gray_row(r, g, b, out, n):
+    # _gray_u8 on rows of float32 values
+    for x in range(n):
+        out[x] = np.float32(np.int32(np.float32(0.2989) * r[x] + np.float32(0.587) * g[x]
+                                     + np.float32(0.114) * b[x]))
+
+
+@njit(nogil=True, cache=True)
+def _saturate_row(r, g, b, gray, f, n):
+    # saturation: the blend of each channel with the pixel's truncated luma
+    _gray_row(r, g, b, gray, n)
+    fv = np.float32(f)
+    rest = np.float32(1.0) - fv
+    zero, top = np.float32(0.0), np.float32(255.0)
+    for x in range(n):
+        o = rest * gray[x]
+        r[x] = np.float32(np.int32(min(max(fv * r[x] + o, zero), top)))
+        g[x] = np.float32(np.int32(min(max(fv * g[x] + o, zero), top)))
+        b[x] = np.float32(np.int32(min(max(fv * b[x] + o, zero), top)))
+
+
+@njit(nogil=True, cache=True)
+def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes):
+    # kinds[start:stop] (0 brightness, 1 contrast with mean, 2 saturation, 3 hue) on img
+    # (H, W, 3) uint8 row by row, each row as float32 channel planes (planes (4, W): r, g, b,
+    # scratch); with luma_sum, returns the sum of the truncated luma of the result
+    if stop <= start and not luma_sum:
+        return 0.0
+    height, width = img.shape[0], img.shape[1]
+    r, g, b, scratch = planes[0], planes[1], planes[2], planes[3]
+    flat = img.reshape(-1)
+    u1, u2 = np.uint64(1), np.uint64(2)  # unsigned offsets: no index checks, vectorised loops
+    total = 0.0
+    for y in range(height):
+        row = flat[y * width * 3:(y + 1) * width * 3]
+        for x in range(width):
+            k = np.uint64(3 * x)
+            r[x], g[x], b[x] = row[k], row[k + u1], row[k + u2]
+        for step in range(start, stop):
+            kind, f = kinds[step], factors[step]
+            if kind <= 1:
+                other = 0.0 if kind == 0 else mean
+                _blend_row(r, other, f, width)
+                _blend_row(g, other, f, width)
+                _blend_row(b, other, f, width)
+            elif kind == 2:
+                _saturate_row(r, g, b, scratch, f, width)
+            else:
+                _hue_row(r, g, b, f, width)
+        if stop > start:
+            for x in range(width):
+                k = np.uint64(3 * x)
+                row[k], row[k + u1], row[k + u2] = np.uint8(np.int32(r[x])), np.uint8(np.int32(g[x])), \
+                    np.uint8(np.int32(b[x]))
+        if luma_sum:
+            _gray_row(r, g, b, scratch, width)
+            for x in range(width):
+                total += scratch[x]
+    return total
 
 
 @njit(nogil=True, cache=True)
 def _color_jitter(images, params, enabled):
-    # params (B, 8) from _jitter_params; enabled (4,) bool: brightness, contrast, saturation, hue
-    batch, height, width = images.shape[0], images.shape[1], images.shape[2]
-    for b in range(batch):
+    # params (B, 8) from _jitter_params; enabled (4,) bool: brightness, contrast, saturation, hue.
+    # The enabled steps in the drawn order, row by row on float32 planes so that each step is a
+    # vectorised loop; the values are the step-by-step uint8 definition's exactly (every step
+    # truncates). Contrast needs the mean luma of the image as it enters that step: one pass up to
+    # contrast sums it, a second pass runs contrast and the steps after it.
+    height, width = images.shape[1], images.shape[2]
+    kinds = np.empty(4, np.int64)
+    factors = np.empty(4, np.float64)
+    planes = np.empty((4, width), np.float32)
+    for b in range(images.shape[0]):
         img = images[b]
+        n, at = 0, -1
         for step in range(4):
             fn = int(params[b, step])
-            if not enabled[fn]:
-                continue
-            f = params[b, 4 + fn]
-            if fn == 0:
-                for y in range(height):
-                    for x in range(width):
-                        for c in range(3):
-                            img[y, x, c] = _blend_u8(img[y, x, c], 0.0, f)
-            elif fn == 1:
-                total = 0.0
-                for y in range(height):
-                    for x in range(width):
-                        total += np.float32(_gray_u8(img[y, x, 0], img[y, x, 1], img[y, x, 2]))
-                mean = np.float32(total / (height * width))
-                for y in range(height):
-                    for x in range(width):
-                        for c in range(3):
-                            img[y, x, c] = _blend_u8(img[y, x, c], mean, f)
-            elif fn == 2:
-                for y in range(height):
-                    for x in range(width):
-                        gray = _gray_u8(img[y, x, 0], img[y, x, 1], img[y, x, 2])
-                        for c in range(3):
-                            img[y, x, c] = _blend_u8(img[y, x, c], gray, f)
-            else:
-                for y in range(height):
-                    for x in range(width):
-                        img[y, x, 0], img[y, x, 1], img[y, x, 2] = _hue_shift(img[y, x, 0], img[y, x, 1],
-                                                                              img[y, x, 2], f)
+            if enabled[fn]:
+                kinds[n], factors[n] = fn, params[b, 4 + fn]
+                at = n if fn == 1 else at
+                n += 1
+        if at < 0:
+            _jitter_rows(img, kinds, factors, 0, n, 0.0, False, planes)
+        else:
+            total = _jitter_rows(img, kinds, factors, 0, at, 0.0, True, planes)
+            _jitter_rows(img, kinds, factors, at, n, np.float32(total / (height * width)), False, planes)
 
 
 class ColorJitter(_RGBTransform):
@@ -563,6 +636,14 @@ def _is_identity(m):
 
 
 @njit(nogil=True, cache=True)
+def _copy_flat(src, dst):
+    # dst[:] = src for 1-D arrays, a vectorised loop (numba's copy of an (H, W, C) image walks it
+    # element by element, ~25x slower than memcpy)
+    for k in range(np.uint64(src.shape[0])):
+        dst[k] = src[k]
+
+
+@njit(nogil=True, cache=True)
 def _warp(src, dst, mats, fill):
     # dst[b, y, x] = bilinear src at mats[b] @ (x + .5, y + .5, 1) - .5, torchvision's fill blend.
     # Coordinates advance incrementally along a row; pixels whose four taps are inside (almost
@@ -576,7 +657,7 @@ def _warp(src, dst, mats, fill):
     for b in range(batch):
         s, d, m = src[b], dst[b], mats[b]
         if _is_identity(m) and out_h == height and out_w == width:
-            d[:] = s
+            _copy_flat(s.reshape(-1), d.reshape(-1))
             continue
         sf = s.reshape(-1)
         for y in range(out_h):
@@ -618,6 +699,110 @@ def _warp(src, dst, mats, fill):
                         d[y, x, c] = np.uint8(fill[c])
 
 
+@njit(nogil=True, cache=True, error_model="numpy")  # no ZeroDivisionError branch: vectorises
+def _warp_row_coords(m, y, pxs, sxs, sys_, n):
+    # the source coordinates of output row y: m @ (x + .5, y + .5, 1), projected, minus .5, with
+    # pxs[x] = x + .5 (one vectorised loop; affine matrices skip the division)
+    py = y + 0.5
+    bx, by, bw = m[0, 1] * py + m[0, 2], m[1, 1] * py + m[1, 2], m[2, 1] * py + m[2, 2]
+    m00, m10, m20 = m[0, 0], m[1, 0], m[2, 0]
+    if m20 == 0.0 and bw == 1.0:
+        for x in range(n):
+            px = pxs[x]
+            sxs[x] = m00 * px + bx - 0.5
+            sys_[x] = m10 * px + by - 0.5
+    else:
+        for x in range(n):
+            px = pxs[x]
+            inv = 1.0 / (m20 * px + bw)
+            sxs[x] = (m00 * px + bx) * inv - 0.5
+            sys_[x] = (m10 * px + by) * inv - 0.5
+
+
+@njit(nogil=True, cache=True)
+def _lerp2(p00, p01, p10, p11, fx, fy):
+    # the bilinear blend of four taps (uint32 values below 256) in float64, rounded
+    top = np.float64(np.int32(p00)) + fx * (np.float64(np.int32(p01)) - np.float64(np.int32(p00)))
+    bot = np.float64(np.int32(p10)) + fx * (np.float64(np.int32(p11)) - np.float64(np.int32(p10)))
+    return np.int32(top + fy * (bot - top) + 0.5)
+
+
+@njit(nogil=True, cache=True)
+def _warp_rgb(src, dst, mats, fill):
+    # _warp for 3 channels, row by row in vectorised passes (a row's coordinates are computed
+    # directly rather than incrementally, so a value may differ from _warp's by one where the blend
+    # lies within ~1e-12 of a rounding boundary; a zero denominator samples the fill instead of
+    # raising ZeroDivisionError): the image packed
+    # once as one uint32 per pixel (R | G << 8 | B << 16), then per output row its source
+    # coordinates, the four taps of every pixel (four uint32 loads), the float64 bilinear blend
+    # per channel (p00 + fx (p01 - p00), then the same in y), rounded. A pixel whose taps are all
+    # outside takes its four taps from fill entries after the image (so it blends to the fill);
+    # one with some taps outside is redone by _warp_border. An identity matrix is a copy.
+    batch, height, width = src.shape[0], src.shape[1], src.shape[2]
+    out_h, out_w = dst.shape[1], dst.shape[2]
+    x_max, y_max = width - 1.0, height - 1.0
+    sxs, sys_ = np.empty(out_w), np.empty(out_w)
+    pxs = np.arange(out_w) + 0.5
+    fxs, fys = np.empty(out_w), np.empty(out_w)
+    partial = np.empty(out_w, np.int32)
+    idx = np.empty(out_w, np.int32)
+    taps = np.empty((4, out_w), np.uint32)
+    outs = np.empty((3, out_w), np.int32)
+    packed = np.empty(height * width + width + 2, np.uint32)
+    packed[height * width:] = np.uint32(fill[0]) | (np.uint32(fill[1]) << 8) | (np.uint32(fill[2]) << 16)
+    outside = np.int32(height * width)  # the index whose four taps are fill
+    w32 = np.int32(width)
+    border = np.empty(3)
+    byte = np.uint32(255)
+    u1, u2, row = np.uint64(1), np.uint64(2), np.uint64(width)
+    for b in range(batch):
+        s, m = src[b], mats[b]
+        if _is_identity(m) and out_h == height and out_w == width:
+            _copy_flat(s.reshape(-1), dst[b].reshape(-1))
+            continue
+        sf = s.reshape(-1)
+        for p in range(height * width):
+            k = np.uint64(3 * p)
+            packed[p] = np.uint32(sf[k]) | (np.uint32(sf[k + u1]) << 8) | (np.uint32(sf[k + u2]) << 16)
+        for y in range(out_h):
+            _warp_row_coords(m, y, pxs, sxs, sys_, out_w)
+            n_partial = np.int32(0)
+            for x in range(out_w):
+                sx, sy = sxs[x], sys_[x]
+                ok = (sx >= 0.0) & (sx < x_max) & (sy >= 0.0) & (sy < y_max)
+                part = np.int32(~ok & (sx > -1.0) & (sx < width) & (sy > -1.0) & (sy < height))
+                partial[x] = part
+                n_partial += part
+                sx = sx if ok else 0.0
+                sy = sy if ok else 0.0
+                x0, y0 = np.int32(sx), np.int32(sy)
+                fxs[x], fys[x] = sx - np.float64(x0), sy - np.float64(y0)
+                idx[x] = (y0 * w32 + x0) if ok else outside
+            t00, t01, t10, t11 = taps[0], taps[1], taps[2], taps[3]
+            for x in range(out_w):
+                i = np.uint64(idx[x])
+                t00[x], t01[x] = packed[i], packed[i + u1]
+                t10[x], t11[x] = packed[i + row], packed[i + row + u1]
+            o0, o1, o2 = outs[0], outs[1], outs[2]
+            for x in range(out_w):
+                fx, fy = fxs[x], fys[x]
+                a00, a01, a10, a11 = t00[x], t01[x], t10[x], t11[x]
+                o0[x] = _lerp2(a00 & byte, a01 & byte, a10 & byte, a11 & byte, fx, fy)
+                o1[x] = _lerp2((a00 >> 8) & byte, (a01 >> 8) & byte, (a10 >> 8) & byte, (a11 >> 8) & byte, fx, fy)
+                o2[x] = _lerp2(a00 >> 16, a01 >> 16, a10 >> 16, a11 >> 16, fx, fy)
+            d = dst[b, y].reshape(-1)
+            for x in range(out_w):
+                k = np.uint64(3 * x)
+                d[k], d[k + u1], d[k + u2] = np.uint8(o0[x]), np.uint8(o1[x]), np.uint8(o2[x])
+            if n_partial == 0:
+                continue
+            for x in range(out_w):
+                if partial[x]:
+                    _warp_border(s, x, y, sxs[x], sys_[x], fill, border)
+                    for c in range(3):
+                        d[3 * x + c] = np.uint8(border[c])
+
+
 class _Warp(_FilledTransform):
     """Base of the bilinear warps: ``(H, W, C) uint8`` in, the same shape out (into a buffer);
     subclasses implement ``params(seeds, height, width) -> (B, 3, 3) float64`` inverse matrices."""
@@ -633,7 +818,8 @@ class _Warp(_FilledTransform):
 
     def __call__(self, src, dst, ctx):
         out = dst[:src.shape[0]]
-        _warp(src, out, self.params(ctx.seeds, src.shape[1], src.shape[2]), self._fill_bits.astype(np.float64))
+        warp = _warp_rgb if src.shape[3] == 3 else _warp
+        warp(src, out, self.params(ctx.seeds, src.shape[1], src.shape[2]), self._fill_bits.astype(np.float64))
         return out
 
 

@@ -65,31 +65,30 @@ class _NHWCTransform(Operation):
 
 
 @njit(nogil=True, cache=True)
-def _reverse_pixels(flat, left, right, count, channels):
-    # swap `count` pixels walking inwards from element offsets left and right
-    for _ in range(count):
-        for c in range(channels):
-            t = flat[left + c]
-            flat[left + c] = flat[right + c]
-            flat[right + c] = t
-        left += channels
-        right -= channels
-
-
-@njit(nogil=True, cache=True)
 def _flip(flat, batch, height, width, channels, seeds, salt, prob):
-    # flat: (B * H * W * C,) elements; unsigned offsets keep the loops free of index checks
-    row = np.uint64(width * channels)
+    # flat: (B * H * W * C,) elements; each flipped row is copied aside, then written back pixel
+    # by pixel from its end (unsigned offsets keep the loops free of index checks; a constant
+    # channel count for RGB lets LLVM unroll the pixel)
+    row = width * channels
+    line = np.empty(row, flat.dtype)
+    c_n, u1, u2, u3 = np.uint64(channels), np.uint64(1), np.uint64(2), np.uint64(3)
     for b in range(batch):
         u, _ = uniform(seed_state(seeds[b], salt))
         if u < prob:
             for r in range(height):
-                left = np.uint64((b * height + r) * width * channels)
-                if channels == 3:  # a constant channel count lets LLVM unroll the swap
-                    _reverse_pixels(flat, left, left + row - np.uint64(3), width // 2, np.uint64(3))
+                left = np.uint64((b * height + r) * row)
+                for k in range(np.uint64(row)):
+                    line[k] = flat[left + k]
+                if channels == 3:
+                    last = left + np.uint64(row) - u3
+                    for x in range(np.uint64(width)):
+                        k, j = last - u3 * x, u3 * x
+                        flat[k], flat[k + u1], flat[k + u2] = line[j], line[j + u1], line[j + u2]
                 else:
-                    c_n = np.uint64(channels)
-                    _reverse_pixels(flat, left, left + row - c_n, width // 2, c_n)
+                    last = left + np.uint64(row) - c_n
+                    for x in range(np.uint64(width)):
+                        for c in range(c_n):
+                            flat[last - c_n * x + c] = line[c_n * x + c]
 
 
 class _RandomFlip(_NHWCTransform):
@@ -268,6 +267,14 @@ def _lookup(src, table, out, channels):
     # (uint8 / uint16), which index table: (2**bits * C,) flattened (2**bits, C)
     c_n = np.uint64(channels)
     k = np.uint64(0)
+    if channels == 3:  # RGB unrolled: about twice as fast as the loop over channels
+        u1, u2 = np.uint64(1), np.uint64(2)
+        for _ in range(np.uint64(src.shape[0]) // c_n):
+            out[k] = table[np.uint64(src[k]) * c_n]
+            out[k + u1] = table[np.uint64(src[k + u1]) * c_n + u1]
+            out[k + u2] = table[np.uint64(src[k + u2]) * c_n + u2]
+            k += c_n
+        return
     for _ in range(np.uint64(src.shape[0]) // c_n):
         for c in range(c_n):
             out[k + c] = table[np.uint64(src[k + c]) * c_n + c]
