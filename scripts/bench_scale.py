@@ -294,12 +294,10 @@ def report(results, disk, note, out_dir) -> str:
                      f"| {ratio(r['mib_s'], limit)} | {r['first_batch_s']:.1f} | {r['samples']} "
                      f"| {r['correct']} |")
     text = "\n".join(lines) + "\n"
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"note": note, "disk": disk,
-                   "cases": [{"loader": k[0], "order": k[1], "os_cache": k[2], **v}
-                             for k, v in results.items()]}, f, indent=1)
+    from ffload.bench import write_results
+    write_results(out_dir, text, {"note": note, "disk": disk,
+                                  "cases": [{"loader": k[0], "order": k[1], "os_cache": k[2], **v}
+                                            for k, v in results.items()]})
     plot(results, disk, os.path.join(out_dir, "throughput.png"))
     return text
 
