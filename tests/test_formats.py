@@ -25,6 +25,7 @@ from ffload.formats import (
     write_dataset,
 )
 from ffload.formats.beton import ALLOC_TYPE, HEADER_TYPE
+from ffload.formats.fields import named_metadata_dtype
 from ffload.samples import decode_image
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -403,7 +404,12 @@ def test_lmdb_schema_readable_with_plain_lmdb(tmp_path):
         dt = to_dtype(meta["record_dtype"])
         assert dt.itemsize == meta["record_size"]
         keys = [bytes(k) for k, _ in txn.cursor()]
-        assert keys == [b"%010d" % i for i in range(len(samples))] + [b"__ffload__"]
+        assert keys == [b"%010d" % i for i in range(len(samples))] + [b"__ffload__", b"__ffload_places__",
+                                                                     b"__ffload_records__"]
+        table = txn.get(b"__ffload_records__")
+        assert len(table) == len(samples) * dt.itemsize
+        for i in range(len(samples)):  # the table repeats each value's record
+            assert table[i * dt.itemsize:(i + 1) * dt.itemsize] == txn.get(b"%010d" % i)[:dt.itemsize]
         value = txn.get(b"%010d" % 2)
         rec = np.frombuffer(value[:dt.itemsize], dtype=dt)[0]
         h, w = int(rec["image"]["height"]), int(rec["image"]["width"])
@@ -414,19 +420,125 @@ def test_lmdb_schema_readable_with_plain_lmdb(tmp_path):
     env.close()
 
 
-def test_lmdb_corrupt_record_offsets_refused(tmp_path):
+def _lmdb_as_version_1(path):
+    """Rewrite an ffload LMDB database as schema version 1 wrote it: no records table."""
+    import lmdb
+    env = lmdb.open(path, map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        assert txn.delete(b"__ffload_records__")
+        meta = json.loads(txn.get(b"__ffload__"))
+        meta["version"] = 1
+        txn.put(b"__ffload__", json.dumps(meta).encode())
+    env.close()
+
+
+def test_lmdb_version_1_still_read(tmp_path):
+    fields, samples = all_field_samples()
+    path = str(tmp_path / "v1.lmdb")
+    write_dataset(path, fields, samples, len(samples))
+    new = open_dataset(path)
+    metadata, payloads = new.metadata.copy(), {n: [new.payload(n, i).copy() for i in range(len(samples))]
+                                               for n in new.ptrs}
+    del new
+    _lmdb_as_version_1(path)
+    old = open_dataset(path)
+    np.testing.assert_array_equal(old.metadata, metadata)
+    for name, column in payloads.items():
+        for i, expected in enumerate(column):
+            np.testing.assert_array_equal(old.payload(name, i), expected)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_lmdb_corrupt_record_offsets_refused(tmp_path, version):
+    """An image data_ptr far outside its value: in the records table (version 2) or in the
+    value's own record (version 1, where it is read from)."""
     import lmdb
     fields, samples = all_field_samples()
     path = str(tmp_path / "c.lmdb")
     write_dataset(path, fields, samples, len(samples))
+    if version == 1:
+        _lmdb_as_version_1(path)
+    key, at = (b"0000000001", 0) if version == 1 else (b"__ffload_records__", named_metadata_dtype(fields).itemsize)
     env = lmdb.open(path, map_size=1 << 26)
     with env.begin(write=True) as txn:
-        value = bytearray(txn.get(b"0000000001"))
-        value[5:13] = np.array(10 ** 9, "<u8").tobytes()  # image data_ptr far outside the value
-        txn.put(b"0000000001", bytes(value))
+        value = bytearray(txn.get(key))
+        value[at + 5:at + 13] = np.array(10 ** 9, "<u8").tobytes()
+        txn.put(key, bytes(value))
     env.close()
     with pytest.raises(DatasetError, match="sample 1, field 'image'"):
         open_dataset(path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda table: table[:-1], r"records table .__ffload_records__. is \d+ bytes"),
+    (lambda table: b"\xff" * len(table), "sample 0: its record differs from the records table"),
+])
+def test_lmdb_corrupt_records_table_refused(tmp_path, change, message):
+    import lmdb
+    fields, samples = all_field_samples()
+    path = str(tmp_path / "t.lmdb")
+    write_dataset(path, fields, samples, len(samples))
+    env = lmdb.open(path, map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        txn.put(b"__ffload_records__", change(bytes(txn.get(b"__ffload_records__"))))
+    env.close()
+    with pytest.raises(DatasetError, match=message):
+        open_dataset(path)
+
+
+def _resident_pages(path) -> np.ndarray:
+    """Which pages of ``path`` are in the page cache, ``(pages,) bool``: mincore(2) over a fresh
+    read-only mapping, which reports the file's page-cache pages without faulting any in."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    pages = -(-len(mapped) // mmap.PAGESIZE)
+    vec = ctypes.create_string_buffer(pages)
+    region = np.frombuffer(mapped, np.uint8)
+    failed = libc.mincore(ctypes.c_void_p(region.ctypes.data), len(mapped), vec)
+    del region
+    mapped.close()
+    assert failed == 0, f"mincore: errno {ctypes.get_errno()}"
+    return (np.frombuffer(vec.raw, np.uint8) & 1).astype(bool)
+
+
+def _evict(path) -> None:
+    """Drop ``path``'s clean pages from the page cache (no root needed)."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_lmdb_open_reads_no_sample_values(tmp_path, version):
+    """Opening a version-2 database reads its tables and LMDB's leaf pages, and of the sample
+    values only the few it spot-checks (SPOT_CHECKS, and their neighbours where the kernel reads
+    a large folio); version 1 reads the record at the start of every value, one page per sample:
+    the cold-open cost on a disk."""
+    import mmap
+
+    from ffload.formats.lmdb_format import SPOT_CHECKS
+    n = 400
+    rows = [(np.full((128, 170, 3), i % 251, np.uint8), i) for i in range(n)]
+    path = write_dataset(str(tmp_path / "cold.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, n)
+    if version == 1:
+        _lmdb_as_version_1(path)
+    data_path = os.path.join(path, "data.mdb")
+    _evict(data_path)
+    if _resident_pages(data_path).sum() > 8:
+        pytest.skip("posix_fadvise(DONTNEED) did not evict data.mdb here")
+    view = open_dataset(path)
+    resident = _resident_pages(data_path)
+    assert view.metadata["label"].tolist() == list(range(n))
+    start = view.ptrs["image"].astype(np.int64)
+    touched = sum(bool(resident[s // mmap.PAGESIZE:(s + 128 * 170 * 3) // mmap.PAGESIZE + 1].any()) for s in start)
+    if version == 2:
+        assert touched <= 2 * SPOT_CHECKS, touched
+    else:
+        assert touched == n, touched
 
 
 @pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
@@ -553,3 +665,22 @@ def test_lmdb_offsets_come_from_lmdbs_own_mapping_when_the_file_is_mapped_twice(
     for i in range(5):
         assert view.payload("image", i)[:4].tolist() == [i] * 4
     del other
+
+
+def test_lmdb_compacted_copy_read_correctly(tmp_path):
+    """``mdb_copy -c`` (py-lmdb's ``Environment.copy(compact=True)``) renumbers pages: the places
+    recorded at writing no longer hold, the reader notices (spot checks), warns, and finds every
+    value through LMDB instead; the samples read are the same."""
+    import lmdb
+    n = 60
+    rows = [(np.full((40 + i, 50, 3), i, np.uint8), i) for i in range(n)]
+    path = write_dataset(str(tmp_path / "w.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, n)
+    env = lmdb.open(path, readonly=True, lock=False)
+    os.makedirs(tmp_path / "c.lmdb")
+    env.copy(str(tmp_path / "c.lmdb"), compact=True)
+    env.close()
+    with pytest.warns(UserWarning, match="rewritten after ffload wrote it"):
+        view = open_dataset(str(tmp_path / "c.lmdb"))
+    for i in range(n):
+        np.testing.assert_array_equal(view.payload("image", i).reshape(40 + i, 50, 3), rows[i][0])
+    assert view.metadata["label"].tolist() == list(range(n))

@@ -1,11 +1,11 @@
 """ffload's LMDB schema, both directions. Readable with plain ``lmdb`` + ``numpy`` (no pickle).
 
-Schema, version 1 (also in README.md, "LMDB schema"):
+Schema, version 2 (also in README.md, "LMDB schema"):
 
 * An LMDB environment directory (``data.mdb``, ``lock.mdb``), one unnamed database.
 * Key ``b"__ffload__"``: the metadata record, UTF-8 JSON::
 
-      {"format": "ffload-lmdb", "version": 1, "num_samples": N,
+      {"format": "ffload-lmdb", "version": 2, "num_samples": N,
        "fields": [{"name": "image", "type": "RGBImageField", "type_id": 2,
                    "arguments": {...}}, {"name": "label", "type": "IntField", ...}],
        "record_dtype": {"names": ["image", "label"],
@@ -27,7 +27,21 @@ Schema, version 1 (also in README.md, "LMDB schema"):
       payloads the fields' payloads (same encodings as .beton) concatenated in field order; a
                payload's size is the distance to the next payload's offset (or to the value end)
 
-Reading a sample with nothing but lmdb and numpy::
+* Key ``b"__ffload_records__"`` (new in version 2): the ``N`` records of the sample values,
+  end to end (``N * record_size`` bytes, sample order), byte for byte the first
+  ``record_size`` bytes of each value. Reading them from here costs one contiguous read at
+  open; reading them from the values costs one random page per sample, which on a cold disk
+  (a ``data.mdb`` larger than RAM) takes minutes. A version-1 database (no such key) is still
+  read, through the values.
+* Key ``b"__ffload_places__"`` (new in version 2): ``(N, 2) <u8``, per sample the offset of
+  its value in ``data.mdb`` and the value's length in bytes, or offset ``2**64 - 1`` where not
+  recorded (values shorter than one LMDB page, which LMDB may move inside the file as later
+  writes copy leaf pages; a value of a page or more lives in overflow pages LMDB never moves).
+  With it, opening reads no sample value: LMDB itself reads each value's first page when asked
+  where the value is. The reader spot-checks a few recorded places against LMDB's answer and,
+  when ``data.mdb`` was rewritten (``mdb_copy -c``), warns and asks LMDB for every value.
+
+Reading a sample with nothing but lmdb and numpy (either version)::
 
     def to_dtype(t):
         if isinstance(t, str):
@@ -46,10 +60,11 @@ Reading a sample with nothing but lmdb and numpy::
 
 ``map_size`` grows by itself while writing (doubling on ``MapFullError``).
 
-Reading zero-copy: after opening, the reader finds LMDB's own mapping of ``data.mdb`` in
-``/proc/self/maps`` and subtracts its start from the address of each value (``buffers=True``):
-the result is the value's offset inside ``data.mdb``. One pass at open yields an offset table,
-and LMDB samples then go through the same memory-mapped gather as ``.beton``. Where no such
+Reading zero-copy: the reader finds LMDB's own mapping of ``data.mdb`` in ``/proc/self/maps``
+and subtracts its start from the address of a value (``buffers=True``): the result is the
+value's offset inside ``data.mdb``. The writer records these offsets as it commits (the places
+table), the reader takes them from there (version 1: one pass over every value at open), and
+LMDB samples then go through the same memory-mapped gather as ``.beton``. Where no such
 mapping is visible, values are copied into process memory instead.
 """
 from __future__ import annotations
@@ -59,6 +74,7 @@ import json
 import mmap
 import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -67,8 +83,14 @@ from .view import DatasetView, check_field_values, dataset_error
 from .writer import DatasetWriter
 
 META_KEY = b"__ffload__"
+RECORDS_KEY = b"__ffload_records__"
+PLACES_KEY = b"__ffload_places__"
+UNPLACED = np.uint64(2 ** 64 - 1)
+"""The offset in the places table of a value whose place in ``data.mdb`` is not recorded."""
+_TABLE_KEYS = (META_KEY, RECORDS_KEY, PLACES_KEY)  # sort after the sample keys, written last
 FORMAT_NAME = "ffload-lmdb"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 KEY_FORMAT = b"%010d"
 PROCESS_CACHE_PAGE = 1 << 21
 
@@ -120,13 +142,17 @@ class LMDBWriter(DatasetWriter):
         self._pending: list = []
         self._pending_bytes = 0
         self._txn_bytes = txn_bytes
+        self._records = bytearray()  # every value's record, end to end: the RECORDS_KEY value
+        self._places = np.zeros((self.num_samples, 2), dtype="<u8")  # the PLACES_KEY value
 
     def _write_sample(self, index, metas, payloads):
         """One value: the record, then the payloads (offsets from the value's start)."""
         rec = np.zeros((), dtype=self.record_dtype)
         records = [rec[name] for name in self.fields]
         placed = self._lay_out(records, metas, payloads, self.record_dtype.itemsize)
-        value = b"".join([rec.tobytes()] + [data for _, data in placed])
+        record = rec.tobytes()
+        self._records += record
+        value = b"".join([record] + [data for _, data in placed])
         self._pending.append((sample_key(index), value))
         self._pending_bytes += len(value)
         if self._pending_bytes >= self._txn_bytes:
@@ -137,7 +163,8 @@ class LMDBWriter(DatasetWriter):
             try:
                 with self.env.begin(write=True) as txn:
                     for key, value in items:
-                        txn.put(key, value, append=key != META_KEY, overwrite=key == META_KEY)
+                        last = key in _TABLE_KEYS
+                        txn.put(key, value, append=not last, overwrite=last)
                 return
             except self._lmdb.MapFullError:
                 self.map_size *= 2
@@ -151,10 +178,29 @@ class LMDBWriter(DatasetWriter):
                 self.map_size *= 2
                 self.env.set_mapsize(self.map_size)
             self._put_all(self._pending)
+            self._place(int(self._pending[0][0]), len(self._pending))
         self._pending, self._pending_bytes = [], 0
 
+    def _place(self, first: int, count: int) -> None:
+        """Record where samples ``first .. first + count - 1``, just committed, lie in
+        ``data.mdb``: ``(offset, length)`` from a read transaction's view of LMDB's map (their
+        pages were just written: no disk read). Only values of at least one page are placed:
+        LMDB keeps those in overflow pages of their own, which it never moves or rewrites while
+        the value exists (copy-on-write touches only the tree's branch and leaf pages); smaller
+        values may live in a leaf page that later writes copy elsewhere, so they are left
+        :data:`UNPLACED` and found through LMDB at open."""
+        psize = self.env.stat()["psize"]
+        with self.env.begin(buffers=True) as txn:
+            probe = txn.get(sample_key(first))
+            base = _lmdb_map_base(os.path.join(self.path, "data.mdb"), _address(probe))
+            for i in range(first, first + count):
+                value = txn.get(sample_key(i))
+                place = UNPLACED if base is None or len(value) < psize else _address(value) - base
+                self._places[i] = place, len(value)
+
     def _finalize(self) -> None:
-        """Write the pending samples and the metadata record; sync to disk."""
+        """Write the pending samples, the records and places tables and the metadata record;
+        sync to disk."""
         self._flush()
         meta = {"format": FORMAT_NAME, "version": VERSION, "num_samples": self.count,
                 "fields": [{"name": n, "type": type(f).__name__, "type_id": f.type_id,
@@ -163,7 +209,8 @@ class LMDBWriter(DatasetWriter):
                 "record_size": self.record_dtype.itemsize}
         if self.info:
             meta["info"] = self.info
-        self._put_all([(META_KEY, json.dumps(meta).encode("utf8"))])
+        self._put_all([(RECORDS_KEY, bytes(self._records)), (PLACES_KEY, self._places[:self.count].tobytes()),
+                       (META_KEY, json.dumps(meta).encode("utf8"))])
         self.env.sync(True)
 
 
@@ -190,9 +237,9 @@ def _read_meta(path: str, txn) -> dict:
         raise dataset_error(path, f"corrupt metadata record: {e}") from e
     if meta.get("format") != FORMAT_NAME:
         raise dataset_error(path, f"metadata record names format {meta.get('format')!r}, not {FORMAT_NAME!r}")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READABLE_VERSIONS:
         raise dataset_error(path, f"unsupported ffload LMDB version {meta.get('version')!r} (this ffload "
-                          f"reads version {VERSION})")
+                          f"reads versions {', '.join(map(str, READABLE_VERSIONS))})")
     return meta
 
 
@@ -276,43 +323,19 @@ def open_lmdb(path: str) -> DatasetView:
             raise dataset_error(path, "metadata record_size does not match its fields")
         base = _lmdb_map_base(data_path, _address(txn.get(META_KEY)))
         data_size = os.path.getsize(data_path)
-        offsets = np.zeros(n, dtype=np.uint64)
-        lengths = np.zeros(n, dtype=np.uint64)
-        cursor = txn.cursor()
-        i = 0
-        if n and not cursor.set_key(sample_key(0)):
-            raise dataset_error(path, "sample 0 is missing")
-        if not n and cursor.first() and bytes(cursor.key()) != META_KEY:
-            raise dataset_error(path, f"num_samples is 0 but the database holds record {bytes(cursor.key())!r} "
-                                      "(corrupt metadata record)")
-        for key, value in cursor if n else ():
-            if i == n:  # the records end with sample n - 1, then the metadata key sorts last
-                if bytes(key) != META_KEY:
-                    raise dataset_error(path, f"more records than num_samples={n} (found key {bytes(key)!r}): "
-                                              "corrupt metadata record, samples would be dropped")
-                break
-            if bytes(key) != sample_key(i):
-                raise dataset_error(path, f"sample {i} is missing (found key {bytes(key)!r})")
-            length = len(value)
-            lengths[i] = length
-            if base is not None:
-                off = _address(value) - base
-                if not 0 <= off <= data_size - length:  # reading it would fault (SIGBUS)
-                    raise dataset_error(path, f"sample {i}: record of {length} bytes at offset {off} lies "
-                                      f"outside data.mdb ({data_size} bytes): corrupt or truncated database")
-                offsets[i] = off
-            i += 1
-        if i != n:
-            raise dataset_error(path, f"sample {i} is missing ({i} of {n} records)")
+        records = _records_table(path, txn, meta, n, rec_dtype.itemsize)
+        located = None if records is None or base is None else _placed_values(path, txn, n, base)
+        offsets, lengths = _scan_values(path, txn, n, base) if located is None else located
+        _check_inside(path, offsets, lengths, data_size)
         if base is None:
             # no visible map of data.mdb: copy every value into one in-memory region
             values = [bytes(txn.get(sample_key(k))) for k in range(n)]
             lengths = np.array([len(v) for v in values], dtype=np.uint64)
             offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.uint64) if n else offsets
             memory = np.frombuffer(b"".join(values), dtype=np.uint8) if n else np.zeros(0, np.uint8)
-            view = _build_view(path, fields, rec_dtype, offsets, lengths, None, int(memory.size), memory)
+            view = _build_view(path, fields, rec_dtype, offsets, lengths, None, int(memory.size), memory, records)
         else:
-            view = _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, None)
+            view = _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, None, records)
         view.info = info
     except BaseException as e:
         txn.abort()
@@ -326,6 +349,115 @@ def open_lmdb(path: str) -> DatasetView:
     else:
         view.snapshot = _Snapshot(env_key, env, txn)
     return view
+
+
+def _scan_values(path: str, txn, n: int, base: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, lengths)``, ``(n,) uint64`` each, of the sample values in ``data.mdb``, by
+    walking every sample key in order (checking that the keys are exactly ``0 .. n-1``). LMDB
+    reads the first page of each value on the way: one page per sample. ``base`` None: the
+    offsets are left 0 (the caller copies the values)."""
+    offsets = np.zeros(n, dtype=np.uint64)
+    lengths = np.zeros(n, dtype=np.uint64)
+    cursor = txn.cursor()
+    i = 0
+    if n and not cursor.set_key(sample_key(0)):
+        raise dataset_error(path, "sample 0 is missing")
+    if not n and cursor.first() and bytes(cursor.key()) != META_KEY:
+        raise dataset_error(path, f"num_samples is 0 but the database holds record {bytes(cursor.key())!r} "
+                                  "(corrupt metadata record)")
+    for key, value in cursor if n else ():
+        if i == n:  # the records end with sample n - 1, then the metadata key sorts last
+            _check_no_more(path, n, key)
+            break
+        if bytes(key) != sample_key(i):
+            raise dataset_error(path, f"sample {i} is missing (found key {bytes(key)!r})")
+        lengths[i] = len(value)
+        if base is not None:
+            offsets[i] = _offset(path, i, value, base)
+        i += 1
+    if i != n:
+        raise dataset_error(path, f"sample {i} is missing ({i} of {n} records)")
+    return offsets, lengths
+
+
+def _check_no_more(path: str, n: int, key) -> None:
+    """``key``, the first key after sample ``n - 1``, must be ffload's metadata key."""
+    if bytes(key) != META_KEY:
+        raise dataset_error(path, f"more records than num_samples={n} (found key {bytes(key)!r}): "
+                                  "corrupt metadata record, samples would be dropped")
+
+
+SPOT_CHECKS = 17
+"""Placed values whose recorded place :func:`_placed_values` compares with LMDB's at open."""
+
+
+def _placed_values(path: str, txn, n: int, base: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(offsets, lengths)`` of the sample values from the version-2 places table: no value is
+    read, except the :data:`UNPLACED` ones (small values, found through LMDB) and
+    :data:`SPOT_CHECKS` evenly spaced placed ones, compared with where LMDB finds them. ``None``
+    (with a warning) when a recorded place is wrong: ``data.mdb`` was rewritten since ffload wrote
+    it (``mdb_copy -c`` renumbers pages), and the caller walks every value instead."""
+    table = txn.get(PLACES_KEY)
+    if table is None or len(table) != 16 * n:
+        found = "missing" if table is None else f"{len(table)} bytes"
+        raise dataset_error(path, f"places table {PLACES_KEY.decode()!r} is {found}, not {n} entries of "
+                                  "16 bytes: corrupt database")
+    places = np.frombuffer(table, dtype="<u8").reshape(n, 2).astype(np.uint64)
+    offsets, lengths = places[:, 0].copy(), places[:, 1].copy()
+    unplaced = np.flatnonzero(offsets == UNPLACED)
+    placed = np.flatnonzero(offsets != UNPLACED)
+    checked = placed[np.unique(np.linspace(0, placed.size - 1, SPOT_CHECKS).astype(np.int64))] if placed.size else placed
+    for i in np.concatenate([unplaced, checked]).tolist():
+        value = txn.get(sample_key(i))
+        if value is None:
+            raise dataset_error(path, f"sample {i} is missing")
+        where = _offset(path, i, value, base), len(value)
+        if offsets[i] == UNPLACED:
+            offsets[i], lengths[i] = where
+        elif (int(offsets[i]), int(lengths[i])) != where:
+            warnings.warn(f"{path}: data.mdb was rewritten after ffload wrote it (sample {i} has moved): "
+                          "opening walks every value, one page read per sample", stacklevel=3)
+            return None
+    cursor = txn.cursor()
+    if cursor.set_range(sample_key(n)):
+        _check_no_more(path, n, cursor.key())
+    return offsets, lengths
+
+
+def _offset(path: str, i: int, value, base: int) -> int:
+    """Offset in ``data.mdb`` of sample ``i``'s ``value`` (a buffer into LMDB's map at ``base``)."""
+    offset = _address(value) - base
+    if offset < 0:
+        raise dataset_error(path, f"sample {i}: value lies before LMDB's map of data.mdb: corrupt database")
+    return offset
+
+
+def _check_inside(path: str, offsets: np.ndarray, lengths: np.ndarray, data_size: int) -> None:
+    """Every value lies inside ``data.mdb`` (reading one outside would fault: SIGBUS)."""
+    bad = np.flatnonzero((offsets > data_size) | (lengths > data_size - np.minimum(offsets, data_size)))
+    if bad.size:
+        i = int(bad[0])
+        raise dataset_error(path, f"sample {i}: record of {int(lengths[i])} bytes at offset {int(offsets[i])} "
+                                  f"lies outside data.mdb ({data_size} bytes): corrupt or truncated database")
+
+
+def _records_table(path: str, txn, meta: dict, n: int, record_size: int) -> bytes | None:
+    """The version-2 records table (``RECORDS_KEY``: ``n * record_size`` bytes), checked against
+    the records at the start of the first and last sample values; ``None`` for version 1 (the
+    records are then read from the values)."""
+    if meta["version"] < 2:
+        return None
+    table = txn.get(RECORDS_KEY)
+    if table is None or len(table) != n * record_size:
+        found = "missing" if table is None else f"{len(table)} bytes"
+        raise dataset_error(path, f"records table {RECORDS_KEY.decode()!r} is {found}, not {n} records of "
+                                  f"{record_size} bytes: corrupt database")
+    table = bytes(table)
+    for i in {0, n - 1} if n else ():
+        if bytes(txn.get(sample_key(i))[:record_size]) != table[i * record_size:(i + 1) * record_size]:
+            raise dataset_error(path, f"sample {i}: its record differs from the records table "
+                                      f"{RECORDS_KEY.decode()!r}: corrupt database")
+    return table
 
 
 class _Snapshot:
@@ -392,22 +524,31 @@ def _release_env(key: tuple[str, int, int]) -> None:
             entry[0].close()
 
 
-def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, memory) -> DatasetView:
+def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, memory,
+                records: bytes | None) -> DatasetView:
+    """The view of ``n`` sample values at ``offsets`` (``lengths`` bytes) of ``data.mdb`` (or of
+    ``memory``, where they were copied); their records come from ``records`` (the version-2
+    table) or else from the first ``record_size`` bytes of each value."""
     n = offsets.size
     if n and np.any(lengths < rec_dtype.itemsize):
         i = int(np.flatnonzero(lengths < rec_dtype.itemsize)[0])
         raise dataset_error(path, f"sample {i}: value of {int(lengths[i])} bytes is shorter than its record")
     mapped = None
-    if memory is None and n:
-        with open(data_path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-        # only the records' own pages: the kernel's read-around would read most of a data.mdb
-        # larger than RAM at open (records lie one value apart)
-        mapped.madvise(mmap.MADV_RANDOM)
-        source = np.frombuffer(mapped, dtype=np.uint8)
-    else:
-        source = np.zeros(0, np.uint8) if memory is None else memory
-    idx = offsets[:, None].astype(np.int64) + np.arange(rec_dtype.itemsize)[None, :]
+    if records is not None:  # version 2: the records table
+        source = np.frombuffer(records, dtype=np.uint8)
+        record_at = np.arange(n, dtype=np.int64) * rec_dtype.itemsize
+    else:  # version 1: the first record_size bytes of each value
+        record_at = offsets.astype(np.int64)
+        if memory is None and n:
+            with open(data_path, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+            # only the records' own pages: the kernel's read-around would read most of a data.mdb
+            # larger than RAM at open (records lie one value apart)
+            mapped.madvise(mmap.MADV_RANDOM)
+            source = np.frombuffer(mapped, dtype=np.uint8)
+        else:
+            source = np.zeros(0, np.uint8) if memory is None else memory
+    idx = record_at[:, None] + np.arange(rec_dtype.itemsize)[None, :]
     metadata = np.ascontiguousarray(source[idx]).view(rec_dtype).reshape(n) if n else np.zeros(0, rec_dtype)
     del source
     if mapped is not None:
