@@ -24,7 +24,7 @@
    whose ratio is against ffload on the ``.beton``). Every batch is checked: stamp == label,
    and for ffload the indices are exactly ``loader.epoch_order(0)``; for ffcv no sample twice.
 
-Prints img/s, MiB/s, peak RSS (``ru_maxrss`` of the case's process; with ``os_cache=True`` it
+Prints img/s, MiB/s, peak RSS (``VmHWM`` of the case's process; with ``os_cache=True`` it
 counts the page-cache pages the process mapped, which the kernel reclaims), the ratio to ffcv in the
 same cell, and to the disk limit (random cases: the 16-in-flight random rate; quasi-random: the
 sequential rate); writes ``results.md``, ``results.json`` and ``throughput.png`` to ``--out``.
@@ -35,7 +35,6 @@ import argparse
 import json
 import mmap
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -250,8 +249,19 @@ def run_case(args) -> dict:
     stamps_ok &= len(np.unique(visited)) == len(visited)
     del loader
     return {"img_s": seen / seconds, "mib_s": seen * SAMPLE / MIB / seconds,
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "peak_rss_gib": peak_rss() / 2**30,
             "samples": int(len(visited)), "first_batch_s": first, "correct": bool(stamps_ok)}
+
+
+def peak_rss() -> int:
+    """This process's peak resident set, bytes: ``VmHWM`` of ``/proc/self/status``. Not
+    ``ru_maxrss``: Linux carries a forked parent's high-water mark across ``exec`` into it, so a
+    case spawned by a parent that had mapped the dataset would report the parent's peak."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmHWM in /proc/self/status")
 
 
 def spawn_case(script_args, loader, order, os_cache, data=None) -> dict:

@@ -14,7 +14,7 @@ import pytest
 
 import ffload
 from ffload.formats import BytesField, NDArrayField, open_dataset, write_dataset
-from ffload.loaders.memory import CACHE_BLOCK, ProcessCacheMemory, batch_blocks, payload_columns
+from ffload.loaders.memory import CACHE_BLOCK, ProcessCacheMemory, batch_blocks, cache_block, payload_columns
 from ffload.loaders.pagepool import PagePoolMemory
 from ffload.loaders.readahead import ADVISE_PAGE, ReadAhead
 
@@ -149,8 +149,12 @@ def test_batch_larger_than_the_cache_fails_at_open(stamped_dataset):
 def test_a_waiting_batch_gets_room_when_others_release(stamped_dataset):
     """Two batches that cannot be resident together: the second waits for the first's release."""
     view = open_dataset(stamped_dataset)
-    memory = ProcessCacheMemory(view, ["blob"], cache_limit=8 * CACHE_BLOCK, batch_size=4)
-    first = memory.prepare(np.arange(0, 8))  # 8 x 30 kB: 4 or 5 blocks, as the second batch
+    columns = payload_columns(view, ["blob"])
+    block = cache_block(columns, view.data_size)
+    one, two = (batch_blocks(columns, np.arange(start, start + 8), block).size * block for start in (0, 100))
+    limit = max(one, two) * 3 // 2  # room for either batch, not for both
+    memory = ProcessCacheMemory(view, ["blob"], cache_limit=limit, batch_size=4)
+    first = memory.prepare(np.arange(0, 8))
     done = threading.Event()
 
     def second():
@@ -162,7 +166,7 @@ def test_a_waiting_batch_gets_room_when_others_release(stamped_dataset):
     assert not done.wait(0.5)  # blocked: the first batch's blocks are pinned
     memory.release(first)
     thread.join(30)
-    assert done.is_set() and memory.peak_resident_bytes <= 8 * CACHE_BLOCK
+    assert done.is_set() and memory.peak_resident_bytes <= limit
     memory.close()
 
 
@@ -220,3 +224,38 @@ def test_read_ahead_with_the_loader_serves_the_same_bytes(stamped_dataset, monke
         requested = list(made[0].requested)
     assert len(made) == 1 and requested  # read_ahead=0 makes no read-ahead at all
     assert all(0 <= off and off + n <= view.data_size for off, n in requested)
+
+
+def test_cache_block_follows_the_payload_size_and_bounds_the_block_count():
+    from ffload.loaders.memory import MAX_CACHE_BLOCKS, MIN_CACHE_BLOCK
+
+    def column(size, n=100):
+        return [(np.arange(n, dtype=np.uint64) * np.uint64(size), np.full(n, size, np.uint64))]
+    assert cache_block(column(196_608), 1 << 30) == 16 << 10  # 192 KiB raw samples
+    assert cache_block(column(110_000), 1 << 30) == 8 << 10  # ImageNet-sized JPEGs
+    assert cache_block(column(3_000), 1 << 30) == MIN_CACHE_BLOCK  # CIFAR-sized
+    assert cache_block(column(10 << 20), 1 << 30) == CACHE_BLOCK  # never above 64 KiB
+    assert cache_block([], 1 << 30) == CACHE_BLOCK  # nothing decoded: the largest
+    huge = 40 * MAX_CACHE_BLOCKS * MIN_CACHE_BLOCK  # 8 KiB blocks would be too many: 64 KiB
+    assert cache_block(column(110_000), huge) == CACHE_BLOCK
+
+
+def test_read_ahead_in_cache_blocks_covers_what_the_cache_reads(stamped_dataset):
+    """With os_cache=False the read-ahead requests whole cache blocks: every byte range the
+    process cache reads for a batch lies inside what was requested for it."""
+    view = open_dataset(stamped_dataset)
+    columns = payload_columns(view, ["blob"])
+    memory = ProcessCacheMemory(view, ["blob"], batch_size=8)
+    ahead = ReadAhead(view.data_path, view.data_size, columns, 1 << 30, unit=memory.block)
+    batch = np.random.default_rng(3).choice(N, 8, replace=False)
+    requested = ahead._ranges(batch)  # what the IO thread asks the kernel for, for this batch
+    ahead.close()
+    covered = np.zeros(view.data_size, bool)
+    for offset, length in requested:
+        assert offset % memory.block == 0
+        covered[offset:offset + length] = True
+    for b in batch_blocks(columns, batch, memory.block):
+        assert covered[b * memory.block:min((b + 1) * memory.block, view.data_size)].all()
+    memory.close()
+    with pytest.raises(ValueError, match="multiple of"):
+        ReadAhead(view.data_path, view.data_size, columns, 1, unit=1000)

@@ -23,7 +23,7 @@ from ffload.loaders import (
     ToTensor,
     ToTorchImage,
 )
-from ffload.loaders.memory import CACHE_BLOCK, ProcessCacheMemory, pages_spanned
+from ffload.loaders.memory import ProcessCacheMemory, pages_spanned
 
 N = 101  # not a multiple of any batch size used below
 
@@ -255,12 +255,12 @@ def test_process_cache_reads_each_page_once(tmp_path, monkeypatch):
         for i in batch:
             p, s = int(view.ptrs["blob"][i]), int(view.sizes["blob"][i])
             np.testing.assert_array_equal(memory.region[p:p + s], payloads[i])
-    assert_no_block_read_twice(reads)
+    assert_no_block_read_twice(reads, memory.block)
     memory.close()
 
 
-def assert_no_block_read_twice(reads):
-    blocks = [b for off, n in reads for b in range(off // CACHE_BLOCK, -(-(off + n) // CACHE_BLOCK))]
+def assert_no_block_read_twice(reads, block):
+    blocks = [b for off, n in reads for b in range(off // block, -(-(off + n) // block))]
     assert blocks and len(blocks) == len(set(blocks))
 
 
@@ -517,7 +517,7 @@ def test_process_cache_concurrent_workers_read_each_page_once(tmp_path, monkeypa
         p, s = int(view.ptrs["blob"][i]), int(view.sizes["blob"][i])
         if any(i in b for b in batches):
             np.testing.assert_array_equal(memory.region[p:p + s], payloads[i])
-    assert_no_block_read_twice(reads)
+    assert_no_block_read_twice(reads, memory.block)
     memory.close()
 
 

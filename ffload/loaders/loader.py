@@ -28,7 +28,7 @@ from .orders import OrderOption, distributed_split, make_order, parse_order, sam
 from .pagepool import PagePoolMemory, page_pool_fits
 from .pagesource import DEFAULT_MAX_REQUESTS, FilePages, RemotePages
 from .pipeline import build_pipelines, cuda_device
-from .readahead import DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
+from .readahead import ADVISE_PAGE, DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
 
 logger = logging.getLogger(__name__)
 
@@ -285,8 +285,9 @@ class Loader:
             if self.read_ahead and columns and isinstance(self._memory, PagePoolMemory):
                 read_ahead = PagePoolReadAhead(self._memory, self.read_ahead)
             elif self.read_ahead and columns and self.view.data_path is not None:
+                unit = self._memory.block if isinstance(self._memory, ProcessCacheMemory) else ADVISE_PAGE
                 read_ahead = ReadAhead(self.view.data_path, self.view.data_size, columns,
-                                       self.read_ahead)
+                                       self.read_ahead, unit=unit)
             self._runner = BatchRunner(self._pipelines, self._memory, self.view, self.seed,
                                        self.num_workers, self._ahead + 2, self.pin_memory,
                                        self._device, read_ahead)

@@ -5,7 +5,7 @@
 * :class:`ProcessCacheMemory` (``os_cache=False``): a private, **bounded** cache. The region is an
   anonymous mapping as long as the data file, reserved with ``MAP_NORESERVE`` (address space
   only: no memory is committed for it), so that the decoders index it with the dataset's own
-  offsets. Only the blocks of :data:`CACHE_BLOCK` bytes that batches need are filled (with
+  offsets. Only the blocks (:func:`cache_block`: 4-64 KiB) that batches need are filled (with
   ``os.preadv``, one call per run of consecutive blocks) and the resident blocks never add up to
   more than ``cache_limit`` bytes: before reading, the cache frees blocks that no batch in
   progress needs, those whose next use in the epoch is furthest first (``madvise(MADV_DONTNEED)``
@@ -16,7 +16,7 @@
 
 In QUASI_RANDOM order consecutive batches read the same few pages, so with a limit of a few
 batches each block is read once per epoch; in RANDOM order only the blocks that hold the batch's
-samples are read (64 KiB granularity: a 192 KiB sample reads at most 256 KiB), never whole
+samples are read (16 KiB blocks for 192 KiB samples: at most 224 KiB read for one), never whole
 ``.beton`` pages. LMDB's ``data.mdb`` goes through the same mechanism: its records are byte
 ranges of that file like ``.beton`` payloads.
 
@@ -42,7 +42,17 @@ import numpy as np
 from ..system import available_memory
 
 CACHE_BLOCK = 1 << 16
-"""Bytes per process-cache block (64 KiB): the unit of reading, accounting and eviction."""
+"""The largest process-cache block, bytes (64 KiB); see :func:`cache_block`."""
+
+MIN_CACHE_BLOCK = mmap.PAGESIZE
+"""The smallest process-cache block, bytes: the kernel's page (4 KiB)."""
+
+MAX_CACHE_BLOCKS = 1 << 23
+"""At most this many blocks per data file: the cache keeps 14 bytes of state per block (112 MiB
+at most), so very large files get larger blocks."""
+
+BLOCK_FRACTION = 8
+"""A block is at most this fraction of the mean payload (see :func:`cache_block`)."""
 
 DEFAULT_CACHE_FRACTION = 4
 """The default ``cache_limit`` is the available memory divided by this, at most
@@ -102,6 +112,34 @@ def batch_blocks(columns, indices: np.ndarray, block: int) -> np.ndarray:
         return np.zeros(0, np.int64)
     return np.unique(np.concatenate([pages_spanned(p[indices], s[indices], block)
                                      for p, s in columns]))
+
+
+def cache_block(columns, data_size: int) -> int:
+    """The process cache's block, bytes: the unit it reads, accounts and evicts.
+
+    A payload rarely starts or ends on a block boundary, so a sample costs its bytes plus on
+    average one block more (half a block at each end); the block is the largest power of two
+    within ``[MIN_CACHE_BLOCK, CACHE_BLOCK]`` no larger than the mean payload over
+    :data:`BLOCK_FRACTION` (about 12% more bytes read than asked for), then raised until the file
+    has at most :data:`MAX_CACHE_BLOCKS` blocks. 192 KiB raw samples: 16 KiB blocks (a fixed
+    64 KiB block read 256 KiB per LMDB sample, 1.33x its bytes); 110 KB ImageNet JPEGs: 8 KiB;
+    CIFAR's 3 KiB: 4 KiB.
+
+    Args:
+        columns: ``[(ptrs, sizes), ...]`` of the decoded fields (:func:`payload_columns`).
+        data_size: bytes of the data file.
+    """
+    sizes = np.concatenate([s for _, s in columns]) if columns else np.zeros(0, np.uint64)
+    sizes = sizes[sizes > 0]
+    if not sizes.size:  # nothing to read
+        return CACHE_BLOCK
+    mean = float(sizes.mean())
+    block = MIN_CACHE_BLOCK
+    while block * 2 <= min(CACHE_BLOCK, mean / BLOCK_FRACTION):
+        block *= 2
+    while block < CACHE_BLOCK and -(-int(data_size) // block) > MAX_CACHE_BLOCKS:
+        block *= 2
+    return block
 
 
 def worst_batch_bytes(columns, batch_size: int, block: int) -> int:
@@ -242,7 +280,7 @@ class _FileBackedCache:
 class ProcessCacheMemory(_FileBackedCache):
     """``os_cache=False``: a private cache of at most ``cache_limit`` resident bytes.
 
-    :meth:`prepare` pins the blocks of :data:`CACHE_BLOCK` bytes that the batch's payloads span
+    :meth:`prepare` pins the blocks (:func:`cache_block` bytes) that the batch's payloads span
     (the given fields only) and reads the missing ones: workers claim blocks under a lock, read
     them in parallel outside it, and wait for blocks claimed by another worker; when the blocks
     would exceed the limit, unpinned blocks are evicted (furthest next use in the epoch's
@@ -274,11 +312,11 @@ class ProcessCacheMemory(_FileBackedCache):
     def __init__(self, view, field_names: Sequence[str], cache_limit: int | None = None,
                  batch_size: int = 1, whole_pages: bool = False):
         self.path, self.ptrs = view.data_path, view.ptrs
-        self.blocks_per_page = max(1, int(view.page_size) // CACHE_BLOCK) if whole_pages else 1
         self.data_size = int(view.data_size)
-        self.block = CACHE_BLOCK
         self.cache_limit = default_cache_limit() if cache_limit is None else int(cache_limit)
         self._payloads = payload_columns(view, field_names)
+        self.block = cache_block(self._payloads, self.data_size)
+        self.blocks_per_page = max(1, int(view.page_size) // self.block) if whole_pages else 1
         need = worst_batch_bytes(self._payloads, batch_size, self.block)
         if need > self.cache_limit:
             raise ValueError(

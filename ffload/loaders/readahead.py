@@ -2,10 +2,16 @@
 
 The loader knows the whole epoch's order. :class:`ReadAhead` walks it on one IO thread, batch by
 batch ahead of the batches being decoded, and issues ``madvise(MADV_WILLNEED)`` on its own
-read-only shared mapping of the data file for every run of pages (``mmap.PAGESIZE``, 4 KiB)
-that the batch's payloads span: the byte ranges ``[ptr, ptr + size)`` of the decoded fields,
-rounded out to pages and clipped to the data region, so nothing outside the payloads' pages is
-ever requested. It stays at most ``limit`` bytes (plus one batch) ahead of the batch being
+read-only shared mapping of the data file for every run of units that the batch's payloads
+span: the byte ranges ``[ptr, ptr + size)`` of the decoded fields, rounded out to units and
+clipped to the data region, so nothing outside the payloads' units is ever requested. The unit
+is what the batch will read: the kernel's page (``mmap.PAGESIZE``, 4 KiB) when the decoders
+touch the mapped file (``os_cache=True``), the process cache's block (64 KiB) when it reads
+whole blocks (``os_cache=False``, RANDOM order). With pages there, each payload not aligned to
+64 KiB would leave the ends of its first and last blocks unrequested, and the block read would
+wait on the disk for them: two synchronous small reads per sample (LMDB values, which start 40
+bytes into a page, loaded at 0.37x the ``.beton`` rate that way, whose raw samples happen to be
+block-aligned). It stays at most ``limit`` bytes (plus one batch) ahead of the batch being
 decoded, so read-ahead cannot flood the page cache. The mapping itself costs no memory: WILLNEED
 fills the page cache without mapping pages into the process.
 
@@ -46,7 +52,7 @@ _RETRY_SECONDS = 0.02
 wakes it sooner)."""
 
 ADVISE_PAGE = mmap.PAGESIZE
-"""Granularity (bytes) of the requested ranges: the kernel's page size."""
+"""Default granularity (bytes) of the requested ranges: the kernel's page size."""
 
 DEFAULT_READ_AHEAD = 512 << 20
 """Default bound (bytes) on the payload pages requested ahead of the batch being decoded."""
@@ -60,6 +66,8 @@ class ReadAhead:
         data_size: bytes of the data region (``DatasetView.data_size``); no range reaches past it.
         columns: ``[(ptrs, sizes), ...]`` of the decoded fields (see ``memory.payload_columns``).
         limit: bytes of pages requested beyond the batch being decoded (>= 0; 0 disables).
+        unit: granularity of the requested ranges, bytes (a multiple of :data:`ADVISE_PAGE`):
+            the unit the batch itself will read (see the module docstring).
 
     Attributes:
         requested: ``[(offset, length), ...]`` of the last epoch when ``record`` is True (tests).
@@ -69,8 +77,12 @@ class ReadAhead:
         OSError: the data file cannot be opened.
     """
 
-    def __init__(self, path: str, data_size: int, columns, limit: int, record: bool = False):
+    def __init__(self, path: str, data_size: int, columns, limit: int, record: bool = False,
+                 unit: int = ADVISE_PAGE):
+        if unit < ADVISE_PAGE or unit % ADVISE_PAGE:
+            raise ValueError(f"unit must be a multiple of {ADVISE_PAGE} bytes, got {unit}")
         self.data_size = int(data_size)
+        self.unit = int(unit)
         self._columns = columns
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), self.data_size, prot=mmap.PROT_READ)
@@ -152,15 +164,15 @@ class ReadAhead:
                 and self._ahead_bytes < self.limit)
 
     def _ranges(self, indices: np.ndarray) -> list[tuple[int, int]]:
-        """``[(offset, length)]`` of the runs of pages the payloads of ``indices`` span."""
-        pages = batch_blocks(self._columns, indices, ADVISE_PAGE)
-        if pages.size == 0:
+        """``[(offset, length)]`` of the runs of units the payloads of ``indices`` span."""
+        units = batch_blocks(self._columns, indices, self.unit)
+        if units.size == 0:
             return []
-        breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+        breaks = np.flatnonzero(np.diff(units) != 1) + 1
         out = []
-        for run in np.split(pages, breaks):
-            start = int(run[0]) * ADVISE_PAGE
-            stop = min((int(run[-1]) + 1) * ADVISE_PAGE, self.data_size)
+        for run in np.split(units, breaks):
+            start = int(run[0]) * self.unit
+            stop = min((int(run[-1]) + 1) * self.unit, self.data_size)
             out.append((start, stop - start))
         return out
 
