@@ -21,8 +21,8 @@ from ffload.loaders import (
     RaggedLengthDecoder,
     RandomCropImageArrayDecoder,
     RandomHorizontalFlip,
+    RandomPerspective,
     RandomResizedCropRGBImageDecoder,
-    RandomTranslate,
     RandomVerticalFlip,
     ResizeRGBImageDecoder,
     TransformBoxes,
@@ -92,15 +92,20 @@ def test_transform_boxes_kernel_rules():
     boxes = np.array([[[10, 10, 30, 20], [0, 0, 5, 5], [15, 12, 15.4, 18], [np.nan, 0, 4, 4]]], np.float64)
     counts = np.array([4], np.int64)
     crop = np.array([[10.0, 10.0, 20.0, 40.0]])  # top 10, left 10, 20 x 40, to 40 x 80 (x2)
-    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([True]), np.array([True]), True, 1.0, -1.0)
+    no_steps = np.zeros((1, 0, 3, 3))
+    kept = np.empty((1, 4), np.int64)
+    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([True]), np.array([True]), no_steps, True, 1.0, -1.0,
+                    kept)
     # (10, 10, 30, 20) -> (0, 0, 40, 20) -> h-mirrored (40, 0, 80, 20) -> v-mirrored (40, 20, 80, 40)
-    assert counts[0] == 1
+    assert counts[0] == 1 and kept.tolist() == [[0, -1, -1, -1]]
     np.testing.assert_array_equal(boxes[0, 0], [40, 20, 80, 40])
     assert np.all(boxes[0, 1:] == -1)  # outside, 0.8 px wide and NaN boxes are dropped
     boxes = np.array([[[0, 0, 5, 5], [20, 12, 24, 16]]], np.float32)
     counts = np.array([2], np.int64)
-    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([False]), np.array([False]), False, 1.0, 0.0)
-    assert counts[0] == 2  # kept in place: the outside box is clipped to zero area on the border
+    kept = np.empty((1, 2), np.int64)
+    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([False]), np.array([False]), no_steps, False, 1.0, 0.0,
+                    kept)
+    assert counts[0] == 2 and kept.tolist() == [[0, 1]]  # kept in place: the outside box is clipped to zero area
     np.testing.assert_array_equal(boxes[0], [[0, 0, 0, 0], [20, 4, 28, 12]])
 
 
@@ -207,8 +212,8 @@ def test_loader_construction_checks(tmp_path):
         Loader(dst, 2, pipelines={**base, "boxes": [RaggedArrayDecoder(), TransformBoxes("picture")]})
     with pytest.raises(ConfigurationError, match="follows field 'image', which is not among"):
         Loader(dst, 2, pipelines={**base, "image": None, "boxes": [RaggedArrayDecoder(), TransformBoxes("image")]})
-    with pytest.raises(ConfigurationError, match="RandomTranslate\\) moves pixels"):
-        Loader(dst, 2, pipelines={**base, "image": [CenterCropRGBImageDecoder(50), RandomTranslate(2)],
+    with pytest.raises(ConfigurationError, match="RandomPerspective\\) moves pixels"):
+        Loader(dst, 2, pipelines={**base, "image": [CenterCropRGBImageDecoder(50), RandomPerspective()],
                                   "boxes": [RaggedArrayDecoder(), TransformBoxes("image")]})
     with pytest.raises(ConfigurationError, match="whose decoder IntDecoder is not an image decoder"):
         Loader(dst, 2, pipelines={**base, "n": [RaggedArrayDecoder(), TransformBoxes("index")]},
