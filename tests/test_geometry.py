@@ -271,31 +271,39 @@ def test_corrupt_mask_names_the_sample_and_field(tmp_path):
 
 
 def test_documented_detection_pipeline(tmp_path):
-    """docs/fields.md's example: torch stages after the image's flip keep its geometry."""
+    """docs/fields.md's example: torch stages after the image's flip and warp keep its geometry;
+    labels follow the kept boxes; PNG masks."""
     import torch
 
-    from ffload.loaders import NormalizeImage, ToTensor, ToTorchImage
+    from ffload.loaders import FollowBoxes, NormalizeImage, RandomAffine, ToTensor, ToTorchImage
 
     rows = [(img, box, mask, [i]) for img, box, mask, i in rectangles(6)]
-    fields = {**{k: FIELDS[k] for k in ("image", "boxes", "mask")}, "labels": RaggedArrayField("int64")}
+    fields = {"image": FIELDS["image"], "boxes": FIELDS["boxes"], "mask": ImageArrayField("uint8", 1, compression="png"),
+              "labels": RaggedArrayField("int64")}
     dst = write_dataset(str(tmp_path / "doc.beton"), fields, rows, 6)
     loader = Loader(dst, batch_size=3, num_workers=1, order=OrderOption.SEQUENTIAL, pipelines={
-        "image": [RandomResizedCropRGBImageDecoder((40, 48)), RandomHorizontalFlip(), ToTensor(),
-                  ToTorchImage(), NormalizeImage([0, 0, 0], [255, 255, 255], np.float32)],
-        "boxes": [RaggedArrayDecoder(max_length=5), TransformBoxes("image", drop=False), ToTensor()],
-        "labels": [RaggedArrayDecoder(max_length=5, fill=-1), ToTensor()],
-        "mask": [MaskDecoder("image"), ToTensor()],
+        "image": [RandomResizedCropRGBImageDecoder((40, 48)), RandomHorizontalFlip(),
+                  RandomAffine(10, translate=(0.1, 0.1)), ToTensor(), ToTorchImage(),
+                  NormalizeImage([0, 0, 0], [255, 255, 255], np.float32)],
+        "boxes": [RaggedArrayDecoder(max_length=5), TransformBoxes("image"), ToTensor()],
+        "labels": [RaggedArrayDecoder(max_length=5, fill=-1), FollowBoxes("boxes", fill=-1), ToTensor()],
+        "mask": [MaskDecoder("image", fill=255), ToTensor()],
         "num_boxes": [BoxCountDecoder("boxes"), ToTensor()]}, custom_field_mapper={"num_boxes": "boxes"})
+    seen = 0
     for image, boxes, mask, labels, num_boxes in loader:
         assert image.shape == (3, 3, 40, 48) and image.dtype == torch.float32
-        assert boxes.shape == (3, 5, 4) and mask.shape == (3, 40, 48, 1) and num_boxes.tolist() == [1, 1, 1]
-        for b in range(3):
+        assert boxes.shape == (3, 5, 4) and mask.shape == (3, 40, 48, 1) and labels.shape == (3, 5)
+        for b, n in enumerate(num_boxes.tolist()):
+            assert labels[b].tolist() == [seen + b] * n + [-1] * (5 - n)
+            if n == 0:
+                continue
             on_mask = extent(mask[b, :, :, 0].numpy() == 1)
             box = boxes[b, 0].numpy()
             if on_mask is not None and min(box[2] - box[0], box[3] - box[1]) >= 2:
-                assert np.abs(on_mask - box).max() <= 1
-                assert np.abs(extent(image[b].numpy().mean(axis=0) > 0.5) - box).max() <= 1
-            assert labels[b].tolist() == [int(labels[b, 0])] + [-1] * 4
+                assert np.abs(on_mask - box).max() <= 1.5  # a 10 degree turn of a rectangle: its enclosing box
+                assert np.abs(extent(image[b].numpy().mean(axis=0) > 0.5) - box).max() <= 1.5
+        assert np.any(mask.numpy() == 255)  # the warp's fill
+        seen += 3
 
 
 def test_boxes_do_not_depend_on_num_workers_or_batch_size(tmp_path):
