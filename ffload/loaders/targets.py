@@ -1,22 +1,25 @@
-"""Detection and segmentation targets that follow their image's geometry (crop, resize, flips).
+"""Detection and segmentation targets that follow their image's geometry (crop, resize, flips,
+translations, affine warps).
 
-Three operations read the per-sample :class:`~.geometry.Geometry` an image pipeline publishes
-(see :mod:`ffload.loaders.geometry` for the mechanism and its checks), each one compiled kernel
-per batch:
+Four operations read what an image pipeline, or a box pipeline, publishes (see
+:mod:`ffload.loaders.geometry` for the mechanism and its checks), each one compiled kernel per
+batch:
 
 * :class:`TransformBoxes` (after :class:`~.decoders.RaggedArrayDecoder` on a ``(K, 4)``
   RaggedArrayField of ``(x0, y0, x1, y1)`` boxes in stored-image pixels): crop, scale, flip,
-  clip to the output, drop the boxes left too small (torchvision v2's ``SanitizeBoundingBoxes``
-  rule), compact the kept ones to the front.
+  shift, warp (corners, enclosing box), clip to the output, drop the boxes left too small
+  (torchvision v2's ``SanitizeBoundingBoxes`` rule), compact the kept ones to the front.
+* :class:`FollowBoxes` (a per-box ragged field: labels): keeps the rows of the kept boxes.
 * :class:`BoxCountDecoder` (on a view of the boxes field): ``(B,) int64`` boxes kept per sample.
-* :class:`MaskDecoder` (an ImageArrayField mask or label map): nearest-neighbour resample of the
-  same crop, flipped like the image, values never interpolated.
+* :class:`MaskDecoder` (an ImageArrayField mask or label map, raw or PNG): nearest-neighbour
+  resample of the same crop, flipped, shifted and warped like the image, values never interpolated.
 
 Typical detection pipelines::
 
     Loader(path, batch_size=64, pipelines={
         "image": [RandomResizedCropRGBImageDecoder((512, 512)), RandomHorizontalFlip(), ToTensor()],
         "boxes": [RaggedArrayDecoder(max_length=100), TransformBoxes("image"), ToTensor()],
+        "labels": [RaggedArrayDecoder(max_length=100, fill=-1), FollowBoxes("boxes", fill=-1), ToTensor()],
         "mask": [MaskDecoder("image"), ToTensor()],
         "num_boxes": [BoxCountDecoder("boxes"), ToTensor()],
     }, custom_field_mapper={"num_boxes": "boxes"})
@@ -121,17 +124,19 @@ class TransformBoxes(Operation):
     pixels of the *stored* image the boxes belong to (torchvision's ``XYXY`` format, pixel
     edges: a box over columns 10..19 is ``x0 = 10, x1 = 20``). Output: the same array, boxes in
     pixels of the decoded image of field ``image`` (its crop or resize, then its
-    RandomHorizontalFlip / RandomVerticalFlip, fused or not), clipped to it (see
+    RandomHorizontalFlip / RandomVerticalFlip, fused or not, RandomTranslate, RandomAffine and
+    RandomRotation in pipeline order; a warp maps the four corners and keeps the enclosing
+    box, Albumentations' ``rotate_method="largest_box"``), clipped to it after each stage (see
     :func:`transform_boxes`), kept boxes first in their stored order, then rows of ``fill``.
 
-    Rule for boxes the crop cuts: with ``drop=True`` (default) a box whose clipped width or
+    Rule for boxes the crop cuts: with ``drop=True`` (default) a box whose final width or
     height is below ``min_size`` output pixels (default 1, torchvision v2's
-    ``SanitizeBoundingBoxes``) is removed, so a box outside the crop disappears; the count per
-    sample is then :class:`BoxCountDecoder`'s. With ``drop=False`` every box keeps its row (a box
-    outside the crop becomes a zero-area box on the border) and the count is the stored ``K``
+    ``SanitizeBoundingBoxes``) is removed, so a box outside the image disappears; the count per
+    sample is then :class:`BoxCountDecoder`'s, and :class:`FollowBoxes` drops the same rows of
+    a per-box field (labels). With ``drop=False`` every box keeps its row (a box outside the
+    image becomes a zero-area box on the border) and the count is the stored ``K``
     (:class:`~.decoders.RaggedLengthDecoder`'s, or :class:`BoxCountDecoder`'s: the same).
-    Boxes beyond ``max_length`` of the decoder are ignored. Labels stored per box in another
-    ragged field stay in stored order: use ``drop=False`` to keep them aligned.
+    Boxes beyond ``max_length`` of the decoder are ignored.
 
     Args:
         image: the name of the image pipeline (a field or a ``custom_field_mapper`` view) whose
@@ -283,7 +288,7 @@ class FollowBoxes(Operation):
 
     def link(self, kind, producer):
         self._key = (kind, producer.name)
-        stage = next(i for i, op in enumerate(producer.ops) if getattr(op, "publishes_count", False))
+        stage = max(i for i, op in enumerate(producer.ops) if getattr(op, "publishes_count", False))  # the publisher
         self.box_rows = int(producer.specs[stage].shape[0])
 
     def declare(self, spec, field, view):
