@@ -24,6 +24,7 @@ from ffload.loaders import (
     RaggedArrayDecoder,
     RandomAffine,
     RandomHorizontalFlip,
+    RandomResizedCropRGBImageDecoder,
     RandomRotation,
     RandomTranslate,
     ResizeRGBImageDecoder,
@@ -152,9 +153,11 @@ def flip_draws(seeds, salt):
     return out
 
 
-def test_affine_clips_and_drops_with_the_corner_rule(tmp_path):
-    """Boxes near the border: through crop, flip, translate and affine, each box equals the
-    numpy rule, and drop=True keeps exactly the rule's boxes of width and height >= min_size."""
+@pytest.mark.parametrize("crop", ["warps", "random_resized_crop"])
+def test_labels_follow_dropped_boxes_and_the_corner_rule(tmp_path, crop):
+    """Boxes near the border, 0..4 per sample: drop=True keeps exactly the boxes of width and
+    height >= min_size among drop=False's, and FollowBoxes their labels, in order; through
+    resize, flip, translate and affine each box equals the numpy rule."""
     n = 40
     rng = np.random.default_rng(4)
     rows = []
@@ -165,8 +168,10 @@ def test_affine_clips_and_drops_with_the_corner_rule(tmp_path):
         rows.append((np.zeros((H, W, 3), np.uint8), np.concatenate([xy, xy + wh], 1).astype(np.float32),
                      100 * i + np.arange(k), np.zeros((H, W, 1), np.uint8), i))
     dst = write_dataset(str(tmp_path / "c.beton"), FIELDS, rows, n)
-    base = {"image": [ResizeRGBImageDecoder((48, 64)), RandomHorizontalFlip(),
-                      RandomTranslate(6), RandomAffine(30, translate=(0.1, 0.1), scale=(0.9, 1.3))],
+    image = [ResizeRGBImageDecoder((48, 64)), RandomHorizontalFlip(), RandomTranslate(6),
+             RandomAffine(30, translate=(0.1, 0.1), scale=(0.9, 1.3))] if crop == "warps" else \
+        [RandomResizedCropRGBImageDecoder((48, 64), scale=(0.1, 0.5)), RandomHorizontalFlip()]
+    base = {"image": image,
             "mask": None, "index": [IntDecoder()], "count": [BoxCountDecoder("boxes")]}
     kept_loader, kept = load(dst, {**base, "boxes": [RaggedArrayDecoder(max_length=4), TransformBoxes("image",
                                                                                                      min_size=2)],
@@ -191,6 +196,8 @@ def test_affine_clips_and_drops_with_the_corner_rule(tmp_path):
             total += len(stored)
             dropped += len(stored) - len(keep)
     assert total > 40 and 0 < dropped < total
+    if crop != "warps":
+        return
     # the drop=False boxes against the numpy rule, with the ops' own draws
     ops = kept_loader.pipelines["image"]
     checked = 0
