@@ -224,3 +224,18 @@ def ffcv_reads_png_fields_as_bytes(tmp: str):
             np.testing.assert_array_equal(decoded, masks[i][:, :, 0])
         seen += len(label)
     assert seen == N
+
+
+def test_export_writes_decoded_png_fields_as_npy(tmp_path):
+    import tarfile
+
+    from ffload.convert.export import export_webdataset
+
+    masks = arrays("uint16", 1, n=3, seed=6)
+    dst = write_dataset(str(tmp_path / "e.beton"), {"mask": ImageArrayField("uint16", 1, compression="png")},
+                        [(m,) for m in masks], 3)
+    shards = export_webdataset(open_dataset(dst), str(tmp_path / "out" / "s-%02d.tar"))
+    with tarfile.open(shards[0]) as tar:
+        for i in range(3):
+            got = np.load(io.BytesIO(tar.extractfile(f"{i:08d}.mask.npy").read()), allow_pickle=False)
+            np.testing.assert_array_equal(got, masks[i])
