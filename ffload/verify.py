@@ -3,7 +3,8 @@
 Images are decoded by the Loader's own default pipeline (:class:`ffload.samples.SampleDecoder`:
 batches of one image size, one-sample batches to name each bad sample), so verify exercises
 exactly the decoder that training runs; JSON payloads are parsed, ImageArrayField headers checked
-against their payload sizes.
+against their payload sizes and PNG-compressed ImageArrayFields decoded (their depth and channels
+checked against the field's).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def _check_range(view: DatasetView, start: int, stop: int, region) -> list[tuple
             failed = SampleDecoder(view, name, region).failures(range(start, stop))
         elif isinstance(f, JSONField):
             failed = _payload_failures(view, name, _parse_json, range(start, stop), region)
-        elif isinstance(f, ImageArrayField):  # its header (sizes were checked at open)
+        elif isinstance(f, ImageArrayField):  # its header (sizes were checked at open), or its PNG decoded
             failed = _payload_failures(view, name, f.to_array, range(start, stop), region)
         else:
             continue

@@ -2,10 +2,12 @@
 
     flock /tmp/ffload-bench.lock python scripts/bench_targets.py            # ~3 min on 2 cores
     python scripts/bench_targets.py --num-workers 16 --images 4096          # a many-core machine
+    flock /tmp/ffload-bench.lock python scripts/bench_targets.py --mask-compression png   # PNG label maps
 
 Data: the ImageNet-sized JPEG photos of :mod:`ffload.bench.datasets` (~430 px, q90), written once
 to ``targets.beton`` with, per image, a label map ``ImageArrayField("uint8", 1)`` at the image's
-size (3-6 filled rectangles) and their boxes ``RaggedArrayField("float32", (4,))`` with labels.
+size (3-6 filled rectangles; stored raw, or as PNG with ``--mask-compression png``, in
+``targets<N>-png.beton``) and their boxes ``RaggedArrayField("float32", (4,))`` with labels.
 
 Two pipelines, each measured in its own process (this script with ``--child``), alternating over
 ``--repeats`` rounds; the ratio divides medians of this run:
@@ -13,7 +15,8 @@ Two pipelines, each measured in its own process (this script with ``--child``), 
 * ``image``: ``RandomResizedCropRGBImageDecoder(224)`` + ``RandomHorizontalFlip`` + ``ToTensor``,
   the other fields disabled;
 * ``targets``: the same image pipeline, plus ``MaskDecoder("image")``, ``RaggedArrayDecoder`` +
-  ``TransformBoxes("image")``, the labels and ``BoxCountDecoder`` (the pipeline of docs/fields.md).
+  ``TransformBoxes("image")`` (dropping the boxes the crop leaves under 1 px), the labels with
+  ``FollowBoxes("boxes")`` (dropped alike) and ``BoxCountDecoder`` (the pipeline of docs/fields.md).
 
 Goal (issue "more sources, richer fields, augmentations"): ``targets`` >= 0.8x ``image`` img/s.
 """
@@ -33,15 +36,16 @@ CROP = 224
 BATCH = 64
 
 
-def prepare(data: str, n_images: int) -> str:
-    """``targets.beton`` in ``data`` (built once, reused): JPEG photos, masks, boxes, labels."""
+def prepare(data: str, n_images: int, compression: str = "raw") -> str:
+    """``targets<N>.beton`` (``targets<N>-png.beton`` for PNG masks) in ``data`` (built once, reused):
+    JPEG photos, masks, boxes, labels."""
     import cv2
 
     from ffload.bench.datasets import build_photo_jpegs
     from ffload.convert.sources import ImageFolderSource
     from ffload.formats import ImageArrayField, RaggedArrayField, RGBImageField, write_dataset
 
-    path = os.path.join(data, f"targets{n_images}.beton")
+    path = os.path.join(data, f"targets{n_images}{'' if compression == 'raw' else '-' + compression}.beton")
     if os.path.isfile(path):
         return path
     folder = os.path.join(data, f"photos{n_images}")
@@ -64,7 +68,7 @@ def prepare(data: str, n_images: int) -> str:
             yield rgb, np.array(boxes, np.float32), np.arange(1, len(boxes) + 1), mask
 
     fields = {"image": RGBImageField("jpg", jpeg_quality=90), "boxes": RaggedArrayField("float32", (4,)),
-              "labels": RaggedArrayField("int64"), "mask": ImageArrayField("uint8", 1)}
+              "labels": RaggedArrayField("int64"), "mask": ImageArrayField("uint8", 1, compression=compression)}
     write_dataset(path, fields, samples(), len(src))
     return path
 
@@ -77,14 +81,14 @@ def pipelines(kind: str) -> dict:
         RandomResizedCropRGBImageDecoder,
         ToTensor,
     )
-    from ffload.loaders.targets import BoxCountDecoder, MaskDecoder, TransformBoxes
+    from ffload.loaders.targets import BoxCountDecoder, FollowBoxes, MaskDecoder, TransformBoxes
 
     image = [RandomResizedCropRGBImageDecoder((CROP, CROP)), RandomHorizontalFlip(), ToTensor()]
     if kind == "image":
         return {"image": image, "boxes": None, "labels": None, "mask": None}
     return {"image": image,
-            "boxes": [RaggedArrayDecoder(max_length=8), TransformBoxes("image", drop=False), ToTensor()],
-            "labels": [RaggedArrayDecoder(max_length=8, fill=-1), ToTensor()],
+            "boxes": [RaggedArrayDecoder(max_length=8), TransformBoxes("image"), ToTensor()],
+            "labels": [RaggedArrayDecoder(max_length=8, fill=-1), FollowBoxes("boxes", fill=-1), ToTensor()],
             "mask": [MaskDecoder("image"), ToTensor()],
             "num_boxes": [BoxCountDecoder("boxes"), ToTensor()]}
 
@@ -110,6 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="runs/bench_targets_data", help="dataset folder (kept, reused)")
     ap.add_argument("--images", type=int, default=1024)
+    ap.add_argument("--mask-compression", choices=["raw", "png"], default="raw", help="how the label maps are stored")
     ap.add_argument("--num-workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     ap.add_argument("--epochs", type=int, default=3, help="timed epochs per run (after a warm-up one)")
@@ -121,7 +126,7 @@ def main() -> None:
         return
     from ffload.bench import format_conditions, measurement_conditions, write_results
 
-    path = prepare(args.data, args.images)
+    path = prepare(args.data, args.images, args.mask_compression)
     runs: dict[str, list[float]] = {"image": [], "targets": []}
     for r in range(args.repeats):
         for kind in runs:
@@ -133,7 +138,7 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in runs.items()}
     ratio = med["targets"] / med["image"]
     text = "\n".join([
-        "# bench_targets: boxes + masks following RandomResizedCrop(224) + flip", "",
+        f"# bench_targets: boxes + {args.mask_compression} masks following RandomResizedCrop(224) + flip", "",
         format_conditions(measurement_conditions()), "",
         f"{args.images} ImageNet-sized JPEGs with a label map and 3-6 boxes each; batch {BATCH}, "
         f"{args.num_workers} workers, {args.repeats} interleaved rounds of {args.epochs} timed epochs; "

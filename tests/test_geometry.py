@@ -21,8 +21,8 @@ from ffload.loaders import (
     RaggedLengthDecoder,
     RandomCropImageArrayDecoder,
     RandomHorizontalFlip,
+    RandomPerspective,
     RandomResizedCropRGBImageDecoder,
-    RandomTranslate,
     RandomVerticalFlip,
     ResizeRGBImageDecoder,
     TransformBoxes,
@@ -92,15 +92,20 @@ def test_transform_boxes_kernel_rules():
     boxes = np.array([[[10, 10, 30, 20], [0, 0, 5, 5], [15, 12, 15.4, 18], [np.nan, 0, 4, 4]]], np.float64)
     counts = np.array([4], np.int64)
     crop = np.array([[10.0, 10.0, 20.0, 40.0]])  # top 10, left 10, 20 x 40, to 40 x 80 (x2)
-    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([True]), np.array([True]), True, 1.0, -1.0)
+    no_steps = np.zeros((1, 0, 3, 3))
+    kept = np.empty((1, 4), np.int64)
+    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([True]), np.array([True]), no_steps, True, 1.0, -1.0,
+                    kept)
     # (10, 10, 30, 20) -> (0, 0, 40, 20) -> h-mirrored (40, 0, 80, 20) -> v-mirrored (40, 20, 80, 40)
-    assert counts[0] == 1
+    assert counts[0] == 1 and kept.tolist() == [[0, -1, -1, -1]]
     np.testing.assert_array_equal(boxes[0, 0], [40, 20, 80, 40])
     assert np.all(boxes[0, 1:] == -1)  # outside, 0.8 px wide and NaN boxes are dropped
     boxes = np.array([[[0, 0, 5, 5], [20, 12, 24, 16]]], np.float32)
     counts = np.array([2], np.int64)
-    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([False]), np.array([False]), False, 1.0, 0.0)
-    assert counts[0] == 2  # kept in place: the outside box is clipped to zero area on the border
+    kept = np.empty((1, 2), np.int64)
+    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([False]), np.array([False]), no_steps, False, 1.0, 0.0,
+                    kept)
+    assert counts[0] == 2 and kept.tolist() == [[0, 1]]  # kept in place: the outside box is clipped to zero area
     np.testing.assert_array_equal(boxes[0], [[0, 0, 0, 0], [20, 4, 28, 12]])
 
 
@@ -207,8 +212,8 @@ def test_loader_construction_checks(tmp_path):
         Loader(dst, 2, pipelines={**base, "boxes": [RaggedArrayDecoder(), TransformBoxes("picture")]})
     with pytest.raises(ConfigurationError, match="follows field 'image', which is not among"):
         Loader(dst, 2, pipelines={**base, "image": None, "boxes": [RaggedArrayDecoder(), TransformBoxes("image")]})
-    with pytest.raises(ConfigurationError, match="RandomTranslate\\) moves pixels"):
-        Loader(dst, 2, pipelines={**base, "image": [CenterCropRGBImageDecoder(50), RandomTranslate(2)],
+    with pytest.raises(ConfigurationError, match="RandomPerspective\\) moves pixels"):
+        Loader(dst, 2, pipelines={**base, "image": [CenterCropRGBImageDecoder(50), RandomPerspective()],
                                   "boxes": [RaggedArrayDecoder(), TransformBoxes("image")]})
     with pytest.raises(ConfigurationError, match="whose decoder IntDecoder is not an image decoder"):
         Loader(dst, 2, pipelines={**base, "n": [RaggedArrayDecoder(), TransformBoxes("index")]},
@@ -266,31 +271,39 @@ def test_corrupt_mask_names_the_sample_and_field(tmp_path):
 
 
 def test_documented_detection_pipeline(tmp_path):
-    """docs/fields.md's example: torch stages after the image's flip keep its geometry."""
+    """docs/fields.md's example: torch stages after the image's flip and warp keep its geometry;
+    labels follow the kept boxes; PNG masks."""
     import torch
 
-    from ffload.loaders import NormalizeImage, ToTensor, ToTorchImage
+    from ffload.loaders import FollowBoxes, NormalizeImage, RandomAffine, ToTensor, ToTorchImage
 
     rows = [(img, box, mask, [i]) for img, box, mask, i in rectangles(6)]
-    fields = {**{k: FIELDS[k] for k in ("image", "boxes", "mask")}, "labels": RaggedArrayField("int64")}
+    fields = {"image": FIELDS["image"], "boxes": FIELDS["boxes"], "mask": ImageArrayField("uint8", 1, compression="png"),
+              "labels": RaggedArrayField("int64")}
     dst = write_dataset(str(tmp_path / "doc.beton"), fields, rows, 6)
     loader = Loader(dst, batch_size=3, num_workers=1, order=OrderOption.SEQUENTIAL, pipelines={
-        "image": [RandomResizedCropRGBImageDecoder((40, 48)), RandomHorizontalFlip(), ToTensor(),
-                  ToTorchImage(), NormalizeImage([0, 0, 0], [255, 255, 255], np.float32)],
-        "boxes": [RaggedArrayDecoder(max_length=5), TransformBoxes("image", drop=False), ToTensor()],
-        "labels": [RaggedArrayDecoder(max_length=5, fill=-1), ToTensor()],
-        "mask": [MaskDecoder("image"), ToTensor()],
+        "image": [RandomResizedCropRGBImageDecoder((40, 48)), RandomHorizontalFlip(),
+                  RandomAffine(10, translate=(0.1, 0.1)), ToTensor(), ToTorchImage(),
+                  NormalizeImage([0, 0, 0], [255, 255, 255], np.float32)],
+        "boxes": [RaggedArrayDecoder(max_length=5), TransformBoxes("image"), ToTensor()],
+        "labels": [RaggedArrayDecoder(max_length=5, fill=-1), FollowBoxes("boxes", fill=-1), ToTensor()],
+        "mask": [MaskDecoder("image", fill=255), ToTensor()],
         "num_boxes": [BoxCountDecoder("boxes"), ToTensor()]}, custom_field_mapper={"num_boxes": "boxes"})
+    seen = 0
     for image, boxes, mask, labels, num_boxes in loader:
         assert image.shape == (3, 3, 40, 48) and image.dtype == torch.float32
-        assert boxes.shape == (3, 5, 4) and mask.shape == (3, 40, 48, 1) and num_boxes.tolist() == [1, 1, 1]
-        for b in range(3):
+        assert boxes.shape == (3, 5, 4) and mask.shape == (3, 40, 48, 1) and labels.shape == (3, 5)
+        for b, n in enumerate(num_boxes.tolist()):
+            assert labels[b].tolist() == [seen + b] * n + [-1] * (5 - n)
+            if n == 0:
+                continue
             on_mask = extent(mask[b, :, :, 0].numpy() == 1)
             box = boxes[b, 0].numpy()
             if on_mask is not None and min(box[2] - box[0], box[3] - box[1]) >= 2:
-                assert np.abs(on_mask - box).max() <= 1
-                assert np.abs(extent(image[b].numpy().mean(axis=0) > 0.5) - box).max() <= 1
-            assert labels[b].tolist() == [int(labels[b, 0])] + [-1] * 4
+                assert np.abs(on_mask - box).max() <= 1.5  # a 10 degree turn of a rectangle: its enclosing box
+                assert np.abs(extent(image[b].numpy().mean(axis=0) > 0.5) - box).max() <= 1.5
+        assert np.any(mask.numpy() == 255)  # the warp's fill
+        seen += 3
 
 
 def test_boxes_do_not_depend_on_num_workers_or_batch_size(tmp_path):

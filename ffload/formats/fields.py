@@ -13,7 +13,7 @@ Payload encodings:
     JSONField      UTF-8 JSON text followed by one NUL byte (FFCV's ``JSONField``).
     RaggedArrayField, ImageArrayField  ffload extensions stored as FFCV BytesFields (see
                    :class:`BytesExtensionField`): ``K`` rows of an array; an 8-byte
-                   ``(height, width)`` header and ``(H, W, C)`` pixels.
+                   ``(height, width)`` header and ``(H, W, C)`` pixels, or a PNG file.
     IntField / FloatField have no payload; the value is the metadata (``<i8`` / ``<f8``).
 """
 from __future__ import annotations
@@ -639,44 +639,68 @@ IMAGE_HEADER = np.dtype([("height", "<u4"), ("width", "<u4")])
 IMAGE_DTYPES = ("|u1", "<u2", "<f4")
 
 
-class ImageArrayField(BytesExtensionField):
-    """An image of any channel count and depth per sample, stored raw: ``(H, W, C)`` of uint8,
-    uint16 or float32 (grayscale ``C = 1`` kept 1 channel, 16-bit depth maps, N-channel
-    multispectral), sizes varying per sample.
+IMAGE_COMPRESSIONS = ("raw", "png")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_MIN_BYTES = 8 + 25 + 12  # signature, IHDR chunk, IEND chunk
 
-    On disk (ffload extension, see ``docs/fields.md``): FFCV's BytesField (type id 3); the payload
-    is an 8-byte header ``(height <u4, width <u4)`` followed by the ``H * W * C * itemsize`` pixel
-    bytes, row-major ``(H, W, C)``, little-endian. ``dtype`` and ``channels`` are the field's.
-    ffcv 1.0.2 reads the field as bytes.
+
+class ImageArrayField(BytesExtensionField):
+    """An image of any channel count and depth per sample, stored raw or as a lossless PNG:
+    ``(H, W, C)`` of uint8, uint16 or float32 (grayscale ``C = 1`` kept 1 channel, 16-bit depth
+    maps, segmentation masks and label maps, N-channel multispectral), sizes varying per sample.
+
+    On disk (ffload extension, see ``docs/fields.md``): FFCV's BytesField (type id 3).
+    ``compression="raw"``: the payload is an 8-byte header ``(height <u4, width <u4)`` followed by
+    the ``H * W * C * itemsize`` pixel bytes, row-major ``(H, W, C)``, little-endian.
+    ``compression="png"``: the payload is one complete PNG file (libpng via OpenCV, default
+    compression level), grey, RGB or RGBA of 8 or 16 bits (the channels in that order,
+    ``cv2.imdecode(payload, cv2.IMREAD_UNCHANGED)`` gives BGR/BGRA), decoded back to exactly the
+    pixels written. ``dtype``, ``channels`` and ``compression`` are the field's; the argument
+    block of a raw field holds no ``compression`` key (the layout of datasets written before
+    PNG existed), a PNG field's holds ``"compression":"png"``. ffcv 1.0.2 reads the field as bytes.
 
     Why not RGBImageField: FFCV's type id 2 means 3-channel uint8 to ffcv's decoders, which would
     misread any other layout; under the BytesField type id ffcv reads the other fields, and this
     one as bytes, correctly.
 
     Args:
-        dtype: ``uint8``, ``uint16`` or ``float32``.
-        channels: C, 1..65535.
+        dtype: ``uint8``, ``uint16`` or ``float32`` (raw only).
+        channels: C, 1..65535 (raw); 1, 3 or 4 (png: grey, RGB, RGBA; PNG's grey + alpha has no
+            OpenCV encoder).
+        compression: ``"raw"`` (default) or ``"png"``.
 
     Encoding accepts ``(H, W, C)`` (or ``(H, W)`` when ``channels`` is 1) arrays whose dtype
     casts safely to ``dtype`` (uint8 into a uint16 field, not the reverse), ``1 <= H, W``.
 
     Raises:
-        ConfigurationError: another dtype, or a channel count outside 1..65535.
+        ConfigurationError: another dtype, a channel count outside 1..65535, an unknown
+            compression, or PNG with float32 or with a channel count other than 1, 3, 4.
     """
 
     kind = "image"
 
-    def __init__(self, dtype="uint8", channels: int = 1):
+    def __init__(self, dtype="uint8", channels: int = 1, compression: str = "raw"):
         self.dtype = _plain_dtype(dtype, "uf", "ImageArrayField")
         if self.dtype.str not in IMAGE_DTYPES:
             raise ConfigurationError(f"ImageArrayField stores uint8, uint16 or float32, got {self.dtype}")
         self.channels = int(channels)
         if not 1 <= self.channels <= 0xFFFF:
             raise ConfigurationError(f"ImageArrayField channels must be in 1..65535, got {channels}")
+        if compression not in IMAGE_COMPRESSIONS:
+            raise ConfigurationError(f"ImageArrayField compression must be one of {IMAGE_COMPRESSIONS}, "
+                                     f"got {compression!r}")
+        if compression == "png" and (self.dtype.kind != "u" or self.channels not in (1, 3, 4)):
+            raise ConfigurationError(f"ImageArrayField(compression='png') stores uint8 or uint16 pixels of 1, 3 or 4 "
+                                     f"channels (PNG's grey, RGB, RGBA), got {self.channels} x {self.dtype}",
+                                     hint="store this field with compression='raw'")
+        self.compression = compression
         self.pixel_bytes = self.channels * self.dtype.itemsize
 
     def arguments(self):
-        return {"dtype": self.dtype.str, "channels": self.channels}
+        args = {"dtype": self.dtype.str, "channels": self.channels}
+        if self.compression != "raw":  # raw fields keep the argument block of earlier versions
+            args["compression"] = self.compression
+        return args
 
     def encode(self, image, index):
         arr = np.asarray(image)
@@ -690,19 +714,64 @@ class ImageArrayField(BytesExtensionField):
                              f"safely to it), got {arr.dtype}")
         if IMAGE_HEADER.itemsize + arr.size * self.dtype.itemsize > MAX_PAYLOAD:  # so H, W < 2**32
             raise FieldError(f"ImageArrayField image of shape {arr.shape} is above {MAX_PAYLOAD} bytes")
+        meta = np.zeros((), dtype=self.metadata_type)
+        if self.compression == "png":
+            payload = self._encode_png(np.ascontiguousarray(arr, dtype=self.dtype))
+            meta["size"] = payload.size
+            return meta[()], payload
         header = np.array((arr.shape[0], arr.shape[1]), dtype=IMAGE_HEADER)
         pixels = np.ascontiguousarray(arr, dtype=self.dtype).reshape(-1).view(np.uint8)
-        meta = np.zeros((), dtype=self.metadata_type)
         meta["size"] = IMAGE_HEADER.itemsize + pixels.size
         return meta[()], np.concatenate([header.reshape(1).view(np.uint8), pixels])
 
-    def to_array(self, payload):
-        """``(H, W, C)`` of :attr:`dtype` (see :meth:`BytesExtensionField.to_array`).
+    def _encode_png(self, arr: np.ndarray) -> np.ndarray:
+        """``(H, W, C)`` of :attr:`dtype` as PNG file bytes (``(N,) uint8``); FieldError if OpenCV refuses."""
+        if max(arr.shape[:2]) > 0x7FFFFFFF:
+            raise FieldError(f"ImageArrayField image of shape {arr.shape} is too large for PNG")
+        bgr = arr[:, :, 0] if self.channels == 1 else arr[:, :, _BGR_ORDER[self.channels]]
+        try:
+            ok, data = cv2.imencode(".png", np.ascontiguousarray(bgr))
+        except cv2.error as e:
+            raise FieldError(f"PNG encoding failed for a {arr.shape} {arr.dtype} image: {e}") from e
+        if not ok:
+            raise FieldError(f"PNG encoding failed for a {arr.shape} {arr.dtype} image")
+        return data.reshape(-1)
+
+    def decode_png(self, payload) -> np.ndarray:
+        """``(H, W, C)`` of :attr:`dtype`: the pixels of a PNG payload (``cv2.imdecode`` with
+        ``IMREAD_UNCHANGED``, channels back from OpenCV's BGR(A) order), a new array.
 
         Raises:
-            FieldError: the payload is not the header plus the ``H * W * C * itemsize`` bytes
-                its header declares.
+            FieldError: not a PNG file, a corrupt one, or one of another depth or channel count
+                than the field's.
         """
+        data = np.frombuffer(payload, dtype=np.uint8)
+        if data.size < _PNG_MIN_BYTES or data[:8].tobytes() != PNG_SIGNATURE:
+            raise FieldError(f"corrupt PNG ({data.size} bytes): no PNG signature")
+        try:
+            arr = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
+        except cv2.error as e:
+            raise FieldError(f"corrupt PNG ({data.size} bytes): {e}") from e
+        if arr is None:
+            raise FieldError(f"corrupt PNG ({data.size} bytes): OpenCV cannot decode it")
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if arr.dtype != self.dtype or arr.shape[2] != self.channels:
+            raise FieldError(f"PNG holds {arr.shape[2]} x {arr.dtype} pixels, the field {self.channels} x {self.dtype}")
+        if self.channels > 1:
+            arr = arr[:, :, _BGR_ORDER[self.channels]]
+        return np.ascontiguousarray(arr)
+
+    def to_array(self, payload):
+        """``(H, W, C)`` of :attr:`dtype` (see :meth:`BytesExtensionField.to_array`; a PNG payload
+        is decoded, so the array is a new one).
+
+        Raises:
+            FieldError: a raw payload that is not the header plus the ``H * W * C * itemsize``
+                bytes its header declares; a PNG payload that :meth:`decode_png` refuses.
+        """
+        if self.compression == "png":
+            return self.decode_png(payload)
         header = np.frombuffer(payload[:IMAGE_HEADER.itemsize], dtype=IMAGE_HEADER)
         h, w = (int(header["height"][0]), int(header["width"][0])) if header.size else (0, 0)
         if IMAGE_HEADER.itemsize + h * w * self.pixel_bytes != len(payload) or h * w == 0:
@@ -712,12 +781,19 @@ class ImageArrayField(BytesExtensionField):
 
     def bad_sizes(self, sizes):
         sizes = np.asarray(sizes, dtype=np.uint64)
+        if self.compression == "png":
+            return np.flatnonzero(sizes < np.uint64(_PNG_MIN_BYTES))
         head = np.uint64(IMAGE_HEADER.itemsize)
         return np.flatnonzero((sizes <= head) | ((sizes - head) % np.uint64(self.pixel_bytes) != 0))
 
     def describe_bad_size(self, size):
+        if self.compression == "png":
+            return f"payload of {size} bytes is shorter than the smallest PNG file ({_PNG_MIN_BYTES} bytes)"
         return (f"payload of {size} bytes is not the {IMAGE_HEADER.itemsize}-byte header plus a "
                 f"positive number of {self.pixel_bytes}-byte pixels ({self.channels} x {self.dtype})")
+
+
+_BGR_ORDER = {3: [2, 1, 0], 4: [2, 1, 0, 3]}  # RGB(A) <-> OpenCV's BGR(A): the same swap both ways
 
 
 def image_sizes(column: np.ndarray, distinct: bool = True) -> np.ndarray:

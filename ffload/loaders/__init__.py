@@ -22,7 +22,7 @@ _MODULES = {  # public name -> the submodule defining it; imported on first use 
     **dict.fromkeys(["Convert", "Squeeze", "ToDevice", "ToTensor", "ToTorchImage"], "torch_ops"),
     **dict.fromkeys(["Cutout", "NormalizeImage", "RandomHorizontalFlip", "RandomTranslate"], "transforms"),
     "PythonTransform": "user",
-    **dict.fromkeys(["BoxCountDecoder", "MaskDecoder", "TransformBoxes"], "targets"),
+    **dict.fromkeys(["BoxCountDecoder", "FollowBoxes", "MaskDecoder", "TransformBoxes"], "targets"),
 }
 
 
@@ -36,4 +36,4 @@ __all__ = ["Loader", "OrderOption", "LoaderError", "EpochIterator", "Operation",
            "ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze", "RandomVerticalFlip", "RandomCrop",
            "RandomAffine", "RandomRotation", "RandomPerspective", "ColorJitter", "RandomGrayscale", "GaussianBlur",
            "RandomErasing", "PythonTransform", "ResizeRGBImageDecoder", "TransformBoxes", "BoxCountDecoder",
-           "MaskDecoder"]
+           "FollowBoxes", "MaskDecoder"]

@@ -860,6 +860,13 @@ class RandomAffine(_Warp):
                        self.translate, self._apply_prob, out)
         return out
 
+    def record_geometry(self, geometry, ctx):
+        """Append this batch's warps to ``geometry`` (:mod:`.geometry`): the inverse matrices the
+        image is sampled with (pixel-edge coordinates, see :meth:`params`) and their inverses."""
+        height, width = geometry.out_size
+        inverse = self.params(ctx.seeds, height, width)
+        geometry.add_step(np.linalg.inv(inverse), inverse)
+
 
 class RandomRotation(RandomAffine):
     """Rotate by an angle uniform in ``degrees`` about the centre, bilinear, same size

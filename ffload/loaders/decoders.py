@@ -29,6 +29,7 @@ from . import jpeg
 from .crops import center_crop_boxes, random_resized_crop_boxes
 from .geometry import Geometry
 from .operation import BatchContext, Operation, Spec
+from .png import batch_payloads
 from .rng import op_salt, randint, seed_state, uniform
 
 
@@ -553,13 +554,16 @@ class ImageArrayDecoder(Decoder):
     """Decode an ImageArrayField of one image size: per sample ``(H, W, C)`` of the field's dtype
     (uint8, uint16 or float32), exactly the stored pixels and channel count (grayscale stays one
     channel), one compiled gather per batch. The counterpart of :class:`SimpleRGBImageDecoder`
-    for any channel count and depth.
+    for any channel count and depth. PNG-compressed fields are decoded first (OpenCV, in the
+    worker thread: :func:`.png.batch_payloads`), then gathered alike; their size is sample 0's,
+    and a sample of another size is an error when its batch is decoded.
 
     Raises:
-        TypeError (declare): the field is not an ImageArrayField, or its payloads differ in size
-            (images of several sizes).
-        ValueError: (declare) no samples, or sample 0's header disagrees with its size; (call) a
-            sample whose header is not the dataset's size, naming the field and sample.
+        TypeError (declare): the field is not an ImageArrayField, or its raw payloads differ in
+            size (images of several sizes).
+        ValueError: (declare) no samples, or sample 0's header disagrees with its size (or its
+            PNG is corrupt); (call) a sample whose image is not the dataset's size, or a corrupt
+            PNG, naming the field and sample.
     """
 
     field_types = (ImageArrayField,)
@@ -570,7 +574,7 @@ class ImageArrayDecoder(Decoder):
         sizes = view.sizes[name]
         if len(sizes) == 0:
             raise ValueError(f"field '{name}': the dataset has no samples")
-        other = np.flatnonzero(sizes != sizes[0])
+        other = np.flatnonzero(sizes != sizes[0]) if field.compression == "raw" else np.zeros(0)
         if other.size:
             s = int(other[0])
             raise TypeError(f"ImageArrayDecoder needs images of one size; field '{name}': sample {s} "
@@ -580,13 +584,15 @@ class ImageArrayDecoder(Decoder):
             self.shape = field.to_array(view.payload(name, 0)).shape
         except FieldError as e:
             raise ValueError(f"field '{name}', sample 0: {e}") from e
-        self.nbytes = int(sizes[0]) - IMAGE_HEADER.itemsize
+        self.nbytes = self.shape[0] * self.shape[1] * field.pixel_bytes
+        self.field = field
         return Spec(self.shape, field.dtype)
 
     def __call__(self, src, dst, ctx):
         out = dst[:len(ctx.indices)]
         height, width, _ = self.shape
-        bad = _gather_images(ctx.indices, ctx.ptrs, ctx.sizes, _region(ctx), flat_view(out).view(np.uint8),
+        indices, ptrs, sizes, region = batch_payloads(self.field, ctx, self.field_name)
+        bad = _gather_images(indices, ptrs, sizes, region, flat_view(out).view(np.uint8),
                              height, width, self.nbytes, IMAGE_HEADER.itemsize)
         if bad >= 0:
             s = int(ctx.indices[bad])
@@ -652,6 +658,7 @@ class _CropImageArrayDecoder(Decoder):
     def declare(self, spec, field, view):
         self._check_field(field, view)
         self.pixel_bytes = field.pixel_bytes
+        self.field = field
         self.salt = op_salt(type(self).__name__, self.field_name)
         return Spec(self.output_size + (field.channels,), field.dtype)
 
@@ -660,7 +667,8 @@ class _CropImageArrayDecoder(Decoder):
         out_h, out_w = self.output_size
         boxes = np.empty((len(out), 4), np.int64)
         image_sizes = np.empty((len(out), 2), np.int64)
-        bad, h, w = _crop_images(ctx.indices, ctx.ptrs, ctx.sizes, _region(ctx), flat_view(out).view(np.uint8),
+        indices, ptrs, sizes, region = batch_payloads(self.field, ctx, self.field_name)
+        bad, h, w = _crop_images(indices, ptrs, sizes, region, flat_view(out).view(np.uint8),
                                  out_h, out_w, self.pixel_bytes, IMAGE_HEADER.itemsize, ctx.seeds,
                                  np.uint64(self.salt), self.random, boxes, image_sizes)
         if bad >= 0:

@@ -13,10 +13,12 @@ pipeline among the ones already built and asks it to publish:
   output size; every later stage of the image pipeline either keeps the geometry
   (``keeps_geometry``: colour, normalisation, dtype and layout stages) or records what it does
   (:meth:`~.operation.Operation.record_geometry`: :class:`~.transforms.RandomHorizontalFlip`,
-  :class:`~.augment.RandomVerticalFlip`, fused or not). Any other stage (translations, affine
-  warps, a ``PythonTransform``, a torch module) makes :func:`link` refuse, naming it.
-* ``("count", name)`` -> ``(B,) int64``: the boxes each sample kept after a
-  :class:`~.targets.TransformBoxes` of pipeline ``name``.
+  :class:`~.augment.RandomVerticalFlip`, fused or not, :class:`~.transforms.RandomTranslate`,
+  :class:`~.augment.RandomAffine` and :class:`~.augment.RandomRotation`). Any other stage
+  (``RandomCrop``, ``RandomPerspective``, a ``PythonTransform``, a torch module) makes
+  :func:`link` refuse, naming it.
+* ``("count", name)`` -> :class:`KeptBoxes`: the boxes each sample kept after a
+  :class:`~.targets.TransformBoxes` of pipeline ``name``, and which stored rows they were.
 
 A pipeline that is not in the loader, or that runs after its consumer, is a
 :class:`~ffload.errors.ConfigurationError` at loader construction, before any batch runs.
@@ -46,11 +48,19 @@ class Geometry:
         out_size: ``(out_h, out_w)``, pixels of the decoded image.
         hflip: ``(B,) bool`` the output was mirrored left-right (after the resize).
         vflip: ``(B,) bool`` the output was mirrored upside down (after the resize).
+        forward: ``(B, S, 3, 3) float64``: the S stages that moved pixels after the flips above
+            (translations, affine warps, flips after those), in pipeline order, as affine maps of
+            output pixel-edge coordinates ``(x, y, 1)``: stage s moves the point ``p`` to
+            ``forward[b, s] @ p``. ``S = 0`` when the pipeline has none.
+        inverse: ``(B, S, 3, 3) float64``: the inverse of each ``forward`` (where stage s reads
+            output point ``p``: the warps' own matrices).
 
     A stored pixel coordinate ``(x, y)`` (pixel edges: a pixel spans ``[x, x + 1)``) lands at
     ``x' = (x - left) * out_w / width``, ``y' = (y - top) * out_h / height``, then
     ``x' -> out_w - x'`` where ``hflip`` and ``y' -> out_h - y'`` where ``vflip``: the map the
-    image resize follows (pixel centres at ``+ 0.5``, as OpenCV and torchvision place them).
+    image resize follows (pixel centres at ``+ 0.5``, as OpenCV and torchvision place them);
+    then through ``forward[b, 0], ..., forward[b, S - 1]``. Every stage keeps the size
+    ``out_size``; what falls outside it at a stage is gone (the image there is fill).
     """
 
     boxes: np.ndarray
@@ -58,6 +68,13 @@ class Geometry:
     out_size: tuple[int, int]
     hflip: np.ndarray
     vflip: np.ndarray
+    forward: np.ndarray | None = None
+    inverse: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.forward is None:
+            self.forward = np.zeros((len(self.hflip), 0, 3, 3))
+            self.inverse = np.zeros((len(self.hflip), 0, 3, 3))
 
     @classmethod
     def publish(cls, ctx, key, boxes, sizes, out_size, hflip=None) -> None:
@@ -73,10 +90,50 @@ class Geometry:
         ctx.shared[key] = cls(np.array(boxes, np.float64), np.array(sizes, np.int64),
                               (int(out_size[0]), int(out_size[1])), flips, np.zeros(batch, np.bool_))
 
+    def add_step(self, forward: np.ndarray, inverse: np.ndarray) -> None:
+        """Append a stage that moved pixels: ``forward`` and ``inverse`` ``(B, 3, 3)`` affine maps
+        of output pixel-edge coordinates (see the class)."""
+        self.forward = np.concatenate([self.forward, np.asarray(forward, np.float64)[:, None]], axis=1)
+        self.inverse = np.concatenate([self.inverse, np.asarray(inverse, np.float64)[:, None]], axis=1)
+
+    def flip(self, axis: str, flips: np.ndarray) -> None:
+        """Record a flip of the rows where ``flips`` (``(B,) bool``) about ``axis`` (``"hflip"``:
+        left-right, ``"vflip"``: upside down): toggles the flags while no other stage has moved
+        pixels (a flip commutes with the crop and resize), else appends it as a stage."""
+        if self.forward.shape[1] == 0:
+            flags = getattr(self, axis)
+            np.logical_xor(flags, flips, out=flags)
+            return
+        k, size = (0, self.out_size[1]) if axis == "hflip" else (1, self.out_size[0])
+        mats = np.tile(np.eye(3), (len(flips), 1, 1))
+        mats[flips, k, k] = -1.0
+        mats[flips, k, 2] = size
+        self.add_step(mats, mats)  # a flip is its own inverse
+
     def rows(self, j: int) -> Geometry:
         """The geometry of row ``j`` alone (a batch of one)."""
         return Geometry(self.boxes[j:j + 1], self.sizes[j:j + 1], self.out_size, self.hflip[j:j + 1].copy(),
-                        self.vflip[j:j + 1].copy())
+                        self.vflip[j:j + 1].copy(), self.forward[j:j + 1].copy(), self.inverse[j:j + 1].copy())
+
+
+@dataclass
+class KeptBoxes:
+    """What a :class:`~.targets.TransformBoxes` kept, per sample of one batch.
+
+    Attributes:
+        counts: ``(B,) int64`` boxes kept (the rows of the output holding boxes).
+        stored: ``(B,) int64`` boxes it was given (the stored K, at most the decoder's ``K_max``).
+        kept: ``(B, K_max) int64``: output row k of sample b holds stored row ``kept[b, k]`` for
+            ``k < counts[b]``, -1 after.
+    """
+
+    counts: np.ndarray
+    stored: np.ndarray
+    kept: np.ndarray
+
+    def rows(self, j: int) -> KeptBoxes:
+        """Row ``j`` alone (a batch of one)."""
+        return KeptBoxes(self.counts[j:j + 1], self.stored[j:j + 1], self.kept[j:j + 1])
 
 
 def shared_rows(shared: Mapping, j: int) -> dict:
@@ -135,7 +192,8 @@ def _publish_geometry(producer, what: str) -> None:
             raise ConfigurationError(
                 f"{what}, but operation {i} of {producer.name!r} ({type(stage).__name__}) moves pixels in a way "
                 f"boxes and masks cannot follow (supported: the decoder's crop and resize, RandomHorizontalFlip, "
-                f"RandomVerticalFlip, and stages that move no pixel)", field=producer.name)
+                f"RandomVerticalFlip, RandomTranslate, RandomAffine, RandomRotation, and stages that move no pixel; "
+                f"not RandomCrop, RandomPerspective, PythonTransform or torch modules)", field=producer.name)
     key = (GEOMETRY, producer.name)
     for stage in producer.ops:
         stage.publish = key

@@ -187,7 +187,8 @@ class Operation:
         with the producing :class:`~.pipeline.FieldPipeline`. Default: nothing."""
 
     def record_geometry(self, geometry, ctx: BatchContext) -> None:
-        """Geometry hook of stages that move pixels in a known way (the random flips): apply this
+        """Geometry hook of stages that move pixels in a known way (the random flips,
+        ``RandomTranslate``, ``RandomAffine`` / ``RandomRotation``): apply this
         batch's per-sample change to ``geometry`` (a :class:`~.geometry.Geometry` of ``B`` rows)
         so that box and mask operations of other fields follow it. Only called on stages that
         define it, after the decoder published the geometry and before the stage's own call."""

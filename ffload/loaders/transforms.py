@@ -110,8 +110,7 @@ class _RandomFlip(_NHWCTransform):
             return
         flips = np.empty(len(ctx.indices), np.bool_)
         flip_draws(ctx.seeds, self.salt, self.flip_prob, flips)
-        flags = getattr(geometry, self.axis)
-        np.logical_xor(flags, flips, out=flags)
+        geometry.flip(self.axis, flips)
 
 
 class RandomHorizontalFlip(_RandomFlip):
@@ -149,15 +148,24 @@ def _fill_pixels(flat, start, count, fill):
 
 
 @njit(nogil=True, cache=True)
-def _translate(flat, batch, height, width, channels, seeds, salt, padding, fill):
-    # flat: (B * H * W * C,); out[r, c] = in[r + dy, c + dx] where inside, else fill
-    row = width * channels
-    for b in range(batch):
+def translate_offsets(seeds, salt, padding, out):
+    """``out[b] = (dy, dx)``: the shift :func:`_translate` applies to sample b (``out[r, c] =
+    in[r + dy, c + dx]``), ``y`` then ``x`` uniform in ``{0..2 * padding}`` minus ``padding``."""
+    for b in range(seeds.shape[0]):
         state = seed_state(seeds[b], salt)
         y, state = randint(state, 2 * padding + 1)
         x, state = randint(state, 2 * padding + 1)
-        dy = y - padding
-        dx = x - padding
+        out[b, 0] = y - padding
+        out[b, 1] = x - padding
+
+
+@njit(nogil=True, cache=True)
+def _translate(flat, batch, height, width, channels, shifts, fill):
+    # flat: (B * H * W * C,); out[r, c] = in[r + dy, c + dx] where inside, else fill; shifts (B, 2) (dy, dx)
+    row = width * channels
+    for b in range(batch):
+        dy = shifts[b, 0]
+        dx = shifts[b, 1]
         lo = min(max(-dx, 0), width)  # destination columns [lo, hi) have a source
         hi = max(min(width - dx, width), lo)
         n = np.uint64((hi - lo) * channels)
@@ -212,9 +220,23 @@ class RandomTranslate(_FilledTransform):
         self.padding = int(padding)
         self.fill = tuple(fill)
 
+    def offsets(self, seeds: np.ndarray) -> np.ndarray:
+        """``(B, 2) int64`` ``(dy, dx)`` per sample: ``out[r, c] = in[r + dy, c + dx]``."""
+        out = np.empty((len(seeds), 2), np.int64)
+        translate_offsets(np.asarray(seeds, np.uint64), self.salt, self.padding, out)
+        return out
+
+    def record_geometry(self, geometry, ctx):
+        """Append this batch's shifts to ``geometry``: a point ``(x, y)`` moves to ``(x - dx, y - dy)``."""
+        shift = self.offsets(ctx.seeds)
+        forward = np.tile(np.eye(3), (len(shift), 1, 1))
+        inverse = forward.copy()
+        forward[:, 0, 2], forward[:, 1, 2] = -shift[:, 1], -shift[:, 0]
+        inverse[:, 0, 2], inverse[:, 1, 2] = shift[:, 1], shift[:, 0]
+        geometry.add_step(forward, inverse)
+
     def __call__(self, src, dst, ctx):
-        _translate(flat_view(_bits(src)), *src.shape, ctx.seeds, self.salt, self.padding,
-                   self._fill_bits)
+        _translate(flat_view(_bits(src)), *src.shape, self.offsets(ctx.seeds), self._fill_bits)
         return src
 
 

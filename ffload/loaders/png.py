@@ -1,0 +1,56 @@
+"""PNG-compressed ``ImageArrayField`` payloads, decoded into the raw layout the kernels read.
+
+An ``ImageArrayField(compression="png")`` stores each sample as a PNG file. The decoders of
+ImageArrayFields (:class:`~.decoders.ImageArrayDecoder`, its crop decoders,
+:class:`~.targets.MaskDecoder`) read raw payloads, ``(height <u4, width <u4)`` + pixels, through
+``(indices, ptrs, sizes, region)``; :func:`batch_payloads` hands them the same four for either
+compression: the batch's own for raw fields, and for PNG fields a staging buffer holding each
+sample decoded (OpenCV's ``cv2.imdecode``, ``IMREAD_UNCHANGED``; it releases the GIL, so the
+loader's worker threads decode in parallel) in the raw layout. Every later step (crop, nearest
+resample, flips) is then the raw path itself.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..formats.fields import IMAGE_HEADER, FieldError, ImageArrayField
+from .operation import BatchContext
+
+
+def batch_payloads(field: ImageArrayField, ctx: BatchContext, name: str):
+    """The batch's payloads in the raw ImageArrayField layout, for the decoders' kernels.
+
+    Args:
+        field: the ImageArrayField decoded. ctx: the batch. name: the field's name (errors).
+
+    Returns:
+        ``(indices, ptrs, sizes, region)``: ``ctx``'s own for a raw field; for a PNG field
+        ``indices = arange(B)`` into ``ptrs``/``sizes`` ``(B,) uint64`` of a new ``uint8``
+        ``region`` holding row b's header and pixels (so a kernel's failing row b is still
+        sample ``ctx.indices[b]``).
+
+    Raises:
+        ValueError: a PNG that is corrupt, of another depth or channel count than the field's,
+            or whose payload lies outside the data region, naming the field and sample (the
+            loader turns it into a :class:`~ffload.errors.LoaderError` with that sample).
+    """
+    region = np.asarray(ctx.region)
+    if field.compression == "raw":
+        return ctx.indices, ctx.ptrs, ctx.sizes, region
+    images = []
+    for s in ctx.indices:
+        p, n = int(ctx.ptrs[s]), int(ctx.sizes[s])
+        if p < 0 or p + n > region.shape[0]:
+            raise ValueError(f"field '{name}', sample {int(s)}: payload lies outside the data region")
+        try:
+            images.append(field.decode_png(region[p:p + n]))
+        except FieldError as e:
+            raise ValueError(f"field '{name}', sample {int(s)}: {e}") from e
+    sizes = np.array([IMAGE_HEADER.itemsize + im.nbytes for im in images], np.uint64)
+    ptrs = np.zeros(len(images), np.uint64)
+    np.cumsum(sizes[:-1], out=ptrs[1:])
+    staged = np.empty(int(sizes.sum()), np.uint8)
+    for im, p in zip(images, ptrs.tolist()):
+        staged[p:p + IMAGE_HEADER.itemsize] = np.array([im.shape[:2]], IMAGE_HEADER).view(np.uint8)
+        staged[p + IMAGE_HEADER.itemsize:p + IMAGE_HEADER.itemsize + im.nbytes] = im.reshape(-1).view(np.uint8)
+    return np.arange(len(images), dtype=np.int64), ptrs, sizes, staged
