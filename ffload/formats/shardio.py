@@ -50,6 +50,8 @@ class ShardLayout:
         sizes: ``(K,) int64`` bytes of each shard file.
         sha256: each shard's checksum from the manifest (hex).
         align: bytes; the alignment of the bases (the dataset's page size).
+        num_samples: ``(K,) int64`` samples in each shard (shard ``k`` holds the global indices
+            from ``num_samples[:k].sum()`` on).
     """
 
     paths: list[str]
@@ -58,6 +60,7 @@ class ShardLayout:
     sizes: np.ndarray
     sha256: list[str]
     align: int
+    num_samples: np.ndarray
 
     @property
     def data_size(self) -> int:

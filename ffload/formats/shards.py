@@ -131,8 +131,8 @@ class ShardedWriter(DatasetWriter):
         fields, num_samples, info: as for :class:`~.writer.DatasetWriter` (``info`` goes into the
             manifest and into every shard).
         shard_size: bytes per shard file at most (int or a size string, :func:`parse_size`).
-        page_size: the shards' page size (bytes, power of two >= 2 MiB; a shard's grows for a
-            larger sample, and the following shards keep the larger size).
+        page_size: every shard's page size (bytes, power of two >= 2 MiB; a shard's grows for a
+            larger sample, as a .beton's does: the next shard starts at ``page_size`` again).
 
     Attributes:
         shards: the manifest entries of the shards closed so far.
@@ -172,7 +172,6 @@ class ShardedWriter(DatasetWriter):
     def _close_shard(self) -> None:
         shard, self._current = self._current, None
         shard.close()
-        self.page_size = max(self.page_size, shard.page_size)
         self.shards.append({"path": os.path.basename(shard.path), "num_samples": shard.count,
                             "bytes": os.path.getsize(shard.path), "sha256": file_sha256(shard.path)})
 
@@ -334,7 +333,8 @@ def open_sharded(path: str, storage_options: dict | None = None) -> DatasetView:
         end = int(bases[k - 1] + sizes[k - 1])
         bases[k] = -(-end // page) * page
     layout = ShardLayout(paths=paths, names=[e["path"] for e in manifest["shards"]], bases=bases, sizes=sizes,
-                         sha256=[e["sha256"] for e in manifest["shards"]], align=page)
+                         sha256=[e["sha256"] for e in manifest["shards"]], align=page,
+                         num_samples=np.array([v.num_samples for v in views], dtype=np.int64))
     n = manifest["num_samples"]
     metadata = (np.concatenate([v.metadata for v in views]) if views
                 else np.zeros(0, dtype=metadata_dtype(list(fields.values()))))
