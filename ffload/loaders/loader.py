@@ -52,8 +52,9 @@ class Loader:
     NDArrayField ``(B, *shape)`` of its dtype, a Bytes/JSONField ``(B, max_size) uint8``.
 
     Args:
-        path: a ``.beton`` file or an LMDB directory (see :func:`ffload.formats.open_dataset`),
-            or the URL of a ``.beton`` on object storage (``s3://bucket/key.beton``, any fsspec
+        path: a ``.beton`` file, an LMDB directory, or a sharded dataset's directory (read as
+            one dataset, :mod:`ffload.formats.shards`; see :func:`ffload.formats.open_dataset`),
+            or the URL of a ``.beton`` (or of a sharded dataset) on object storage (``s3://bucket/key.beton``, any fsspec
             protocol; ``pip install 'ffload[s3]'``). A remote dataset is read in whole pages (the
             ``.beton`` page size) with range GETs, at most ``max_requests`` at once, into a page
             pool backed by a sparse cache file in ``cache_dir`` of at most ``cache_limit`` bytes
