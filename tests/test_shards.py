@@ -128,11 +128,23 @@ def _page_groups(view) -> np.ndarray:
     return np.unique(view.sample_pages, return_inverse=True)[1]
 
 
+CACHES = {"os": (True, None),  # the shards mapped into one range
+          "blocks": (False, 3 * PAGE),  # a small block cache: blocks evicted
+          "pool": (False, 16 * PAGE)}  # quasi_random: the page pool (each page inside one shard)
+
+
 @pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("os_cache", [True, False])
-def test_sharded_loader_yields_the_unsharded_batches(converted, order, os_cache):
+@pytest.mark.parametrize("cache", list(CACHES))
+def test_sharded_loader_yields_the_unsharded_batches(converted, order, cache):
+    from ffload.loaders.memory import OSCacheMemory, ProcessCacheMemory
+    from ffload.loaders.pagepool import PagePoolMemory
     one, sharded, images, _ = converted
-    limit = None if os_cache else 3 * PAGE  # a small process cache: blocks / pages evicted
+    os_cache, limit = CACHES[cache]
+    with ffload.Loader(sharded, batch_size=16, num_workers=1, order=order, os_cache=os_cache,
+                       cache_limit=limit) as loader:
+        kind = {"os": OSCacheMemory, "blocks": ProcessCacheMemory,
+                "pool": PagePoolMemory if order == "quasi_random" else ProcessCacheMemory}[cache]
+        assert type(loader.memory) is kind
     a = _epochs(one, order, os_cache, cache_limit=limit)
     b = _epochs(sharded, order, os_cache, cache_limit=limit)
     same_pages = np.array_equal(_page_groups(open_dataset(one)), _page_groups(open_dataset(sharded)))
