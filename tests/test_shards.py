@@ -25,7 +25,7 @@ from click.testing import CliRunner
 import ffload
 from ffload.cli import main
 from ffload.convert import convert_dataset
-from ffload.errors import ConfigurationError, FormatError
+from ffload.errors import ConfigurationError, FormatError, LoaderError
 from ffload.formats import BytesField, IntField, open_dataset, write_dataset
 from ffload.formats.shards import MANIFEST, parse_size
 
@@ -275,14 +275,16 @@ def test_truncated_missing_and_corrupt_shards(converted, tmp_path):
         open_dataset(sharded)
 
 
-def test_a_shard_truncated_under_the_loader_is_named(converted, tmp_path):
+@pytest.mark.parametrize("os_cache", [True, False])
+def test_a_shard_truncated_under_the_loader_is_named(converted, tmp_path, os_cache):
     import shutil
     sharded = str(tmp_path / "copy")
     shutil.copytree(converted[1], sharded)
-    loader = ffload.Loader(sharded, batch_size=N, num_workers=1, order="sequential")
+    loader = ffload.Loader(sharded, batch_size=N, num_workers=1, order="sequential", os_cache=os_cache)
     victim = os.path.join(sharded, "shard-00002.beton")
     os.truncate(victim, os.path.getsize(victim) // 2)
-    with pytest.raises(Exception, match=r"shard-00002\.beton was truncated while in use"):
+    cause = "was truncated while in use" if os_cache else "shard ends at byte .* its manifest says"
+    with pytest.raises(LoaderError, match=rf"shard-00002\.beton:? {cause}"):
         next(iter(loader))
     loader.close()
 
