@@ -98,6 +98,12 @@ def test_manifest_and_standalone_shards(converted):
     ra, rb = a.open_region(), b.open_region()
     for i in range(N):
         assert bytes(a.payload("image", i, ra)) == bytes(b.payload("image", i, rb))
+    # the gaps between shards read as zeros (a stray read there does not kill the process)
+    layout = b.shards
+    gap = slice(int(layout.bases[0] + layout.sizes[0]), int(layout.bases[1]))
+    assert gap.stop > gap.start and not np.asarray(rb[gap]).any()
+    head = open(layout.paths[1], "rb").read(4096)
+    assert bytes(rb[int(layout.bases[1]):int(layout.bases[1]) + 4096]) == head
     assert open_dataset(os.path.join(sharded, MANIFEST)).num_samples == N  # the manifest opens it too
 
 

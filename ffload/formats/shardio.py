@@ -7,11 +7,14 @@ The view's payload offsets are global offsets into that region, so the loaders i
 as they index a single ``.beton``. Three ways in:
 
 * :func:`map_shards` (``os_cache=True``): every shard memory-mapped into ONE contiguous range of
-  addresses. The whole range is reserved with an anonymous ``PROT_NONE`` mapping
-  (``MAP_NORESERVE``: address space only), then each shard file is mapped over its part with
-  ``MAP_FIXED | MAP_SHARED``, ``PROT_READ`` (``mmap(2)``, through ctypes: Python's ``mmap`` cannot
-  place a mapping). The result is a ``(data_size,) uint8`` array; the kernel's page cache serves
-  and shares the bytes as for a single mapped file.
+  addresses. The whole range is reserved with one anonymous private mapping (``MAP_NORESERVE``:
+  address space only), then each shard file is mapped over its part with ``MAP_FIXED |
+  MAP_SHARED``, ``PROT_READ`` (``mmap(2)``, through ctypes: Python's ``mmap`` cannot place a
+  mapping). The result is a ``(data_size,) uint8`` array; the kernel's page cache serves and
+  shares the bytes as for a single mapped file. The reservation is ``PROT_READ``, not
+  ``PROT_NONE``: no payload lies in the gaps between shards, but a stray read there (a slice
+  across two shards, a checksum of the whole region) then reads zeros (the kernel's shared zero
+  page: no memory committed) instead of killing the process with SIGSEGV.
 * :class:`ShardFiles` (``os_cache=False``: the process cache and the page pool): ``preadv`` at a
   global offset, dispatched to (the shard's descriptor, the offset in the shard), never across a
   shard's end in one call: a read that reaches the end returns short, and the caller's loop (as
@@ -33,7 +36,6 @@ import numpy as np
 
 from ..errors import ConfigurationError
 
-_PROT_NONE = 0
 _MAP_FIXED = 0x10  # <asm-generic/mman-common.h> (x86-64, arm64)
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 _MAP_FAILED = ctypes.c_void_p(-1).value
@@ -122,7 +124,7 @@ class ShardMapping:
         self._length = max(mmap.PAGESIZE, -(-self.size // mmap.PAGESIZE) * mmap.PAGESIZE)
         self._libc = _libc()
         self._exported = False
-        addr = self._libc.mmap(None, self._length, _PROT_NONE,
+        addr = self._libc.mmap(None, self._length, mmap.PROT_READ,
                                mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
         if addr in (None, _MAP_FAILED):
             err = ctypes.get_errno()
@@ -218,9 +220,9 @@ class LocalFile:
         """``os.preadv`` of the file into ``buffers`` at ``offset``: bytes read (0 at its end)."""
         return os.preadv(self._fd, buffers, offset)
 
-    def check_size(self, ptrs: np.ndarray | None = None) -> None:
+    def check_size(self, shards=None) -> None:
         """Raise OSError naming the file when it holds fewer than ``data_size`` bytes now (one
-        ``fstat``; ``ptrs`` unused)."""
+        ``fstat``; ``shards`` unused: the interface of :meth:`ShardFiles.check_size`)."""
         size = os.fstat(self._fd).st_size
         if size < self.data_size:
             raise OSError(f"{self.path} was truncated while in use ({size} of {self.data_size} bytes): "
@@ -253,6 +255,7 @@ class ShardFiles:
         self.layout, self.data_size = layout, layout.data_size
         self.path = os.path.dirname(layout.paths[0]) if layout.paths else ""
         self._fds: dict[int, int] = {}
+        self._sizes = layout.sizes.tolist()
         self._lock = threading.Lock()
 
     def _fd(self, k: int) -> int:
@@ -287,15 +290,27 @@ class ShardFiles:
                           "(truncated?)")
         return n
 
-    def check_size(self, ptrs: np.ndarray | None = None) -> None:
-        """Raise OSError naming the shard when one that holds any of ``ptrs`` (global offsets;
-        None: every shard) holds fewer bytes than the manifest gives (one ``fstat`` per shard)."""
-        shards = (range(len(self.layout.paths)) if ptrs is None
-                  else np.unique(np.searchsorted(self.layout.bases, ptrs, side="right") - 1).tolist())
-        for k in shards:
-            if k < 0:
-                continue
-            size, want = os.fstat(self._fd(k)).st_size, int(self.layout.sizes[k])
+    def shards_of(self, indices: np.ndarray) -> np.ndarray:
+        """``(S,) int64`` sorted distinct shards holding the samples ``indices`` (``(B,) int64``
+        global sample indices: shard ``k`` holds a contiguous range of them)."""
+        ks = np.searchsorted(self._ends, indices, side="right")
+        return np.flatnonzero(np.bincount(ks, minlength=len(self.layout.paths)))
+
+    @property
+    def _ends(self) -> np.ndarray:
+        ends = getattr(self, "_sample_ends", None)
+        if ends is None:
+            ends = self._sample_ends = np.cumsum(self.layout.num_samples)
+        return ends
+
+    def check_size(self, shards=None) -> None:
+        """Raise OSError naming the shard when one of ``shards`` (shard numbers, e.g.
+        :meth:`shards_of` a batch; None: every shard) holds fewer bytes than the manifest gives
+        (one ``fstat`` per shard)."""
+        fds, wants = self._fds, self._sizes
+        for k in range(len(wants)) if shards is None else shards.tolist():
+            fd = fds.get(k)
+            size, want = os.fstat(self._fd(k) if fd is None else fd).st_size, wants[k]
             if size < want:
                 raise OSError(f"{self.layout.paths[k]} was truncated while in use ({size} of {want} bytes): "
                               "reading it would fault; the dataset changed under the loader")

@@ -205,11 +205,7 @@ class OSCacheMemory:
         still holds the mapped bytes (the page cache faults them in as the decoders read them).
         Raises OSError naming the file when it shrank."""
         if self._files is not None:
-            ptrs = None
-            if self._sharded:
-                indices = np.asarray(indices, dtype=np.int64)
-                ptrs = np.concatenate([p[indices] for p in self.ptrs.values()]) if self.ptrs else None
-            self._files.check_size(ptrs)
+            self._files.check_size(self._files.shards_of(indices) if self._sharded else None)
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """Nothing to do (see :meth:`prepare`)."""
