@@ -279,6 +279,9 @@ def test_truncated_missing_and_corrupt_shards(converted, tmp_path):
     os.remove(victim)
     with pytest.raises(FormatError, match=r"shard-00001\.beton.*missing"):
         open_dataset(sharded)
+    os.remove(os.path.join(sharded, MANIFEST))
+    with pytest.raises(FormatError, match="no manifest.json"):
+        open_dataset(sharded)
 
 
 @pytest.mark.parametrize("os_cache", [True, False])
@@ -426,3 +429,21 @@ def test_remote_sharded_convert(converted, s3, tmp_path):
     assert np.array_equal(remote.metadata, local.metadata)
     with pytest.raises(FileExistsError):
         convert_dataset(src, "s3://bkt/out/train", shard_size=SHARD, progress=False)
+
+
+def test_bad_manifests_are_refused(tmp_path):
+    dst = write_dataset(str(tmp_path / "d"), {"label": IntField()}, [(i,) for i in range(5)], 5, shard_size="1GB")
+    path = os.path.join(dst, MANIFEST)
+    good = json.loads(Path(path).read_text())
+    cases = [("{not json", "not UTF-8 JSON"),
+             (dict(good, format="other"), "not a sharded dataset manifest"),
+             (dict(good, version=2), "unsupported sharded dataset version 2"),
+             (dict(good, num_samples=6), "says 6 samples but its shards add up to 5"),
+             (dict(good, shards=[dict(good["shards"][0], path="../x.beton")]), "must be relative"),
+             (dict(good, shards=[dict(good["shards"][0], num_samples=4)]), "says 5 samples but its shards add up to 4"),
+             (dict(good, fields=[{"name": "label", "type": "FloatField", "type_id": 0, "arguments": {}}]),
+              "fields .* differ from the manifest's")]
+    for content, message in cases:
+        Path(path).write_text(content if isinstance(content, str) else json.dumps(content))
+        with pytest.raises(FormatError, match=message):
+            open_dataset(dst)

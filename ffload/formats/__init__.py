@@ -75,6 +75,10 @@ def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS,
         raise DatasetError(f"{path}: no such file or directory")
     elif is_sharded(path):
         view = open_sharded(path)
+    elif os.path.isdir(path) and not os.path.exists(os.path.join(path, "data.mdb")) and any(
+            name.endswith(".beton") for name in os.listdir(path)):
+        raise DatasetError(f"{path}: holds .beton files but no manifest.json: not a (complete) sharded dataset; "
+                           "open one of its .beton files, or convert again", path=path)
     elif os.path.isdir(path):
         view = open_lmdb(path)
     else:
