@@ -8,6 +8,7 @@ import numpy as np
 from ..errors import ConfigurationError, DatasetError
 from ..system import path_bytes
 from .fields import Field
+from .shardio import map_shards
 
 
 def dataset_error(path: str, cause: str) -> DatasetError:
@@ -97,7 +98,6 @@ class DatasetView:
             raise ConfigurationError(f"{self.path}: a dataset on object storage is read through ffload.Loader "
                                      "(its page cache); download it to map it", path=self.path)
         if self.shards is not None:
-            from .shardio import map_shards
             return map_shards(self.shards)
         if self.data_path is None:
             return self.memory
