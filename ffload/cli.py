@@ -142,6 +142,9 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
             raise click.UsageError(f"--storage-options is not JSON ({e})") from None
         if not isinstance(storage_options, dict):
             raise click.UsageError("--storage-options must be a JSON object ({...})")
+    if shard_size is not None:  # refuse a bad size or DST before listing SRC
+        from .formats.shards import check_shard_size_arguments
+        check_shard_size_arguments(dst, shard_size, resume)
     source = detect_source(src, kind=None if source_kind == "auto" else source_kind, split=split,
                            max_pixels=max_pixels, storage_options=storage_options)
     report = convert_dataset(source, dst, write_mode=write_mode, max_resolution=max_resolution,

@@ -447,3 +447,19 @@ def test_bad_manifests_are_refused(tmp_path):
         Path(path).write_text(content if isinstance(content, str) else json.dumps(content))
         with pytest.raises(FormatError, match=message):
             open_dataset(dst)
+
+
+def test_overwrite_swaps_the_whole_directory_and_the_cli_refuses_lmdb(tmp_path):
+    fields = {"index": IntField(), "blob": BytesField()}
+    samples = [(i, np.full(300_000, i, np.uint8)) for i in range(30)]
+    dst = write_dataset(str(tmp_path / "d"), fields, samples, 30, page_size=PAGE, shard_size="5MiB")
+    many = len(json.loads(Path(dst, MANIFEST).read_text())["shards"])
+    with pytest.raises(FileExistsError):
+        write_dataset(dst, fields, samples, 30, page_size=PAGE, shard_size="1GB")
+    write_dataset(dst, fields, samples, 30, page_size=PAGE, shard_size="1GB", overwrite=True)
+    assert many > 1 and sorted(os.listdir(dst)) == [MANIFEST, "shard-00000.beton"]  # no shard of the old one left
+    assert sorted(os.listdir(tmp_path)) == ["d"]
+    view = open_dataset(dst)
+    assert view.metadata["index"].tolist() == list(range(30))
+    result = CliRunner().invoke(main, ["convert", str(tmp_path / "src"), str(tmp_path / "x.lmdb"), "--shard-size", "1GB"])
+    assert result.exit_code == 1 and "LMDB" in result.output
