@@ -90,6 +90,9 @@ def _max_pixels_option(what: str):
               help="write-mode proportion: probability of JPEG-compressing an image.")
 @_num_workers_option("Encoding processes")
 @click.option("--page-size", type=int, default=None, help=".beton page size in bytes (power of two >= 2 MiB).")
+@click.option("--shard-size", default=None, metavar="SIZE",
+              help="Write DST as a directory of .beton shards of at most SIZE each (bytes, or e.g. 1GB, 512MiB) "
+                   "and a manifest.json; ffload.Loader(DST) reads it as one dataset. Not for LMDB, not with --resume.")
 @click.option("--overwrite", is_flag=True,
               help="Replace DST if it exists, atomically once the new one is complete (DST always names a "
                    "complete dataset, the old or the new).")
@@ -118,12 +121,13 @@ def _max_pixels_option(what: str):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("an input image")
 def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quality, smart_threshold,
-            compress_probability, num_workers, page_size, overwrite, on_error, reencode, strip_metadata, verify,
+            compress_probability, num_workers, page_size, shard_size, overwrite, on_error, reencode, strip_metadata, verify,
             resume, engine, ray_address, storage_options, as_json, quiet, max_pixels):
     """Convert SRC (an ImageFolder tree or a CIFAR-10/100 python archive folder) into DST.
 
-    The format comes from DST's suffix: .beton (FFCV v2) or .lmdb (an LMDB directory). SRC (an
-    ImageFolder) and DST (.beton) may be s3:// URLs: DST is uploaded once complete.
+    The format comes from DST's suffix: .beton (FFCV v2) or .lmdb (an LMDB directory); with
+    --shard-size, DST is a directory of .beton shards and a manifest. SRC (an ImageFolder) and DST
+    (.beton, or a sharded prefix) may be s3:// URLs: DST is uploaded once complete.
     """
     from .convert import convert_dataset
     from .convert.passthrough import REASONS
@@ -138,6 +142,9 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
             raise click.UsageError(f"--storage-options is not JSON ({e})") from None
         if not isinstance(storage_options, dict):
             raise click.UsageError("--storage-options must be a JSON object ({...})")
+    if shard_size is not None:  # refuse a bad size or DST before listing SRC
+        from .formats.shards import check_shard_size_arguments
+        check_shard_size_arguments(dst, shard_size, resume)
     source = detect_source(src, kind=None if source_kind == "auto" else source_kind, split=split,
                            max_pixels=max_pixels, storage_options=storage_options)
     report = convert_dataset(source, dst, write_mode=write_mode, max_resolution=max_resolution,
@@ -146,7 +153,7 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
                              on_error=on_error, overwrite=overwrite, progress=not quiet,
                              page_size=page_size, reencode=reencode, strip_metadata=strip_metadata,
                              verify=verify, resume=resume, engine=engine, ray_address=ray_address,
-                             storage_options=storage_options)
+                             storage_options=storage_options, shard_size=shard_size)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
         return
@@ -178,7 +185,8 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
 @click.option("--grid-count", type=click.IntRange(1, 400), default=36, show_default=True)
 @_max_pixels_option("a dataset with an image")
 def inspect(path, as_json, grid, grid_count, max_pixels):
-    """Describe a .beton file or an ffload LMDB database: fields, samples, sizes, class histogram."""
+    """Describe a .beton file, an ffload LMDB database or a sharded dataset: fields, samples, sizes,
+    shards, class histogram."""
     from .describe import save_grid, summarize
     from .formats import open_dataset
 
@@ -192,8 +200,13 @@ def inspect(path, as_json, grid, grid_count, max_pixels):
     click.echo(f"{info['path']}  ({info['format']})")
     click.echo(f"  samples   {info['samples']}")
     click.echo(f"  bytes     {info['bytes']} ({_human(info['bytes'])}), {info['bytes_per_sample']} bytes/sample")
-    if info["format"] == "beton":
+    if info["format"] in ("beton", "shards"):
         click.echo(f"  page size {info['page_size']} bytes")
+    if "shards" in info:
+        counts = [s["samples"] for s in info["shards"]]
+        sizes = [s["bytes"] for s in info["shards"]]
+        click.echo(f"  shards    {len(counts)} (samples {min(counts, default=0)}..{max(counts, default=0)}, "
+                   f"{_human(min(sizes, default=0))}..{_human(max(sizes, default=0))} each)")
     click.echo("  fields")
     for f in info["fields"]:
         line = f"    {f['name']:<12} {f['type']}"
@@ -222,15 +235,23 @@ def inspect(path, as_json, grid, grid_count, max_pixels):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("a dataset with an image")
 def verify(path, num_workers, quiet, max_pixels):
-    """Decode every sample of PATH (.beton or LMDB) and report the ones that do not decode.
+    """Decode every sample of PATH (.beton, LMDB, or a sharded dataset: each shard's checksum is
+    checked first) and report the ones that do not decode.
 
     Exits with status 1 when a sample is bad, naming each one and the cause.
     """
     from .formats import open_dataset
+    from .formats.shards import check_checksums
     from .system import available_cpus
     from .verify import verify_dataset
 
     view = open_dataset(path, max_pixels=max_pixels)
+    corrupt = check_checksums(view)  # a sharded dataset: every shard against its manifest's sha256
+    if corrupt:
+        for shard, cause in corrupt:
+            click.echo(f"shard {shard}: {cause}", err=True)
+        raise FormatError(f"{path}: {len(corrupt)} of {len(view.shards.paths)} shards do not match the "
+                          f"manifest's checksums (first: {corrupt[0][0]})", path=path)
     # verify_dataset counts threads; "0: in this process" is one thread, decoding in order.
     threads = available_cpus() if num_workers is None else max(1, num_workers)
     problems = verify_dataset(view, num_workers=threads, progress=not quiet)

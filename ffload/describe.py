@@ -24,8 +24,9 @@ def label_field(view: DatasetView) -> str | None:
 
 def summarize(view: DatasetView) -> dict:
     """A JSON-able description of ``view``: format, samples, bytes, per-field details (payload
-    sizes in bytes, image sizes in pixels and write modes), the label histogram, and the dataset's
-    ``info`` (``class_names``: its ``"classes"``, names indexed by label, when stored)."""
+    sizes in bytes, image sizes in pixels and write modes), for a sharded dataset its shards
+    (``path``, ``samples``, ``bytes`` each), the label histogram, and the dataset's ``info``
+    (``class_names``: its ``"classes"``, names indexed by label, when stored)."""
     n = view.num_samples
     total = view.file_bytes()
     fields = []
@@ -43,6 +44,10 @@ def summarize(view: DatasetView) -> dict:
     out = {"path": view.path, "format": view.format, "samples": n, "bytes": total,
            "bytes_per_sample": round(total / n, 1) if n else 0, "page_size": view.page_size,
            "fields": fields}
+    if view.shards is not None:  # a sharded dataset (ffload.formats.shards): its manifest's entries
+        layout = view.shards
+        out["shards"] = [{"path": name, "samples": int(count), "bytes": int(size)}
+                         for name, count, size in zip(layout.names, layout.num_samples, layout.sizes)]
     lab = label_field(view)
     if lab is not None and n:
         labels = view.metadata[lab]

@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import ConfigurationError, ConvertError
 from ..formats import dataset_writer, format_for_path
 from ..formats.fields import Field, IntField, RGBImageField
+from ..formats.shards import MANIFEST, check_shard_size_arguments
 from ..storage import is_remote
 from ..system import available_cpus, path_bytes
 from .encode import SampleEncoder, encoded_chunks
@@ -23,7 +24,7 @@ class ConvertReport:
     """What a conversion wrote.
 
     Attributes:
-        dst: the output path; format: ``'beton'`` or ``'lmdb'``.
+        dst: the output path; format: ``'beton'``, ``'lmdb'`` or ``'shards'`` (a sharded directory).
         samples: samples written; classes: number of classes (None if the source has no names).
         bytes: size of the output on disk (bytes); seconds: wall time of the conversion.
         skipped: ``(input, cause)`` for every input skipped under ``on_error='skip'``.
@@ -113,8 +114,10 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                     fields: dict[str, Field] | None = None, source_kind: str | None = None,
                     reencode: bool = False, strip_metadata: bool = False, verify: bool = False,
                     resume: bool = False, checkpoint_seconds: float = 1.0, engine: str = "local",
-                    ray_address: str | None = None, storage_options: dict | None = None) -> ConvertReport:
-    """Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix).
+                    ray_address: str | None = None, storage_options: dict | None = None,
+                    shard_size: int | str | None = None) -> ConvertReport:
+    """Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix;
+    with ``shard_size``, a directory of ``.beton`` shards and a manifest).
 
     Args:
         source: a path (ImageFolder root or CIFAR archive folder, see ``detect_source``; or the
@@ -153,6 +156,12 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
             output bytes (:mod:`ffload.convert.ray_engine`; needs ``ffload[ray]``).
         storage_options: for a URL ``source`` or ``dst``, the filesystem's options (credentials,
             ``endpoint_url``; :func:`ffload.storage.open_filesystem`).
+        shard_size: write a sharded dataset (:mod:`ffload.formats.shards`): ``dst`` becomes a
+            directory of standalone ``.beton`` shards of at most this many bytes each (an int, or
+            ``"1GB"``, ``"512MiB"``; a sample larger than that gets a shard of its own) and a
+            ``manifest.json``; ``Loader(dst)`` reads it as one dataset. Not with an ``.lmdb``
+            (or ``.beton``) name, nor with ``resume``. A URL ``dst`` (``s3://bucket/prefix``)
+            gets the shards uploaded, then the manifest.
 
     Returns:
         ConvertReport.
@@ -180,7 +189,11 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     if is_remote(dst):
         arguments = {name: value for name, value in locals().items() if name in _PARAMETERS}
         return _convert_to_remote(arguments.pop("dst"), arguments)
-    fmt = format_for_path(dst)
+    if shard_size is not None:
+        shard_size = check_shard_size_arguments(dst, shard_size, resume)
+        fmt = "shards"
+    else:
+        fmt = format_for_path(dst)
     if os.path.lexists(dst) and not overwrite:
         raise FileExistsError(f"{dst} already exists (use --overwrite / overwrite=True to replace it)")
     if isinstance(source, (str, os.PathLike)):
@@ -207,7 +220,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                      "page_size": page_size, "on_error": on_error, "reencode": reencode,
                      "strip_metadata": strip_metadata, "verify": verify, "info": info}
         journal, state = _open_journal(dst, fields, source, arguments, resume, checkpoint_seconds)
-    elif resume:
+    elif resume:  # (sharded outputs refused it above, saying why)
         raise ConfigurationError(f"{dst}: resume=True / --resume works for .beton outputs only")
     start, written = (state["next_index"], state["count"]) if state else (0, 0)
     skipped: list[tuple[str, str]] = ([tuple(s) for s in state["skipped"]] if state
@@ -220,7 +233,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     t0 = time.perf_counter()
     try:
         with dataset_writer(dst, fields, n, overwrite=overwrite, page_size=page_size,
-                            tmp=journal and journal.partial, info=info,
+                            tmp=journal and journal.partial, info=info, shard_size=shard_size,
                             open_writer=journal and journal.writer(page_size, state, info)) as writer:
             if journal is not None:
                 if label_pos is not None:
@@ -287,6 +300,8 @@ def _convert_to_remote(dst: str, arguments: dict) -> ConvertReport:
     from ..storage import remote_exists, upload_file
 
     options = arguments["storage_options"]
+    if arguments["shard_size"] is not None:
+        return _convert_to_remote_shards(dst, arguments)
     if format_for_path(dst) != "beton":
         raise ConfigurationError(f"{dst}: only .beton outputs can be written to object storage (an LMDB directory is "
                                  "read through a local memory map)", path=dst, hint="convert to a .beton URL")
@@ -303,6 +318,34 @@ def _convert_to_remote(dst: str, arguments: dict) -> ConvertReport:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     report.dst = dst
+    return report
+
+
+def _convert_to_remote_shards(dst: str, arguments: dict) -> ConvertReport:
+    """:func:`convert_dataset` with ``shard_size`` to a URL prefix: convert into a local temporary
+    directory, then upload every shard and, last, the manifest (readers open the manifest, so the
+    dataset appears only once every shard is there). Raises as :func:`_convert_to_remote`; a
+    failed upload leaves shards but no manifest at ``dst`` (not a dataset)."""
+    import posixpath
+    import shutil
+    import tempfile
+
+    from ..storage import remote_exists, upload_file
+
+    options, prefix = arguments["storage_options"], dst.rstrip("/")
+    check_shard_size_arguments(prefix, arguments["shard_size"], arguments["resume"])
+    if not arguments["overwrite"] and remote_exists(f"{prefix}/{MANIFEST}", options):
+        raise FileExistsError(f"{dst} already holds a dataset (use --overwrite / overwrite=True to replace it)")
+    folder = tempfile.mkdtemp(prefix="ffload-upload-")
+    try:
+        local = os.path.join(folder, posixpath.basename(prefix) or "dataset")
+        report = convert_dataset(dst=local, **dict(arguments, overwrite=False))
+        names = sorted(os.listdir(local), key=lambda name: name == MANIFEST)  # the manifest last
+        for name in names:
+            upload_file(os.path.join(local, name), f"{prefix}/{name}", options)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    report.dst = prefix
     return report
 
 

@@ -1,4 +1,5 @@
-"""On-disk formats, both directions: FFCV's ``.beton`` v2 and ffload's LMDB schema.
+"""On-disk formats, both directions: FFCV's ``.beton`` v2, ffload's LMDB schema, and sharded
+datasets (a directory of ``.beton`` shards and a JSON manifest, ``shards.py``).
 
 ``open_dataset(path)`` returns the :class:`DatasetView` the loader reads; ``dataset_writer`` and
 ``write_dataset`` create files atomically. See ``beton.py`` and ``lmdb_format.py`` for the layouts.
@@ -29,6 +30,7 @@ from .fields import (
     image_sizes,
 )
 from .lmdb_format import open_lmdb
+from .shards import is_sharded, manifest_location, open_sharded
 from .view import DatasetError, DatasetView
 
 LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_meta.mm_magic (0xBEEFC0DE) after the 16-byte page header
@@ -40,11 +42,14 @@ __all__ = ["open_dataset", "write_dataset", "dataset_writer", "format_for_path",
 
 def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS,
                  storage_options: dict | None = None) -> DatasetView:
-    """Open a ``.beton`` file or an ffload LMDB directory for reading (format detected from the
-    contents, not the name).
+    """Open a ``.beton`` file, an ffload LMDB directory or a sharded dataset for reading (format
+    detected from the contents, not the name).
 
     Args:
-        path: the ``.beton`` file or LMDB directory, or the URL of a ``.beton`` on object storage
+        path: the ``.beton`` file or LMDB directory, a sharded dataset's directory or its
+            ``manifest.json`` (:mod:`.shards`: one view, global indices, the shards' payloads in
+            one virtual region), or the URL of a ``.beton`` or of a sharded dataset (its prefix
+            or ``.../manifest.json``) on object storage
             (``s3://bucket/key.beton``, :mod:`ffload.storage`): its header, field descriptors,
             metadata table and allocation table are read with a few range requests, and the
             view (the same fields, ptrs, sizes, page_size as for the local file) has
@@ -68,6 +73,12 @@ def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS,
         view = _open_remote(path, storage_options)
     elif not os.path.exists(path):
         raise DatasetError(f"{path}: no such file or directory")
+    elif is_sharded(path):
+        view = open_sharded(path)
+    elif os.path.isdir(path) and not os.path.exists(os.path.join(path, "data.mdb")) and any(
+            name.endswith(".beton") for name in os.listdir(path)):
+        raise DatasetError(f"{path}: holds .beton files but no manifest.json: not a (complete) sharded dataset; "
+                           "open one of its .beton files, or convert again", path=path)
     elif os.path.isdir(path):
         view = open_lmdb(path)
     else:
@@ -93,6 +104,12 @@ def _open_remote(url: str, storage_options: dict | None) -> DatasetView:
 
     if url.rstrip("/").endswith((".lmdb", "/data.mdb")):
         raise _refuse_remote_lmdb(url)
+    if url.rstrip("/").endswith("/manifest.json") or url.endswith("/"):
+        return open_sharded(url, storage_options)
+    if not url.endswith(".beton"):  # a prefix holding a manifest, or an object
+        from ..storage import remote_exists
+        if remote_exists(manifest_location(url, True)[0], storage_options):
+            return open_sharded(url, storage_options)
     remote = RemoteObject(url, storage_options)
     if remote.size >= 20 and remote.read(16, 20) == LMDB_MAGIC:
         raise _refuse_remote_lmdb(url)
@@ -117,9 +134,11 @@ def _check_image_pixels(view: DatasetView, max_pixels: int) -> None:
 
 
 def write_dataset(dst: str, fields: dict[str, Field], samples: Iterable[Sequence], num_samples: int,
-                  overwrite: bool = False, page_size: int | None = None, info: dict | None = None) -> str:
+                  overwrite: bool = False, page_size: int | None = None, info: dict | None = None,
+                  shard_size: int | str | None = None) -> str:
     """Encode ``samples`` (tuples of values in field order) in this process and write ``dst``
-    (``.beton`` or ``.lmdb`` by suffix) atomically. For large image datasets use
+    (``.beton`` or ``.lmdb`` by suffix; with ``shard_size`` (bytes or ``"1GB"``) a directory of
+    ``.beton`` shards and a manifest, :mod:`.shards`) atomically. For large image datasets use
     :func:`ffload.convert.convert_dataset`, which encodes in parallel. ``info`` is a dataset-level
     JSON object read back as ``open_dataset(dst).info`` (e.g. ``{"classes": names}``).
 
@@ -128,7 +147,7 @@ def write_dataset(dst: str, fields: dict[str, Field], samples: Iterable[Sequence
         FileExistsError, ValueError: see :func:`dataset_writer`.
     """
     flist = list(fields.values())
-    with dataset_writer(dst, fields, num_samples, overwrite, page_size, info=info) as writer:
+    with dataset_writer(dst, fields, num_samples, overwrite, page_size, info=info, shard_size=shard_size) as writer:
         count = 0
         for i, sample in enumerate(samples):
             if len(sample) != len(flist):

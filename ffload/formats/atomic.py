@@ -40,6 +40,7 @@ from ..errors import ConfigurationError, DatasetBusyError
 from .beton import DEFAULT_PAGE_SIZE, BetonWriter
 from .fields import Field
 from .lmdb_format import LMDBWriter
+from .shards import ShardedWriter, check_destination
 from .writer import DatasetWriter
 
 logger = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ def _swap_in(tmp: str, dst: str, litter: list[str]) -> None:
 def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwrite: bool = False,
                    page_size: int | None = None, tmp: str | None = None,
                    open_writer: Callable[[str], DatasetWriter] | None = None,
-                   info: dict | None = None) -> Iterator[DatasetWriter]:
+                   info: dict | None = None, shard_size: int | str | None = None) -> Iterator[DatasetWriter]:
     """Context manager yielding a :class:`~.writer.DatasetWriter` (``add(index, metas,
     payloads)``) for ``dst``, with the guarantees of the module docstring.
 
@@ -226,14 +227,21 @@ def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwri
     output is deleted and the exception propagates. ``tmp`` names the temporary output (default:
     a fresh hidden name beside ``dst`` carrying this process's pid) and ``open_writer(tmp)`` makes
     the writer (default: a new BetonWriter / LMDBWriter storing ``info``, the dataset-level JSON
-    object), as a resumed conversion does (``ffload.convert.journal``).
+    object), as a resumed conversion does (``ffload.convert.journal``). With ``shard_size``
+    (bytes, or a size string such as ``"1GB"``) ``dst`` is a directory of ``.beton`` shards and
+    its manifest (:class:`~.shards.ShardedWriter`), swapped in as a whole once complete.
 
     Raises:
         DatasetBusyError: another process is writing ``dst`` (names its pid).
         FileExistsError: ``dst`` exists and ``overwrite`` is False (checked before writing).
-        ValueError: unknown suffix or field names.
+        ValueError: unknown suffix or field names; with ``shard_size``, a bad size or an
+            ``.lmdb`` / ``.beton`` name (ConfigurationError saying why).
     """
-    fmt = format_for_path(dst)
+    if shard_size is not None:
+        check_destination(dst)
+        fmt = "shards"
+    else:
+        fmt = format_for_path(dst)
     dst = os.path.abspath(dst)
     parent = os.path.dirname(dst)
     if not os.path.isdir(parent):
@@ -247,6 +255,8 @@ def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwri
         try:
             if open_writer is not None:
                 writer = open_writer(tmp)
+            elif fmt == "shards":
+                writer = ShardedWriter(tmp, fields, num_samples, shard_size, page_size or DEFAULT_PAGE_SIZE, info=info)
             elif fmt == "beton":
                 writer = BetonWriter(tmp, fields, num_samples, page_size or DEFAULT_PAGE_SIZE, info=info)
             else:

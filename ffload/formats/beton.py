@@ -103,6 +103,10 @@ class BetonWriter(DatasetWriter):
             same ``info``).
         info: dataset-level JSON object (see :class:`~.writer.DatasetWriter`), stored after the
             metadata (see the module docstring).
+        reserve: metadata rows to reserve room for up front (default ``num_samples``); when more
+            samples come, the room doubles (up to ``num_samples``) and the data written so far
+            moves once, as when the page size grows. A writer whose count is unknown in advance
+            (a shard of :mod:`.shards`) reserves what the first page's padding holds anyway.
     """
 
     before_grow = None
@@ -111,16 +115,14 @@ class BetonWriter(DatasetWriter):
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
                  page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray] | None = None,
-                 info: dict | None = None):
+                 info: dict | None = None, reserve: int | None = None):
         super().__init__(path, fields, num_samples, info)
         self.page_size = check_page_size(page_size)
-        self.metadata = np.zeros(self.num_samples, dtype=metadata_dtype(self._field_list))
-        self._columns = [self.metadata[f"f{k}"] for k in range(len(self._field_list))]
         self._desc = field_descriptors(self.fields)
         self._info_block = (INFO_MAGIC + np.uint64(len(self._info_json)).astype("<u8").tobytes() + self._info_json
                             if self._info_json else b"")
-        # the metadata rows reserved for num_samples, then the info block: the data starts after both
-        self._head_end = HEADER_TYPE.itemsize + self._desc.nbytes + self.metadata.nbytes + len(self._info_block)
+        rows = self.num_samples if reserve is None else max(1, min(int(reserve), self.num_samples))
+        self._reserve_rows(rows)
         self._data_start = _align(self._head_end, self.page_size)
         self._pos = 0  # bytes written into the data region; pointers are relative to it until close
         self._allocs: list[tuple[int, int, int]] = []
@@ -130,6 +132,34 @@ class BetonWriter(DatasetWriter):
         self._marks = (self.count, len(self._allocs))  # what the last checkpoint covered
         self._out = io.BufferedWriter(self._fp, buffer_size=1 << 22)
         self._out.seek(self._data_start + self._pos)
+
+    def _reserve_rows(self, rows: int) -> None:
+        """Room for ``rows`` metadata rows (the rows so far kept); sets ``_head_end``, where the
+        rows reserved and the info block end (the data starts at the next page)."""
+        metadata = np.zeros(rows, dtype=metadata_dtype(self._field_list))
+        if getattr(self, "metadata", None) is not None:
+            metadata[:self.count] = self.metadata[:self.count]
+        self.metadata = metadata
+        self._columns = [self.metadata[f"f{k}"] for k in range(len(self._field_list))]
+        self._head_end = HEADER_TYPE.itemsize + self._desc.nbytes + self.metadata.nbytes + len(self._info_block)
+
+    def file_bytes_with(self, payloads) -> int:
+        """Bytes the file would have if the sample of ``payloads`` (1-D ``uint8`` arrays, ``None``
+        for fields without one, in field order) were added and the writer closed: the header and
+        the metadata room (grown if the sample needs it) padded to the page, the data pages, the
+        allocation table. What :mod:`.shards` compares with the shard size."""
+        sizes = [max(int(p.nbytes), 1) for p in payloads if p is not None]
+        total = sum(sizes)
+        page = self.page_size if total <= self.page_size else _next_pow2(total)
+        rows = self.metadata.shape[0]
+        if self.count >= rows:
+            rows = min(self.num_samples, 2 * rows)
+        head = self._head_end + (rows - self.metadata.shape[0]) * self.metadata.itemsize
+        pos = _align(self._pos, page) if page != self.page_size else self._pos
+        if total > page - pos % page and pos % page:
+            pos = _align(pos, page)
+        pos = _align(pos + total, page)
+        return _align(head, page) + pos + (len(self._allocs) + len(sizes)) * ALLOC_TYPE.itemsize
 
     def checkpoint(self) -> tuple[dict, np.ndarray, np.ndarray]:
         """Flush and fsync the samples added so far, and describe them so that a new writer can
@@ -170,6 +200,9 @@ class BetonWriter(DatasetWriter):
         empty payload is followed by one zero byte: ffcv's reader looks a payload's size up by its
         offset alone, so two allocations must never share an offset."""
         total = sum(0 if p is None else max(int(p.nbytes), 1) for p in payloads)
+        if index >= self.metadata.shape[0]:  # the reserved rows are used up: double them
+            self._reserve_rows(min(self.num_samples, 2 * self.metadata.shape[0]))
+            self._move_data(_align(self._head_end, self.page_size))
         if total > self.page_size:
             self._grow(total)
         page_left = self.page_size - self._pos % self.page_size
@@ -194,7 +227,13 @@ class BetonWriter(DatasetWriter):
                              f"at most {MAX_PAGE_SIZE}", sample=self.count)
         if self.before_grow is not None:
             self.before_grow()
-        new_start = _align(self._head_end, new_page)
+        self.page_size = new_page
+        self._move_data(_align(self._head_end, new_page))
+        if self._pos % new_page:
+            self._pad(new_page - self._pos % new_page)
+
+    def _move_data(self, new_start: int) -> None:
+        """Move the data written so far to start at byte ``new_start`` (``>=`` the current start)."""
         self._out.flush()
         shift = new_start - self._data_start
         if shift and self._pos:
@@ -205,10 +244,8 @@ class BetonWriter(DatasetWriter):
                 data = os.pread(self._fp.fileno(), end - start, self._data_start + start)
                 os.pwrite(self._fp.fileno(), data, new_start + start)
                 end = start
-        self.page_size, self._data_start = new_page, new_start
+        self._data_start = new_start
         self._out.seek(self._data_start + self._pos)
-        if self._pos % new_page:
-            self._pad(new_page - self._pos % new_page)
 
     def _finalize(self) -> None:
         """Pad the last page, make the pointers absolute, write metadata, allocation table and

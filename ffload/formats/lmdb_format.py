@@ -203,8 +203,7 @@ class LMDBWriter(DatasetWriter):
         sync to disk."""
         self._flush()
         meta = {"format": FORMAT_NAME, "version": VERSION, "num_samples": self.count,
-                "fields": [{"name": n, "type": type(f).__name__, "type_id": f.type_id,
-                            "arguments": f.arguments()} for n, f in self.fields.items()],
+                "fields": field_specs(self.fields),
                 "record_dtype": _dtype_to_json(self.record_dtype),
                 "record_size": self.record_dtype.itemsize}
         if self.info:
@@ -241,6 +240,19 @@ def _read_meta(path: str, txn) -> dict:
         raise dataset_error(path, f"unsupported ffload LMDB version {meta.get('version')!r} (this ffload "
                           f"reads versions {', '.join(map(str, READABLE_VERSIONS))})")
     return meta
+
+
+def field_specs(fields: dict[str, Field]) -> list[dict]:
+    """The JSON descriptors of ``fields`` (``name``, ``type``, ``type_id``, ``arguments``), as
+    LMDB's metadata record and a sharded dataset's manifest store them."""
+    return [{"name": n, "type": type(f).__name__, "type_id": f.type_id, "arguments": f.arguments()}
+            for n, f in fields.items()]
+
+
+def fields_from_specs(path: str, meta: dict) -> dict[str, Field]:
+    """The fields described by ``meta["fields"]`` (:func:`field_specs`); DatasetError naming
+    ``path`` and the field when one is invalid."""
+    return _fields_from_meta(path, meta)
 
 
 def _fields_from_meta(path: str, meta: dict) -> dict[str, Field]:

@@ -8,6 +8,7 @@ import numpy as np
 from ..errors import ConfigurationError, DatasetError
 from ..system import path_bytes
 from .fields import Field
+from .shardio import map_shards
 
 
 def dataset_error(path: str, cause: str) -> DatasetError:
@@ -51,6 +52,10 @@ class DatasetView:
         remote: for a ``.beton`` on object storage (``path`` is its URL), the
             :class:`ffload.storage.RemoteObject` its payloads are read from (by the Loader's page
             cache, :mod:`ffload.loaders.pagepool`); ``data_path`` and ``memory`` are then None.
+            For a remote sharded dataset, a :class:`~.shardio.ShardedRemote` (same interface).
+        shards: for a sharded dataset (``format == 'shards'``, :mod:`.shards`), the
+            :class:`~.shardio.ShardLayout` of its shards in the virtual data region the offsets
+            index (``data_path`` is then None); None otherwise.
     """
 
     path: str
@@ -67,6 +72,7 @@ class DatasetView:
     snapshot: object | None = None
     info: dict = field(default_factory=dict)
     remote: object | None = None
+    shards: object | None = None
 
     @property
     def sample_pages(self) -> np.ndarray:
@@ -79,15 +85,20 @@ class DatasetView:
 
     def open_region(self) -> np.ndarray:
         """A read-only ``uint8`` 1-D view of the data file, memory-mapped so that the OS page
-        cache serves it (several processes share one copy), or the in-memory payloads.
+        cache serves it (several processes share one copy), or the in-memory payloads. For a
+        sharded dataset every shard mapped into one contiguous range
+        (:func:`~.shardio.map_shards`).
 
         Raises:
+            OSError: a shard cannot be mapped (named).
             ConfigurationError: a remote dataset (its payloads are read through ``ffload.Loader``'s
                 page cache, not mapped).
         """
         if self.remote is not None:
             raise ConfigurationError(f"{self.path}: a dataset on object storage is read through ffload.Loader "
                                      "(its page cache); download it to map it", path=self.path)
+        if self.shards is not None:
+            return map_shards(self.shards)
         if self.data_path is None:
             return self.memory
         if self.data_size == 0:
@@ -101,7 +112,10 @@ class DatasetView:
         return region[p:p + s]
 
     def file_bytes(self) -> int:
-        """Total bytes on disk (the .beton file, or the LMDB directory's files; a remote object's size)."""
+        """Total bytes on disk (the .beton file, or the LMDB directory's files; a remote object's
+        size; a sharded dataset's shards)."""
+        if self.shards is not None:
+            return int(self.shards.sizes.sum())
         if self.remote is not None:
             return int(self.data_size)
         return path_bytes(self.path)

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import ConfigurationError, LoaderClosedError
 from ..formats import open_dataset
+from ..formats.shardio import open_data_files
 from ..limits import DEFAULT_MAX_PIXELS
 from ..storage import is_remote
 from ..system import available_cpus, available_memory
@@ -51,8 +52,9 @@ class Loader:
     NDArrayField ``(B, *shape)`` of its dtype, a Bytes/JSONField ``(B, max_size) uint8``.
 
     Args:
-        path: a ``.beton`` file or an LMDB directory (see :func:`ffload.formats.open_dataset`),
-            or the URL of a ``.beton`` on object storage (``s3://bucket/key.beton``, any fsspec
+        path: a ``.beton`` file, an LMDB directory, or a sharded dataset's directory (read as
+            one dataset, :mod:`ffload.formats.shards`; see :func:`ffload.formats.open_dataset`),
+            or the URL of a ``.beton`` (or of a sharded dataset) on object storage (``s3://bucket/key.beton``, any fsspec
             protocol; ``pip install 'ffload[s3]'``). A remote dataset is read in whole pages (the
             ``.beton`` page size) with range GETs, at most ``max_requests`` at once, into a page
             pool backed by a sparse cache file in ``cache_dir`` of at most ``cache_limit`` bytes
@@ -198,12 +200,12 @@ class Loader:
         if self.remote:
             self._memory = _remote_pool(self.view, self._read_fields, self.cache_limit, rows, cache_dir,
                                         max_requests)
-        elif not self.os_cache and self.view.data_path is not None:  # checks that a batch fits
+        elif not self.os_cache and self._local_files():  # checks that a batch fits
             # whole .beton pages hold whole samples; LMDB records straddle its nominal pages
             quasi = self.order is OrderOption.QUASI_RANDOM
-            whole_pages = quasi and self.view.format == "beton"
+            whole_pages = quasi and self.view.format in ("beton", "shards")
             if quasi and page_pool_fits(self.view, self._read_fields, self.cache_limit, rows):
-                pages = FilePages(self.view.data_path, self.view.data_size, self.view.page_size, max_requests)
+                pages = FilePages(open_data_files(self.view), self.view.data_size, self.view.page_size, max_requests)
                 self._memory = PagePoolMemory(self.view, self._read_fields, self.cache_limit, rows, source=pages)
             else:
                 self._memory = ProcessCacheMemory(self.view, self._read_fields, self.cache_limit,
@@ -276,6 +278,10 @@ class Loader:
         self._current = weakref.ref(iterator)
         return iterator
 
+    def _local_files(self) -> bool:
+        """Whether the payloads live in local files (one data file, or a sharded dataset's shards)."""
+        return self.view.remote is None and (self.view.data_path is not None or self.view.shards is not None)
+
     def _get_runner(self) -> BatchRunner:
         if self._runner is None:
             if self._memory is None:
@@ -284,9 +290,9 @@ class Loader:
             read_ahead = None
             if self.read_ahead and columns and isinstance(self._memory, PagePoolMemory):
                 read_ahead = PagePoolReadAhead(self._memory, self.read_ahead)
-            elif self.read_ahead and columns and self.view.data_path is not None:
+            elif self.read_ahead and columns and self._local_files():
                 unit = self._memory.block if isinstance(self._memory, ProcessCacheMemory) else ADVISE_PAGE
-                read_ahead = ReadAhead(self.view.data_path, self.view.data_size, columns,
+                read_ahead = ReadAhead(self.view.shards or self.view.data_path, self.view.data_size, columns,
                                        self.read_ahead, unit=unit)
             self._runner = BatchRunner(self._pipelines, self._memory, self.view, self.seed,
                                        self.num_workers, self._ahead + 2, self.pin_memory,

@@ -18,7 +18,10 @@ In QUASI_RANDOM order consecutive batches read the same few pages, so with a lim
 batches each block is read once per epoch; in RANDOM order only the blocks that hold the batch's
 samples are read (16 KiB blocks for 192 KiB samples: at most 224 KiB read for one), never whole
 ``.beton`` pages. LMDB's ``data.mdb`` goes through the same mechanism: its records are byte
-ranges of that file like ``.beton`` payloads.
+ranges of that file like ``.beton`` payloads. So does a sharded dataset (``ffload.formats.shards``):
+its offsets index one virtual region of all the shards, mapped contiguously for ``os_cache=True``
+and read for ``os_cache=False`` through :class:`ffload.formats.shardio.ShardFiles`, which sends
+each read to the shard holding it.
 
 Both managers expose ``region`` (``(data_size,) uint8``) and ``ptrs`` (field name -> ``(N,)
 uint64`` offsets of the payloads in ``region``: here ``DatasetView.ptrs``; the page pool of
@@ -32,13 +35,13 @@ so that in QUASI_RANDOM order each page is read once per epoch.
 from __future__ import annotations
 
 import mmap
-import os
 import sys
 import threading
 from collections.abc import Sequence
 
 import numpy as np
 
+from ..formats.shardio import open_data_files
 from ..system import available_memory
 
 CACHE_BLOCK = 1 << 16
@@ -231,17 +234,16 @@ class OSCacheMemory:
 
     def __init__(self, view):
         self.region, self.ptrs = view.open_region(), view.ptrs
-        self.path, self.data_size = view.data_path, int(view.data_size)
-        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if self.path else None
+        self.path, self.data_size = view.data_path or view.path, int(view.data_size)
+        self._files = open_data_files(view)
+        self._sharded = view.shards is not None
 
     def prepare(self, indices: np.ndarray, batch: int | None = None) -> None:
-        """Check that the file still holds the mapped bytes (the page cache faults them in as the
-        decoders read them). Raises OSError naming the file when it shrank."""
-        if self._fd is not None:
-            size = os.fstat(self._fd).st_size
-            if size < self.data_size:
-                raise OSError(f"{self.path} was truncated while in use ({size} of {self.data_size} bytes): "
-                              "reading it would fault; the dataset changed under the loader")
+        """Check that the file (for a sharded dataset: the shards the batch's payloads lie in)
+        still holds the mapped bytes (the page cache faults them in as the decoders read them).
+        Raises OSError naming the file when it shrank."""
+        if self._files is not None:
+            self._files.check_size(self._files.shards_of(indices) if self._sharded else None)
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """Nothing to do (see :meth:`prepare`)."""
@@ -252,29 +254,24 @@ class OSCacheMemory:
     def close(self) -> None:
         """Drop the mapping (unmapped once no batch references it)."""
         self.region = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._files is not None:
+            self._files.close()
+            self._files = None
 
 
 class _FileBackedCache:
-    """What the process caches (:class:`ProcessCacheMemory`, :class:`~.pagepool.PagePoolMemory`)
-    share: the data file's descriptor ``_fd`` and the ``region`` they serve, released by
+    """What the process caches share: the data file (or shards) they read by offset, ``_file``
+    (:func:`ffload.formats.shardio.open_data_files`), and the ``region`` they serve, released by
     :meth:`close`."""
 
-    _fd: int | None = None
+    _file = None
 
     def close(self) -> None:
-        """Close the file descriptor; the memory is freed once no batch references it."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Close the file(s); the memory is freed once no batch references it."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         self.region = None
-
-    def __del__(self, _close=os.close):  # bound here: ``os`` may be None at interpreter teardown
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            _close(fd)
 
 
 class ProcessCacheMemory(_FileBackedCache):
@@ -311,7 +308,7 @@ class ProcessCacheMemory(_FileBackedCache):
 
     def __init__(self, view, field_names: Sequence[str], cache_limit: int | None = None,
                  batch_size: int = 1, whole_pages: bool = False):
-        self.path, self.ptrs = view.data_path, view.ptrs
+        self.path, self.ptrs = view.data_path or view.path, view.ptrs
         self.data_size = int(view.data_size)
         self.cache_limit = default_cache_limit() if cache_limit is None else int(cache_limit)
         self._payloads = payload_columns(view, field_names)
@@ -347,7 +344,7 @@ class ProcessCacheMemory(_FileBackedCache):
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
         self._populate = sys.platform.startswith("linux")
-        self._fd = os.open(self.path, os.O_RDONLY)
+        self._file = open_data_files(view)
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """The epoch's batches (each ``(B,) int64`` sample ids), of which ``start`` onwards will
@@ -478,7 +475,7 @@ class ProcessCacheMemory(_FileBackedCache):
         with memoryview(self._buffer) as whole:
             done = 0
             while start + done < stop:
-                n = os.preadv(self._fd, [whole[start + done:stop]], start + done)
+                n = self._file.preadv([whole[start + done:stop]], start + done)
                 if n == 0:
                     raise OSError(f"{self.path}: file ends at byte {start + done}, expected "
                                   f"{self.data_size} bytes (truncated?)")

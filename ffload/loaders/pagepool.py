@@ -45,6 +45,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..formats.shardio import open_data_files
 from .memory import (
     _MADV_POPULATE_WRITE,
     _MAP_NORESERVE,
@@ -94,7 +95,7 @@ class PagePoolMemory:
         cache_limit: bytes the pool may occupy at most.
         batch_size: the largest batch the loader asks for.
         source: the page source (:mod:`.pagesource`); ``None``: the local data file
-            (:class:`~.pagesource.FilePages`).
+            (:class:`~.pagesource.FilePages`), or a sharded dataset's shards.
         cache_dir: put the slots in a cache file in this folder (created if missing) instead of
             anonymous memory (remote datasets).
 
@@ -143,8 +144,8 @@ class PagePoolMemory:
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
         self._populate = sys.platform.startswith("linux")
-        self.source = self._source = source if source is not None else FilePages(view.data_path, self.data_size,
-                                                                                  self.page)
+        self.source = self._source = source if source is not None else FilePages(open_data_files(view),
+                                                                                  self.data_size, self.page)
 
     def _map(self, nbytes: int, cache_dir: str | None) -> mmap.mmap:
         """The slots' memory: anonymous, or a sparse cache file in ``cache_dir`` mapped shared."""

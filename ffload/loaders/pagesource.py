@@ -26,6 +26,8 @@ import os
 
 import numpy as np
 
+from ..formats.shardio import LocalFile
+
 _RUN = 64
 """Pages read by one ``preadv`` at most (its buffer count stays far below ``IOV_MAX``)."""
 
@@ -34,19 +36,23 @@ DEFAULT_MAX_REQUESTS = 8
 
 
 class FilePages:
-    """Pages of a local data file (``DatasetView.data_path``).
+    """Pages of a local data file (``DatasetView.data_path``), or of a sharded dataset's shards.
 
     Args:
-        path: the file; data_size: its bytes in use; page: bytes per page.
+        path: the file, or what reads the data region by offset
+            (:func:`ffload.formats.shardio.open_data_files`: a sharded dataset's
+            :class:`~ffload.formats.shardio.ShardFiles`, which never reads across a shard's end:
+            its short reads continue at the next shard); data_size: its bytes in use; page: bytes
+            per page.
         max_requests: pages :meth:`submit` reads at once (threads, started on first use).
 
     Raises:
         OSError: the file cannot be opened.
     """
 
-    def __init__(self, path: str, data_size: int, page: int, max_requests: int = DEFAULT_MAX_REQUESTS):
-        self.path, self.data_size, self.page = path, int(data_size), int(page)
-        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    def __init__(self, path, data_size: int, page: int, max_requests: int = DEFAULT_MAX_REQUESTS):
+        self._file = LocalFile(path, data_size) if isinstance(path, (str, os.PathLike)) else path
+        self.path, self.data_size, self.page = self._file.path, int(data_size), int(page)
         self._max_requests = max(1, int(max_requests))
         self._pool = None
 
@@ -83,7 +89,7 @@ class FilePages:
             views[-1] = pool[int(into[-1]) * stride:][:stop - int(first[-1]) * self.page]
             done = 0
             while start + done < stop:  # a short read resumes where it stopped
-                n = os.preadv(self._fd, _skip(views, done), start + done)
+                n = self._file.preadv(_skip(views, done), start + done)
                 if n == 0:
                     raise OSError(f"{self.path}: file ends at byte {start + done}, expected "
                                   f"{self.data_size} bytes (truncated?)")
@@ -97,14 +103,7 @@ class FilePages:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __del__(self, _close=os.close):  # bound here: ``os`` may be None at interpreter teardown
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            _close(fd)
+        self._file.close()
 
 
 class RemotePages:

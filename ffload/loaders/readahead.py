@@ -45,6 +45,7 @@ import threading
 
 import numpy as np
 
+from ..formats.shardio import ShardLayout, ShardMapping
 from .memory import batch_blocks
 
 _RETRY_SECONDS = 0.02
@@ -62,7 +63,9 @@ class ReadAhead:
     """Requests the pages of the next batches of the epoch, at most ``limit`` bytes ahead.
 
     Args:
-        path: the data file (``DatasetView.data_path``).
+        path: the data file (``DatasetView.data_path``), or a sharded dataset's
+            :class:`~ffload.formats.shardio.ShardLayout` (``DatasetView.shards``), whose shards
+            it maps into one range (:class:`~ffload.formats.shardio.ShardMapping`).
         data_size: bytes of the data region (``DatasetView.data_size``); no range reaches past it.
         columns: ``[(ptrs, sizes), ...]`` of the decoded fields (see ``memory.payload_columns``).
         limit: bytes of pages requested beyond the batch being decoded (>= 0; 0 disables).
@@ -77,15 +80,18 @@ class ReadAhead:
         OSError: the data file cannot be opened.
     """
 
-    def __init__(self, path: str, data_size: int, columns, limit: int, record: bool = False,
+    def __init__(self, path, data_size: int, columns, limit: int, record: bool = False,
                  unit: int = ADVISE_PAGE):
         if unit < ADVISE_PAGE or unit % ADVISE_PAGE:
             raise ValueError(f"unit must be a multiple of {ADVISE_PAGE} bytes, got {unit}")
         self.data_size = int(data_size)
         self.unit = int(unit)
         self._columns = columns
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), self.data_size, prot=mmap.PROT_READ)
+        if isinstance(path, ShardLayout):  # a sharded dataset: its own contiguous mapping of the shards
+            self._map = ShardMapping(path)
+        else:
+            with open(path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), self.data_size, prot=mmap.PROT_READ)
         self._start(limit, record)
 
     def _start(self, limit: int, record: bool) -> None:
