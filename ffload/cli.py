@@ -72,6 +72,30 @@ def _max_pixels_option(what: str):
     return decorate
 
 
+def _parse_storage_options(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        options = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON ({e})") from None
+    if not isinstance(options, dict):
+        raise click.BadParameter("must be a JSON object ({...})")
+    return options
+
+
+def _storage_options_option(what: str):
+    """``--storage-options JSON``: the filesystem options of ``what`` when it is a URL (``s3://``,
+    ``http(s)://``; :func:`ffload.storage.open_filesystem`), passed as ``storage_options`` (a
+    dict, or None)."""
+    return click.option(
+        "--storage-options", "storage_options", default=None, metavar="JSON", callback=_parse_storage_options,
+        help=f"For {what} on object storage (s3://, http(s)://): the filesystem's options as a JSON object, e.g. "
+             "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"key\": ..., \"secret\": ...}' for s3://, "
+             "'{\"headers\": {\"Authorization\": ...}}' for https:// (default: credentials and endpoint from the "
+             "environment and ~/.aws).")
+
+
 @main.command()
 @click.argument("src", type=click.Path())
 @click.argument("dst", type=click.Path())
@@ -110,10 +134,7 @@ def _max_pixels_option(what: str):
 @click.option("--address", "ray_address", default=None,
               help="--engine ray: the cluster to join ('auto', 'ray://host:port'; default: RAY_ADDRESS or a new "
                    "local Ray instance).")
-@click.option("--storage-options", "storage_options", default=None, metavar="JSON",
-              help="For s3:// (object storage) SRC or DST: the filesystem's options as a JSON object, e.g. "
-                   "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"key\": ..., \"secret\": ...}' (default: "
-                   "credentials and endpoint from the environment and ~/.aws).")
+@_storage_options_option("SRC or DST")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("an input image")
@@ -131,13 +152,6 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
 
     if ray_address is not None and engine != "ray":
         raise click.UsageError("--address is the Ray cluster of --engine ray; add --engine ray")
-    if storage_options is not None:
-        try:
-            storage_options = json.loads(storage_options)
-        except json.JSONDecodeError as e:
-            raise click.UsageError(f"--storage-options is not JSON ({e})") from None
-        if not isinstance(storage_options, dict):
-            raise click.UsageError("--storage-options must be a JSON object ({...})")
     source = detect_source(src, kind=None if source_kind == "auto" else source_kind, split=split,
                            max_pixels=max_pixels, storage_options=storage_options)
     report = convert_dataset(source, dst, write_mode=write_mode, max_resolution=max_resolution,
@@ -177,12 +191,18 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
               help="Write a PNG thumbnail grid of decoded samples with their labels.")
 @click.option("--grid-count", type=click.IntRange(1, 400), default=36, show_default=True)
 @_max_pixels_option("a dataset with an image")
-def inspect(path, as_json, grid, grid_count, max_pixels):
-    """Describe a .beton file or an ffload LMDB database: fields, samples, sizes, class histogram."""
+@_storage_options_option("PATH")
+def inspect(path, as_json, grid, grid_count, max_pixels, storage_options):
+    """Describe a .beton file or an ffload LMDB database: fields, samples, sizes, class histogram.
+
+    PATH may be the URL of a .beton on object storage (s3://bucket/key.beton, https://host/x.beton):
+    only its header and tables are read (a few range requests), and --grid reads the pages of the
+    samples drawn.
+    """
     from .describe import save_grid, summarize
     from .formats import open_dataset
 
-    view = open_dataset(path, max_pixels=max_pixels)
+    view = open_dataset(path, max_pixels=max_pixels, storage_options=storage_options)
     info = summarize(view)
     if grid:
         info["grid"] = {"path": grid, "images": save_grid(view, grid, count=grid_count)}
@@ -221,16 +241,20 @@ def inspect(path, as_json, grid, grid_count, max_pixels):
 @_num_workers_option("Decoding threads")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("a dataset with an image")
-def verify(path, num_workers, quiet, max_pixels):
+@_storage_options_option("PATH")
+def verify(path, num_workers, quiet, max_pixels, storage_options):
     """Decode every sample of PATH (.beton or LMDB) and report the ones that do not decode.
 
-    Exits with status 1 when a sample is bad, naming each one and the cause.
+    PATH may be the URL of a .beton on object storage (s3://bucket/key.beton, https://host/x.beton):
+    its pages are read once each, by range requests into the Loader's page cache
+    ($FFLOAD_CACHE_DIR, ~/.cache/ffload). Exits with status 1 when a sample is bad, naming each
+    one and the cause.
     """
     from .formats import open_dataset
     from .system import available_cpus
     from .verify import verify_dataset
 
-    view = open_dataset(path, max_pixels=max_pixels)
+    view = open_dataset(path, max_pixels=max_pixels, storage_options=storage_options)
     # verify_dataset counts threads; "0: in this process" is one thread, decoding in order.
     threads = available_cpus() if num_workers is None else max(1, num_workers)
     problems = verify_dataset(view, num_workers=threads, progress=not quiet)

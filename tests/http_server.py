@@ -13,6 +13,8 @@ with what the failure tests need:
 * :meth:`~HTTPTestServer.fail_next` answers the next N requests with an HTTP error (``503`` by
   default), :meth:`~HTTPTestServer.drop_next` closes the connection of the next N requests without
   an answer (what a crashing proxy does);
+* :attr:`~HTTPTestServer.required_headers` (e.g. ``{'Authorization': 'Bearer x'}``): requests
+  without them are answered ``401``;
 * :meth:`~HTTPTestServer.kill` stops like a crash (listening socket closed, open connections cut)
   and :meth:`~HTTPTestServer.start` listens on the same port again;
 * counters: :attr:`requests`, :attr:`gets`, :attr:`heads`, :attr:`in_flight` / :attr:`max_in_flight`.
@@ -67,6 +69,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if action is not None:
             self._answer(action, b"injected by the test server", "text/plain", body)
+            return
+        if any(self.headers.get(k) != v for k, v in owner.required_headers.items()):
+            self._answer(401, b"unauthorized", "text/plain", body, {"WWW-Authenticate": "Bearer"})
             return
         with owner._lock:
             owner.in_flight += 1
@@ -136,6 +141,7 @@ class HTTPTestServer:
 
     Attributes:
         endpoint: ``'http://127.0.0.1:PORT'``. ranges: ``'bytes'`` (default), ``'ignore'``, ``'none'``.
+        required_headers: headers a request must carry (else ``401``).
         requests, gets, heads: requests received (injected failures included).
         in_flight, max_in_flight: requests being served now, the most at once (:meth:`reset_max`).
     """
@@ -149,6 +155,7 @@ class HTTPTestServer:
         self._lock = threading.Lock()
         self._fail, self._fail_status, self._drop = 0, 503, 0
         self.ranges = "bytes"
+        self.required_headers: dict[str, str] = {}
         self.requests = self.gets = self.heads = 0
         self.in_flight = self.max_in_flight = 0
 

@@ -9,7 +9,6 @@ both servers (``remote.url``, ``remote.server``: both have ``kill``, ``start``, 
 """
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from types import SimpleNamespace
@@ -18,6 +17,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("fsspec")
+
+from remote_servers import KINDS, serving  # noqa: E402
 
 import ffload  # noqa: E402
 from ffload.errors import ConfigurationError, StorageError  # noqa: E402
@@ -39,35 +40,21 @@ def local(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def s3(local):
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    from s3_server import s3_environment
-
-    from ffload.storage import upload_file
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    with s3_environment("bkt") as server:
-        upload_file(local, URL)
-        server.local = local
-        yield server
+    with serving("s3", os.path.dirname(local)) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def http(local):
-    pytest.importorskip("aiohttp")
-    from http_server import http_server
-
-    with http_server(os.path.dirname(local)) as server:
-        yield server
+    with serving("http", os.path.dirname(local)) as served:
+        yield served
 
 
-@pytest.fixture(scope="module", params=["s3", "http"])
+@pytest.fixture(scope="module", params=KINDS)
 def remote(request, local):
     """The dataset on one of the servers: ``url``, ``local`` (the file), ``server``."""
-    if request.param == "s3":
-        return SimpleNamespace(url=URL, local=local, server=request.getfixturevalue("s3"))
-    server = request.getfixturevalue("http")
-    return SimpleNamespace(url=server.url(os.path.basename(local)), local=local, server=server)
+    served = request.getfixturevalue(request.param)
+    return SimpleNamespace(url=served.url("train.beton"), local=local, server=served.server)
 
 
 def _data_pages(view) -> int:
@@ -174,30 +161,30 @@ def test_server_killed_mid_epoch(remote, tmp_path):
     assert labels.size == N and sorted(labels.tolist()) == list(range(N))  # none lost or duplicated
 
 
-def test_http_missing_object_and_no_ranges_are_clear_errors(http, local):
-    with pytest.raises(StorageError, match=r"^http://127\.0\.0\.1:\d+/missing\.beton: cannot read its size: "
+def test_http_missing_object_and_no_ranges_are_clear_errors(http):
+    with pytest.raises(StorageError, match=r"^http://127\.0\.0\.1:\d+/ds/missing\.beton: cannot read its size: "
                                            r"no such object"):
-        ffload.Loader(http.url("missing.beton"), batch_size=4)
-    http.ranges = "ignore"  # a server answering 200 and the whole file to a range request
+        ffload.Loader(http.url("ds/missing.beton"), batch_size=4)
+    http.server.ranges = "ignore"  # a server answering 200 and the whole file to a range request
     try:
         with pytest.raises(StorageError, match=r"train\.beton: the server answered a request for bytes \d+\.\.\d+ "
                                                r".*does not support HTTP range requests"):
             ffload.Loader(http.url("train.beton"), batch_size=4)
     finally:
-        http.ranges = "bytes"
+        http.server.ranges = "bytes"
 
 
 def test_wrong_credentials_name_the_object(s3):
-    user = s3.create_user("loader-tester")
-    s3.require_auth(True)
+    user = s3.server.create_user("loader-tester")
+    s3.server.require_auth(True)
     try:
-        good = dict(s3.storage_options(), key=user["key"], secret=user["secret"])
+        good = dict(s3.server.storage_options(), key=user["key"], secret=user["secret"])
         with ffload.Loader(URL, batch_size=4, num_workers=1, storage_options=good, cache_limit=8 * PAGE) as loader:
             assert len(next(iter(loader))[1]) == 4
         with pytest.raises(StorageError, match=r"s3://bkt/ds/train\.beton: .*credentials were refused"):
             ffload.Loader(URL, batch_size=4, storage_options=dict(good, secret="wrong"))
     finally:
-        s3.require_auth(False)
+        s3.server.require_auth(False)
 
 
 def test_missing_object_and_remote_lmdb_refused(s3):
