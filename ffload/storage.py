@@ -19,7 +19,12 @@ One job: turn a URL into byte ranges and uploads, with one retry policy and clea
   section 14): a server that ignores the header (``200`` and the whole object) or declares
   ``Accept-Ranges: none`` is refused with a :class:`~ffload.errors.StorageError` saying so, and
   its body is never read. ``storage_options`` are then ``HTTPFileSystem``'s (``headers``,
-  ``client_kwargs``, ...); ``gs://`` goes through the same code with ``gcsfs`` (untested).
+  ``client_kwargs``, ...).
+* ``gs://`` goes through the same code with ``gcsfs`` (``storage_options``: ``GCSFileSystem``'s:
+  ``token``, ``project``, ``endpoint_url``; default credentials: ``GOOGLE_APPLICATION_CREDENTIALS``,
+  gcloud's, the metadata server; ``STORAGE_EMULATOR_HOST`` for an emulator). gcsfs retries 5xx
+  and connection errors itself (up to 6 tries, a class attribute that cannot be turned off per
+  instance) beneath ffload's policy.
 * :func:`upload_file` -- put a completed local file at a URL (s3fs uploads large files in
   parts, and S3 makes the object visible only when the upload completes).
 
@@ -175,7 +180,8 @@ class RetryPolicy:
 
 def _error_code(error: BaseException) -> tuple[str | None, int | None]:
     """``(service error code, HTTP status)`` of a botocore ``ClientError`` (or an aiohttp
-    response error) anywhere in ``error``'s cause/context chain, else ``(None, None)``."""
+    response error, a gcsfs ``HttpError``) anywhere in ``error``'s cause/context chain, else
+    ``(None, None)``."""
     seen = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
@@ -185,9 +191,10 @@ def _error_code(error: BaseException) -> tuple[str | None, int | None]:
             code = response["Error"].get("Code")
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             return (str(code) if code is not None else None), (int(status) if status else None)
-        status = getattr(e, "status", None)
-        if isinstance(status, int) and 100 <= status < 600:
-            return None, status
+        for name in ("status", "code"):  # aiohttp's response errors; gcsfs's HttpError, urllib's HTTPError
+            status = getattr(e, name, None)
+            if isinstance(status, int) and not isinstance(status, bool) and 100 <= status < 600:
+                return None, status
         e = e.__cause__ or e.__context__
     return None, None
 
