@@ -127,7 +127,8 @@ def _storage_options_option(what: str):
 @click.option("--verify", is_flag=True, help="Decode each JPEG kept as it is once; re-encode those that fail.")
 @click.option("--resume", is_flag=True,
               help=".beton: continue an interrupted (killed) conversion to DST from its last checkpoint, with the "
-                   "same arguments; the result is the same bytes as an uninterrupted run.")
+                   "same arguments; the result is the same bytes as an uninterrupted run. A DST URL is staged under "
+                   "$FFLOAD_CACHE_DIR (~/.cache/ffload) and uploaded once complete.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: --num-workers processes here; ray: Ray tasks across a cluster (pip install 'ffload[ray]'), "
                    "written here in order (the same output bytes).")

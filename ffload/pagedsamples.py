@@ -47,7 +47,7 @@ class PagedSamples:
             be (:meth:`holding` takes a batch's number in this list).
         threads: batches held at once at most (the pool holds their pages together).
         cache_dir: the pool's cache file folder (``None``: the Loader's default,
-            :func:`ffload.loaders.loader.default_cache_dir`).
+            :func:`ffload.storage.default_cache_dir`).
         max_requests: range GETs in flight at most.
 
     Attributes:

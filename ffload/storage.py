@@ -56,7 +56,7 @@ from typing import Any
 from .errors import ConfigurationError, StorageError
 
 __all__ = ["is_remote", "open_filesystem", "RetryPolicy", "RemoteObject", "upload_file", "remote_exists",
-           "classify_error", "storage_call", "install_hint"]
+           "classify_error", "storage_call", "install_hint", "default_cache_dir"]
 
 _LOCAL_PROTOCOLS = {"file", "local"}
 
@@ -92,6 +92,16 @@ def is_remote(path) -> bool:
         return False
     protocol = text.split("://", 1)[0].split("::")[-1].lower()
     return bool(protocol) and protocol.replace("+", "").replace("-", "").isalnum() and protocol not in _LOCAL_PROTOCOLS
+
+
+def default_cache_dir() -> str:
+    """ffload's local cache folder for remote data (a remote dataset's page cache file, a
+    conversion to a URL staged for ``--resume``): ``$FFLOAD_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/ffload``, else ``~/.cache/ffload`` (not created here)."""
+    if os.environ.get("FFLOAD_CACHE_DIR"):
+        return os.environ["FFLOAD_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ffload")
 
 
 def _import_fsspec(url: str):

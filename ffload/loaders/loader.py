@@ -20,7 +20,7 @@ import torch
 from ..errors import ConfigurationError, LoaderClosedError
 from ..formats import open_dataset
 from ..limits import DEFAULT_MAX_PIXELS
-from ..storage import is_remote
+from ..storage import default_cache_dir, is_remote
 from ..system import available_cpus, available_memory
 from .iterator import BatchRunner, EpochIterator
 from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns
@@ -378,15 +378,6 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, num_workers="
                 f"{self.num_workers}, order={self.order.value!r}, fields={self.field_names})")
-
-
-def default_cache_dir() -> str:
-    """Where a remote dataset's cache file goes by default: ``$FFLOAD_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/ffload``, else ``~/.cache/ffload``."""
-    if os.environ.get("FFLOAD_CACHE_DIR"):
-        return os.environ["FFLOAD_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ffload")
 
 
 def _remote_pool(view, fields, cache_limit: int, rows: int, cache_dir, max_requests: int) -> PagePoolMemory:
