@@ -116,11 +116,22 @@ def _import_fsspec(url: str):
 def default_storage_options(protocol: str) -> dict[str, Any]:
     """The options ffload passes for ``protocol`` unless ``storage_options`` overrides them: for
     ``s3``, botocore's and s3fs's own retries off (ffload's :class:`RetryPolicy` retries), and a
-    new filesystem instance per call (the environment is read each time)."""
+    new filesystem instance per call (the environment is read each time); for ``http(s)``,
+    aiohttp timeouts per connection (30 s) and per read (60 s without a byte) instead of its
+    5 minutes per request."""
     if protocol in ("s3", "s3a"):
         # skip_instance_cache: fsspec would otherwise hand back an instance made with the
         # environment (endpoint, credentials) of an earlier call
         return {"config_kwargs": {"retries": {"total_max_attempts": 1}}, "skip_instance_cache": True}
+    if protocol in _HTTP_PROTOCOLS:
+        try:
+            import aiohttp
+        except ImportError:  # open_filesystem names the extra
+            return {}
+        # aiohttp's default is 5 minutes for the whole request: a stalled server would hold a
+        # page that long before each retry. A new connection gets 30 s, and a request 60 s
+        # without a byte; a slow but moving body of any size is never cut.
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)}}
     return {}
 
 
@@ -130,7 +141,8 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None):
     Args:
         url: ``PROTOCOL://...`` (``s3://bucket/key``).
         storage_options: the filesystem's arguments (see the module docstring), merged over
-            :func:`default_storage_options` (a ``config_kwargs`` dict is merged key by key).
+            :func:`default_storage_options` (``config_kwargs`` and ``client_kwargs`` dicts are
+            merged key by key).
 
     Returns:
         ``(fs, path)``: an ``fsspec.AbstractFileSystem`` and ``str`` (``bucket/key`` for S3).
@@ -146,8 +158,8 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None):
     protocol = url.split("://", 1)[0].lower()
     options = default_storage_options(protocol)
     for key, value in (storage_options or {}).items():
-        if key == "config_kwargs" and isinstance(value, dict):
-            options["config_kwargs"] = {**options.get("config_kwargs", {}), **value}
+        if key in ("config_kwargs", "client_kwargs") and isinstance(value, dict):
+            options[key] = {**options.get(key, {}), **value}
         else:
             options[key] = value
     try:
@@ -419,6 +431,7 @@ def _http_range(fs, url: str, start: int, stop: int, size: int) -> bytes:
         kwargs = dict(fs.kwargs)
         headers = dict(kwargs.pop("headers", None) or {})
         headers["Range"] = f"bytes={start}-{stop - 1}"
+        headers["Accept-Encoding"] = "identity"  # the stored bytes, never a compressed encoding of them
         encode = getattr(fs, "encode_url", lambda u: u)
         async with session.get(encode(url), headers=headers, **kwargs) as r:
             r.raise_for_status()

@@ -12,7 +12,7 @@ with what the failure tests need:
   ``Accept-Ranges: none``;
 * :meth:`~HTTPTestServer.fail_next` answers the next N requests with an HTTP error (``503`` by
   default), :meth:`~HTTPTestServer.drop_next` closes the connection of the next N requests without
-  an answer (what a crashing proxy does);
+  an answer (what a crashing proxy does), :meth:`~HTTPTestServer.stall_next` answers them late;
 * :attr:`~HTTPTestServer.required_headers` (e.g. ``{'Authorization': 'Bearer x'}``): requests
   without them are answered ``401``;
 * :meth:`~HTTPTestServer.kill` stops like a crash (listening socket closed, open connections cut)
@@ -63,6 +63,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, body: bool) -> None:
         owner = self.owner
         action = owner._count(self.command)
+        if action == "stall":  # no answer for a while, then the one asked for
+            time.sleep(owner._stall_seconds)
+            action = None
         if action == "drop":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -154,6 +157,7 @@ class HTTPTestServer:
         self._connections: set = set()
         self._lock = threading.Lock()
         self._fail, self._fail_status, self._drop = 0, 503, 0
+        self._stall, self._stall_seconds = 0, 0.0
         self.ranges = "bytes"
         self.required_headers: dict[str, str] = {}
         self.requests = self.gets = self.heads = 0
@@ -168,6 +172,9 @@ class HTTPTestServer:
             if self._drop > 0:
                 self._drop -= 1
                 return "drop"
+            if self._stall > 0:
+                self._stall -= 1
+                return "stall"
             if self._fail > 0:
                 self._fail -= 1
                 return self._fail_status
@@ -224,6 +231,11 @@ class HTTPTestServer:
         """Close the connection of the next ``count`` requests without answering."""
         with self._lock:
             self._drop = count
+
+    def stall_next(self, count: int, seconds: float) -> None:
+        """Wait ``seconds`` before answering each of the next ``count`` requests (a stalled server)."""
+        with self._lock:
+            self._stall, self._stall_seconds = count, float(seconds)
 
     def reset_max(self) -> None:
         """Start counting :attr:`max_in_flight` again."""

@@ -31,6 +31,7 @@ def _healthy(http):
     yield
     http.fail_next(0)
     http.drop_next(0)
+    http.stall_next(0, 0)
     http.ranges = "bytes"
 
 
@@ -113,6 +114,18 @@ def test_connection_refused_is_transient(http):
         if http._server is None:
             http.start()
     assert obj.retried >= 1
+
+
+def test_stalled_server_times_out_and_is_retried(http):
+    import aiohttp
+
+    patient = RemoteObject(http.url("data.bin"), retry=FAST)
+    assert patient.fs.client_kwargs["timeout"].sock_read == 60  # ffload's default: 60 s without a byte
+    options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_read=0.3)}}
+    obj = RemoteObject(http.url("data.bin"), options, retry=FAST)
+    http.stall_next(2, 1.0)
+    assert obj.read(3, 300) == DATA[3:300]
+    assert obj.retried == 2 and obj.requests == 3
 
 
 def test_classify_timeouts():

@@ -52,8 +52,9 @@ class Loader:
 
     Args:
         path: a ``.beton`` file or an LMDB directory (see :func:`ffload.formats.open_dataset`),
-            or the URL of a ``.beton`` on object storage (``s3://bucket/key.beton``, any fsspec
-            protocol; ``pip install 'ffload[s3]'``). A remote dataset is read in whole pages (the
+            or the URL of a ``.beton`` on object storage (``s3://bucket/key.beton``,
+            ``https://host/x.beton``, ``gs://bucket/key.beton``, any fsspec protocol;
+            ``pip install 'ffload[s3]'`` / ``[http]`` / ``[gcs]``). A remote dataset is read in whole pages (the
             ``.beton`` page size) with range GETs, at most ``max_requests`` at once, into a page
             pool backed by a sparse cache file in ``cache_dir`` of at most ``cache_limit`` bytes
             (:mod:`ffload.loaders.pagepool`), ahead of need in the epoch's order; pages that stay
