@@ -33,9 +33,15 @@ setup(
         "hf": ["datasets>=2.14"],
         "ray": ["ray>=2.9"],  # convert --engine ray (ffload.convert.ray_engine)
         "s3": ["fsspec>=2023.1", "s3fs>=2023.1"],  # s3:// datasets and conversions (ffload.storage)
+        "http": ["fsspec>=2023.1", "aiohttp>=3.8"],  # http(s):// datasets (ffload.storage, fsspec's HTTPFileSystem)
+        "gcs": ["fsspec>=2023.1", "gcsfs>=2023.1"],  # gs:// datasets and conversions (ffload.storage)
         "test": ["pytest>=7", "ruff>=0.6", "braceexpand>=0.1.7", "datasets>=2.14", "albumentations>=1.4", "scikit-learn>=1.2", "scikit-image>=0.20", "pillow>=9",
                  # object-storage tests: a real S3 server (moto) on 127.0.0.1, and the s3 extra
-                 "moto[server]>=5.0", "fsspec>=2023.1", "s3fs>=2023.1", "boto3"],
+                 "moto[server]>=5.0", "fsspec>=2023.1", "s3fs>=2023.1", "boto3",
+                 # http(s):// tests: a real HTTP server in the test (tests/http_server.py), and the http extra
+                 "aiohttp>=3.8",
+                 # gs:// tests: a GCS emulator (a Python server) on 127.0.0.1, and the gcs extra
+                 "gcsfs>=2023.1", "gcp-storage-emulator>=2022.6"],
     },
     entry_points={"console_scripts": ["ffload=ffload.cli:main"]},
 )

@@ -72,6 +72,30 @@ def _max_pixels_option(what: str):
     return decorate
 
 
+def _parse_storage_options(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        options = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON ({e})") from None
+    if not isinstance(options, dict):
+        raise click.BadParameter("must be a JSON object ({...})")
+    return options
+
+
+def _storage_options_option(what: str):
+    """``--storage-options JSON``: the filesystem options of ``what`` when it is a URL (``s3://``,
+    ``http(s)://``; :func:`ffload.storage.open_filesystem`), passed as ``storage_options`` (a
+    dict, or None)."""
+    return click.option(
+        "--storage-options", "storage_options", default=None, metavar="JSON", callback=_parse_storage_options,
+        help=f"For {what} on object storage (s3://, http(s)://): the filesystem's options as a JSON object, e.g. "
+             "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"key\": ..., \"secret\": ...}' for s3://, "
+             "'{\"headers\": {\"Authorization\": ...}}' for https:// (default: credentials and endpoint from the "
+             "environment and ~/.aws).")
+
+
 @main.command()
 @click.argument("src", type=click.Path())
 @click.argument("dst", type=click.Path())
@@ -106,17 +130,15 @@ def _max_pixels_option(what: str):
 @click.option("--verify", is_flag=True, help="Decode each JPEG kept as it is once; re-encode those that fail.")
 @click.option("--resume", is_flag=True,
               help=".beton: continue an interrupted (killed) conversion to DST from its last checkpoint, with the "
-                   "same arguments; the result is the same bytes as an uninterrupted run.")
+                   "same arguments; the result is the same bytes as an uninterrupted run. A DST URL is staged under "
+                   "$FFLOAD_CACHE_DIR (~/.cache/ffload) and uploaded once complete.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: --num-workers processes here; ray: Ray tasks across a cluster (pip install 'ffload[ray]'), "
                    "written here in order (the same output bytes).")
 @click.option("--address", "ray_address", default=None,
               help="--engine ray: the cluster to join ('auto', 'ray://host:port'; default: RAY_ADDRESS or a new "
                    "local Ray instance).")
-@click.option("--storage-options", "storage_options", default=None, metavar="JSON",
-              help="For s3:// (object storage) SRC or DST: the filesystem's options as a JSON object, e.g. "
-                   "'{\"endpoint_url\": \"http://127.0.0.1:9000\", \"key\": ..., \"secret\": ...}' (default: "
-                   "credentials and endpoint from the environment and ~/.aws).")
+@_storage_options_option("SRC or DST")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("an input image")
@@ -135,13 +157,6 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
 
     if ray_address is not None and engine != "ray":
         raise click.UsageError("--address is the Ray cluster of --engine ray; add --engine ray")
-    if storage_options is not None:
-        try:
-            storage_options = json.loads(storage_options)
-        except json.JSONDecodeError as e:
-            raise click.UsageError(f"--storage-options is not JSON ({e})") from None
-        if not isinstance(storage_options, dict):
-            raise click.UsageError("--storage-options must be a JSON object ({...})")
     if shard_size is not None:  # refuse a bad size or DST before listing SRC
         from .formats.shards import check_shard_size_arguments
         check_shard_size_arguments(dst, shard_size, resume)
@@ -184,13 +199,19 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
               help="Write a PNG thumbnail grid of decoded samples with their labels.")
 @click.option("--grid-count", type=click.IntRange(1, 400), default=36, show_default=True)
 @_max_pixels_option("a dataset with an image")
-def inspect(path, as_json, grid, grid_count, max_pixels):
+@_storage_options_option("PATH")
+def inspect(path, as_json, grid, grid_count, max_pixels, storage_options):
     """Describe a .beton file, an ffload LMDB database or a sharded dataset: fields, samples, sizes,
-    shards, class histogram."""
+    shards, class histogram.
+
+    PATH may be the URL of a .beton on object storage (s3://bucket/key.beton, https://host/x.beton):
+    only its header and tables are read (a few range requests), and --grid reads the pages of the
+    samples drawn.
+    """
     from .describe import save_grid, summarize
     from .formats import open_dataset
 
-    view = open_dataset(path, max_pixels=max_pixels)
+    view = open_dataset(path, max_pixels=max_pixels, storage_options=storage_options)
     info = summarize(view)
     if grid:
         info["grid"] = {"path": grid, "images": save_grid(view, grid, count=grid_count)}
@@ -234,18 +255,22 @@ def inspect(path, as_json, grid, grid_count, max_pixels):
 @_num_workers_option("Decoding threads")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("a dataset with an image")
-def verify(path, num_workers, quiet, max_pixels):
+@_storage_options_option("PATH")
+def verify(path, num_workers, quiet, max_pixels, storage_options):
     """Decode every sample of PATH (.beton, LMDB, or a sharded dataset: each shard's checksum is
     checked first) and report the ones that do not decode.
 
-    Exits with status 1 when a sample is bad, naming each one and the cause.
+    PATH may be the URL of a .beton on object storage (s3://bucket/key.beton, https://host/x.beton):
+    its pages are read once each, by range requests into the Loader's page cache
+    ($FFLOAD_CACHE_DIR, ~/.cache/ffload). Exits with status 1 when a sample is bad, naming each
+    one and the cause.
     """
     from .formats import open_dataset
     from .formats.shards import check_checksums
     from .system import available_cpus
     from .verify import verify_dataset
 
-    view = open_dataset(path, max_pixels=max_pixels)
+    view = open_dataset(path, max_pixels=max_pixels, storage_options=storage_options)
     corrupt = check_checksums(view)  # a sharded dataset: every shard against its manifest's sha256
     if corrupt:
         for shard, cause in corrupt:

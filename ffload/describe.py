@@ -1,6 +1,8 @@
 """What is inside a dataset: fields, counts, sizes, class histogram, and a thumbnail grid."""
 from __future__ import annotations
 
+import contextlib
+
 import cv2
 import numpy as np
 
@@ -65,7 +67,8 @@ def summarize(view: DatasetView) -> dict:
 def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, thumb: int = 96) -> int:
     """Write a PNG grid of ``count`` evenly spaced samples' images with their labels, decoded
     by the Loader's default pipeline (:class:`ffload.samples.SampleDecoder`) and shrunk to at
-    most ``thumb`` pixels a side (INTER_AREA).
+    most ``thumb`` pixels a side (INTER_AREA). A remote ``.beton``'s samples are read through
+    the Loader's page pool (:class:`ffload.pagedsamples.PagedSamples`: the pages they are in).
 
     Returns the number of images drawn. Raises ConfigurationError when there is no image field,
     and the decoder's error (naming the sample) when an image does not decode.
@@ -85,11 +88,25 @@ def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, t
     cols = int(np.ceil(np.sqrt(count))) or 1
     rows = int(np.ceil(count / cols)) or 1
     fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.4, rows * 1.55), squeeze=False)
-    decode = SampleDecoder(view, img_field)
     for ax in axes.ravel():
         ax.axis("off")
-    for ax, i in zip(axes.ravel(), idx):
-        img = decode(int(i))
+    with contextlib.ExitStack() as stack:
+        if view.remote is None:
+            one = SampleDecoder(view, img_field)
+
+            def decode(k: int) -> np.ndarray:
+                return one(int(idx[k]))
+        else:  # a remote .beton: each sample's pages through the Loader's page pool
+            from .pagedsamples import PagedSamples
+
+            paged = stack.enter_context(PagedSamples(view, [np.array([i], np.int64) for i in idx]))
+            one = SampleDecoder(paged.view, img_field, paged.region)
+
+            def decode(k: int) -> np.ndarray:
+                with paged.holding(k):
+                    return one(int(idx[k]))
+        images = [decode(k) for k in range(len(idx))]
+    for ax, i, img in zip(axes.ravel(), idx, images):
         scale = thumb / max(img.shape[:2])
         if scale < 1:
             img = cv2.resize(img, (max(1, int(img.shape[1] * scale)), max(1, int(img.shape[0] * scale))),

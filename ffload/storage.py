@@ -1,4 +1,4 @@
-"""Datasets on object storage: URLs (``s3://bucket/key``, any fsspec protocol) -> fsspec.
+"""Datasets on object storage: URLs (``s3://bucket/key``, ``https://host/x.beton``, any fsspec protocol) -> fsspec.
 
 One job: turn a URL into byte ranges and uploads, with one retry policy and clear errors.
 
@@ -14,6 +14,17 @@ One job: turn a URL into byte ranges and uploads, with one retry policy and clea
   them as ``--storage-options JSON``.
 * :class:`RemoteObject` -- one object: its size (one HEAD), and :meth:`~RemoteObject.read`, one
   range GET per call, retried on transient errors, counted (:attr:`~RemoteObject.requests`).
+  Over ``http://`` / ``https://`` (fsspec's ``HTTPFileSystem``, aiohttp) a read is one GET with
+  ``Range: bytes=a-b`` that must be answered ``206 Partial Content`` with that range (RFC 9110
+  section 14): a server that ignores the header (``200`` and the whole object) or declares
+  ``Accept-Ranges: none`` is refused with a :class:`~ffload.errors.StorageError` saying so, and
+  its body is never read. ``storage_options`` are then ``HTTPFileSystem``'s (``headers``,
+  ``client_kwargs``, ...).
+* ``gs://`` goes through the same code with ``gcsfs`` (``storage_options``: ``GCSFileSystem``'s:
+  ``token``, ``project``, ``endpoint_url``; default credentials: ``GOOGLE_APPLICATION_CREDENTIALS``,
+  gcloud's, the metadata server; ``STORAGE_EMULATOR_HOST`` for an emulator). gcsfs retries 5xx
+  and connection errors itself (up to 6 tries, a class attribute that cannot be turned off per
+  instance) beneath ffload's policy.
 * :func:`upload_file` -- put a completed local file at a URL (s3fs uploads large files in
   parts, and S3 makes the object visible only when the upload completes).
 
@@ -26,11 +37,12 @@ failure. Transient: connection errors (refused, reset, closed mid-body, timeouts
 throttling (HTTP 429/503, ``SlowDown``, ``Throttling``, ``RequestLimitExceeded``), and a body
 shorter than the range asked for. Everything else is permanent and raised at once as
 :class:`~ffload.errors.StorageError` naming the object and the cause: a missing object or bucket
-(``NoSuchKey``, 404), access denied (``AccessDenied``, 403), wrong credentials
+(``NoSuchKey``, 404), access denied (``AccessDenied``, 401, 403), wrong credentials
 (``InvalidAccessKeyId``, ``SignatureDoesNotMatch``, expired tokens); transient errors that outlast
 the attempts also end as ``StorageError`` (``transient=True``).
 
-Needs ``fsspec`` (and ``s3fs`` for ``s3://``): ``pip install 'ffload[s3]'``.
+Needs ``fsspec`` and the protocol's package: ``pip install 'ffload[s3]'`` (s3fs),
+``'ffload[http]'`` (aiohttp), ``'ffload[gcs]'`` (gcsfs).
 """
 from __future__ import annotations
 
@@ -44,7 +56,7 @@ from typing import Any
 from .errors import ConfigurationError, StorageError
 
 __all__ = ["is_remote", "open_filesystem", "RetryPolicy", "RemoteObject", "upload_file", "remote_exists",
-           "classify_error", "storage_call"]
+           "classify_error", "storage_call", "install_hint", "default_cache_dir"]
 
 _LOCAL_PROTOCOLS = {"file", "local"}
 
@@ -56,7 +68,16 @@ _CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToke
                      "TokenRefreshRequired", "AuthFailure", "UnrecognizedClientException",
                      "InvalidClientTokenId", "ExpiredTokenException"}
 _NOT_FOUND_CODES = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
-_DENIED_CODES = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled"}
+_DENIED_CODES = {"AccessDenied", "403", "401", "Forbidden", "Unauthorized", "AllAccessDisabled"}
+_HTTP_PROTOCOLS = {"http", "https"}
+_EXTRAS = {"s3": "s3", "s3a": "s3", "http": "http", "https": "http", "gs": "gcs", "gcs": "gcs"}
+
+
+def install_hint(url: str) -> str:
+    """The ``pip install`` command of the extra that serves ``url``'s protocol
+    (``"pip install 'ffload[s3]'"`` for ``s3://``, ``[http]`` for ``http(s)://``, ``[gcs]`` for
+    ``gs://``; ``[s3]`` for others, whose package fsspec names in its own error)."""
+    return f"pip install 'ffload[{_EXTRAS.get(url.split('://', 1)[0].lower(), 's3')}]'"
 
 
 def is_remote(path) -> bool:
@@ -73,23 +94,44 @@ def is_remote(path) -> bool:
     return bool(protocol) and protocol.replace("+", "").replace("-", "").isalnum() and protocol not in _LOCAL_PROTOCOLS
 
 
-def _import_fsspec():
+def default_cache_dir() -> str:
+    """ffload's local cache folder for remote data (a remote dataset's page cache file, a
+    conversion to a URL staged for ``--resume``): ``$FFLOAD_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/ffload``, else ``~/.cache/ffload`` (not created here)."""
+    if os.environ.get("FFLOAD_CACHE_DIR"):
+        return os.environ["FFLOAD_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ffload")
+
+
+def _import_fsspec(url: str):
     try:
         import fsspec
     except ImportError:
-        raise ConfigurationError("reading or writing s3:// (object storage) URLs needs fsspec and s3fs",
-                                 hint="pip install 'ffload[s3]'") from None
+        raise ConfigurationError(f"{url}: reading or writing object storage URLs needs fsspec",
+                                 path=url, hint=install_hint(url)) from None
     return fsspec
 
 
 def default_storage_options(protocol: str) -> dict[str, Any]:
     """The options ffload passes for ``protocol`` unless ``storage_options`` overrides them: for
     ``s3``, botocore's and s3fs's own retries off (ffload's :class:`RetryPolicy` retries), and a
-    new filesystem instance per call (the environment is read each time)."""
+    new filesystem instance per call (the environment is read each time); for ``http(s)``,
+    aiohttp timeouts per connection (30 s) and per read (60 s without a byte) instead of its
+    5 minutes per request."""
     if protocol in ("s3", "s3a"):
         # skip_instance_cache: fsspec would otherwise hand back an instance made with the
         # environment (endpoint, credentials) of an earlier call
         return {"config_kwargs": {"retries": {"total_max_attempts": 1}}, "skip_instance_cache": True}
+    if protocol in _HTTP_PROTOCOLS:
+        try:
+            import aiohttp
+        except ImportError:  # open_filesystem names the extra
+            return {}
+        # aiohttp's default is 5 minutes for the whole request: a stalled server would hold a
+        # page that long before each retry. A new connection gets 30 s, and a request 60 s
+        # without a byte; a slow but moving body of any size is never cut.
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)}}
     return {}
 
 
@@ -99,31 +141,32 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None):
     Args:
         url: ``PROTOCOL://...`` (``s3://bucket/key``).
         storage_options: the filesystem's arguments (see the module docstring), merged over
-            :func:`default_storage_options` (a ``config_kwargs`` dict is merged key by key).
+            :func:`default_storage_options` (``config_kwargs`` and ``client_kwargs`` dicts are
+            merged key by key).
 
     Returns:
         ``(fs, path)``: an ``fsspec.AbstractFileSystem`` and ``str`` (``bucket/key`` for S3).
 
     Raises:
-        ConfigurationError: fsspec or the protocol's package (s3fs) is missing (the message
+        ConfigurationError: fsspec or the protocol's package (s3fs, aiohttp, gcsfs) is missing (the message
             gives the install command), or ``storage_options`` are not a dict or not arguments of
             that filesystem (named).
     """
-    fsspec = _import_fsspec()
+    fsspec = _import_fsspec(url)
     if storage_options is not None and not isinstance(storage_options, dict):
         raise ConfigurationError(f"storage_options must be a dict (JSON object), got {type(storage_options).__name__}")
     protocol = url.split("://", 1)[0].lower()
     options = default_storage_options(protocol)
     for key, value in (storage_options or {}).items():
-        if key == "config_kwargs" and isinstance(value, dict):
-            options["config_kwargs"] = {**options.get("config_kwargs", {}), **value}
+        if key in ("config_kwargs", "client_kwargs") and isinstance(value, dict):
+            options[key] = {**options.get(key, {}), **value}
         else:
             options[key] = value
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:
         raise ConfigurationError(f"{url}: the {protocol}:// protocol needs a package that is not installed ({e})",
-                                 path=url, hint="pip install 'ffload[s3]'" if protocol.startswith("s3") else None) from e
+                                 path=url, hint=install_hint(url)) from e
     except (TypeError, ValueError) as e:
         raise ConfigurationError(f"{url}: bad storage_options for {protocol}:// ({e})", path=url) from e
     if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
@@ -159,7 +202,8 @@ class RetryPolicy:
 
 def _error_code(error: BaseException) -> tuple[str | None, int | None]:
     """``(service error code, HTTP status)`` of a botocore ``ClientError`` (or an aiohttp
-    response error) anywhere in ``error``'s cause/context chain, else ``(None, None)``."""
+    response error, a gcsfs ``HttpError``) anywhere in ``error``'s cause/context chain, else
+    ``(None, None)``."""
     seen = set()
     e: BaseException | None = error
     while e is not None and id(e) not in seen:
@@ -169,9 +213,10 @@ def _error_code(error: BaseException) -> tuple[str | None, int | None]:
             code = response["Error"].get("Code")
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             return (str(code) if code is not None else None), (int(status) if status else None)
-        status = getattr(e, "status", None)
-        if isinstance(status, int) and 100 <= status < 600:
-            return None, status
+        for name in ("status", "code"):  # aiohttp's response errors; gcsfs's HttpError, urllib's HTTPError
+            status = getattr(e, name, None)
+            if isinstance(status, int) and not isinstance(status, bool) and 100 <= status < 600:
+                return None, status
         e = e.__cause__ or e.__context__
     return None, None
 
@@ -198,21 +243,29 @@ def _connection_error_types() -> tuple[type, ...]:
 
 
 def classify_error(error: BaseException) -> tuple[bool, str]:
-    """Whether ``error`` (raised by fsspec/s3fs/botocore for one request) is worth retrying, and
-    the cause in words.
+    """Whether ``error`` (raised by fsspec/s3fs/botocore/aiohttp for one request) is worth
+    retrying, and the cause in words.
 
     Returns:
-        ``(transient, cause)``; ``transient`` for connection errors, timeouts, HTTP 5xx and 429,
-        and throttling codes; False for a missing object, denied access, wrong credentials and
-        anything unknown (matched by class and service error code, never by message text).
+        ``(transient, cause)``; ``transient`` for connection errors (refused, reset, server
+        disconnected: botocore's, aiohttp's ``ClientConnectionError`` family, ``OSError``
+        ``ConnectionError``), timeouts, HTTP 5xx and 429, and throttling codes; False for a
+        missing object (404), denied access (401, 403), wrong credentials, a server without
+        range requests and anything unknown (matched by class, HTTP status and service error
+        code, never by message text).
     """
     code, status = _error_code(error)
+    if code is None and status is None:  # fsspec's HTTP info() turns any failure into FileNotFoundError
+        for e in _chain(error):
+            if isinstance(e, _connection_error_types()):
+                return True, f"connection failed ({type(e).__name__}: {e})"
     if code in _CREDENTIAL_CODES:
         return False, f"the credentials were refused ({code}): check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, " \
                       f"AWS_PROFILE, ~/.aws/credentials or storage_options"
-    if code in _NOT_FOUND_CODES or status == 404 or (code is None and isinstance(error, FileNotFoundError)):
+    if code in _NOT_FOUND_CODES or status == 404 or (code is None and status is None
+                                                     and isinstance(error, FileNotFoundError)):
         return False, f"no such object or bucket ({code or status or 'not found'})"
-    if code in _DENIED_CODES or status == 403 or (code is None and isinstance(error, PermissionError)):
+    if code in _DENIED_CODES or status in (401, 403) or (code is None and isinstance(error, PermissionError)):
         return False, f"access denied ({code or status or 'permission denied'})"
     if code in _THROTTLING_CODES or (status is not None and (status >= 500 or status == 429)):
         return True, f"the service is busy or failing ({code or ''} HTTP {status})".replace("( ", "(")
@@ -311,6 +364,14 @@ class RemoteObject:
             raise
         if info.get("type") == "directory":
             raise StorageError(f"{url}: is a folder (prefix), not an object", path=url)
+        self._http = url.split("://", 1)[0].lower() in _HTTP_PROTOCOLS
+        if info.get("size") is None:
+            raise StorageError(f"{url}: the server does not say the object's size (no Content-Length in its "
+                               "answer to HEAD): ffload reads objects by byte ranges and needs it", path=url)
+        if self._http and info.get("partial") is False:
+            raise StorageError(f"{url}: the server declares 'Accept-Ranges: none': ffload reads datasets by HTTP "
+                               "range requests (Range: bytes=a-b answered 206); serve the file from a server that "
+                               "supports them, or download it", path=url)
         self.size = int(info["size"])
 
     def _count(self) -> None:
@@ -330,7 +391,10 @@ class RemoteObject:
             return b""
 
         def get() -> bytes:
-            data = self.fs.cat_file(self.fs_path, start=start, end=stop)
+            if self._http:
+                data = _http_range(self.fs, self.fs_path, start, stop, self.size)
+            else:
+                data = self.fs.cat_file(self.fs_path, start=start, end=stop)
             if len(data) != stop - start:
                 raise _ShortRead(f"got {len(data)} of {stop - start} bytes")
             return data
@@ -342,6 +406,51 @@ class RemoteObject:
 
     def __repr__(self) -> str:
         return f"RemoteObject({self.url!r}, {self.size} bytes)"
+
+
+def _http_range(fs, url: str, start: int, stop: int, size: int) -> bytes:
+    """Bytes ``[start, stop)`` of the object ``url`` of fsspec's ``HTTPFileSystem`` ``fs``: one
+    GET with ``Range: bytes=start-(stop-1)`` (and the filesystem's own request options), on
+    fsspec's event loop and aiohttp session.
+
+    fsspec's ``cat_file`` would accept any ``200`` and read its whole body: a server that ignores
+    ``Range`` would hand back the object's first bytes as those of the range. Here the answer
+    must be ``206`` with the ``Content-Range`` asked for (a ``200`` only when the range is the
+    whole object); otherwise the body is left unread and the read fails.
+
+    Raises:
+        StorageError: a server that does not serve ranges (permanent; names ``url``).
+        aiohttp.ClientResponseError (an HTTP error status), aiohttp's connection errors and
+            timeouts: classified by :func:`classify_error` (404 missing, 401/403 denied, 5xx
+            and 429 transient).
+    """
+    from fsspec.asyn import sync
+
+    async def get() -> bytes:
+        session = await fs.set_session()
+        kwargs = dict(fs.kwargs)
+        headers = dict(kwargs.pop("headers", None) or {})
+        headers["Range"] = f"bytes={start}-{stop - 1}"
+        headers["Accept-Encoding"] = "identity"  # the stored bytes, never a compressed encoding of them
+        encode = getattr(fs, "encode_url", lambda u: u)
+        async with session.get(encode(url), headers=headers, **kwargs) as r:
+            r.raise_for_status()
+            content_range = r.headers.get("Content-Range", "")
+            if r.status == 206 and content_range.startswith(f"bytes {start}-{stop - 1}/"):
+                return await r.read()
+            if r.status == 200 and start == 0 and stop == size:
+                return await r.read()
+            if r.status == 206:
+                what = f"answered bytes {start}..{stop} with 'Content-Range: {content_range}'"
+            else:
+                what = f"answered a request for bytes {start}..{stop} (Range: bytes={start}-{stop - 1}) " \
+                       f"with HTTP {r.status} and the whole object"
+            raise StorageError(f"{url}: the server {what}: it does not support HTTP range requests, which "
+                               "ffload reads datasets by (206 Partial Content); serve the file from a server "
+                               "that supports them (any object store, nginx, Apache, ...), or download it",
+                               path=url)
+
+    return sync(fs.loop, get)
 
 
 def remote_exists(url: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None) -> bool:

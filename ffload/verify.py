@@ -4,10 +4,12 @@ Images are decoded by the Loader's own default pipeline (:class:`ffload.samples.
 batches of one image size, one-sample batches to name each bad sample), so verify exercises
 exactly the decoder that training runs; JSON payloads are parsed, ImageArrayField headers checked
 against their payload sizes and PNG-compressed ImageArrayFields decoded (their depth and channels
-checked against the field's).
+checked against the field's). A dataset on object storage is read through the Loader's page
+pool (:mod:`ffload.pagedsamples`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -51,34 +53,57 @@ def _check_range(view: DatasetView, start: int, stop: int, region) -> list[tuple
     return problems
 
 
-def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = False) -> list[tuple[int, str, str]]:
+def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = False,
+                   cache_dir: str | None = None) -> list[tuple[int, str, str]]:
     """Decode every image of ``view`` with the Loader's default decoder (see
     :mod:`ffload.samples`) and parse every JSON payload; offsets and sizes were already
     validated when it was opened. Goes on after a bad sample: every bad one is reported.
 
+    A remote ``.beton`` (``view.remote``: opened from an ``s3://`` / ``https://`` URL) is read
+    as the Loader reads it: whole pages by range GETs into a page pool
+    (:class:`ffload.pagedsamples.PagedSamples`), samples in file order in batches of a few
+    pages, so that each page is fetched once.
+
     Args:
         num_workers: threads (the decoders release the GIL); 0: all cores.
         progress: show a tqdm bar.
+        cache_dir: a remote dataset's page cache folder (``None``: the Loader's default).
 
     Returns:
         ``(sample index, field name, cause)`` for every sample that does not decode, sorted
         (empty: all good).
+
+    Raises:
+        StorageError: a remote page could not be read (the object and range named).
     """
     n = view.num_samples
     workers = num_workers or os.cpu_count() or 1
     chunk = max(1, min(1024, n // (4 * workers) or 1))
-    bounds = [(s, min(n, s + chunk)) for s in range(0, n, chunk)]
-    region = view.open_region()
-    problems: list[tuple[int, str, str]] = []
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=n, unit="sample", desc=f"verify {os.path.basename(view.path)}")
-    with ThreadPoolExecutor(workers) as pool:
-        for (start, stop), found in zip(bounds, pool.map(lambda b: _check_range(view, *b, region), bounds)):
-            problems.extend(found)
-            if bar is not None:
-                bar.update(stop - start)
-    if bar is not None:
-        bar.close()
+    with contextlib.ExitStack() as stack:
+        if view.remote is None:
+            bounds = [(s, min(n, s + chunk)) for s in range(0, n, chunk)]
+            region = view.open_region()
+
+            def check(k: int) -> list[tuple[int, str, str]]:
+                return _check_range(view, *bounds[k], region)
+        else:
+            from .pagedsamples import PagedSamples, page_batches  # imports the loaders
+
+            batches = page_batches(view, chunk)
+            bounds = [(int(b[0]), int(b[-1]) + 1) for b in batches]  # consecutive samples
+            paged = stack.enter_context(PagedSamples(view, batches, workers, cache_dir))
+
+            def check(k: int) -> list[tuple[int, str, str]]:
+                with paged.holding(k):
+                    return _check_range(paged.view, *bounds[k], paged.region)
+        problems: list[tuple[int, str, str]] = []
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = stack.enter_context(tqdm(total=n, unit="sample", desc=f"verify {os.path.basename(view.path)}"))
+        with ThreadPoolExecutor(workers) as pool:
+            for (start, stop), found in zip(bounds, pool.map(check, range(len(bounds)))):
+                problems.extend(found)
+                if bar is not None:
+                    bar.update(stop - start)
     return sorted(problems)

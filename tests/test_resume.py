@@ -49,13 +49,15 @@ def photos(tmp_path_factory):
     return root
 
 
-def run(src, dst, resume: bool, kill_after: int | None = None) -> int | None:
-    """Run RUNNER; with ``kill_after``, SIGKILL it once its journal records that many samples.
-    Returns the samples the journal recorded at the kill (None when it ran to the end)."""
+def run(src, dst, resume: bool, kill_after: int | None = None, journal: str | None = None) -> int | None:
+    """Run RUNNER (with this process's environment); with ``kill_after``, SIGKILL it once its
+    journal (``journal``, default: beside ``dst``) records that many samples. Returns the samples
+    the journal recorded at the kill (None when it ran to the end)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(src), str(dst), "1" if resume else "0"], env=env,
                             stderr=subprocess.PIPE)
-    journal = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.partial.json")
+    if journal is None:
+        journal = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.partial.json")
     if kill_after is None:
         assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()
         return None

@@ -1,6 +1,7 @@
 """``convert_dataset``: an image source in, one complete ``.beton`` file or LMDB directory out."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import inspect
 import os
@@ -125,9 +126,11 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
             (``ImageFolderSource``, ``CIFARSource``, ``ArraySource``, ``IndexableSource``,
             ``RemoteImageFolderSource``).
         dst: output path; it appears only when complete (temporary name, fsync, rename). A URL
-            (``s3://bucket/key.beton``; ``.beton`` only) is written to a local temporary file (in
-            ``$TMPDIR``) and uploaded once complete, so a failed conversion never leaves an object
-            there (S3 makes an object visible only when its upload completes).
+            (``s3://bucket/key.beton``; ``.beton`` only) is written to a local file in
+            :func:`remote_staging_dir` (under ``$FFLOAD_CACHE_DIR`` or ``~/.cache/ffload``, keyed
+            by the URL) and uploaded once complete, so a failed conversion never leaves an object
+            there (S3 makes an object visible only when its upload completes); ``resume`` works
+            for it too.
         write_mode, max_resolution, jpeg_quality, smart_threshold, compress_probability: the
             ``RGBImageField`` arguments (FFCV's meaning).
         num_workers: encoding processes (None: all cores; 0: in this process).
@@ -288,14 +291,32 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                          reencoded=dict(sorted(outcomes.items())), resumed_from=start)
 
 
+def remote_staging_dir(dst: str) -> str:
+    """The local folder where a conversion to the URL ``dst`` writes its output (and, for
+    ``.beton``, its resume journal, :mod:`ffload.convert.journal`) before the upload:
+    ``<cache>/convert/<sha256(dst)[:24]>`` under :func:`ffload.storage.default_cache_dir`
+    (``$FFLOAD_CACHE_DIR``, ``~/.cache/ffload``). The same URL gives the same folder, so that a
+    killed conversion can be resumed (``--resume``)."""
+    import hashlib
+
+    from ..storage import default_cache_dir
+
+    key = hashlib.sha256(dst.encode("utf8")).hexdigest()[:24]
+    return os.path.join(default_cache_dir(), "convert", key)
+
+
 def _convert_to_remote(dst: str, arguments: dict) -> ConvertReport:
-    """:func:`convert_dataset` to a URL: convert into a local temporary file, then upload it
-    (:func:`ffload.storage.upload_file`); the temporary folder is removed whatever happens.
-    Raises ConfigurationError for an LMDB URL or ``resume``, FileExistsError when the object
-    exists without ``overwrite``, StorageError when the upload fails (nothing is left at ``dst``)."""
+    """:func:`convert_dataset` to a URL: convert into a local file in :func:`remote_staging_dir`,
+    then upload it (:func:`ffload.storage.upload_file`) and remove the folder (also when the
+    upload fails). A conversion that fails (a Python-level error, Ctrl-C, SIGTERM) removes its
+    partial output as for a local DST; a killed one (SIGKILL, power loss) leaves its partial
+    output and journal there, which ``resume`` continues from (the journal holds the staged
+    path, the source's fingerprint and the arguments), uploading only once the output is complete.
+
+    Raises ConfigurationError for an LMDB URL, FileExistsError when the object exists without
+    ``overwrite``, StorageError when the upload fails (nothing is left at ``dst``)."""
     import posixpath
     import shutil
-    import tempfile
 
     from ..storage import remote_exists, upload_file
 
@@ -305,15 +326,20 @@ def _convert_to_remote(dst: str, arguments: dict) -> ConvertReport:
     if format_for_path(dst) != "beton":
         raise ConfigurationError(f"{dst}: only .beton outputs can be written to object storage (an LMDB directory is "
                                  "read through a local memory map)", path=dst, hint="convert to a .beton URL")
-    if arguments["resume"]:
-        raise ConfigurationError(f"{dst}: resume=True / --resume needs a local DST (the partial output lives beside "
-                                 "it); convert to a local file, then upload it", path=dst)
     if not arguments["overwrite"] and remote_exists(dst, options):
         raise FileExistsError(f"{dst} already exists (use --overwrite / overwrite=True to replace it)")
-    folder = tempfile.mkdtemp(prefix="ffload-upload-")
-    try:
-        local = os.path.join(folder, posixpath.basename(dst))
+    folder = remote_staging_dir(dst)
+    os.makedirs(folder, exist_ok=True)
+    local = os.path.join(folder, posixpath.basename(dst))
+    if os.path.lexists(local):  # complete, from a run killed during its upload: converted again
+        os.remove(local)
+    try:  # an error removes the partial output (a refused resume leaves it, as for a local DST)
         report = convert_dataset(dst=local, **dict(arguments, overwrite=False))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # when empty
+        raise
+    try:
         upload_file(local, dst, options)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -21,7 +21,7 @@ from ..errors import ConfigurationError, LoaderClosedError
 from ..formats import open_dataset
 from ..formats.shardio import open_data_files
 from ..limits import DEFAULT_MAX_PIXELS
-from ..storage import is_remote
+from ..storage import default_cache_dir, is_remote
 from ..system import available_cpus, available_memory
 from .iterator import BatchRunner, EpochIterator
 from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns
@@ -54,8 +54,9 @@ class Loader:
     Args:
         path: a ``.beton`` file, an LMDB directory, or a sharded dataset's directory (read as
             one dataset, :mod:`ffload.formats.shards`; see :func:`ffload.formats.open_dataset`),
-            or the URL of a ``.beton`` (or of a sharded dataset) on object storage (``s3://bucket/key.beton``, any fsspec
-            protocol; ``pip install 'ffload[s3]'``). A remote dataset is read in whole pages (the
+            or the URL of a ``.beton`` (or of a sharded dataset) on object storage
+            (``s3://bucket/key.beton``, ``https://host/x.beton``, ``gs://bucket/key.beton``, any
+            fsspec protocol; ``pip install 'ffload[s3]'`` / ``[http]`` / ``[gcs]``). A remote dataset is read in whole pages (the
             ``.beton`` page size) with range GETs, at most ``max_requests`` at once, into a page
             pool backed by a sparse cache file in ``cache_dir`` of at most ``cache_limit`` bytes
             (:mod:`ffload.loaders.pagepool`), ahead of need in the epoch's order; pages that stay
@@ -385,15 +386,6 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, num_workers="
                 f"{self.num_workers}, order={self.order.value!r}, fields={self.field_names})")
-
-
-def default_cache_dir() -> str:
-    """Where a remote dataset's cache file goes by default: ``$FFLOAD_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/ffload``, else ``~/.cache/ffload``."""
-    if os.environ.get("FFLOAD_CACHE_DIR"):
-        return os.environ["FFLOAD_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ffload")
 
 
 def _remote_pool(view, fields, cache_limit: int, rows: int, cache_dir, max_requests: int) -> PagePoolMemory:
