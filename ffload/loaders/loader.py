@@ -27,7 +27,7 @@ from .iterator import BatchRunner, EpochIterator
 from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns
 from .orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
 from .pagepool import PagePoolMemory, page_pool_fits
-from .pagesource import DEFAULT_MAX_REQUESTS, FilePages, RemotePages
+from .pagesource import DEFAULT_LOCAL_REQUESTS, DEFAULT_MAX_REQUESTS, FilePages, RemotePages
 from .pipeline import build_pipelines, cuda_device
 from .readahead import ADVISE_PAGE, DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
 
@@ -106,9 +106,9 @@ class Loader:
             see :func:`ffload.storage.open_filesystem`); ``None``: the environment and ``~/.aws``.
         cache_dir: a remote ``path``'s cache folder (``None``: ``$FFLOAD_CACHE_DIR`` or
             ``~/.cache/ffload``); the cache file is unlinked as soon as it is created.
-        max_requests: a remote ``path``'s range GETs in flight at most (default 8); for a local
-            file read through the page pool (``os_cache=False``, QUASI_RANDOM), the page reads
-            its read-ahead issues at once.
+        max_requests: a remote ``path``'s range GETs in flight at most (``None``: 8); for a
+            local file read through the page pool (``os_cache=False``, QUASI_RANDOM), the page
+            reads its read-ahead issues at once (``None``: 32).
 
     Attributes:
         memory: the memory manager; for a remote ``path`` the :class:`~.pagepool.PagePoolMemory`
@@ -150,7 +150,7 @@ class Loader:
                  pin_memory: bool | None = None, cache_limit: int | None = None,
                  read_ahead: int | None = None, custom_field_mapper: Mapping[str, str] | None = None,
                  max_pixels: int | None = DEFAULT_MAX_PIXELS, storage_options: Mapping[str, Any] | None = None,
-                 cache_dir: str | os.PathLike | None = None, max_requests: int = DEFAULT_MAX_REQUESTS):
+                 cache_dir: str | os.PathLike | None = None, max_requests: int | None = None):
         self.batch_size = _check_int("batch_size", batch_size, 1)
         cpus = available_cpus()
         if num_workers is None or num_workers == -1:
@@ -167,6 +167,8 @@ class Loader:
         self.rank, self.world_size = _distributed_rank() if self.distributed else (0, 1)
 
         self.remote = is_remote(path)
+        if max_requests is None:
+            max_requests = DEFAULT_MAX_REQUESTS if self.remote else DEFAULT_LOCAL_REQUESTS
         max_requests = _check_int("max_requests", max_requests, 1)
         self.view = open_dataset(os.fspath(path), max_pixels=max_pixels,
                                  storage_options=None if storage_options is None else dict(storage_options))

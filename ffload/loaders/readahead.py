@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import mmap
+import sys
 import threading
 
 import numpy as np
@@ -57,6 +58,14 @@ ADVISE_PAGE = mmap.PAGESIZE
 
 DEFAULT_READ_AHEAD = 512 << 20
 """Default bound (bytes) on the payload pages requested ahead of the batch being decoded."""
+
+
+def _exiting() -> bool:
+    """Whether the interpreter is shutting down: ``concurrent.futures`` then refuses new work
+    (it sets its flag from ``threading``'s exit hooks, before ``sys.is_finalizing()``)."""
+    import concurrent.futures.thread as futures_thread
+
+    return sys.is_finalizing() or bool(getattr(futures_thread, "_shutdown", False))
 
 
 class ReadAhead:
@@ -138,7 +147,14 @@ class ReadAhead:
                     return
                 batches, b = self._batches, max(self._next, self._decoding)
                 self._next = b + 1
-            nbytes = self._request(batches[b], b)
+            try:
+                nbytes = self._request(batches[b], b)
+            except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown": a
+                if not (_exiting() or self._closed):  # loader left open at exit, or closed meanwhile
+                    raise
+                with self._cond:
+                    self._closed = True
+                continue
             with self._cond:
                 if batches is not self._batches:
                     continue  # a new epoch started meanwhile
