@@ -684,3 +684,19 @@ def test_lmdb_compacted_copy_read_correctly(tmp_path):
     for i in range(n):
         np.testing.assert_array_equal(view.payload("image", i).reshape(40 + i, 50, 3), rows[i][0])
     assert view.metadata["label"].tolist() == list(range(n))
+
+
+def test_lmdb_leaf_node_pointing_past_the_file_is_refused_before_lmdb_reads_it(tmp_path):
+    """A value's size in its leaf node made huge: LMDB would read past the end of data.mdb
+    (SIGBUS, found by the fuzz test); the page check refuses the database first, naming it."""
+    n = 6
+    rows = [(np.full((40, 50, 3), i, np.uint8), i) for i in range(n)]
+    path = write_dataset(str(tmp_path / "n.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, n)
+    data_path = os.path.join(path, "data.mdb")
+    raw = bytearray(Path(data_path).read_bytes())
+    key = raw.find(b"__ffload_places__")
+    assert key > 8
+    raw[key - 8:key - 4] = b"\xff\xff\xff\x7f"  # mn_lo, mn_hi: the data size
+    Path(data_path).write_bytes(bytes(raw))
+    with pytest.raises(DatasetError, match=r"corrupt LMDB database: page \d+: a value .*runs past"):
+        open_dataset(path)

@@ -125,6 +125,22 @@ def test_truncated_jpeg_is_an_error_named_with_libjpeg_turbos_warning(tmp_path, 
     assert decode(SimpleRGBImageDecoder(), view, "image", [0], region=region).shape == (1, 64, 80, 3)
 
 
+def test_jpeg_without_a_frame_is_corrupt_not_the_previous_images_size(tmp_path, photos):
+    """SOI then zeros: TurboJPEG reads it as tables only, succeeds, and keeps the previous
+    image's size in the handle; the error must say what is wrong with this sample."""
+    small = np.ascontiguousarray(photos[1][:64, :80])
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(photos[0],), (small,)])
+    region = _cut(view, 1, 2)
+    for op in (SimpleRGBImageDecoder(), CenterCropRGBImageDecoder(32)):
+        if isinstance(op, SimpleRGBImageDecoder):
+            decode(op, view, "image", [0], region=region)  # the handle last read photo 0's size
+        with pytest.raises(ValueError, match=r"sample 1: corrupt JPEG \(\d+ bytes\): no frame header"):
+            decode(op, view, "image", [1] if isinstance(op, SimpleRGBImageDecoder) else [0, 1], region=region)
+    data = np.array(view.open_region())
+    p0, n0 = int(view.ptrs["image"][0]), int(view.sizes["image"][0])
+    assert jpeg.has_frame(data, p0, n0) and not jpeg.has_frame(region, int(view.ptrs["image"][1]), 50)
+
+
 def test_handles_are_per_thread():
     handles = []
     t = threading.Thread(target=lambda: handles.append(jpeg.thread_handle()))

@@ -79,6 +79,7 @@ import warnings
 import numpy as np
 
 from .fields import FIELD_CLASSES, Field, named_metadata_dtype
+from .lmdb_pages import check_tree
 from .view import DatasetView, check_field_values, dataset_error
 from .writer import DatasetWriter
 
@@ -213,20 +214,22 @@ class LMDBWriter(DatasetWriter):
         self.env.sync(True)
 
 
-def _check_complete(path: str, data_path: str, env) -> None:
-    """Refuse a ``data.mdb`` shorter than the pages its newest meta page accounts for, before any
-    page is read through LMDB's map: a page past the end of the file would raise SIGBUS. LMDB
-    itself refuses page numbers beyond that meta's ``last_pgno`` (``MDB_PAGE_NOTFOUND``), so with
-    this check every page it maps lies inside the file."""
-    size = os.path.getsize(data_path)
-    psize, last_pgno = env.stat()["psize"], env.info()["last_pgno"]
-    if (last_pgno + 1) * psize > size:
-        raise dataset_error(path, f"data.mdb is truncated: {size} bytes, its meta page accounts for "
-                          f"{(last_pgno + 1) * psize} ({last_pgno + 1} pages of {psize} bytes)")
+def _get_inside(path: str, txn, key: bytes, base: int | None, data_size: int):
+    """``txn.get(key)`` (a buffer into LMDB's map, or None), checked to lie inside ``data.mdb``
+    before anything reads it: a corrupt length or page number in a leaf would otherwise make the
+    read run past the file's end (SIGBUS). Unchecked where LMDB's map is not visible (``base``
+    None)."""
+    value = txn.get(key)
+    if value is not None and base is not None:
+        start = _address(value) - base
+        if start < 0 or start + len(value) > data_size:
+            raise dataset_error(path, f"record {key.decode()!r} of {len(value)} bytes at offset {start} lies "
+                                      f"outside data.mdb ({data_size} bytes): corrupt or truncated database")
+    return value
 
 
-def _read_meta(path: str, txn) -> dict:
-    raw = txn.get(META_KEY)
+def _read_meta(path: str, raw) -> dict:
+    """The metadata record ``raw`` (the value of ``META_KEY``, or None), parsed and checked."""
     if raw is None:
         raise dataset_error(path, f"an LMDB database without ffload's metadata record ({META_KEY!r}): "
                           "not written by ffload")
@@ -313,7 +316,7 @@ def open_lmdb(path: str) -> DatasetView:
         raise dataset_error(path, "not an LMDB database (no data.mdb)")
     env, env_key = _open_env(path)
     try:
-        _check_complete(path, data_path, env)
+        check_tree(path, data_path)  # LMDB trusts its pages: refuse any that would make it read outside the file
     except BaseException:
         _release_env(env_key)
         raise
@@ -322,7 +325,10 @@ def open_lmdb(path: str) -> DatasetView:
     # the offsets below point at (with lock=False, on read-only media, nobody can write anyway).
     txn = env.begin(buffers=True)
     try:
-        meta = _read_meta(path, txn)
+        probe = txn.get(META_KEY)
+        base = None if probe is None else _lmdb_map_base(data_path, _address(probe))
+        data_size = os.path.getsize(data_path)
+        meta = _read_meta(path, _get_inside(path, txn, META_KEY, base, data_size))
         fields = _fields_from_meta(path, meta)
         info = meta.get("info", {})
         if not isinstance(info, dict):
@@ -333,10 +339,8 @@ def open_lmdb(path: str) -> DatasetView:
         rec_dtype = named_metadata_dtype(fields)
         if int(meta.get("record_size", -1)) != rec_dtype.itemsize:
             raise dataset_error(path, "metadata record_size does not match its fields")
-        base = _lmdb_map_base(data_path, _address(txn.get(META_KEY)))
-        data_size = os.path.getsize(data_path)
-        records = _records_table(path, txn, meta, n, rec_dtype.itemsize)
-        located = None if records is None or base is None else _placed_values(path, txn, n, base)
+        records = _records_table(path, txn, meta, n, rec_dtype.itemsize, base, data_size)
+        located = None if records is None or base is None else _placed_values(path, txn, n, base, data_size)
         offsets, lengths = _scan_values(path, txn, n, base) if located is None else located
         _check_inside(path, offsets, lengths, data_size)
         if base is None:
@@ -403,13 +407,13 @@ SPOT_CHECKS = 17
 """Placed values whose recorded place :func:`_placed_values` compares with LMDB's at open."""
 
 
-def _placed_values(path: str, txn, n: int, base: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _placed_values(path: str, txn, n: int, base: int, data_size: int) -> tuple[np.ndarray, np.ndarray] | None:
     """``(offsets, lengths)`` of the sample values from the version-2 places table: no value is
     read, except the :data:`UNPLACED` ones (small values, found through LMDB) and
     :data:`SPOT_CHECKS` evenly spaced placed ones, compared with where LMDB finds them. ``None``
     (with a warning) when a recorded place is wrong: ``data.mdb`` was rewritten since ffload wrote
     it (``mdb_copy -c`` renumbers pages), and the caller walks every value instead."""
-    table = txn.get(PLACES_KEY)
+    table = _get_inside(path, txn, PLACES_KEY, base, data_size)
     if table is None or len(table) != 16 * n:
         found = "missing" if table is None else f"{len(table)} bytes"
         raise dataset_error(path, f"places table {PLACES_KEY.decode()!r} is {found}, not {n} entries of "
@@ -453,13 +457,14 @@ def _check_inside(path: str, offsets: np.ndarray, lengths: np.ndarray, data_size
                                   f"lies outside data.mdb ({data_size} bytes): corrupt or truncated database")
 
 
-def _records_table(path: str, txn, meta: dict, n: int, record_size: int) -> bytes | None:
+def _records_table(path: str, txn, meta: dict, n: int, record_size: int, base: int | None,
+                   data_size: int) -> bytes | None:
     """The version-2 records table (``RECORDS_KEY``: ``n * record_size`` bytes), checked against
     the records at the start of the first and last sample values; ``None`` for version 1 (the
     records are then read from the values)."""
     if meta["version"] < 2:
         return None
-    table = txn.get(RECORDS_KEY)
+    table = _get_inside(path, txn, RECORDS_KEY, base, data_size)
     if table is None or len(table) != n * record_size:
         found = "missing" if table is None else f"{len(table)} bytes"
         raise dataset_error(path, f"records table {RECORDS_KEY.decode()!r} is {found}, not {n} records of "

@@ -5,7 +5,10 @@ crops it, resizes it (:mod:`.resize`) and writes it into its output row.
 Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
 
 1. ``tj3DecompressHeader``: width, height, chroma subsampling; a size other than the metadata's
-   is an error (:data:`BAD_SIZE`).
+   is an error (:data:`BAD_SIZE`), unless the data holds no frame header at all
+   (:data:`NO_FRAME`: TurboJPEG reads such data, say an SOI followed by garbage, as an
+   abbreviated table specification, returns success and leaves the previous image's size in the
+   handle).
 2. The DCT scaling factor ``M/8`` is the smallest ``M`` in 3..7 with ``M/8 * box >= 1.5 *
    output`` on both sides (else 8/8: no scaling). The box keeps its fractional edges in the
    scaled image (``edge * M / 8``), so the resize that follows samples exactly the same area as a
@@ -49,6 +52,7 @@ PENDING = 2
 FAILED = -1
 BAD_SIZE = -2
 OUTSIDE = -3
+NO_FRAME = -4
 """Row status codes written by :func:`decode_rows`."""
 
 _RAW = 1  # the metadata's mode of raw images (ffload.formats.fields.RAW)
@@ -138,6 +142,36 @@ def scaled_box(top, left, h, w, height, width, out_h, out_w):
     return m, y0, x0, y1, x1
 
 
+@njit(nogil=True, cache=True)
+def has_frame(data, p, n):
+    """Whether the JPEG ``data[p:p + n]`` (1-D uint8) declares a frame (an SOFn marker) before its
+    first scan: walks the marker segments from SOI (ITU-T T.81 B.1.1: ``FF xx`` then a 2-byte
+    big-endian length for all but the standalone markers; ``FF`` fill bytes allowed). Strict: any
+    byte other than a marker where one must start ends the walk (False)."""
+    q = np.uint64(p)  # unsigned throughout: numba types int64 + uint64 as float64
+    end = np.uint64(n)
+    one = np.uint64(1)
+    two = np.uint64(2)
+    if end < 4 or data[q] != 0xFF or data[q + one] != 0xD8:
+        return False
+    i = two
+    while i + np.uint64(4) <= end:
+        if data[q + i] != 0xFF:
+            return False
+        marker = data[q + i + one]
+        if marker == 0xFF:  # fill byte
+            i += one
+        elif 0xC0 <= marker <= 0xCF and marker != 0xC4 and marker != 0xC8 and marker != 0xCC:
+            return True  # SOF0..SOF15 (not DHT, JPG, DAC)
+        elif marker == 0xDA or marker == 0xD9 or marker == 0x00:  # a scan, the end, or no marker
+            return False
+        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:  # standalone: RSTn, TEM
+            i += two
+        else:
+            i += two + (np.uint64(data[q + i + two]) << np.uint64(8)) + np.uint64(data[q + i + np.uint64(3)])
+    return False
+
+
 _CACHE = _lib is not None
 """Cache the TurboJPEG callers on disk only where the library is loaded: code compiled against
 its symbols must never be loaded by a process without it (the fallback compiles ``_absent``)."""
@@ -152,6 +186,8 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
     jw = _get(handle, tj.TJPARAM_JPEGWIDTH)
     jh = _get(handle, tj.TJPARAM_JPEGHEIGHT)
     if jw != width or jh != height:
+        if not has_frame(region, p, n):  # the handle's size is the previous image's
+            return NO_FRAME
         info[0] = jw
         info[1] = jh
         return BAD_SIZE
@@ -323,6 +359,8 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_
             _local.handle = _Handle()
     elif code == BAD_SIZE:
         detail = f"{info[0]}x{info[1]}"
+    elif code == NO_FRAME:
+        detail = "no frame header (SOF marker) before its first scan or its end"
     else:
         detail = "payload lies outside the data region"
     return int(bad), code, detail
