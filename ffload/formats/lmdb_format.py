@@ -465,6 +465,9 @@ def _records_table(path: str, txn, meta: dict, n: int, record_size: int, base: i
     if meta["version"] < 2:
         return None
     table = _get_inside(path, txn, RECORDS_KEY, base, data_size)
+    if table is not None and record_size and len(table) % record_size == 0 and len(table) != n * record_size:
+        raise dataset_error(path, f"the metadata record says num_samples={n}, the records table holds "
+                                  f"{len(table) // record_size} records: corrupt metadata record")
     if table is None or len(table) != n * record_size:
         found = "missing" if table is None else f"{len(table)} bytes"
         raise dataset_error(path, f"records table {RECORDS_KEY.decode()!r} is {found}, not {n} records of "
