@@ -265,7 +265,8 @@ def test_full_disk_leaves_nothing(tmp_path, monkeypatch, suffix, error):
 def test_ctrl_c_leaves_no_output(tmp_path):
     """SIGINT in the middle of a conversion: no destination and no temporary file remain."""
     script = textwrap.dedent(f"""
-        import time, numpy as np, sys
+        import signal, time, numpy as np, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # even when inherited ignored (`cmd &`)
         from ffload.convert import convert_dataset
         from ffload.convert.sources import IndexableSource
         class Slow:

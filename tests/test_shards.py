@@ -316,7 +316,8 @@ def test_refusals(tmp_path):
 
 def test_interrupted_convert_leaves_no_destination(tmp_path):
     script = textwrap.dedent(f"""
-        import time, numpy as np
+        import signal, time, numpy as np
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # even when inherited ignored (`cmd &`)
         from ffload.convert import convert_dataset
         from ffload.convert.sources import IndexableSource
         class Slow:

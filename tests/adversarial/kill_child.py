@@ -13,6 +13,9 @@ import sys
 
 from ffload.formats import atomic
 
+# Python leaves SIGINT ignored when this process inherits it ignored (a test run started as a
+# shell's background job, `cmd &` without job control): Ctrl-C must raise KeyboardInterrupt here.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 src, dst, signame, moment = sys.argv[1:5]
 workers = sys.argv[5] if len(sys.argv) > 5 else "0"
 sig = getattr(signal, signame)
