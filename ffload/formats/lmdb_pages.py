@@ -103,24 +103,27 @@ def _check_pages(path: str, data: np.ndarray) -> None:
         ptrs = page[_HEADER:lower].view("<u2").astype(np.int64)
         if ptrs.size and (ptrs.min() < upper or ptrs.max() > psize - 8):
             raise corrupt(f"page {pgno}: a node offset outside [{upper}, {psize - 8}]")
-        for ptr in ptrs.tolist():
-            lo, hi, nflags, ksize = (int(v) for v in page[ptr:ptr + 8].view("<u2"))
-            if kind == _P_BRANCH:
-                if ptr + 8 + ksize > psize:
-                    raise corrupt(f"page {pgno}: a branch node's key runs past the page")
-                pending.append(lo | hi << 16 | nflags << 32)
-                continue
-            dsize = lo | hi << 16
-            if nflags & ~_F_BIGDATA:
-                raise corrupt(f"page {pgno}: leaf node flags {nflags:#x} (ffload writes plain values)")
-            if not nflags:
-                if ptr + 8 + ksize + dsize > psize:
-                    raise corrupt(f"page {pgno}: a value runs past the page")
-                continue
-            if ptr + 8 + ksize + 8 > psize:
-                raise corrupt(f"page {pgno}: a node runs past the page")
-            first = _u(page, ptr + 8 + ksize, "<u8")
-            pages = -(-(_HEADER + dsize) // psize)
-            if not 2 <= first or first + pages - 1 > last:
-                raise corrupt(f"page {pgno}: a value of {dsize} bytes at overflow page {first} runs past "
-                              f"the last page ({last})")
+        nodes = page[ptrs[:, None] + np.arange(8)].view("<u2").astype(np.int64)  # (K, 4) headers
+        lo, hi, nflags, ksize = nodes.T
+        if kind == _P_BRANCH:
+            if np.any(ptrs + 8 + ksize > psize):
+                raise corrupt(f"page {pgno}: a branch node's key runs past the page")
+            pending.extend((lo | hi << 16 | nflags << 32).tolist())
+            continue
+        dsize = lo | hi << 16
+        if np.any(nflags & ~_F_BIGDATA):
+            raise corrupt(f"page {pgno}: leaf node flags {int(nflags.max()):#x} (ffload writes plain values)")
+        inline = nflags == 0
+        if np.any(inline & (ptrs + 8 + ksize + dsize > psize)):
+            raise corrupt(f"page {pgno}: a value runs past the page")
+        big = ~inline
+        if np.any(big & (ptrs + 8 + ksize + 8 > psize)):
+            raise corrupt(f"page {pgno}: a node runs past the page")
+        at = (ptrs + 8 + ksize)[big]
+        first = page[at[:, None] + np.arange(8)].view("<u8").ravel().astype(np.uint64) if at.size else at
+        pages = -(-(_HEADER + dsize[big]) // psize)
+        bad = np.flatnonzero((first < 2) | (first > last) | (first + pages.astype(np.uint64) - 1 > last))
+        if bad.size:
+            k = int(bad[0])
+            raise corrupt(f"page {pgno}: a value of {int(dsize[big][k])} bytes at overflow page {int(first[k])} "
+                          f"runs past the last page ({last})")
