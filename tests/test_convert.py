@@ -5,15 +5,13 @@ import errno
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import cv2
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from interrupt import start_slow_conversion
 
 from ffload.cli import main
 from ffload.convert import ConvertError, convert_dataset
@@ -264,22 +262,7 @@ def test_full_disk_leaves_nothing(tmp_path, monkeypatch, suffix, error):
 
 def test_ctrl_c_leaves_no_output(tmp_path):
     """SIGINT in the middle of a conversion: no destination and no temporary file remain."""
-    script = textwrap.dedent(f"""
-        import signal, time, numpy as np, sys
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # even when inherited ignored (`cmd &`)
-        from ffload.convert import convert_dataset
-        from ffload.convert.sources import IndexableSource
-        class Slow:
-            def __len__(self): return 400
-            def __getitem__(self, i):
-                if i == 3: print("started", flush=True)
-                time.sleep(0.02)
-                return np.zeros((8, 8, 3), np.uint8), 0
-        convert_dataset(IndexableSource(Slow()), {str(tmp_path / 'out.beton')!r}, num_workers=2,
-                        progress=False, chunk_size=4)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == b"started"
+    proc = start_slow_conversion(tmp_path / "out.beton", "np.zeros((8, 8, 3), np.uint8)")
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=30)

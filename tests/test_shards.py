@@ -11,9 +11,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,6 +18,7 @@ import cv2
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from interrupt import start_slow_conversion
 
 import ffload
 from ffload.cli import main
@@ -315,22 +313,8 @@ def test_refusals(tmp_path):
 
 
 def test_interrupted_convert_leaves_no_destination(tmp_path):
-    script = textwrap.dedent(f"""
-        import signal, time, numpy as np
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # even when inherited ignored (`cmd &`)
-        from ffload.convert import convert_dataset
-        from ffload.convert.sources import IndexableSource
-        class Slow:
-            def __len__(self): return 400
-            def __getitem__(self, i):
-                if i == 3: print("started", flush=True)
-                time.sleep(0.02)
-                return np.full((300, 300, 3), i % 256, np.uint8), 0
-        convert_dataset(IndexableSource(Slow()), {str(tmp_path / 'out')!r}, num_workers=2, progress=False,
-                        chunk_size=4, shard_size="5MB", page_size={PAGE})
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout.readline().strip() == b"started"
+    proc = start_slow_conversion(tmp_path / "out", "np.full((300, 300, 3), i % 256, np.uint8)",
+                                 shard_size="5MB", page_size=PAGE)
     deadline = time.monotonic() + 30
     while not any(".tmp-" in n and os.listdir(tmp_path / n) for n in os.listdir(tmp_path)):
         assert time.monotonic() < deadline and proc.poll() is None
