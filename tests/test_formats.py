@@ -420,16 +420,34 @@ def test_lmdb_schema_readable_with_plain_lmdb(tmp_path):
     env.close()
 
 
-def _lmdb_as_version_1(path):
-    """Rewrite an ffload LMDB database as schema version 1 wrote it: no records table."""
+def _rewrite_lmdb(path, key, change):
+    """Replace the value of ``key`` in the LMDB database at ``path`` by ``change(old bytes)``
+    (``None``: delete the key)."""
     import lmdb
     env = lmdb.open(path, map_size=1 << 26)
     with env.begin(write=True) as txn:
-        assert txn.delete(b"__ffload_records__")
-        meta = json.loads(txn.get(b"__ffload__"))
-        meta["version"] = 1
-        txn.put(b"__ffload__", json.dumps(meta).encode())
+        new = change(bytes(txn.get(key)))
+        if new is None:
+            assert txn.delete(key)
+        else:
+            txn.put(key, new)
     env.close()
+
+
+def _rewrite_lmdb_meta(path, change):
+    """Apply ``change`` (edits the dict in place) to the metadata record of ``path``."""
+    def edit(raw):
+        meta = json.loads(raw)
+        change(meta)
+        return json.dumps(meta).encode()
+    _rewrite_lmdb(path, b"__ffload__", edit)
+
+
+def _lmdb_as_version_1(path):
+    """Rewrite an ffload LMDB database as schema version 1 wrote it: no records or places table."""
+    _rewrite_lmdb(path, b"__ffload_records__", lambda _: None)
+    _rewrite_lmdb(path, b"__ffload_places__", lambda _: None)
+    _rewrite_lmdb_meta(path, lambda meta: meta.update(version=1))
 
 
 def test_lmdb_version_1_still_read(tmp_path):
@@ -452,19 +470,18 @@ def test_lmdb_version_1_still_read(tmp_path):
 def test_lmdb_corrupt_record_offsets_refused(tmp_path, version):
     """An image data_ptr far outside its value: in the records table (version 2) or in the
     value's own record (version 1, where it is read from)."""
-    import lmdb
     fields, samples = all_field_samples()
     path = str(tmp_path / "c.lmdb")
     write_dataset(path, fields, samples, len(samples))
     if version == 1:
         _lmdb_as_version_1(path)
     key, at = (b"0000000001", 0) if version == 1 else (b"__ffload_records__", named_metadata_dtype(fields).itemsize)
-    env = lmdb.open(path, map_size=1 << 26)
-    with env.begin(write=True) as txn:
-        value = bytearray(txn.get(key))
+
+    def far_pointer(value):
+        value = bytearray(value)
         value[at + 5:at + 13] = np.array(10 ** 9, "<u8").tobytes()
-        txn.put(key, bytes(value))
-    env.close()
+        return bytes(value)
+    _rewrite_lmdb(path, key, far_pointer)
     with pytest.raises(DatasetError, match="sample 1, field 'image'"):
         open_dataset(path)
 
@@ -474,14 +491,10 @@ def test_lmdb_corrupt_record_offsets_refused(tmp_path, version):
     (lambda table: b"\xff" * len(table), "sample 0: its record differs from the records table"),
 ])
 def test_lmdb_corrupt_records_table_refused(tmp_path, change, message):
-    import lmdb
     fields, samples = all_field_samples()
     path = str(tmp_path / "t.lmdb")
     write_dataset(path, fields, samples, len(samples))
-    env = lmdb.open(path, map_size=1 << 26)
-    with env.begin(write=True) as txn:
-        txn.put(b"__ffload_records__", change(bytes(txn.get(b"__ffload_records__"))))
-    env.close()
+    _rewrite_lmdb(path, b"__ffload_records__", change)
     with pytest.raises(DatasetError, match=message):
         open_dataset(path)
 
@@ -572,16 +585,10 @@ def test_lmdb_zero_copy_in_a_path_with_spaces(tmp_path):
     (lambda m: m.update(version=9), "unsupported ffload LMDB version 9"),
 ])
 def test_lmdb_corrupt_metadata_record_refused(tmp_path, change, message):
-    import lmdb
     fields, samples = all_field_samples()
     path = str(tmp_path / "m.lmdb")
     write_dataset(path, fields, samples, len(samples))
-    env = lmdb.open(path, map_size=1 << 26)
-    with env.begin(write=True) as txn:
-        meta = json.loads(txn.get(b"__ffload__"))
-        change(meta)
-        txn.put(b"__ffload__", json.dumps(meta).encode())
-    env.close()
+    _rewrite_lmdb_meta(path, change)
     with pytest.raises(DatasetError, match=message):
         open_dataset(path)
 
