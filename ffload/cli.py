@@ -134,7 +134,8 @@ def _storage_options_option(what: str):
                    "$FFLOAD_CACHE_DIR (~/.cache/ffload) and uploaded once complete.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: --num-workers processes here; ray: Ray tasks across a cluster (pip install 'ffload[ray]'), "
-                   "written here in order (the same output bytes).")
+                   "written here in order (the same output bytes); with --shard-size each task writes its "
+                   "own shards (to DST, which every node must see, or uploaded to a DST URL).")
 @click.option("--address", "ray_address", default=None,
               help="--engine ray: the cluster to join ('auto', 'ray://host:port'; default: RAY_ADDRESS or a new "
                    "local Ray instance).")

@@ -1,4 +1,4 @@
-"""Conversion on Ray vs local, side by side, and the driver's assembly rate.
+"""Conversion on Ray vs local, side by side, one file and sharded, and the driver's assembly rate.
 
     flock /tmp/ffload-bench.lock python scripts/bench_ray_convert.py [--repeats 3] [--per-class 40]
 
@@ -6,12 +6,15 @@ Converts the same ImageFolder of real photos (``build_photos_folder``: 300-500 p
 with ``--write-mode jpg --reencode`` (every image decoded and JPEG-encoded: the per-core cost of a
 FFCV-style ImageNet conversion) four ways, alternating runs in fresh subprocesses:
 ``local`` with 1 and 2 worker processes, ``ray`` on a local Ray instance with 1 and 2 CPUs (Ray's
-own processes - GCS, raylet - run on the same cores). Each run is timed from the first chunk
+own processes - GCS, raylet - run on the same cores); then the same four with ``--shard-size``
+(``local shards``: one process writes every shard; ``ray shards``: each Ray task writes its own,
+:mod:`ffload.convert.ray_shards`). Each run is timed from the first chunk
 submitted to the file closed (the Ray instance and its worker processes, with ffload imported,
 are started before the clock: a long conversion amortizes them; that start time is reported apart). Then the *assembly* step alone: chunks encoded beforehand and held in Ray's object
 store are fetched (``ray.get``) and written through the writer, as the driver does: its bytes/s
-bounds any cluster's conversion rate. Prints a markdown table with ratios and the ImageNet
-projection from the measured per-core rate.
+bounds any cluster's one-file conversion rate (a sharded one on Ray is bounded by the encoding
+alone). Every output's samples (metadata without pointers, payload bytes) are compared. Prints a
+markdown table with ratios and the ImageNet projection from the measured per-core rate.
 """
 from __future__ import annotations
 
@@ -31,8 +34,8 @@ RUNNER = r"""
 import json, sys, time
 from ffload.convert import convert_dataset
 from ffload.convert.sources import ImageFolderSource
-engine, folder, dst, workers = sys.argv[1:5]
-workers = int(workers)
+engine, folder, dst, workers, shard_size = sys.argv[1:6]
+workers, shard_size = int(workers), (None if shard_size == "-" else shard_size)
 src = ImageFolderSource(folder)
 ray_start = 0.0
 if engine == "ray":
@@ -48,7 +51,8 @@ if engine == "ray":
     ray.get([warm.remote() for _ in range(workers)])
     ray_start = time.perf_counter() - t
 t0 = time.perf_counter()
-r = convert_dataset(src, dst, write_mode="jpg", reencode=True, num_workers=workers, engine=engine, progress=False)
+r = convert_dataset(src, dst, write_mode="jpg", reencode=True, num_workers=workers, engine=engine, progress=False,
+                    shard_size=shard_size, page_size=1 << 21 if shard_size else None)
 print(json.dumps({"seconds": time.perf_counter() - t0, "samples": r.samples, "bytes": r.bytes,
                   "ray_start": ray_start}))
 """
@@ -88,6 +92,24 @@ def run(code: str, *args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def content_digest(path: str) -> str:
+    """sha256 of a dataset's samples: metadata rows with payload pointers zeroed, then payloads."""
+    import hashlib
+
+    from ffload.formats import open_dataset
+
+    view = open_dataset(path)
+    region, meta = view.open_region(), view.metadata.copy()
+    names = [name for name, f in view.fields.items() if f.has_payload]
+    for name in names:
+        view.fields[name].get_pointer(meta[name])[...] = 0
+    digest = hashlib.sha256(repr(meta.tolist()).encode())  # values: the two layouts' dtypes pad differently
+    for i in range(view.num_samples):
+        for name in names:
+            digest.update(view.payload(name, i, region))
+    return digest.hexdigest()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--folder", help="ImageFolder to convert (default: build the demo photos)")
@@ -97,6 +119,7 @@ def main():
     ap.add_argument("--cores-per-node", type=int, default=32)
     ap.add_argument("--imagenet-kib", type=float, default=110.0,
                     help="stored KiB per ImageNet image (its JPEGs kept as they are: ~138 GB / 1.28 M)")
+    ap.add_argument("--shard-size", default="16MB", help="shard size of the sharded runs (2 MiB pages)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="bench_ray_convert_")
@@ -105,33 +128,40 @@ def main():
         from ffload.convert.demo_data import build_photos_folder
         folder = os.path.join(work, "photos")
         build_photos_folder(folder, n_per_class=args.per_class)
-    configs = [("local", 1), ("ray", 1), ("local", 2), ("ray", 2)]
+    configs = [(e, w, s) for s in ("", " shards") for w in (1, 2) for e in ("local", "ray")]
+
+    def output(engine, workers, sharded):
+        return os.path.join(work, f"{engine}{workers}{'.shards' if sharded else '.beton'}")
+
     runs = {c: [] for c in configs}
     for _ in range(args.repeats):
-        for engine, workers in configs:
-            dst = os.path.join(work, f"{engine}{workers}.beton")
-            subprocess.run(["rm", "-f", dst], check=True)
-            runs[(engine, workers)].append(run(RUNNER, engine, folder, dst, workers))
+        for engine, workers, sharded in configs:
+            dst = output(engine, workers, sharded)
+            subprocess.run(["rm", "-rf", dst], check=True)
+            runs[(engine, workers, sharded)].append(
+                run(RUNNER, engine, folder, dst, workers, args.shard_size if sharded else "-"))
     n = runs[configs[0]][0]["samples"]
     rate = {c: n / statistics.median(r["seconds"] for r in v) for c, v in runs.items()}
-    same = len({open(os.path.join(work, f"{e}{w}.beton"), "rb").read() for e, w in configs}) == 1
+    same = len({open(output(e, w, s), "rb").read() for e, w, s in configs if not s}) == 1
+    same_samples = len({content_digest(output(*c)) for c in configs}) == 1
     assembly = [run(ASSEMBLY, folder, os.path.join(work, f"asm{k}.beton")) for k in range(args.repeats)]
     asm = min(assembly, key=lambda a: a["seconds"])
     asm_bps = asm["payload_bytes"] / asm["seconds"]
     bytes_per_image = asm["payload_bytes"] / asm["samples"]
-    per_core = rate[("ray", 1)]
+    per_core = rate[("ray", 1, "")]
 
     conditions = measurement_conditions()
     print(f"\nconvert {folder} ({n} photos, write-mode jpg --reencode), median of {args.repeats} alternating runs")
     print(format_conditions(conditions))
-    print(f"outputs of the 4 configurations byte-identical: {same}")
+    print(f"one-file outputs byte-identical: {same}; all 8 outputs hold the same samples: {same_samples}")
     print("| engine | processes | img/s | vs local same processes | vs same engine, 1 process | ray start + warm workers s |")
     print("|---|---|---|---|---|---|")
-    for engine, workers in configs:
-        starts = [r["ray_start"] for r in runs[(engine, workers)]]
-        print(f"| {engine} | {workers} | {rate[(engine, workers)]:.1f} | "
-              f"{rate[(engine, workers)] / rate[('local', workers)]:.2f}x | "
-              f"{rate[(engine, workers)] / rate[(engine, 1)]:.2f}x | "
+    for c in configs:
+        engine, workers, sharded = c
+        starts = [r["ray_start"] for r in runs[c]]
+        print(f"| {engine}{sharded} | {workers} | {rate[c]:.1f} | "
+              f"{rate[c] / rate[('local', workers, sharded)]:.2f}x | "
+              f"{rate[c] / rate[(engine, 1, sharded)]:.2f}x | "
               f"{statistics.median(starts):.1f} |")
     driver_img_s = asm_bps / bytes_per_image
     print(f"\nassembly (ray.get + writer, best of {args.repeats}): {asm_bps / 2**20:.0f} MiB/s of payload "
@@ -140,19 +170,20 @@ def main():
     print(f"\nImageNet-1k train ({IMAGENET_TRAIN} images, similar pixel counts) at {per_core:.1f} img/s per core "
           f"(ray, 1 CPU), {args.cores_per_node} cores/node; driver cap {imagenet_img_s:.0f} img/s at "
           f"{args.imagenet_kib:.0f} KiB/img:")
-    print("| nodes | encode-bound min | driver-bound min | projected min |")
-    print("|---|---|---|---|")
+    print("| nodes | encode-bound min | driver-bound min | projected min, one file | projected min, sharded |")
+    print("|---|---|---|---|---|")
     projection = []
     for nodes in args.nodes:
         encode_min = IMAGENET_TRAIN / (per_core * nodes * args.cores_per_node) / 60
         driver_min = IMAGENET_TRAIN / imagenet_img_s / 60
         projection.append({"nodes": nodes, "encode_min": encode_min, "driver_min": driver_min})
-        print(f"| {nodes} | {encode_min:.1f} | {driver_min:.1f} | {max(encode_min, driver_min):.1f} |")
+        print(f"| {nodes} | {encode_min:.1f} | {driver_min:.1f} | {max(encode_min, driver_min):.1f} | "
+              f"{encode_min:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"conditions": conditions, "samples": n, "identical": same,
-                       "img_s": {f"{e}{w}": v for (e, w), v in rate.items()},
-                       "runs": {f"{e}{w}": v for (e, w), v in runs.items()}, "assembly": assembly,
+            json.dump({"conditions": conditions, "samples": n, "identical": same, "same_samples": same_samples,
+                       "img_s": {f"{e}{w}{s}": v for (e, w, s), v in rate.items()},
+                       "runs": {f"{e}{w}{s}": v for (e, w, s), v in runs.items()}, "assembly": assembly,
                        "projection": projection}, f, indent=2)
     subprocess.run(["rm", "-rf", work])
 

@@ -169,3 +169,110 @@ def test_missing_ray_names_the_install(tmp_path, photos, monkeypatch):
     with pytest.raises(ConfigurationError, match=r"pip install 'ffload\[ray\]'"):
         convert_dataset(ImageFolderSource(photos), str(tmp_path / "x.beton"), engine="ray", progress=False)
     assert not (tmp_path / "x.beton").exists()
+
+
+# ---- Ray tasks writing shards (engine='ray' with shard_size) -------------------------------------
+
+def stored_samples(path) -> tuple[np.ndarray, list[list[bytes]]]:
+    """Every sample of the dataset at ``path``: its metadata rows with the payload pointers zeroed
+    (they depend on the layout), and its payloads' bytes."""
+    from ffload.formats import open_dataset
+    view = open_dataset(str(path))
+    region = view.open_region()
+    meta = view.metadata.copy()
+    payload_fields = [name for name, f in view.fields.items() if f.has_payload]
+    for name in payload_fields:
+        view.fields[name].get_pointer(meta[name])[...] = 0
+    return meta, [[bytes(view.payload(name, i, region)) for name in payload_fields] for i in range(view.num_samples)]
+
+
+def same_samples(a, b) -> bool:
+    (meta_a, payloads_a), (meta_b, payloads_b) = stored_samples(a), stored_samples(b)
+    return len(meta_a) > 0 and np.array_equal(meta_a, meta_b) and payloads_a == payloads_b
+
+
+def shard_files(path) -> list[str]:
+    import json
+    manifest = json.loads((path / "manifest.json").read_text("utf8"))
+    assert sorted(os.listdir(path)) == sorted(["manifest.json"] + [s["path"] for s in manifest["shards"]])
+    return [s["path"] for s in manifest["shards"]]
+
+
+@needs_ray
+def test_ray_tasks_write_the_shards_of_the_local_conversion(tmp_path, photos, ray_instance):
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    kw = dict(write_mode="jpg", on_error="skip", progress=False, shard_size="5MB", page_size=1 << 21)
+    a = convert_dataset(photos, str(local), num_workers=2, **kw)
+    b = convert_dataset(photos, str(remote), engine="ray", **kw)
+    assert b.format == "shards" and b.samples == a.samples == 44
+    assert same_samples(local, remote)
+    assert (b.label_counts == a.label_counts).all()
+    assert (b.passed_through, b.reencoded, b.skipped) == (a.passed_through, a.reencoded, a.skipped)
+    names = shard_files(remote)  # only the manifest's shards: no partial file left
+    tasks = sorted({name[:len("shard-00000")] for name in names})
+    assert len(tasks) >= 2  # 2 CPUs: at least one task each
+    assert all(name.startswith("shard-") and name.endswith(".beton") and len(name) == len("shard-00000-000.beton")
+               for name in names)
+    assert all(os.path.getsize(remote / name) <= 5_000_000 for name in names)
+
+
+@needs_ray
+def test_ray_shards_a_bad_input_fails_by_name_and_leaves_nothing(tmp_path, photos, ray_instance):
+    with pytest.raises(ConvertError, match="camera_0001b.JPEG"):
+        convert_dataset(photos, str(tmp_path / "x"), engine="ray", shard_size="1MB", progress=False)
+    assert os.listdir(tmp_path) == []
+
+
+@needs_ray
+def test_ray_shards_a_task_that_keeps_dying_is_reported_and_the_rest_is_kept(tmp_path, ray_instance):
+    ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test
+    source = IndexableSource(_Images(crash=5, driver=os.getpid()), name="images")
+    report = convert_dataset(source, str(tmp_path / "x"), engine="ray", shard_size="5MB", page_size=1 << 21,
+                             on_error="skip", progress=False)
+    # 8 samples on 2 CPUs: tasks of 4 samples; the one holding sample 5 died on every try
+    assert report.samples == 4 and [name for name, _ in report.skipped] == [source.describe(i) for i in range(4, 8)]
+    assert "Ray task for samples 4..7" in report.skipped[0][1]
+    meta, payloads = stored_samples(tmp_path / "x")
+    assert [p[0][:1] for p in payloads] == [bytes([i]) for i in range(4)]
+    assert len(shard_files(tmp_path / "x")) == 1
+
+
+@needs_ray
+def test_ray_shards_a_task_whose_worker_died_once_is_retried(tmp_path, ray_instance):
+    ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test
+    marker = tmp_path / "died"
+    source = IndexableSource(_Images(crash=5, driver=os.getpid(), once=str(marker)), name="images")
+    kw = dict(shard_size="5MB", page_size=1 << 21, progress=False)
+    report = convert_dataset(source, str(tmp_path / "ray"), engine="ray", **kw)
+    assert marker.exists() and report.samples == 8 and not report.skipped
+    convert_dataset(source, str(tmp_path / "local"), num_workers=0, **kw)
+    assert same_samples(tmp_path / "local", tmp_path / "ray")
+    shard_files(tmp_path / "ray")  # the dead attempt's partial shard is gone
+
+
+@needs_ray
+def test_ray_shards_uploaded_by_the_tasks(tmp_path, photos, ray_instance):
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from s3_server import s3_environment
+
+    from ffload.storage import open_filesystem
+    good = tmp_path / "good"
+    shutil.copytree(photos, good)
+    (good / "camera" / "camera_0001b.JPEG").unlink()
+    kw = dict(write_mode="jpg", progress=False, shard_size="5MB", page_size=1 << 21)
+    with s3_environment("bkt") as server:
+        options = server.storage_options()  # explicit: Ray's workers predate the environment
+        report = convert_dataset(good, "s3://bkt/ds", engine="ray", storage_options=options, **kw)
+        assert report.samples == 44 and report.dst == "s3://bkt/ds"
+        fs, _ = open_filesystem("s3://bkt/ds", options)
+        fs.get("bkt/ds", str(tmp_path / "down"), recursive=True)
+        convert_dataset(good, str(tmp_path / "local"), num_workers=0, **kw)
+        assert same_samples(tmp_path / "local", tmp_path / "down")
+        assert report.bytes == sum(p.stat().st_size for p in (tmp_path / "down").iterdir())
+        assert len(shard_files(tmp_path / "down")) >= 2
+        assert not [p for p in os.listdir(tmp_path) if p.startswith("ffload-shards-")]
+        # a failed conversion removes the shards its tasks uploaded (no manifest: never a dataset)
+        with pytest.raises(ConvertError, match="camera_0001b.JPEG"):
+            convert_dataset(photos, "s3://bkt/bad", engine="ray", storage_options=options, **kw)
+        assert not fs.exists("bkt/bad/manifest.json") and fs.glob("bkt/bad/*") == []

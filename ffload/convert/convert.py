@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import inspect
 import os
@@ -18,6 +19,10 @@ from ..formats.shards import MANIFEST, check_shard_size_arguments
 from ..storage import is_remote
 from ..system import available_cpus, path_bytes
 from .encode import SampleEncoder, encoded_chunks
+
+_SHARD_URL: contextvars.ContextVar[str | None] = contextvars.ContextVar("shard_url", default=None)
+"""Set by :func:`_convert_to_remote_shards` for a Ray conversion: the URL prefix its tasks upload
+the shards to (the local directory then gets only the manifest)."""
 
 
 @dataclass
@@ -156,7 +161,11 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
         engine: ``'local'`` (``num_workers`` forked processes) or ``'ray'``: chunks encoded by Ray
             tasks across the cluster at ``ray_address`` (``'auto'``, ``'ray://host:port'``; None:
             this process's Ray instance or a new local one), written here in order: the same
-            output bytes (:mod:`ffload.convert.ray_engine`; needs ``ffload[ray]``).
+            output bytes (:mod:`ffload.convert.ray_engine`; needs ``ffload[ray]``). With
+            ``shard_size``, each Ray task writes its own shards (into ``dst``'s temporary
+            directory, which every node must see, or uploaded under a URL ``dst``) and only the
+            manifest is written here: the same samples, order and pixels, with shard boundaries
+            also at task boundaries (:mod:`ffload.convert.ray_shards`).
         storage_options: for a URL ``source`` or ``dst``, the filesystem's options (credentials,
             ``endpoint_url``; :func:`ffload.storage.open_filesystem`).
         shard_size: write a sharded dataset (:mod:`ffload.formats.shards`): ``dst`` becomes a
@@ -234,6 +243,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
         from tqdm import tqdm
         bar = tqdm(total=n, initial=start, unit="img", desc=f"convert -> {os.path.basename(dst)}", smoothing=0.1)
     t0 = time.perf_counter()
+    uploaded = 0  # bytes of the shards Ray tasks uploaded themselves
     try:
         with dataset_writer(dst, fields, n, overwrite=overwrite, page_size=page_size,
                             tmp=journal and journal.partial, info=info, shard_size=shard_size,
@@ -244,30 +254,55 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                 journal.commit(writer, start, skipped, outcomes, force=True)
             encoder = SampleEncoder(source, flist, passthrough=not reencode,
                                     strip_metadata=strip_metadata, verify=verify)
-            if engine == "ray":
-                from .ray_engine import ray_encoded_chunks
-                chunks = ray_encoded_chunks(encoder, chunk_size, start=start, address=ray_address)
+
+            def take(errors: list, done: Counter) -> None:
+                """The bookkeeping of one chunk or task: ``on_error``, outcomes."""
+                if errors:
+                    if on_error == "fail":
+                        _, name, cause = errors[0]
+                        raise ConvertError(f"{name}: {cause}")
+                    skipped.extend((name, cause) for _, name, cause in errors)
+                outcomes.update(done)
+
+            if engine == "ray" and fmt == "shards":  # tasks write the shards; the manifest here
+                from .ray_shards import ray_written_shards
+                url = _SHARD_URL.get()
+                results = ray_written_shards(encoder, list(fields), writer.shard_size, writer.page_size, writer.info,
+                                             label_pos, folder=writer.path, url=url,
+                                             on_error=on_error, address=ray_address,
+                                             storage_options=storage_options)
+                try:
+                    for result in results:
+                        take(result.errors, result.outcomes)
+                        writer.adopt(result.shards)
+                        labels[written:written + len(result.labels)] = result.labels
+                        written += result.samples
+                        if url is not None:  # not in dst: under the URL prefix
+                            uploaded += sum(entry["bytes"] for entry in result.shards)
+                        if bar is not None:
+                            bar.update(result.stop - result.start)
+                finally:
+                    results.close()
             else:
-                chunks = encoded_chunks(encoder, workers, chunk_size, start=start)
-            try:
-                for chunk, slab in chunks:
-                    if chunk.errors:
-                        if on_error == "fail":
-                            _, name, cause = chunk.errors[0]
-                            raise ConvertError(f"{name}: {cause}")
-                        skipped.extend((name, cause) for _, name, cause in chunk.errors)
-                    outcomes.update(chunk.outcomes)
-                    for _, metas, payloads in chunk.samples(flist, slab):
-                        writer.add(written, metas, payloads)
-                        if label_pos is not None:
-                            labels[written] = int(metas[label_pos])
-                        written += 1
-                    if journal is not None:
-                        journal.commit(writer, chunk.stop, skipped, outcomes)
-                    if bar is not None:
-                        bar.update(chunk.stop - chunk.start)
-            finally:
-                chunks.close()
+                if engine == "ray":
+                    from .ray_engine import ray_encoded_chunks
+                    chunks = ray_encoded_chunks(encoder, chunk_size, start=start, address=ray_address)
+                else:
+                    chunks = encoded_chunks(encoder, workers, chunk_size, start=start)
+                try:
+                    for chunk, slab in chunks:
+                        take(chunk.errors, chunk.outcomes)
+                        for _, metas, payloads in chunk.samples(flist, slab):
+                            writer.add(written, metas, payloads)
+                            if label_pos is not None:
+                                labels[written] = int(metas[label_pos])
+                            written += 1
+                        if journal is not None:
+                            journal.commit(writer, chunk.stop, skipped, outcomes)
+                        if bar is not None:
+                            bar.update(chunk.stop - chunk.start)
+                finally:
+                    chunks.close()
             if written == 0:
                 raise ConvertError(f"{getattr(source, 'name', 'source')}: every input failed; first: "
                                    f"{skipped[0][0]}: {skipped[0][1]}")
@@ -286,7 +321,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     if label_pos is not None and written and labels[:written].min() >= 0:
         counts = np.bincount(labels[:written], minlength=len(classes) if classes else 0)
     return ConvertReport(dst=dst, format=fmt, samples=written, classes=len(classes) if classes else None,
-                         bytes=path_bytes(dst), seconds=seconds, skipped=skipped, label_counts=counts,
+                         bytes=path_bytes(dst) + uploaded, seconds=seconds, skipped=skipped, label_counts=counts,
                          workers=workers, passed_through=outcomes.pop("passed_through", 0),
                          reencoded=dict(sorted(outcomes.items())), resumed_from=start)
 
@@ -350,8 +385,10 @@ def _convert_to_remote(dst: str, arguments: dict) -> ConvertReport:
 def _convert_to_remote_shards(dst: str, arguments: dict) -> ConvertReport:
     """:func:`convert_dataset` with ``shard_size`` to a URL prefix: convert into a local temporary
     directory, then upload every shard and, last, the manifest (readers open the manifest, so the
-    dataset appears only once every shard is there). Raises as :func:`_convert_to_remote`; a
-    failed upload leaves shards but no manifest at ``dst`` (not a dataset)."""
+    dataset appears only once every shard is there). With ``engine='ray'`` the tasks upload their
+    shards themselves (:mod:`.ray_shards`) and the local directory gets only the manifest. Raises
+    as :func:`_convert_to_remote`; a failed upload leaves shards but no manifest at ``dst`` (not a
+    dataset)."""
     import posixpath
     import shutil
     import tempfile
@@ -365,7 +402,11 @@ def _convert_to_remote_shards(dst: str, arguments: dict) -> ConvertReport:
     folder = tempfile.mkdtemp(prefix="ffload-upload-")
     try:
         local = os.path.join(folder, posixpath.basename(prefix) or "dataset")
-        report = convert_dataset(dst=local, **dict(arguments, overwrite=False))
+        token = _SHARD_URL.set(prefix if arguments["engine"] == "ray" else None)
+        try:
+            report = convert_dataset(dst=local, **dict(arguments, overwrite=False))
+        finally:
+            _SHARD_URL.reset(token)
         names = sorted(os.listdir(local), key=lambda name: name == MANIFEST)  # the manifest last
         for name in names:
             upload_file(os.path.join(local, name), f"{prefix}/{name}", options)

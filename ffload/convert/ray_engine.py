@@ -14,9 +14,11 @@ naming its source file, so that ``on_error`` applies to it as to any bad input.
 
 Every node needs ffload (and the source's files, at the same paths) installed; Ray ships the
 task's arguments, not the package. Follows Ray's task API (``ray.remote``, ``ray.put``, ``ray.get``).
+A sharded conversion skips the driver's writing altogether: :mod:`.ray_shards`.
 """
 from __future__ import annotations
 
+import contextlib
 from collections import Counter, deque
 from collections.abc import Iterator
 
@@ -40,13 +42,42 @@ def import_ray():
     return ray
 
 
-def _failed_chunk(encoder: SampleEncoder, start: int, stop: int, cause: str) -> EncodedChunk:
-    """A chunk whose samples ``start..stop-1`` all failed with ``cause`` (each named by its input)."""
+@contextlib.contextmanager
+def joined_cluster(address: str | None = None) -> Iterator:
+    """The ``ray`` module, within a Ray cluster for the ``with`` block: this process's own when it
+    called ``ray.init`` already, else the one at ``address`` (``'auto'``, ``'ray://host:port'``:
+    ``ray.init``'s address; None: ``RAY_ADDRESS`` or a new local instance), left
+    (``ray.shutdown``) at the end.
+
+    Raises:
+        ConfigurationError: Ray is not installed (the message gives the install command).
+        Errors of ``ray.init`` (an unreachable ``address``).
+    """
+    ray = import_ray()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def failure_errors(encoder: SampleEncoder, start: int, stop: int, error: BaseException) -> list[tuple[int, str, str]]:
+    """``(index, input, cause)`` for each of samples ``start..stop-1``, whose Ray task failed
+    with ``error`` after its retries: the cause names the task's range and first and last inputs."""
+    cause = f"{type(error).__name__}: {error}".splitlines()[0]
     first, last = encoder.describe(start), encoder.describe(stop - 1)
     where = f"Ray task for samples {start}..{stop - 1} ({first} .. {last}) failed: {cause}"
-    errors = [(i, encoder.describe(i), where) for i in range(start, stop)]
+    return [(i, encoder.describe(i), where) for i in range(start, stop)]
+
+
+def _failed_chunk(encoder: SampleEncoder, start: int, stop: int, error: BaseException) -> EncodedChunk:
+    """A chunk whose samples ``start..stop-1`` all failed (:func:`failure_errors`)."""
     return EncodedChunk(start, stop, np.zeros(0, np.int64), np.zeros(0, metadata_dtype(encoder.fields)),
-                        np.zeros((0, len(encoder.fields)), np.int64), -1, 0, b"", errors, Counter())
+                        np.zeros((0, len(encoder.fields)), np.int64), -1, 0, b"",
+                        failure_errors(encoder, start, stop, error), Counter())
 
 
 def ray_encoded_chunks(encoder: SampleEncoder, chunk_size: int | None = None, start: int = 0,
@@ -59,10 +90,7 @@ def ray_encoded_chunks(encoder: SampleEncoder, chunk_size: int | None = None, st
         chunk_size: samples per task; None sizes chunks from the bytes per sample seen so far
             (about 16 MiB per chunk, at most 256 samples, as locally).
         start: the first source index to encode (a resumed conversion).
-        address: the cluster to join when this process has not joined one yet (``'auto'``,
-            ``'ray://host:port'``: Ray's ``ray.init`` address; None: ``RAY_ADDRESS`` or a new local
-            instance); an instance joined here is left (``ray.shutdown``) at the end. A process
-            that called ``ray.init`` itself uses its own.
+        address: the cluster (:func:`joined_cluster`).
         max_in_flight: chunks submitted and not yet consumed (default: 2 per cluster CPU).
         max_retries: Ray retries of a task whose worker process or node died.
 
@@ -70,11 +98,7 @@ def ray_encoded_chunks(encoder: SampleEncoder, chunk_size: int | None = None, st
         ConfigurationError: Ray is not installed (the message gives the install command).
         Errors of ``ray.init`` (an unreachable ``address``).
     """
-    ray = import_ray()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    try:
+    with joined_cluster(address) as ray:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         limit = max(1, max_in_flight or CHUNKS_PER_CPU * cpus)
         task = ray.remote(num_cpus=1, max_retries=max_retries)(encode_chunk)
@@ -92,12 +116,9 @@ def ray_encoded_chunks(encoder: SampleEncoder, chunk_size: int | None = None, st
                 try:
                     chunk = ray.get(ref)
                 except ray.exceptions.RayError as e:  # the task failed after its retries
-                    chunk = _failed_chunk(encoder, *bounds, f"{type(e).__name__}: {e}".splitlines()[0])
+                    chunk = _failed_chunk(encoder, *bounds, e)
                 sizer.observe(chunk)
                 yield chunk, None
         finally:
             for _, ref in pending:  # closed early (an error, Ctrl-C): stop the work still queued
                 ray.cancel(ref, force=True)
-    finally:
-        if started:
-            ray.shutdown()

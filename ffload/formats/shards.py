@@ -60,6 +60,7 @@ from .writer import DatasetWriter
 FORMAT_NAME = "ffload-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
+PARTIAL = ".partial"  # suffix of a shard file being written (hidden: named .NAME.partial)
 _HASH_CHUNK = 1 << 22
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10 ** 3, "kib": 1 << 10, "m": 1 << 20, "mb": 10 ** 6,
@@ -116,40 +117,44 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-class ShardedWriter(DatasetWriter):
-    """Streams samples, in index order, into a directory of ``.beton`` shards and its manifest
-    (the :class:`~.writer.DatasetWriter` protocol: ``add`` in order, then ``close``; ``abort``
-    leaves the directory to the caller, who deletes it: see :mod:`.atomic`).
+class ShardFiles(DatasetWriter):
+    """Streams samples, in index order, into ``.beton`` shard files in the existing folder
+    ``path`` (the :class:`~.writer.DatasetWriter` protocol: ``add`` in order, then ``close``):
+    the shards of a :class:`ShardedWriter`, or those one Ray task writes for its range of samples
+    (:mod:`ffload.convert.ray_shards`). No manifest.
 
     Each shard is a :class:`~.beton.BetonWriter` that reserves the metadata rows its first page's
     padding holds (more double it); before a sample is added, :meth:`BetonWriter.file_bytes_with`
     tells whether the shard would exceed ``shard_size``, and if so (and the shard is not empty)
-    the shard is closed (synced, hashed) and the next one opened.
+    the shard is closed (synced, hashed) and the next one opened. A shard is written under a
+    hidden name (``.NAME`` + :data:`PARTIAL`) and renamed to ``NAME`` once closed, so a shard file
+    is always complete, also when a killed writer is started again (a retried Ray task).
 
     Args:
-        path: the directory to create (must not exist).
-        fields, num_samples, info: as for :class:`~.writer.DatasetWriter` (``info`` goes into the
-            manifest and into every shard).
+        path: the folder to write into (it must exist).
+        fields, num_samples, info: as for :class:`~.writer.DatasetWriter` (``info`` goes into
+            every shard).
         shard_size: bytes per shard file at most (int or a size string, :func:`parse_size`).
         page_size: every shard's page size (bytes, power of two >= 2 MiB; a shard's grows for a
             larger sample, as a .beton's does: the next shard starts at ``page_size`` again).
+        name: shard ``k``'s file name (default :func:`shard_name`).
 
     Attributes:
-        shards: the manifest entries of the shards closed so far.
+        shards: the manifest entries (``path``, ``num_samples``, ``bytes``, ``sha256``) of the
+            shards closed so far.
 
     Raises:
         ConfigurationError: a bad ``shard_size`` or ``page_size``.
-        FileExistsError: ``path`` exists.
     """
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int, shard_size,
-                 page_size: int = DEFAULT_PAGE_SIZE, info: dict | None = None):
+                 page_size: int = DEFAULT_PAGE_SIZE, info: dict | None = None, name=shard_name):
         super().__init__(path, fields, num_samples, info)
         self.shard_size = parse_size(shard_size)
         self.page_size = check_page_size(page_size)
         self.shards: list[dict] = []
+        self._name = name
         self._current: BetonWriter | None = None
-        os.mkdir(path)
 
     def _first_page_rows(self) -> int:
         """Metadata rows the padding before a shard's first data page holds (at least 1)."""
@@ -164,36 +169,28 @@ class ShardedWriter(DatasetWriter):
             self._close_shard()
             shard = None
         if shard is None:
-            shard = self._current = BetonWriter(os.path.join(self.path, shard_name(len(self.shards))), self.fields,
-                                                self.num_samples - self.count, self.page_size, info=self.info,
-                                                reserve=self._first_page_rows())
+            partial = os.path.join(self.path, f".{self._name(len(self.shards))}{PARTIAL}")
+            shard = self._current = BetonWriter(partial, self.fields, self.num_samples - self.count, self.page_size,
+                                                info=self.info, reserve=self._first_page_rows())
         shard.add(shard.count, metas, payloads)
 
     def _close_shard(self) -> None:
         shard, self._current = self._current, None
         shard.close()
-        self.shards.append({"path": os.path.basename(shard.path), "num_samples": shard.count,
-                            "bytes": os.path.getsize(shard.path), "sha256": file_sha256(shard.path)})
+        name = self._name(len(self.shards))
+        target = os.path.join(self.path, name)
+        os.replace(shard.path, target)
+        self.shards.append({"path": name, "num_samples": shard.count, "bytes": os.path.getsize(target),
+                            "sha256": file_sha256(target)})
 
     def _finalize(self) -> None:
-        """Close the last shard, write ``manifest.json`` (last), sync the directory."""
+        """Close the last shard."""
         if self._current is not None:
             self._close_shard()
-        manifest = {"format": FORMAT_NAME, "version": VERSION, "num_samples": self.count,
-                    "fields": field_specs(self.fields), "info": self.info, "shards": self.shards}
-        target = os.path.join(self.path, MANIFEST)
-        with open(target, "w", encoding="utf8") as fp:
-            json.dump(manifest, fp, ensure_ascii=False, indent=1)
-            fp.flush()
-            os.fsync(fp.fileno())
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def close(self) -> None:
-        """Finish the last shard and write the manifest; on failure abort, and re-raise."""
+        """Finish the last shard (and, for a :class:`ShardedWriter`, write the manifest); on
+        failure abort, and re-raise."""
         try:
             self._finalize()
         except BaseException:
@@ -201,10 +198,76 @@ class ShardedWriter(DatasetWriter):
             raise
 
     def abort(self) -> None:
-        """Close the shard being written without finishing it; never raises."""
+        """Close the shard being written without finishing it (its partial file is left to the
+        caller, who deletes the folder); never raises."""
         if self._current is not None:
             self._current.abort()
             self._current = None
+
+
+class ShardedWriter(ShardFiles):
+    """Streams samples, in index order, into a new directory of ``.beton`` shards and its
+    manifest (:class:`ShardFiles`, then ``manifest.json`` at ``close``; ``abort`` leaves the
+    directory to the caller, who deletes it: see :mod:`.atomic`).
+
+    Shards written elsewhere into the same directory (by Ray tasks, each for a range of samples)
+    join the dataset through :meth:`adopt`, in sample order.
+
+    Args:
+        path: the directory to create (must not exist); the other arguments as :class:`ShardFiles`.
+
+    Raises:
+        ConfigurationError: a bad ``shard_size`` or ``page_size``.
+        FileExistsError: ``path`` exists.
+    """
+
+    def __init__(self, path: str, fields: dict[str, Field], num_samples: int, shard_size,
+                 page_size: int = DEFAULT_PAGE_SIZE, info: dict | None = None):
+        super().__init__(path, fields, num_samples, shard_size, page_size, info)
+        os.mkdir(path)
+
+    def adopt(self, shards: list[dict]) -> None:
+        """Append shards already complete in the directory (or, for a dataset on object storage,
+        under its prefix): their manifest entries, as :attr:`ShardFiles.shards` holds them, in
+        sample order; they follow every sample added so far.
+
+        Raises:
+            ConfigurationError: a shard is being written (``add`` and ``adopt`` do not mix within one
+                shard), or the entries add up to more than ``num_samples``.
+        """
+        if self._current is not None:
+            raise ConfigurationError("adopt() while a shard is being written: close it first")
+        samples = sum(entry["num_samples"] for entry in shards)
+        if self.count + samples > self.num_samples:
+            raise ConfigurationError(f"adopted shards bring {self.count + samples} samples, more than the "
+                                     f"{self.num_samples} declared")
+        self.shards.extend(shards)
+        self.count += samples
+
+    def _finalize(self) -> None:
+        """Close the last shard, remove partial shard files a killed writer left (a retried Ray
+        task's), write ``manifest.json`` (last), sync the directory."""
+        super()._finalize()
+        for entry in os.listdir(self.path):
+            if entry.startswith(".") and entry.endswith(PARTIAL):
+                os.remove(os.path.join(self.path, entry))
+        write_manifest(os.path.join(self.path, MANIFEST), self.fields, self.info, self.count, self.shards)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_manifest(target: str, fields: dict[str, Field], info: dict, num_samples: int, shards: list[dict]) -> None:
+    """Write (and fsync) the manifest of a dataset of ``num_samples`` samples in ``shards`` (their
+    entries, in sample order) to the local file ``target``."""
+    manifest = {"format": FORMAT_NAME, "version": VERSION, "num_samples": num_samples,
+                "fields": field_specs(fields), "info": info, "shards": shards}
+    with open(target, "w", encoding="utf8") as fp:
+        json.dump(manifest, fp, ensure_ascii=False, indent=1)
+        fp.flush()
+        os.fsync(fp.fileno())
 
 
 # ---------------------------------------------------------------------------------- reading
