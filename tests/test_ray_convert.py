@@ -251,6 +251,24 @@ def test_ray_shards_a_task_whose_worker_died_once_is_retried(tmp_path, ray_insta
 
 
 @needs_ray
+def test_ray_shards_progress_counts_each_sample_once_across_retries(tmp_path, ray_instance):
+    from ffload.convert.encode import SampleEncoder
+    from ffload.convert.ray_shards import ray_written_shards
+    from ffload.formats.fields import IntField, RGBImageField
+    ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test
+    marker = tmp_path / "died"
+    source = IndexableSource(_Images(crash=6, driver=os.getpid(), once=str(marker)), name="images")
+    encoder = SampleEncoder(source, [RGBImageField(), IntField()])
+    (tmp_path / "out").mkdir()
+    steps = []
+    results = list(ray_written_shards(encoder, ["image", "label"], 5 << 20, 1 << 21, {}, 1,
+                                      folder=str(tmp_path / "out"), on_progress=steps.append))
+    assert marker.exists()  # the task of samples 4..7 died after reporting samples 4 and 5, and ran again
+    assert sum(steps) == 8 and all(step > 0 for step in steps)
+    assert [int(label) for r in results for label in r.labels] == source.dataset.targets
+
+
+@needs_ray
 def test_ray_shards_uploaded_by_the_tasks(tmp_path, photos, ray_instance):
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")

@@ -304,6 +304,8 @@ def test_refusals(tmp_path):
         write_dataset(str(tmp_path / "x.beton"), fields, [(1,)], 1, shard_size="1GB")
     with pytest.raises(ConfigurationError, match="not a size"):
         write_dataset(str(tmp_path / "x"), fields, [(1,)], 1, shard_size="1 parsec")
+    with pytest.raises(ConfigurationError, match="below two pages"):  # 8 MiB pages: 16 MiB at least
+        write_dataset(str(tmp_path / "x"), fields, [(1,)], 1, shard_size="16MB")
     src = ffload.convert.sources.ArraySource(np.zeros((2, 8, 8, 3), np.uint8), np.arange(2))
     with pytest.raises(ConfigurationError, match="--resume .* not supported with --shard-size"):
         convert_dataset(src, str(tmp_path / "y"), shard_size="1GB", resume=True, progress=False)

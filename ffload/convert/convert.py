@@ -270,7 +270,8 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                 results = ray_written_shards(encoder, list(fields), writer.shard_size, writer.page_size, writer.info,
                                              label_pos, folder=writer.path, url=url,
                                              on_error=on_error, address=ray_address,
-                                             storage_options=storage_options)
+                                             storage_options=storage_options,
+                                             on_progress=None if bar is None else bar.update)
                 try:
                     for result in results:
                         take(result.errors, result.outcomes)
@@ -279,8 +280,6 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                         written += result.samples
                         if url is not None:  # not in dst: under the URL prefix
                             uploaded += sum(entry["bytes"] for entry in result.shards)
-                        if bar is not None:
-                            bar.update(result.stop - result.start)
                 finally:
                     results.close()
             else:

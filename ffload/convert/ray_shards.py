@@ -31,8 +31,10 @@ sample, and gives each task about ``0.95 * shard_size`` of payload (one shard), 
 ``CPUs * shard_size`` gets more, smaller shards than ``shard_size`` asks. A task whose worker or
 node dies is retried by Ray (its partial shard files are hidden ``.partial`` names, replaced by
 the retry and removed at the end); one that still fails comes back as errors naming its samples'
-source files, so that ``on_error`` applies as to any bad input. The progress bar advances as
-tasks finish, in sample order.
+source files, so that ``on_error`` applies as to any bad input. Progress: each task reports the
+samples it has encoded so far to a small Ray actor (:class:`ProgressTally`) after every chunk; the
+driver polls it while it waits, so the bar moves as the cluster works, not only as whole tasks
+finish (a retried task's count restarts from zero: the tally keeps each task's highest count).
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ import posixpath
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +57,7 @@ from .ray_engine import MAX_RETRIES, failure_errors, joined_cluster
 SHARD_FILL = 0.95  # a task's planned payload, as a fraction of the shard size
 PROBE_SAMPLES = 8  # samples the driver encodes to estimate the bytes per sample
 CANCEL_WAIT = 60.0  # seconds to wait for cancelled tasks to end, at most
+POLL_SECONDS = 0.5  # how often the driver asks the progress tally while it waits
 
 
 @dataclass
@@ -82,6 +85,20 @@ class ShardTaskResult:
         return sum(entry["num_samples"] for entry in self.shards)
 
 
+class ProgressTally:
+    """Samples encoded so far per task (a Ray actor, ``num_cpus=0``): tasks :meth:`report` their
+    own running count; a retried task's lower count does not move the tally back."""
+
+    def __init__(self):
+        self.done: dict[int, int] = {}
+
+    def report(self, task: int, done: int) -> None:
+        self.done[task] = max(done, self.done.get(task, 0))
+
+    def counts(self) -> dict[int, int]:
+        return self.done
+
+
 def task_shard_name(task: int, k: int) -> str:
     """The file name of task ``task``'s shard ``k`` (``shard-00003-000.beton``)."""
     return f"shard-{task:05d}-{k:03d}.beton"
@@ -100,7 +117,7 @@ def _task_folder(url: str, task: int) -> str:
 def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop: int, task: int,
                       folder: str | None, url: str | None, shard_size: int, page_size: int, info: dict,
                       label_pos: int | None, stop_at_error: bool,
-                      storage_options: dict | None = None) -> ShardTaskResult:
+                      storage_options: dict | None = None, tally=None) -> ShardTaskResult:
     """The Ray task: encode source samples ``start..stop-1`` and write them as shards named
     :func:`task_shard_name` ``(task, k)`` into ``folder`` (a local dataset's temporary
     directory) or, with ``url``, upload them under that prefix.
@@ -112,6 +129,7 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
         label_pos: the label field's position among the fields (None: no label field).
         stop_at_error: return at the first bad sample (``on_error='fail'``: the driver stops);
             its partial shard is left to the driver, which removes the whole output.
+        tally: a :class:`ProgressTally` actor to report the samples encoded to, after each chunk.
 
     Raises:
         OSError: a local write failed. StorageError: an upload failed (after its retries).
@@ -136,6 +154,8 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
                     writer.add(writer.count, metas, payloads)
                     if label_pos is not None:
                         labels.append(int(metas[label_pos]))
+                if tally is not None:
+                    tally.report.remote(task, bounds[1] - start)
                 if errors and stop_at_error:
                     break
         if url is not None:
@@ -147,13 +167,12 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
     return ShardTaskResult(start, stop, writer.shards, np.asarray(labels, dtype=np.int64), errors, outcomes)
 
 
-def samples_per_task(encoder: SampleEncoder, start: int, shard_size: int, cpus: int) -> int:
+def samples_per_task(encoder: SampleEncoder, shard_size: int, cpus: int) -> int:
     """Samples per task: about ``SHARD_FILL * shard_size`` of payload, from the mean payload
-    bytes of up to :data:`PROBE_SAMPLES` samples spread over ``start..N-1`` (encoded here; ones
-    that fail are left to the tasks to report), at most ``ceil((N - start) / cpus)``."""
-    n = len(encoder)
-    remaining = n - start
-    probes = np.unique(np.linspace(start, n - 1, min(PROBE_SAMPLES, remaining)).astype(np.int64))
+    bytes of up to :data:`PROBE_SAMPLES` samples spread over the source (encoded here; ones that
+    fail are left to the tasks to report), at most ``ceil(N / cpus)``."""
+    remaining = n = len(encoder)
+    probes = np.unique(np.linspace(0, n - 1, min(PROBE_SAMPLES, n)).astype(np.int64))
     sizes = [int(chunk.sizes.sum()) for chunk in (encode_chunk(encoder, int(i), int(i) + 1) for i in probes)
              if len(chunk.ok)]
     per_sample = max(1.0, float(np.mean(sizes))) if sizes else 1.0
@@ -164,8 +183,8 @@ def samples_per_task(encoder: SampleEncoder, start: int, shard_size: int, cpus: 
 def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int, page_size: int, info: dict,
                        label_pos: int | None, folder: str | None = None, url: str | None = None,
                        on_error: str = "fail", address: str | None = None,
-                       storage_options: dict | None = None,
-                       max_retries: int = MAX_RETRIES) -> Iterator[ShardTaskResult]:
+                       storage_options: dict | None = None, max_retries: int = MAX_RETRIES,
+                       on_progress: Callable[[int], None] | None = None) -> Iterator[ShardTaskResult]:
     """Write every sample of ``encoder``'s source as shards from Ray tasks
     (:func:`write_task_shards`), yielding each task's :class:`ShardTaskResult` in sample order.
 
@@ -177,6 +196,8 @@ def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int
         on_error: ``'fail'``: tasks stop at their first bad sample (the caller raises).
         address: the cluster (:func:`.ray_engine.joined_cluster`).
         max_retries: Ray retries of a task whose worker process or node died.
+        on_progress: called with the number of samples newly encoded (or given up on) by the
+            cluster, as tasks report them (:class:`ProgressTally`), while results wait their turn.
 
     Closing the generator early (an error, Ctrl-C) cancels the tasks not yet consumed; with
     ``url``, the shards uploaded by every task are then removed (best effort).
@@ -187,19 +208,35 @@ def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int
     with joined_cluster(address) as ray:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         n = len(encoder)
-        per_task = samples_per_task(encoder, 0, shard_size, cpus)
+        per_task = samples_per_task(encoder, shard_size, cpus)
         task = ray.remote(num_cpus=1, max_retries=max_retries)(write_task_shards)
         shared = ray.put(encoder)
         bounds = [(a, min(n, a + per_task)) for a in range(0, n, per_task)]
+        tally = ray.remote(num_cpus=0)(ProgressTally).remote() if on_progress is not None else None
         refs = [task.remote(shared, names, a, b, t, folder, url, shard_size, page_size, info, label_pos,
-                            on_error == "fail", storage_options) for t, (a, b) in enumerate(bounds)]
+                            on_error == "fail", storage_options, tally) for t, (a, b) in enumerate(bounds)]
+        seen: dict[int, int] = {}  # samples per task counted into on_progress so far
+
+        def advance(counts: dict[int, int]) -> None:
+            new = 0
+            for t, count in counts.items():
+                if count > seen.get(t, 0):
+                    new += count - seen.get(t, 0)
+                    seen[t] = count
+            if new:
+                on_progress(new)
+
         done = 0
         try:
-            for (a, b), ref in zip(bounds, refs):
+            for t, ((a, b), ref) in enumerate(zip(bounds, refs)):
+                while tally is not None and not ray.wait([ref], timeout=POLL_SECONDS)[0]:
+                    advance(ray.get(tally.counts.remote()))
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayError as e:  # the task failed after its retries
                     result = ShardTaskResult(a, b, [], np.zeros(0, np.int64), failure_errors(encoder, a, b, e))
+                if tally is not None:
+                    advance({t: b - a})
                 done += 1
                 yield result
         finally:

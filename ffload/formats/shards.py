@@ -144,7 +144,8 @@ class ShardFiles(DatasetWriter):
             shards closed so far.
 
     Raises:
-        ConfigurationError: a bad ``shard_size`` or ``page_size``.
+        ConfigurationError: a bad ``shard_size`` or ``page_size``, or a shard size below two
+            pages (a shard file's least size: each sample would get a shard of its own).
     """
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int, shard_size,
@@ -152,6 +153,11 @@ class ShardFiles(DatasetWriter):
         super().__init__(path, fields, num_samples, info)
         self.shard_size = parse_size(shard_size)
         self.page_size = check_page_size(page_size)
+        if self.shard_size < 2 * self.page_size:
+            raise ConfigurationError(f"shard size {self.shard_size} bytes is below two pages ({2 * self.page_size} "
+                                     f"bytes): every shard file holds a header page and a data page at least, so "
+                                     "each sample would get a shard of its own; give a larger --shard-size or a "
+                                     "smaller --page-size (a power of two >= 2 MiB)")
         self.shards: list[dict] = []
         self._name = name
         self._current: BetonWriter | None = None
