@@ -3,6 +3,7 @@ Ray tasks reported by file. A local Ray instance (2 CPUs, loopback, no dashboard
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -192,10 +193,11 @@ def same_samples(a, b) -> bool:
 
 
 def shard_files(path) -> list[str]:
-    import json
-    manifest = json.loads((path / "manifest.json").read_text("utf8"))
-    assert sorted(os.listdir(path)) == sorted(["manifest.json"] + [s["path"] for s in manifest["shards"]])
-    return [s["path"] for s in manifest["shards"]]
+    """The shard paths the manifest of the dataset directory ``path`` names (checked: its only files)."""
+    shards = json.loads((path / "manifest.json").read_text("utf8"))["shards"]
+    files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+    assert files == sorted(["manifest.json"] + [s["path"] for s in shards])
+    return [s["path"] for s in shards]
 
 
 @needs_ray
@@ -219,7 +221,7 @@ def test_ray_tasks_write_the_shards_of_the_local_conversion(tmp_path, photos, ra
 @needs_ray
 def test_ray_shards_a_bad_input_fails_by_name_and_leaves_nothing(tmp_path, photos, ray_instance):
     with pytest.raises(ConvertError, match="camera_0001b.JPEG"):
-        convert_dataset(photos, str(tmp_path / "x"), engine="ray", shard_size="1MB", progress=False)
+        convert_dataset(photos, str(tmp_path / "x"), engine="ray", shard_size="1GB", progress=False)
     assert os.listdir(tmp_path) == []
 
 
@@ -284,11 +286,17 @@ def test_ray_shards_uploaded_by_the_tasks(tmp_path, photos, ray_instance):
         report = convert_dataset(good, "s3://bkt/ds", engine="ray", storage_options=options, **kw)
         assert report.samples == 44 and report.dst == "s3://bkt/ds"
         fs, _ = open_filesystem("s3://bkt/ds", options)
-        fs.get("bkt/ds", str(tmp_path / "down"), recursive=True)
+        down = tmp_path / "down"
+        for path in fs.find("bkt/ds"):  # the manifest and the shards, in their version folder
+            (down / path[len("bkt/ds/"):]).parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(path, str(down / path[len("bkt/ds/"):]))
+        (version,) = [p for p in os.listdir(down) if p != "manifest.json"]
+        assert version.startswith("v-") and shard_files(down) == [f"{version}/{name}" for name in
+                                                                   sorted(os.listdir(down / version))]
         convert_dataset(good, str(tmp_path / "local"), num_workers=0, **kw)
-        assert same_samples(tmp_path / "local", tmp_path / "down")
-        assert report.bytes == sum(p.stat().st_size for p in (tmp_path / "down").iterdir())
-        assert len(shard_files(tmp_path / "down")) >= 2
+        assert same_samples(tmp_path / "local", down)
+        assert report.bytes == sum(p.stat().st_size for p in down.rglob("*") if p.is_file())
+        assert len(shard_files(down)) >= 2
         assert not [p for p in os.listdir(tmp_path) if p.startswith("ffload-shards-")]
         # a failed conversion removes the shards its tasks uploaded (no manifest: never a dataset)
         with pytest.raises(ConvertError, match="camera_0001b.JPEG"):

@@ -403,19 +403,40 @@ def test_remote_sharded_loader_equals_local(converted, s3, tmp_path, order):
             assert count == N
 
 
+def remote_layout(fs, prefix: str) -> tuple[dict, list[str]]:
+    """The manifest at ``prefix`` and every object under it (paths relative to ``prefix``)."""
+    manifest = json.loads(fs.cat(f"{prefix}/{MANIFEST}").decode("utf8"))
+    return manifest, sorted(p[len(prefix) + 1:] for p in fs.find(prefix))
+
+
 def test_remote_sharded_convert(converted, s3, tmp_path):
     src = os.path.join(os.path.dirname(converted[0]), "src")
-    report = convert_dataset(src, "s3://bkt/out/train", shard_size=SHARD, page_size=PAGE, num_workers=0,
-                             progress=False)
+    kw = dict(shard_size=SHARD, page_size=PAGE, num_workers=0, progress=False)
+    report = convert_dataset(src, "s3://bkt/out/train", **kw)
     assert report.dst == "s3://bkt/out/train" and report.format == "shards"
     from ffload.storage import open_filesystem
     fs, _ = open_filesystem("s3://bkt/out/train")
-    names = sorted(os.path.basename(p) for p in fs.ls("bkt/out/train"))
-    assert names == sorted(os.listdir(converted[1]))
+    manifest, objects = remote_layout(fs, "bkt/out/train")
+    # the shards in one version folder, the manifest naming them beside it
+    version = {path.split("/")[0] for path in objects if path != MANIFEST}
+    assert len(version) == 1 and version.pop().startswith("v-")
+    assert objects == sorted([MANIFEST] + [entry["path"] for entry in manifest["shards"]])
+    assert [os.path.basename(entry["path"]) for entry in manifest["shards"]] == sorted(
+        name for name in os.listdir(converted[1]) if name != MANIFEST)
     remote, local = open_dataset("s3://bkt/out/train"), open_dataset(converted[1])
     assert np.array_equal(remote.metadata, local.metadata)
     with pytest.raises(FileExistsError):
         convert_dataset(src, "s3://bkt/out/train", shard_size=SHARD, progress=False)
+    # a failed overwrite leaves the dataset there whole; one that succeeds deletes the old shards
+    (tmp_path / "bad" / "0").mkdir(parents=True)
+    (tmp_path / "bad" / "0" / "x.png").write_bytes(b"not a png")
+    with pytest.raises(ffload.convert.ConvertError, match="x.png"):
+        convert_dataset(str(tmp_path / "bad"), "s3://bkt/out/train", overwrite=True, **kw)
+    assert remote_layout(fs, "bkt/out/train") == (manifest, objects)
+    convert_dataset(src, "s3://bkt/out/train", overwrite=True, **dict(kw, shard_size="1GB"))
+    new_manifest, new_objects = remote_layout(fs, "bkt/out/train")
+    assert len(new_manifest["shards"]) == 1 and new_objects == sorted([MANIFEST, new_manifest["shards"][0]["path"]])
+    assert np.array_equal(open_dataset("s3://bkt/out/train").metadata["label"], local.metadata["label"])
 
 
 def test_bad_manifests_are_refused(tmp_path):

@@ -383,36 +383,89 @@ def _convert_to_remote(dst: str, arguments: dict) -> ConvertReport:
 
 def _convert_to_remote_shards(dst: str, arguments: dict) -> ConvertReport:
     """:func:`convert_dataset` with ``shard_size`` to a URL prefix: convert into a local temporary
-    directory, then upload every shard and, last, the manifest (readers open the manifest, so the
-    dataset appears only once every shard is there). With ``engine='ray'`` the tasks upload their
-    shards themselves (:mod:`.ray_shards`) and the local directory gets only the manifest. Raises
-    as :func:`_convert_to_remote`; a failed upload leaves shards but no manifest at ``dst`` (not a
-    dataset)."""
-    import posixpath
+    directory, upload every shard under a new version folder ``PREFIX/v-<UTC time>-<hex>/``, then
+    the manifest ``PREFIX/manifest.json`` naming them (readers open the manifest: the dataset
+    appears, or an older one is replaced, in that one PUT). With ``engine='ray'`` the tasks upload
+    their shards into the version folder themselves (:mod:`.ray_shards`) and the local directory
+    gets only the manifest. Once the new manifest is up, the shards the replaced manifest named
+    are deleted; a conversion or upload that fails deletes the version folder instead, so an
+    older dataset at ``dst`` stays whole either way.
+
+    Raises as :func:`_convert_to_remote`."""
+    import json
     import shutil
     import tempfile
+    import uuid
 
-    from ..storage import remote_exists, upload_file
+    from ..storage import upload_file
 
     options, prefix = arguments["storage_options"], dst.rstrip("/")
     check_shard_size_arguments(prefix, arguments["shard_size"], arguments["resume"])
-    if not arguments["overwrite"] and remote_exists(f"{prefix}/{MANIFEST}", options):
+    old = _remote_manifest_shards(prefix, options)
+    if old is not None and not arguments["overwrite"]:
         raise FileExistsError(f"{dst} already holds a dataset (use --overwrite / overwrite=True to replace it)")
+    version = f"v-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}"
+    ray = arguments["engine"] == "ray"
     folder = tempfile.mkdtemp(prefix="ffload-upload-")
     try:
-        local = os.path.join(folder, posixpath.basename(prefix) or "dataset")
-        token = _SHARD_URL.set(prefix if arguments["engine"] == "ray" else None)
+        local = os.path.join(folder, "dataset")
+        token = _SHARD_URL.set(f"{prefix}/{version}" if ray else None)
         try:
             report = convert_dataset(dst=local, **dict(arguments, overwrite=False))
         finally:
             _SHARD_URL.reset(token)
-        names = sorted(os.listdir(local), key=lambda name: name == MANIFEST)  # the manifest last
-        for name in names:
-            upload_file(os.path.join(local, name), f"{prefix}/{name}", options)
+        with open(os.path.join(local, MANIFEST), encoding="utf8") as fp:
+            manifest = json.load(fp)
+        for entry in manifest["shards"]:
+            if not ray:
+                upload_file(os.path.join(local, entry["path"]), f"{prefix}/{version}/{entry['path']}", options)
+            entry["path"] = f"{version}/{entry['path']}"
+        with open(os.path.join(local, MANIFEST), "w", encoding="utf8") as fp:
+            json.dump(manifest, fp, ensure_ascii=False, indent=1)
+        upload_file(os.path.join(local, MANIFEST), f"{prefix}/{MANIFEST}", options)
+        report.bytes = sum(entry["bytes"] for entry in manifest["shards"]) + os.path.getsize(
+            os.path.join(local, MANIFEST))
+    except BaseException:
+        _remove_remote([f"{prefix}/{version}"], options, recursive=True)
+        raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    if old:
+        kept = {entry["path"] for entry in manifest["shards"]}
+        _remove_remote([f"{prefix}/{path}" for path in old if path not in kept], options)
     report.dst = prefix
     return report
+
+
+def _remote_manifest_shards(prefix: str, options: dict | None) -> list[str] | None:
+    """The shard paths the manifest at ``PREFIX/manifest.json`` names (``[]`` when it cannot be
+    parsed: nothing of it will be deleted), or None when there is no manifest."""
+    import json
+
+    from ..storage import RemoteObject, remote_exists
+
+    where = f"{prefix}/{MANIFEST}"
+    if not remote_exists(where, options):
+        return None
+    remote = RemoteObject(where, options)
+    try:
+        shards = json.loads(remote.read(0, remote.size).decode("utf8"))["shards"]
+        return [entry["path"] for entry in shards if isinstance(entry["path"], str) and ".." not in entry["path"]]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+def _remove_remote(urls: list[str], options: dict | None, recursive: bool = False) -> None:
+    """Delete the objects at ``urls`` (with ``recursive``, everything under those prefixes), best
+    effort: cleanup that fails (the store unreachable) leaves objects no manifest names."""
+    from ..storage import open_filesystem
+
+    if not urls:
+        return
+    with contextlib.suppress(Exception):
+        fs, _ = open_filesystem(urls[0], options)
+        paths = [open_filesystem(url, options)[1] for url in urls]
+        fs.rm([p for p in paths if fs.exists(p)], recursive=recursive)
 
 
 _PARAMETERS = frozenset(inspect.signature(convert_dataset).parameters)

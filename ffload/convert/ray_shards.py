@@ -21,9 +21,11 @@ Where tasks write:
   local Ray instance, or a filesystem every node mounts (NFS, Lustre) at the same path.
 * a URL ``dst`` (``s3://bucket/prefix``): each task writes its shards into a folder of its
   node's temporary directory (named after the URL and the task, emptied when a retried task
-  starts) and uploads them to the prefix (fsspec, multipart; an object appears only when
-  complete); the driver uploads the manifest last, so the dataset appears only once every shard
-  is there. A conversion that fails removes the shards it uploaded.
+  starts) and uploads them under the prefix (fsspec, multipart; an object appears only when
+  complete): a fresh version folder ``PREFIX/v-<time>-<hex>/`` that
+  :func:`ffload.convert.convert._convert_to_remote_shards` gives; the driver uploads the manifest
+  last, so the dataset appears only once every shard is there, and a conversion that fails
+  deletes the version folder.
 
 Task sizes: the driver encodes a few samples spread over the source to estimate the bytes per
 sample, and gives each task about ``0.95 * shard_size`` of payload (one shard), but at most
@@ -41,7 +43,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import posixpath
 import shutil
 import tempfile
 from collections import Counter
@@ -199,8 +200,9 @@ def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int
         on_progress: called with the number of samples newly encoded (or given up on) by the
             cluster, as tasks report them (:class:`ProgressTally`), while results wait their turn.
 
-    Closing the generator early (an error, Ctrl-C) cancels the tasks not yet consumed; with
-    ``url``, the shards uploaded by every task are then removed (best effort).
+    Closing the generator early (an error, Ctrl-C) cancels the tasks not yet consumed and waits
+    (at most :data:`CANCEL_WAIT` seconds) until they have ended; the caller then removes what
+    they wrote (the local directory, or the URL prefix: a fresh version folder).
 
     Raises:
         ConfigurationError: Ray is not installed. Errors of ``ray.init``.
@@ -245,21 +247,3 @@ def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int
                 ray.cancel(ref, force=True)
             if left:  # their workers are killed: wait until none writes any more (the caller then removes the output)
                 ray.wait(left, num_returns=len(left), timeout=CANCEL_WAIT)
-            if url is not None and done < len(refs):
-                _remove_uploaded(url, len(refs), storage_options)
-
-
-def _remove_uploaded(url: str, tasks: int, storage_options: dict | None) -> None:
-    """Remove the shards of a failed conversion's tasks from ``url`` (best effort: a storage
-    error is ignored; the dataset has no manifest, so they were never part of a dataset)."""
-    from ..storage import open_filesystem
-
-    try:
-        fs, path = open_filesystem(url, storage_options)
-        found = fs.glob(posixpath.join(path, "shard-[0-9][0-9][0-9][0-9][0-9]-[0-9][0-9][0-9].beton"))
-        names = {task_shard_name(t, 0)[:len("shard-00000-")] for t in range(tasks)}
-        doomed = [p for p in found if posixpath.basename(p)[:len("shard-00000-")] in names]
-        if doomed:
-            fs.rm(doomed)
-    except Exception:  # noqa: BLE001 - cleanup of a conversion that already failed
-        pass
