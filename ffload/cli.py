@@ -257,7 +257,11 @@ def inspect(path, as_json, grid, grid_count, max_pixels, storage_options):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("a dataset with an image")
 @_storage_options_option("PATH")
-def verify(path, num_workers, quiet, max_pixels, storage_options):
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="A URL PATH: the folder of the page cache file (default: $FFLOAD_CACHE_DIR or ~/.cache/ffload).")
+@click.option("--max-requests", type=click.IntRange(min=1), default=None,
+              help="A URL PATH: range requests in flight at most (default: the Loader's, 8).")
+def verify(path, num_workers, quiet, max_pixels, storage_options, cache_dir, max_requests):
     """Decode every sample of PATH (.beton, LMDB, or a sharded dataset: each shard's checksum is
     checked first) and report the ones that do not decode.
 
@@ -280,7 +284,8 @@ def verify(path, num_workers, quiet, max_pixels, storage_options):
                           f"manifest's checksums (first: {corrupt[0][0]})", path=path)
     # verify_dataset counts threads; "0: in this process" is one thread, decoding in order.
     threads = available_cpus() if num_workers is None else max(1, num_workers)
-    problems = verify_dataset(view, num_workers=threads, progress=not quiet)
+    problems = verify_dataset(view, num_workers=threads, progress=not quiet, cache_dir=cache_dir,
+                              max_requests=max_requests)
     if problems:
         for index, field, cause in problems:
             click.echo(f"sample {index}, field {field!r}: {cause}", err=True)

@@ -48,7 +48,7 @@ class PagedSamples:
         threads: batches held at once at most (the pool holds their pages together).
         cache_dir: the pool's cache file folder (``None``: the Loader's default,
             :func:`ffload.storage.default_cache_dir`).
-        max_requests: range GETs in flight at most.
+        max_requests: range GETs in flight at most (None: the Loader's remote default, 8).
 
     Attributes:
         view: ``view`` whose ``ptrs`` are the pool's (valid for the samples of held batches).
@@ -61,7 +61,7 @@ class PagedSamples:
     """
 
     def __init__(self, view: DatasetView, batches: Sequence[np.ndarray], threads: int = 1,
-                 cache_dir: str | None = None, max_requests: int = DEFAULT_MAX_REQUESTS):
+                 cache_dir: str | None = None, max_requests: int | None = None):
         from .loaders.loader import _remote_pool  # the Loader's construction (checks, cache file)
 
         if view.remote is None:
@@ -73,7 +73,8 @@ class PagedSamples:
         most = max((batch_blocks(starts, b, page).size for b in batches), default=1)
         slots = max(1, min(pages, most * (max(1, threads) + 1)))
         self._batches = list(batches)
-        self._pool = _remote_pool(view, fields, slots * page, max(1, most), cache_dir, max_requests)
+        self._pool = _remote_pool(view, fields, slots * page, max(1, most), cache_dir,
+                                  max_requests or DEFAULT_MAX_REQUESTS)
         self._pool.schedule(self._batches)
         self.view = dataclasses.replace(view, ptrs={**view.ptrs, **self._pool.ptrs})
         self.region = self._pool.region

@@ -54,7 +54,7 @@ def _check_range(view: DatasetView, start: int, stop: int, region) -> list[tuple
 
 
 def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = False,
-                   cache_dir: str | None = None) -> list[tuple[int, str, str]]:
+                   cache_dir: str | None = None, max_requests: int | None = None) -> list[tuple[int, str, str]]:
     """Decode every image of ``view`` with the Loader's default decoder (see
     :mod:`ffload.samples`) and parse every JSON payload; offsets and sizes were already
     validated when it was opened. Goes on after a bad sample: every bad one is reported.
@@ -68,6 +68,8 @@ def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = Fal
         num_workers: threads (the decoders release the GIL); 0: all cores.
         progress: show a tqdm bar.
         cache_dir: a remote dataset's page cache folder (``None``: the Loader's default).
+        max_requests: a remote dataset's range GETs in flight at most (``None``: the Loader's
+            default for a remote dataset).
 
     Returns:
         ``(sample index, field name, cause)`` for every sample that does not decode, sorted
@@ -91,7 +93,7 @@ def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = Fal
 
             batches = page_batches(view, chunk)
             bounds = [(int(b[0]), int(b[-1]) + 1) for b in batches]  # consecutive samples
-            paged = stack.enter_context(PagedSamples(view, batches, workers, cache_dir))
+            paged = stack.enter_context(PagedSamples(view, batches, workers, cache_dir, max_requests))
 
             def check(k: int) -> list[tuple[int, str, str]]:
                 with paged.holding(k):

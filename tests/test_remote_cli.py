@@ -139,3 +139,14 @@ def test_storage_options_reach_the_filesystem(remote, monkeypatch):
         assert result.exit_code == 0, result.output
     bad = _cli("verify", remote.url("good.beton"), "--storage-options", "[1]")
     assert bad.exit_code == 2 and "JSON object" in bad.output
+
+
+def test_verify_url_cache_dir_and_max_requests(remote, tmp_path):
+    blocked = tmp_path / "a-file"
+    blocked.write_bytes(b"")
+    result = _cli("verify", remote.url("good.beton"), "--quiet", "--cache-dir", str(blocked / "cache"))
+    assert result.exit_code != 0 and str(blocked / "cache") in result.output  # the folder given is the one used
+    result = _cli("verify", remote.url("good.beton"), "--quiet", "--cache-dir", str(tmp_path / "cache"),
+                  "--max-requests", "1")
+    assert result.exit_code == 0, result.output
+    assert _cli("verify", remote.url("good.beton"), "--max-requests", "0").exit_code == 2
