@@ -74,7 +74,7 @@ class PagedSamples:
         slots = max(1, min(pages, most * (max(1, threads) + 1)))
         self._batches = list(batches)
         self._pool = _remote_pool(view, fields, slots * page, max(1, most), cache_dir,
-                                  max_requests or DEFAULT_MAX_REQUESTS)
+                                  DEFAULT_MAX_REQUESTS if max_requests is None else max_requests)
         self._pool.schedule(self._batches)
         self.view = dataclasses.replace(view, ptrs={**view.ptrs, **self._pool.ptrs})
         self.region = self._pool.region

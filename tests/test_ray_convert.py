@@ -81,11 +81,12 @@ def test_bad_input_fails_by_name(tmp_path, photos, ray_instance):
 
 
 class _Images:
-    """Eight 8x8 images; ``__getitem__(crash)`` kills the process it runs in unless that is ``driver``
-    (every time, or with ``once`` a path: only while that file does not exist yet)."""
+    """Eight ``side x side`` images; ``__getitem__(crash)`` kills the process it runs in unless that
+    is ``driver`` (every time, or with ``once`` a path: only while that file does not exist yet)."""
 
-    def __init__(self, crash: int, driver: int, once: str | None = None):
+    def __init__(self, crash: int, driver: int, once: str | None = None, side: int = 8):
         self.crash, self.driver, self.once, self.targets = crash, driver, once, [i % 2 for i in range(8)]
+        self.side = side
 
     def __len__(self) -> int:
         return 8
@@ -97,7 +98,7 @@ class _Images:
             if not os.path.exists(self.once):
                 open(self.once, "w").close()
                 os._exit(1)
-        return np.full((8, 8, 3), i, np.uint8), self.targets[i]
+        return np.full((self.side, self.side, 3), i, np.uint8), self.targets[i]
 
 
 @needs_ray
@@ -240,6 +241,18 @@ def test_ray_shards_a_task_that_keeps_dying_is_reported_and_the_rest_is_kept(tmp
 
 
 @needs_ray
+def test_ray_shards_of_a_task_that_died_after_closing_one_are_removed(tmp_path, ray_instance):
+    ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test
+    # 880 KiB images, 2 MiB pages, 5 MB shards: two images fill a shard; the task of samples 4..7
+    # closes shard-00001-000 (4, 5) when it adds 6, then dies at sample 7 on every try
+    source = IndexableSource(_Images(crash=7, driver=os.getpid(), side=548), name="images")
+    report = convert_dataset(source, str(tmp_path / "x"), engine="ray", shard_size="5MB", page_size=1 << 21,
+                             on_error="skip", progress=False)
+    assert report.samples == 4 and len(report.skipped) == 4
+    assert shard_files(tmp_path / "x") == ["shard-00000-000.beton", "shard-00000-001.beton"]  # nothing else left
+
+
+@needs_ray
 def test_ray_shards_a_task_whose_worker_died_once_is_retried(tmp_path, ray_instance):
     ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test
     marker = tmp_path / "died"
@@ -266,8 +279,17 @@ def test_ray_shards_progress_counts_each_sample_once_across_retries(tmp_path, ra
     results = list(ray_written_shards(encoder, ["image", "label"], 5 << 20, 1 << 21, {}, 1,
                                       folder=str(tmp_path / "out"), on_progress=steps.append))
     assert marker.exists()  # the task of samples 4..7 died after reporting samples 4 and 5, and ran again
-    assert sum(steps) == 8 and all(step > 0 for step in steps)
+    assert sum(steps) == 8
     assert [int(label) for r in results for label in r.labels] == source.dataset.targets
+
+
+def test_progress_tally_keeps_each_tasks_highest_count():
+    from ffload.convert.ray_shards import ProgressTally
+    tally = ProgressTally()
+    tally.report(3, 40)
+    tally.report(3, 10)  # a retried task starts again from zero
+    tally.report(4, 5)
+    assert tally.counts() == {3: 40, 4: 5}
 
 
 @needs_ray
@@ -297,7 +319,24 @@ def test_ray_shards_uploaded_by_the_tasks(tmp_path, photos, ray_instance):
         assert same_samples(tmp_path / "local", down)
         assert report.bytes == sum(p.stat().st_size for p in down.rglob("*") if p.is_file())
         assert len(shard_files(down)) >= 2
-        assert not [p for p in os.listdir(tmp_path) if p.startswith("ffload-shards-")]
+        import tempfile
+
+        def task_folders() -> list[str]:
+            return [p for p in os.listdir(tempfile.gettempdir()) if p.startswith("ffload-shards-")]
+
+        assert task_folders() == []  # each task removed its own (and any a killed one left)
+        # a task that died after uploading a shard: its shard is deleted, the rest is the dataset
+        crashing = IndexableSource(_Images(crash=7, driver=os.getpid(), side=548), name="images")
+        ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        report = convert_dataset(crashing, "s3://bkt/crash", engine="ray", storage_options=options, on_error="skip",
+                                 shard_size="5MB", page_size=1 << 21, progress=False)
+        manifest = json.loads(fs.cat("bkt/crash/manifest.json"))
+        assert report.samples == 4 and len(manifest["shards"]) == 2  # task 1's uploaded shard is gone
+        assert sorted(p[len("bkt/crash/"):] for p in fs.find("bkt/crash")) == sorted(
+            ["manifest.json"] + [entry["path"] for entry in manifest["shards"]])
+        assert len(task_folders()) == 1  # the killed task's; the next task on this node removes it
+        convert_dataset(good, "s3://bkt/again", engine="ray", storage_options=options, **kw)
+        assert task_folders() == []
         # a failed conversion removes the shards its tasks uploaded (no manifest: never a dataset)
         with pytest.raises(ConvertError, match="camera_0001b.JPEG"):
             convert_dataset(photos, "s3://bkt/bad", engine="ray", storage_options=options, **kw)

@@ -141,7 +141,11 @@ def test_storage_options_reach_the_filesystem(remote, monkeypatch):
     assert bad.exit_code == 2 and "JSON object" in bad.output
 
 
-def test_verify_url_cache_dir_and_max_requests(remote, tmp_path):
+def test_verify_url_cache_dir_and_max_requests(remote, tmp_path, monkeypatch):
+    import ffload.loaders.loader as loader_module
+    pools = []
+    real = loader_module._remote_pool
+    monkeypatch.setattr(loader_module, "_remote_pool", lambda *args: pools.append(args) or real(*args))
     blocked = tmp_path / "a-file"
     blocked.write_bytes(b"")
     result = _cli("verify", remote.url("good.beton"), "--quiet", "--cache-dir", str(blocked / "cache"))
@@ -149,4 +153,5 @@ def test_verify_url_cache_dir_and_max_requests(remote, tmp_path):
     result = _cli("verify", remote.url("good.beton"), "--quiet", "--cache-dir", str(tmp_path / "cache"),
                   "--max-requests", "1")
     assert result.exit_code == 0, result.output
+    assert [(args[4], args[5]) for args in pools] == [(str(blocked / "cache"), 8), (str(tmp_path / "cache"), 1)]
     assert _cli("verify", remote.url("good.beton"), "--max-requests", "0").exit_code == 2

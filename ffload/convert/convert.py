@@ -243,7 +243,6 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
         from tqdm import tqdm
         bar = tqdm(total=n, initial=start, unit="img", desc=f"convert -> {os.path.basename(dst)}", smoothing=0.1)
     t0 = time.perf_counter()
-    uploaded = 0  # bytes of the shards Ray tasks uploaded themselves
     try:
         with dataset_writer(dst, fields, n, overwrite=overwrite, page_size=page_size,
                             tmp=journal and journal.partial, info=info, shard_size=shard_size,
@@ -278,8 +277,6 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                         writer.adopt(result.shards)
                         labels[written:written + len(result.labels)] = result.labels
                         written += result.samples
-                        if url is not None:  # not in dst: under the URL prefix
-                            uploaded += sum(entry["bytes"] for entry in result.shards)
                 finally:
                     results.close()
             else:
@@ -320,7 +317,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     if label_pos is not None and written and labels[:written].min() >= 0:
         counts = np.bincount(labels[:written], minlength=len(classes) if classes else 0)
     return ConvertReport(dst=dst, format=fmt, samples=written, classes=len(classes) if classes else None,
-                         bytes=path_bytes(dst) + uploaded, seconds=seconds, skipped=skipped, label_counts=counts,
+                         bytes=path_bytes(dst), seconds=seconds, skipped=skipped, label_counts=counts,
                          workers=workers, passed_through=outcomes.pop("passed_through", 0),
                          reencoded=dict(sorted(outcomes.items())), resumed_from=start)
 
@@ -430,8 +427,10 @@ def _convert_to_remote_shards(dst: str, arguments: dict) -> ConvertReport:
         raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    kept = {entry["path"] for entry in manifest["shards"]}
+    if ray:  # the shards of a task that failed after uploading some (on_error='skip')
+        _remove_remote(_remote_listing(f"{prefix}/{version}", options, strip=f"{prefix}/", skip=kept), options)
     if old:
-        kept = {entry["path"] for entry in manifest["shards"]}
         _remove_remote([f"{prefix}/{path}" for path in old if path not in kept], options)
     report.dst = prefix
     return report
@@ -453,6 +452,20 @@ def _remote_manifest_shards(prefix: str, options: dict | None) -> list[str] | No
         return [entry["path"] for entry in shards if isinstance(entry["path"], str) and ".." not in entry["path"]]
     except (ValueError, KeyError, TypeError):
         return []
+
+
+def _remote_listing(url: str, options: dict | None, strip: str, skip: set[str]) -> list[str]:
+    """The URLs of the objects under ``url`` whose path after ``strip`` is not in ``skip``
+    (best effort: empty when the listing fails)."""
+    from ..storage import open_filesystem
+
+    try:
+        fs, path = open_filesystem(url, options)
+        protocol = url.split("://", 1)[0]
+        found = [f"{protocol}://{p}" for p in fs.find(path)]
+    except Exception:  # noqa: BLE001 - a cleanup listing; nothing found means nothing deleted
+        return []
+    return [u for u in found if u.removeprefix(strip) not in skip]
 
 
 def _remove_remote(urls: list[str], options: dict | None, recursive: bool = False) -> None:

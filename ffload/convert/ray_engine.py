@@ -64,6 +64,20 @@ def joined_cluster(address: str | None = None) -> Iterator:
             ray.shutdown()
 
 
+def task_result(ray, ref):
+    """``ray.get(ref)``. An exception the task's own code raised (Ray wraps it in
+    ``RayTaskError``) is raised again as itself: an ``OSError`` of a full disk, a
+    ``StorageError`` of an upload, not a bad input. Ray's own errors (a worker or node lost after
+    the retries: ``WorkerCrashedError``, ``NodeDiedError``, ``OutOfMemoryError``) propagate as
+    ``ray.exceptions.RayError``, which the callers turn into errors of the task's samples."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, BaseException):
+            raise e.cause from None
+        raise
+
+
 def failure_errors(encoder: SampleEncoder, start: int, stop: int, error: BaseException) -> list[tuple[int, str, str]]:
     """``(index, input, cause)`` for each of samples ``start..stop-1``, whose Ray task failed
     with ``error`` after its retries: the cause names the task's range and first and last inputs."""
@@ -114,8 +128,8 @@ def ray_encoded_chunks(encoder: SampleEncoder, chunk_size: int | None = None, st
                     return
                 bounds, ref = pending.popleft()
                 try:
-                    chunk = ray.get(ref)
-                except ray.exceptions.RayError as e:  # the task failed after its retries
+                    chunk = task_result(ray, ref)
+                except ray.exceptions.RayError as e:  # its worker or node was lost, past the retries
                     chunk = _failed_chunk(encoder, *bounds, e)
                 sizer.observe(chunk)
                 yield chunk, None

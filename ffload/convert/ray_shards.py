@@ -23,7 +23,8 @@ Where tasks write:
   node's temporary directory (named after the URL and the task, emptied when a retried task
   starts) and uploads them under the prefix (fsspec, multipart; an object appears only when
   complete): a fresh version folder ``PREFIX/v-<time>-<hex>/`` that
-  :func:`ffload.convert.convert._convert_to_remote_shards` gives; the driver uploads the manifest
+  :func:`ffload.convert.convert._convert_to_remote_shards` gives (a killed task's folder is
+  removed by the next task that starts on its node); the driver uploads the manifest
   last, so the dataset appears only once every shard is there, and a conversion that fails
   deletes the version folder.
 
@@ -51,14 +52,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..formats.atomic import _pid_alive
 from ..formats.shards import ShardFiles
 from .encode import SampleEncoder, _ChunkSizer, encode_chunk
-from .ray_engine import MAX_RETRIES, failure_errors, joined_cluster
+from .ray_engine import MAX_RETRIES, failure_errors, joined_cluster, task_result
 
 SHARD_FILL = 0.95  # a task's planned payload, as a fraction of the shard size
 PROBE_SAMPLES = 8  # samples the driver encodes to estimate the bytes per sample
 CANCEL_WAIT = 60.0  # seconds to wait for cancelled tasks to end, at most
 POLL_SECONDS = 0.5  # how often the driver asks the progress tally while it waits
+TASK_FOLDER = "ffload-shards-"  # prefix of a task's local folder (uploads to a URL)
 
 
 @dataclass
@@ -82,7 +85,7 @@ class ShardTaskResult:
 
     @property
     def samples(self) -> int:
-        """Samples written (bytes on disk: the sum of the shards' ``bytes``)."""
+        """Samples written (the sum of the shards' ``num_samples``)."""
         return sum(entry["num_samples"] for entry in self.shards)
 
 
@@ -106,10 +109,16 @@ def task_shard_name(task: int, k: int) -> str:
 
 
 def _task_folder(url: str, task: int) -> str:
-    """A task's local folder for the shards it uploads to ``url``, emptied first (a retried
-    task's earlier attempt may have left files)."""
+    """A new local folder for the shard a task writes before its upload (one at a time):
+    ``ffload-shards-<url hash>-<task>-<pid>`` in the temporary directory. Folders of such tasks
+    whose process is gone (killed: a retried or cancelled task) are removed first."""
+    tmp = tempfile.gettempdir()
+    for entry in os.listdir(tmp):
+        pid = entry.rpartition("-")[2]
+        if entry.startswith(TASK_FOLDER) and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
     key = hashlib.sha256(url.encode("utf8")).hexdigest()[:16]
-    folder = os.path.join(tempfile.gettempdir(), f"ffload-shards-{key}-{task:05d}")
+    folder = os.path.join(tmp, f"{TASK_FOLDER}{key}-{task:05d}-{os.getpid()}")
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     return folder
@@ -121,15 +130,16 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
                       storage_options: dict | None = None, tally=None) -> ShardTaskResult:
     """The Ray task: encode source samples ``start..stop-1`` and write them as shards named
     :func:`task_shard_name` ``(task, k)`` into ``folder`` (a local dataset's temporary
-    directory) or, with ``url``, upload them under that prefix.
+    directory) or, with ``url``, upload each under that prefix as soon as it is complete (then
+    delete it here: a task holds one shard on its node's disk at a time).
 
     Args:
         names: the fields' names, in the order of ``encoder.fields``.
         shard_size, page_size: bytes per shard at most; the shards' page size (bytes).
         info: the dataset-level JSON object stored in every shard.
         label_pos: the label field's position among the fields (None: no label field).
-        stop_at_error: return at the first bad sample (``on_error='fail'``: the driver stops);
-            its partial shard is left to the driver, which removes the whole output.
+        stop_at_error: return at the first bad sample (``on_error='fail'``: the driver stops and
+            removes the output); the shard being written is abandoned (not completed, not uploaded).
         tally: a :class:`ProgressTally` actor to report the samples encoded to, after each chunk.
 
     Raises:
@@ -139,29 +149,37 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
 
     fields = encoder.fields
     target = folder if url is None else _task_folder(url, task)
-    writer = ShardFiles(target, dict(zip(names, fields)), stop - start, shard_size, page_size,
-                        info=info, name=lambda k: task_shard_name(task, k))
+
+    def upload(entry: dict) -> None:
+        local = os.path.join(target, entry["path"])
+        upload_file(local, f"{url}/{entry['path']}", storage_options)
+        os.remove(local)
+
+    writer = ShardFiles(target, dict(zip(names, fields)), stop - start, shard_size, page_size, info=info,
+                        name=lambda k: task_shard_name(task, k), on_close=None if url is None else upload)
     labels, errors, outcomes = [], [], Counter()
     try:
         sizer = _ChunkSizer(stop, 1, fixed=False)
         sizer.next_start = start
-        with writer:
-            while (bounds := sizer.take()) is not None:
-                chunk = encode_chunk(encoder, *bounds)
-                sizer.observe(chunk)
-                errors += chunk.errors
-                outcomes.update(chunk.outcomes)
-                for _, metas, payloads in chunk.samples(fields, None):
-                    writer.add(writer.count, metas, payloads)
-                    if label_pos is not None:
-                        labels.append(int(metas[label_pos]))
-                if tally is not None:
-                    tally.report.remote(task, bounds[1] - start)
-                if errors and stop_at_error:
-                    break
-        if url is not None:
-            for entry in writer.shards:
-                upload_file(os.path.join(target, entry["path"]), f"{url}/{entry['path']}", storage_options)
+        while (bounds := sizer.take()) is not None:
+            chunk = encode_chunk(encoder, *bounds)
+            sizer.observe(chunk)
+            errors += chunk.errors
+            outcomes.update(chunk.outcomes)
+            for _, metas, payloads in chunk.samples(fields, None):
+                writer.add(writer.count, metas, payloads)
+                if label_pos is not None:
+                    labels.append(int(metas[label_pos]))
+            if tally is not None:
+                tally.report.remote(task, bounds[1] - start)
+            if errors and stop_at_error:
+                writer.abort()
+                break
+        else:
+            writer.close()
+    except BaseException:
+        writer.abort()
+        raise
     finally:
         if url is not None:
             shutil.rmtree(target, ignore_errors=True)
@@ -172,13 +190,13 @@ def samples_per_task(encoder: SampleEncoder, shard_size: int, cpus: int) -> int:
     """Samples per task: about ``SHARD_FILL * shard_size`` of payload, from the mean payload
     bytes of up to :data:`PROBE_SAMPLES` samples spread over the source (encoded here; ones that
     fail are left to the tasks to report), at most ``ceil(N / cpus)``."""
-    remaining = n = len(encoder)
+    n = len(encoder)
     probes = np.unique(np.linspace(0, n - 1, min(PROBE_SAMPLES, n)).astype(np.int64))
     sizes = [int(chunk.sizes.sum()) for chunk in (encode_chunk(encoder, int(i), int(i) + 1) for i in probes)
              if len(chunk.ok)]
     per_sample = max(1.0, float(np.mean(sizes))) if sizes else 1.0
     by_size = int(SHARD_FILL * shard_size // per_sample)
-    return int(np.clip(by_size, 1, math.ceil(remaining / max(1, cpus))))
+    return int(np.clip(by_size, 1, math.ceil(n / max(1, cpus))))
 
 
 def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int, page_size: int, info: dict,
@@ -232,12 +250,15 @@ def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int
         try:
             for t, ((a, b), ref) in enumerate(zip(bounds, refs)):
                 while tally is not None and not ray.wait([ref], timeout=POLL_SECONDS)[0]:
-                    advance(ray.get(tally.counts.remote()))
+                    try:
+                        advance(ray.get(tally.counts.remote()))
+                    except ray.exceptions.RayError:  # the tally's node was lost: progress by whole tasks
+                        tally = None
                 try:
-                    result = ray.get(ref)
-                except ray.exceptions.RayError as e:  # the task failed after its retries
+                    result = task_result(ray, ref)
+                except ray.exceptions.RayError as e:  # its worker or node was lost, past the retries
                     result = ShardTaskResult(a, b, [], np.zeros(0, np.int64), failure_errors(encoder, a, b, e))
-                if tally is not None:
+                if on_progress is not None:
                     advance({t: b - a})
                 done += 1
                 yield result

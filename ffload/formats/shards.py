@@ -38,6 +38,8 @@ import json
 import os
 import posixpath
 import re
+import uuid
+from collections.abc import Callable
 
 import numpy as np
 
@@ -127,8 +129,9 @@ class ShardFiles(DatasetWriter):
     padding holds (more double it); before a sample is added, :meth:`BetonWriter.file_bytes_with`
     tells whether the shard would exceed ``shard_size``, and if so (and the shard is not empty)
     the shard is closed (synced, hashed) and the next one opened. A shard is written under a
-    hidden name (``.NAME`` + :data:`PARTIAL`) and renamed to ``NAME`` once closed, so a shard file
-    is always complete, also when a killed writer is started again (a retried Ray task).
+    hidden name of its own (``.NAME.<pid>-<random>`` + :data:`PARTIAL`) and renamed to ``NAME``
+    once closed, so a shard file is always complete, also when a killed writer is started again
+    (a retried Ray task) while the first one still runs.
 
     Args:
         path: the folder to write into (it must exist).
@@ -138,6 +141,8 @@ class ShardFiles(DatasetWriter):
         page_size: every shard's page size (bytes, power of two >= 2 MiB; a shard's grows for a
             larger sample, as a .beton's does: the next shard starts at ``page_size`` again).
         name: shard ``k``'s file name (default :func:`shard_name`).
+        on_close: called with each shard's manifest entry once it is complete (and renamed), as
+            :attr:`shards` gets it: a Ray task uploads it there, then deletes the local file.
 
     Attributes:
         shards: the manifest entries (``path``, ``num_samples``, ``bytes``, ``sha256``) of the
@@ -149,7 +154,8 @@ class ShardFiles(DatasetWriter):
     """
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int, shard_size,
-                 page_size: int = DEFAULT_PAGE_SIZE, info: dict | None = None, name=shard_name):
+                 page_size: int = DEFAULT_PAGE_SIZE, info: dict | None = None, name=shard_name,
+                 on_close: Callable[[dict], None] | None = None):
         super().__init__(path, fields, num_samples, info)
         self.shard_size = parse_size(shard_size)
         self.page_size = check_page_size(page_size)
@@ -159,7 +165,7 @@ class ShardFiles(DatasetWriter):
                                      "each sample would get a shard of its own; give a larger --shard-size or a "
                                      "smaller --page-size (a power of two >= 2 MiB)")
         self.shards: list[dict] = []
-        self._name = name
+        self._name, self._on_close = name, on_close
         self._current: BetonWriter | None = None
 
     def _first_page_rows(self) -> int:
@@ -175,7 +181,8 @@ class ShardFiles(DatasetWriter):
             self._close_shard()
             shard = None
         if shard is None:
-            partial = os.path.join(self.path, f".{self._name(len(self.shards))}{PARTIAL}")
+            attempt = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            partial = os.path.join(self.path, f".{self._name(len(self.shards))}.{attempt}{PARTIAL}")
             shard = self._current = BetonWriter(partial, self.fields, self.num_samples - self.count, self.page_size,
                                                 info=self.info, reserve=self._first_page_rows())
         shard.add(shard.count, metas, payloads)
@@ -186,8 +193,11 @@ class ShardFiles(DatasetWriter):
         name = self._name(len(self.shards))
         target = os.path.join(self.path, name)
         os.replace(shard.path, target)
-        self.shards.append({"path": name, "num_samples": shard.count, "bytes": os.path.getsize(target),
-                            "sha256": file_sha256(target)})
+        entry = {"path": name, "num_samples": shard.count, "bytes": os.path.getsize(target),
+                 "sha256": file_sha256(target)}
+        self.shards.append(entry)
+        if self._on_close is not None:
+            self._on_close(entry)
 
     def _finalize(self) -> None:
         """Close the last shard."""
@@ -216,14 +226,15 @@ class ShardedWriter(ShardFiles):
     manifest (:class:`ShardFiles`, then ``manifest.json`` at ``close``; ``abort`` leaves the
     directory to the caller, who deletes it: see :mod:`.atomic`).
 
-    Shards written elsewhere into the same directory (by Ray tasks, each for a range of samples)
-    join the dataset through :meth:`adopt`, in sample order.
+    Alternatively, shards written elsewhere into the same directory (by Ray tasks, each for a
+    range of samples) make up the dataset through :meth:`adopt`, in sample order; at ``close``
+    every other file in the directory (a failed task's shards and partial files) is removed.
 
     Args:
         path: the directory to create (must not exist); the other arguments as :class:`ShardFiles`.
 
     Raises:
-        ConfigurationError: a bad ``shard_size`` or ``page_size``.
+        ConfigurationError: as :class:`ShardFiles`.
         FileExistsError: ``path`` exists.
     """
 
@@ -235,14 +246,14 @@ class ShardedWriter(ShardFiles):
     def adopt(self, shards: list[dict]) -> None:
         """Append shards already complete in the directory (or, for a dataset on object storage,
         under its prefix): their manifest entries, as :attr:`ShardFiles.shards` holds them, in
-        sample order; they follow every sample added so far.
+        sample order. A writer's samples are either all added or all adopted.
 
         Raises:
-            ConfigurationError: a shard is being written (``add`` and ``adopt`` do not mix within one
-                shard), or the entries add up to more than ``num_samples``.
+            ConfigurationError: samples were added with ``add``, or the entries add up to more
+                than ``num_samples``.
         """
         if self._current is not None:
-            raise ConfigurationError("adopt() while a shard is being written: close it first")
+            raise ConfigurationError("adopt() on a writer whose samples are added with add()")
         samples = sum(entry["num_samples"] for entry in shards)
         if self.count + samples > self.num_samples:
             raise ConfigurationError(f"adopted shards bring {self.count + samples} samples, more than the "
@@ -251,11 +262,13 @@ class ShardedWriter(ShardFiles):
         self.count += samples
 
     def _finalize(self) -> None:
-        """Close the last shard, remove partial shard files a killed writer left (a retried Ray
-        task's), write ``manifest.json`` (last), sync the directory."""
+        """Close the last shard, remove every file the manifest will not name (partial files of
+        killed writers, shards of a Ray task that failed after its retries), write
+        ``manifest.json`` (last), sync the directory."""
         super()._finalize()
+        named = {entry["path"] for entry in self.shards}
         for entry in os.listdir(self.path):
-            if entry.startswith(".") and entry.endswith(PARTIAL):
+            if entry not in named:
                 os.remove(os.path.join(self.path, entry))
         write_manifest(os.path.join(self.path, MANIFEST), self.fields, self.info, self.count, self.shards)
         fd = os.open(self.path, os.O_RDONLY)
