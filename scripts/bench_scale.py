@@ -23,6 +23,10 @@
    epoch). ``--lmdb``: ffload also on an LMDB copy of the same samples (rows ``ffload-lmdb``,
    whose ratio is against ffload on the ``.beton``). Every batch is checked: stamp == label,
    and for ffload the indices are exactly ``loader.epoch_order(0)``; for ffcv no sample twice.
+   ``--rounds N``: each cell's loaders run N times, interleaved (in order, then reversed: A B,
+   B A, ...); a row shows the run of median MiB/s and its ratio is the median of the rounds'
+   ratios (this VM's disk swings 1.5-2x within minutes: one round per cell is not enough to
+   compare two formats).
 
 Prints img/s, MiB/s, peak RSS (``VmHWM`` of the case's process; with ``os_cache=True`` it
 counts the page-cache pages the process mapped, which the kernel reclaims), the ratio to ffcv in the
@@ -284,6 +288,24 @@ def ratio(a, b):
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median MiB/s among a case's ``runs`` (of an even count, the lower middle one),
+    with every run's MiB/s under ``mib_s_runs`` (0 for a failed run); the first run when every
+    run failed."""
+    ok = sorted((r for r in runs if "mib_s" in r), key=lambda r: r["mib_s"])
+    if not ok:
+        return runs[0]
+    return {**ok[(len(ok) - 1) // 2], "mib_s_runs": [r.get("mib_s", 0.0) for r in runs]}
+
+
+def paired_ratio(r: dict, peer: dict) -> str:
+    """The median over rounds of ``r``'s MiB/s over ``peer``'s in the same round; the plain ratio
+    of the two rows without rounds."""
+    a, b = r.get("mib_s_runs", [r.get("mib_s")]), peer.get("mib_s_runs", [peer.get("mib_s")])
+    pairs = [x / y for x, y in zip(a, b) if x and y]
+    return f"{np.median(pairs):.2f}x" if pairs and len(a) == len(b) else "-"
+
+
 def report(results, disk, note, out_dir) -> str:
     lines = [f"# bench_scale: {note}", "",
              "| disk (O_DIRECT) and probes | MiB/s |", "|---|---|"]
@@ -295,12 +317,12 @@ def report(results, disk, note, out_dir) -> str:
         if "error" in r:
             lines.append(f"| {loader} | {order} | {os_cache} | {r['error']} |")
             continue
-        peer = results.get(("ffcv", order, os_cache), {}).get("mib_s")
+        peer = results.get(("ffcv", order, os_cache), {})
         if loader == "ffload-lmdb":  # LMDB against the same loader on the .beton
-            peer = results.get(("ffload", order, os_cache), {}).get("mib_s")
+            peer = results.get(("ffload", order, os_cache), {})
         limit = disk.get("random x16") if order == "random" else disk.get("sequential")
         lines.append(f"| {loader} | {order} | {os_cache} | {r['img_s']:.0f} | {r['mib_s']:.0f} "
-                     f"| {r['peak_rss_gib']:.2f} | {ratio(r['mib_s'], peer) if loader != 'ffcv' else '-'} "
+                     f"| {r['peak_rss_gib']:.2f} | {paired_ratio(r, peer) if loader != 'ffcv' else '-'} "
                      f"| {ratio(r['mib_s'], limit)} | {r['first_batch_s']:.1f} | {r['samples']} "
                      f"| {r['correct']} |")
     text = "\n".join(lines) + "\n"
@@ -354,6 +376,8 @@ def main() -> None:
     parser.add_argument("--lmdb", action="store_true",
                         help="also run ffload on an LMDB copy (built next to the .beton, kept "
                              "as the .beton is)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs per case, interleaved; medians reported")
     parser.add_argument("--out", default="runs/bench_scale")
     parser.add_argument("--case", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -412,18 +436,23 @@ def main() -> None:
                                    args.seconds)
                 disk[f"cache path {kind} #{round_ // 2 + 1}"] = rate
                 print(f"cache probe {kind}: {rate:.0f} MiB/s", flush=True)
-        results = {}
+        runs = {}
+        loaders = args.loaders.split(",") + (["ffload-lmdb"] if args.lmdb else [])
         for order in args.orders.split(","):
             for os_cache in [v.strip().lower() == "true" for v in args.os_cache.split(",")]:
-                for loader in args.loaders.split(",") + (["ffload-lmdb"] if args.lmdb else []):
-                    how = drop_caches(args.data)
-                    if loader == "ffload-lmdb":
-                        r = spawn_case(args, "ffload", order, os_cache, data=args.lmdb)
-                    else:
-                        r = spawn_case(args, loader, order, os_cache)
-                    results[(loader, order, os_cache)] = r
-                    print(f"{loader:6s} {order:12s} os_cache={os_cache!s:5s} {how} -> {r}",
-                          flush=True)
+                for round_ in range(args.rounds):
+                    for loader in loaders[::-1] if round_ % 2 else loaders:
+                        how = drop_caches(args.data)
+                        if loader == "ffload-lmdb":
+                            r = spawn_case(args, "ffload", order, os_cache, data=args.lmdb)
+                        else:
+                            r = spawn_case(args, loader, order, os_cache)
+                        runs.setdefault((loader, order, os_cache), []).append(r)
+                        print(f"{loader:6s} {order:12s} os_cache={os_cache!s:5s} round {round_ + 1} "
+                              f"{how} -> {r}", flush=True)
+        results = {key: median_run(rs) for key, rs in runs.items()}
+        if args.rounds > 1:
+            note += f", median of {args.rounds} interleaved rounds"
         print(report(results, disk, note, args.out))
     finally:
         if lmdb_built is not None:

@@ -3,7 +3,9 @@ the whole dataset up front), and the loader's process cache serves the grown fil
 from __future__ import annotations
 
 import os
+import warnings
 
+import lmdb
 import numpy as np
 
 import ffload
@@ -30,7 +32,16 @@ def test_lmdb_writer_grows_a_small_map_several_times(tmp_path):
     data_mdb = os.path.getsize(os.path.join(path, "data.mdb"))
     assert writer.map_size >= 16 * initial and data_mdb >= N * SAMPLE
     assert writer.map_size <= 4 * data_mdb  # grown as needed, not sized far beyond the data
-    view = open_dataset(path)
+    env = lmdb.open(path, readonly=True, lock=False)  # plain lmdb reads every value
+    psize = env.stat()["psize"]
+    used = (env.info()["last_pgno"] + 1) * psize
+    with env.begin() as txn:
+        assert all(bytes(txn.get(b"%010d" % i))[-SAMPLE:] == payload(i) for i in range(N))
+    env.close()
+    assert used <= data_mdb <= used + psize  # LMDB's used pages, no preallocated tail
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the places recorded over the commits all hold (else: a warning)
+        view = open_dataset(path)
     assert view.num_samples == N and list(view.metadata["label"]) == list(range(N))
     for i in (0, 1, N // 2, N - 1):
         assert bytes(view.payload("blob", i)) == payload(i)
