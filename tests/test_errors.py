@@ -298,9 +298,9 @@ def test_verify_num_workers(tiny_beton, monkeypatch, args, expected):
     seen = []
     real = ffload.verify.verify_dataset
 
-    def spy(view, num_workers, progress):
+    def spy(view, num_workers, progress, **remote):
         seen.append(num_workers)
-        return real(view, num_workers=num_workers, progress=progress)
+        return real(view, num_workers=num_workers, progress=progress, **remote)
 
     monkeypatch.setattr(ffload.verify, "verify_dataset", spy)
     result = run_cli("verify", tiny_beton, "--quiet", *args)
