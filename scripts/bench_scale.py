@@ -20,7 +20,8 @@
    process, page cache dropped first (``sync; echo 3 > /proc/sys/vm/drop_caches``: needs root;
    the script checks that ``Cached`` fell and says when it could not drop), batch 256, decoder
    ``SimpleRGBImageDecoder`` + ``ToTensor``, for up to ``--seconds`` after the first batch (or one
-   epoch). ``--lmdb``: ffload also on an LMDB copy of the same samples (rows ``ffload-lmdb``,
+   epoch); ``--warm``: the page cache kept instead (the loaders' CPU side alone, on a dataset
+   that fits in RAM). ``--lmdb``: ffload also on an LMDB copy of the same samples (rows ``ffload-lmdb``,
    whose ratio is against ffload on the ``.beton``). Every batch is checked: stamp == label,
    and for ffload the indices are exactly ``loader.epoch_order(0)``; for ffcv no sample twice.
    ``--rounds N``: each cell's loaders run N times, interleaved (in order, then reversed: A B,
@@ -376,6 +377,9 @@ def main() -> None:
     parser.add_argument("--lmdb", action="store_true",
                         help="also run ffload on an LMDB copy (built next to the .beton, kept "
                              "as the .beton is)")
+    parser.add_argument("--warm", action="store_true",
+                        help="keep the page cache: the files (which must fit in RAM) are read once before the "
+                             "cases instead of dropped before each: the loaders' CPU side alone")
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs per case, interleaved; medians reported")
     parser.add_argument("--out", default="runs/bench_scale")
@@ -437,12 +441,18 @@ def main() -> None:
                 disk[f"cache path {kind} #{round_ // 2 + 1}"] = rate
                 print(f"cache probe {kind}: {rate:.0f} MiB/s", flush=True)
         runs = {}
+        if args.warm:
+            for path in [args.data] + ([os.path.join(args.lmdb, "data.mdb")] if args.lmdb else []):
+                with open(path, "rb") as f:
+                    while f.read(8 * MIB):
+                        pass
+            note += ", warm page cache (--warm)"
         loaders = args.loaders.split(",") + (["ffload-lmdb"] if args.lmdb else [])
         for order in args.orders.split(","):
             for os_cache in [v.strip().lower() == "true" for v in args.os_cache.split(",")]:
                 for round_ in range(args.rounds):
                     for loader in loaders[::-1] if round_ % 2 else loaders:
-                        how = drop_caches(args.data)
+                        how = "warm" if args.warm else drop_caches(args.data)
                         if loader == "ffload-lmdb":
                             r = spawn_case(args, "ffload", order, os_cache, data=args.lmdb)
                         else:

@@ -107,9 +107,11 @@ def test_quasi_random_reads_each_block_once_per_epoch(tmp_path, suffix):
 
 
 @pytest.mark.parametrize("suffix", ["beton", "lmdb"])
-def test_page_pool_serves_quasi_random_order_from_fixed_slots(tmp_path, suffix):
+def test_page_pool_serves_quasi_random_order_from_fixed_slots(tmp_path, suffix, monkeypatch):
     # about 29 pages of 2 MiB, a pool of 9 or 10 page slots: each slot's memory is allocated once
-    # and reused (an LMDB slot also holds the bytes its page's last record runs over by)
+    # and reused (an LMDB slot also holds the bytes its page's last record runs over by; LMDB
+    # views get the .beton's 2 MiB pages here, not their default 8 MiB)
+    monkeypatch.setattr("ffload.formats.lmdb_format.PROCESS_CACHE_PAGE", 1 << 21)
     n, limit = 2000, 20 << 20
     path = write_dataset(str(tmp_path / f"pool.{suffix}"), {"blob": BytesField()},
                          ((stamped(i),) for i in range(n)), n, page_size=1 << 21)
