@@ -2,9 +2,11 @@
 
 Follows OpenCV's ``cv2.resize`` (``imgproc/src/resize.cpp``) for ``uint8`` images:
 ``INTER_AREA`` when neither side grows (area-weighted averages, the tables of
-``computeResizeAreaTab``) and ``INTER_LINEAR`` otherwise (half-pixel centres, clamped borders).
+``computeResizeAreaTab``) and ``INTER_LINEAR`` otherwise (half-pixel centres; the window's edge
+pixels replicated at its borders, as ``cv2.resize`` of the cut-out crop does: no pixel outside the
+crop box is ever read).
 Arithmetic is fixed point where OpenCV uses 11-bit fixed point (linear) or ``float`` with
-``cvRound`` (area): results differ from OpenCV's by at most one grey level on a few pixels.
+``cvRound`` (area): results differ from OpenCV's by at most one grey level (tests/test_resize.py).
 Separable, vertical pass first (it shrinks the rows the horizontal pass reads):
 
 * vertical: per output row, ``Q15`` integer weights (summing to exactly ``2**15``) over the
@@ -39,24 +41,27 @@ def interpolation(crop_h, crop_w, out_h, out_w):
 def _taps(offset, length, n, m, mode):
     """Source indices ``(m, T) int64``, weights ``(m, T) float64`` and tap counts ``(m,) int64``
     resampling the window ``[offset, offset + length)`` (source pixels, fractional allowed) of an
-    axis of ``n`` pixels to ``m`` output pixels (OpenCV's tables for ``offset = 0, length = n``)."""
+    axis of ``n`` pixels to ``m`` output pixels: OpenCV's tables for the window cut out as an image
+    of its own (no tap outside it; for an integer window exactly ``cv2.resize`` of the crop)."""
     scale = length / m
-    if mode == LINEAR:
+    if mode == LINEAR:  # borders replicate the window's edge pixels, as cv2.resize of the crop does
+        lo = np.int64(math.floor(offset))
+        hi = min(np.int64(math.ceil(offset + length)) - 1, n - 1)
         idx = np.zeros((m, 2), np.int64)
         wts = np.zeros((m, 2), np.float64)
         count = np.full(m, 2, np.int64)
         for d in range(m):
             f = offset + (d + 0.5) * scale - 0.5
-            s = math.floor(f)
+            s = np.int64(math.floor(f))
             f -= s
-            if s < 0:
+            if s < lo:
                 f = 0.0
-                s = 0
-            if s >= n - 1:
+                s = lo
+            if s >= hi:
                 f = 0.0
-                s = n - 1
+                s = hi
             idx[d, 0] = s
-            idx[d, 1] = min(s + 1, n - 1)
+            idx[d, 1] = min(s + 1, hi)
             wts[d, 0] = 1.0 - f
             wts[d, 1] = f
         return idx, wts, count
