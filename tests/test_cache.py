@@ -233,10 +233,16 @@ def test_read_ahead_with_the_loader_serves_the_same_bytes(stamped_dataset, monke
 def test_cache_block_follows_the_payload_size_and_bounds_the_block_count():
     from ffload.loaders.memory import MAX_CACHE_BLOCKS, MIN_CACHE_BLOCK
 
-    def column(size, n=100):
-        return [(np.arange(n, dtype=np.uint64) * np.uint64(size), np.full(n, size, np.uint64))]
-    assert cache_block(column(196_608), 1 << 30) == 16 << 10  # 192 KiB raw samples
-    assert cache_block(column(110_000), 1 << 30) == 8 << 10  # ImageNet-sized JPEGs
+    def column(size, n=100, stride=None, offset=0):
+        starts = np.arange(n, dtype=np.uint64) * np.uint64(stride or size) + np.uint64(offset)
+        return [(starts, np.full(n, size, np.uint64))]
+    assert cache_block(column(196_608), 1 << 30) == 16 << 10  # 192 KiB raw samples, aligned
+    # the same samples as LMDB overflow values: 40 bytes into a 4 KiB page, 49 pages apart; a
+    # 16 KiB block would read 13 blocks (8% more), 8 KiB blocks 25 (2% more)
+    assert cache_block(column(196_608, stride=49 << 12, offset=40), 1 << 30) == MIN_CACHE_BLOCK
+    assert cache_block(column(110_000), 1 << 30) == MIN_CACHE_BLOCK  # ImageNet-sized JPEGs
+    # 8 KiB-aligned payloads 14 blocks long: 8 KiB blocks (16 KiB is above the mean over 8)
+    assert cache_block(column(114_000, stride=114_688), 1 << 30) == 8 << 10
     assert cache_block(column(3_000), 1 << 30) == MIN_CACHE_BLOCK  # CIFAR-sized
     assert cache_block(column(10 << 20), 1 << 30) == CACHE_BLOCK  # never above 64 KiB
     assert cache_block([], 1 << 30) == CACHE_BLOCK  # nothing decoded: the largest
