@@ -15,7 +15,14 @@ import pytest
 
 import ffload
 from ffload.formats import BytesField, NDArrayField, open_dataset, write_dataset
-from ffload.loaders.memory import CACHE_BLOCK, ProcessCacheMemory, batch_blocks, cache_block, payload_columns
+from ffload.loaders.memory import (
+    CACHE_BLOCK,
+    ProcessCacheMemory,
+    batch_blocks,
+    cache_block,
+    payload_columns,
+    sorted_unique,
+)
 from ffload.loaders.pagepool import PagePoolMemory
 from ffload.loaders.readahead import ADVISE_PAGE, ReadAhead
 
@@ -228,6 +235,15 @@ def test_read_ahead_with_the_loader_serves_the_same_bytes(stamped_dataset, monke
         requested = list(made[0].requested)
     assert len(made) == 1 and requested  # read_ahead=0 makes no read-ahead at all
     assert all(0 <= off and off + n <= view.data_size for off, n in requested)
+
+
+@pytest.mark.parametrize("values", [np.zeros(0, np.int64), np.array([7]), np.array([3, 3, 3]),
+                                    np.random.default_rng(0).integers(-50, 50, 1000),
+                                    np.random.default_rng(1).integers(0, 2**62, 5000, dtype=np.int64)])
+def test_sorted_unique_matches_numpy(values):
+    got = sorted_unique(values)
+    assert got.dtype == values.dtype
+    np.testing.assert_array_equal(got, np.unique(values))
 
 
 def test_cache_block_follows_the_payload_size_and_bounds_the_block_count():

@@ -24,7 +24,7 @@ from ..limits import DEFAULT_MAX_PIXELS
 from ..storage import default_cache_dir, is_remote
 from ..system import available_cpus, available_memory
 from .iterator import BatchRunner, EpochIterator
-from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns
+from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns, sorted_unique
 from .orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
 from .pagepool import PagePoolMemory, page_pool_fits
 from .pagesource import DEFAULT_LOCAL_REQUESTS, DEFAULT_MAX_REQUESTS, FilePages, RemotePages
@@ -462,4 +462,4 @@ def _samples_per_page(view) -> int:
     pages = pages[pages >= 0]
     if pages.size == 0:
         return 1
-    return -(-pages.size // np.unique(pages).size)
+    return -(-pages.size // sorted_unique(pages).size)
