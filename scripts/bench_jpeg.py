@@ -19,6 +19,10 @@ Groups (each measurement in its own subprocess, rounds interleaved, ratios of me
    decoding at once, same run).
 3. ImageNet-sized, ``CenterCrop(224, ratio=224/256)`` + flip, batch 128.
 
+With ``--fast-dct`` every group also runs ffload with ``fast_dct=True`` (libjpeg-turbo's fast
+integer IDCT, the one ffcv 1.0.2 decodes with: ``TJFLAG_FASTDCT``), against ffcv and against
+ffload's default accurate IDCT.
+
 Then a per-image profile of the compiled path (one thread, in this process, CPU time): header,
 scaled and cropped decode, resize (with the fused flip), the whole compiled call, and the process
 CPU time per image of a one-worker Loader (the compiled call plus everything around it).
@@ -208,6 +212,13 @@ def loader_cpu(path: str, epochs: int = 3) -> float:
     return min(times[1:]) / len(loader.indices) * 1e6
 
 
+FAST = "ffload fast_dct"
+
+
+def _row_name(kind: str, fast_dct: bool) -> str:
+    return FAST if fast_dct else "decode ceiling" if kind == "decode_ceiling" else kind
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", default="1,2", help="comma-separated num_workers list (default 1,2)")
@@ -219,6 +230,8 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_jpeg", help="results.md and results.json go here")
     ap.add_argument("--groups", default="cifar,rrc,center", help="subset of cifar,rrc,center")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--fast-dct", action="store_true",
+                    help="also run ffload with fast_dct=True: libjpeg-turbo's fast IDCT, which ffcv 1.0.2 uses")
     args = ap.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
     from ffload.loaders import jpeg
@@ -236,18 +249,22 @@ def main() -> None:
     report = {}
     for key in args.groups.split(","):
         title, path, pipeline, batch, kinds = plan[key]
+        variants = [(k, False) for k in kinds] + ([("ffload", True)] if args.fast_dct else [])
         configs = [BenchConfig(kind=k, path=path, pipeline=pipeline, batch_size=batch, num_workers=w,
-                               epochs=args.epochs, size=CROP, name="decode ceiling" if k == "decode_ceiling" else k)
-                   for w in workers for k in kinds]
+                               epochs=args.epochs, size=CROP, fast_dct=fast, name=_row_name(k, fast))
+                   for w in workers for k, fast in variants]
         print(f"== {title}", file=sys.stderr)
         results = run_rounds(configs, args.repeats, args.timeout, lambda r: print(
             f"  {r['name']} {r['config']['num_workers']}w: {r.get('img_s', r.get('error'))}", file=sys.stderr))
         rows = summarize(results)
-        pairs = [("ffload", "ffcv"), ("ffload", "decode ceiling"), ("ffload", "decode ceiling (threads)")]
+        pairs = [("ffload", "ffcv"), ("ffload", "decode ceiling"), ("ffload", "decode ceiling (threads)"),
+                 (FAST, "ffcv"), (FAST, "ffload")]
         ratios = compute_ratios(rows, pairs)
-        by_w = {r["num_workers"]: r["img_s"] for r in rows if r["name"] == "ffload"}
-        scaling = {f"{w}w / {workers[0]}w": by_w[w] / by_w[workers[0]] for w in workers[1:]
-                   if by_w.get(w) and by_w.get(workers[0])}
+        scaling = {}
+        for name in ("ffload", FAST):
+            by_w = {r["num_workers"]: r["img_s"] for r in rows if r["name"] == name}
+            scaling.update({f"{name} {w}w / {workers[0]}w": by_w[w] / by_w[workers[0]] for w in workers[1:]
+                            if by_w.get(w) and by_w.get(workers[0])})
         md += [f"## {title}", "", format_rows(rows), "", format_ratios(ratios), "",
                "ffload scaling: " + (", ".join(f"{k} = {v:.2f}" for k, v in scaling.items()) or "-"), ""]
         report[key] = {"rows": rows, "ratios": ratios, "scaling": scaling}

@@ -140,6 +140,22 @@ def test_jpeg_without_a_frame_is_corrupt_not_the_previous_images_size(tmp_path, 
     assert jpeg.has_frame(data, p0, n0) and not jpeg.has_frame(region, int(view.ptrs["image"][1]), 50)
 
 
+def test_fast_dct_is_close_to_the_accurate_decode_and_switches_back(tmp_path, photos):
+    same = [(np.ascontiguousarray(p[:280, :400]),) for p in photos]
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)}, same)
+    order = [3, 0, 4, 1, 2]
+    refs = [cv2.imdecode(payload(view, "image", i), cv2.IMREAD_COLOR_RGB) for i in order]
+    accurate = decode(SimpleRGBImageDecoder(), view, "image", order)
+    fast = decode(SimpleRGBImageDecoder(fast_dct=True), view, "image", order)
+    again = decode(SimpleRGBImageDecoder(), view, "image", order)  # same thread, same handle
+    assert np.array_equal(accurate, np.stack(refs)) and np.array_equal(again, accurate)
+    maes = [np.abs(f.astype(int) - a).mean() for f, a in zip(fast, accurate)]
+    assert 0 < min(maes) and max(maes) <= 1.5, maes  # "about one grey level"
+    crops = [decode(RandomResizedCropRGBImageDecoder(160, fast_dct=f), view, "image", order, epoch=2)
+             for f in (False, True)]
+    assert 0 < np.abs(crops[0].astype(int) - crops[1]).mean() <= 1.5
+
+
 def test_handles_are_per_thread():
     handles = []
     t = threading.Thread(target=lambda: handles.append(jpeg.thread_handle()))

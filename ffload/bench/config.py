@@ -66,6 +66,8 @@ class BenchConfig:
             aggregated over rounds.
         decoder: ``decode_ceiling``'s JPEG decoder, a key of
             :data:`ffload.bench.ceiling.DECODERS`.
+        fast_dct: ffload's RGB decoders use libjpeg-turbo's fast IDCT (their ``fast_dct``
+            argument; ffcv 1.0.2 always does). ``ffload`` kind only.
 
     Raises:
         ValueError: an unknown kind, pipeline or decoder, a non-positive count.
@@ -85,6 +87,7 @@ class BenchConfig:
     limit: int | None = None
     name: str = ""
     decoder: str = "opencv"
+    fast_dct: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -103,6 +106,8 @@ class BenchConfig:
             raise ValueError("dataloader_arrays holds images of one size: it runs the 'simple' pipeline only")
         if self.kind == "dataloader_albumentations" and self.pipeline not in DEEPLAKE_PIPELINES:
             raise ValueError(f"dataloader_albumentations runs the augmentation stacks only ({DEEPLAKE_PIPELINES})")
+        if self.fast_dct and self.kind != "ffload":
+            raise ValueError(f"fast_dct is an option of ffload's decoders, not of {self.kind}")
         if self.kind in ("ffcv", "dataloader_arrays", "decode_ceiling") and self.pipeline in DEEPLAKE_PIPELINES:
             raise ValueError(f"{self.kind} has no {self.pipeline} augmentation stack")
         object.__setattr__(self, "disabled_fields", tuple(self.disabled_fields))

@@ -15,7 +15,8 @@ def build_pipelines(cfg: BenchConfig, ops: Mapping) -> dict:
     ToTorchImage()]`` for the image (:func:`deeplake_ops` for the augmentation stacks),
     ``[IntDecoder(), ToTensor()]`` for the label, ``None`` (disabled) for the other fields. The decoder is ``SimpleRGBImageDecoder()``,
     ``RandomResizedCropRGBImageDecoder((size, size))`` or ``CenterCropRGBImageDecoder((size,
-    size), ratio=CENTER_RATIO)`` for the ``simple`` / ``rrc`` / ``center`` pipeline."""
+    size), ratio=CENTER_RATIO)`` for the ``simple`` / ``rrc`` / ``center`` pipeline (with
+    ``fast_dct=True`` when ``cfg.fast_dct``)."""
     size = (cfg.size, cfg.size)
     if cfg.pipeline in DEEPLAKE_PIPELINES:
         image = deeplake_ops(cfg, ops)
@@ -29,9 +30,10 @@ def build_pipelines(cfg: BenchConfig, ops: Mapping) -> dict:
 
 
 def _decoder(cfg: BenchConfig, ops: Mapping, size: tuple[int, int]):
-    return {"simple": lambda: ops["SimpleRGBImageDecoder"](),
-            "rrc": lambda: ops["RandomResizedCropRGBImageDecoder"](size),
-            "center": lambda: ops["CenterCropRGBImageDecoder"](size, ratio=CENTER_RATIO)}[cfg.pipeline]()
+    extra = {"fast_dct": True} if cfg.fast_dct else {}  # ffload's option (BenchConfig checks)
+    return {"simple": lambda: ops["SimpleRGBImageDecoder"](**extra),
+            "rrc": lambda: ops["RandomResizedCropRGBImageDecoder"](size, **extra),
+            "center": lambda: ops["CenterCropRGBImageDecoder"](size, ratio=CENTER_RATIO, **extra)}[cfg.pipeline]()
 
 
 def deeplake_ops(cfg: BenchConfig, ops: Mapping) -> list:

@@ -97,6 +97,9 @@ class _RGBDecoder(Decoder):
     flip = None  # (flip_prob, salt) of a fused RandomHorizontalFlip
     publishes_geometry = True  # crop boxes and fused flips, for box/mask stages (.geometry)
 
+    def __init__(self, fast_dct: bool = False):
+        self.fast_dct = bool(fast_dct)
+
     def fuse_flip(self, flip_prob, salt):
         self.flip = (float(flip_prob), np.uint64(salt))
         return True
@@ -125,7 +128,7 @@ class _RGBDecoder(Decoder):
         if self.flip is not None:
             flip_draws(ctx.seeds, self.flip[1], self.flip[0], flips)
         bad, code, detail = jpeg.decode_batch(indices, column, ctx.ptrs, ctx.sizes, _region(ctx), boxes,
-                                              flips, out, JPG)
+                                              flips, out, JPG, self.fast_dct)
         if bad >= 0:
             s = int(indices[bad])
             where = f"field '{self.field_name}', sample {s}"
@@ -147,6 +150,14 @@ class SimpleRGBImageDecoder(_RGBDecoder):
     Output per sample: ``(H, W, 3) uint8`` RGB, exactly the stored pixels (raw) or libjpeg-turbo's
     full-size decode (JPEG, also in mixed 'smart'/'proportion' datasets), one compiled call per
     batch (:mod:`.jpeg`).
+
+    Args:
+        fast_dct: decode JPEGs with libjpeg-turbo's fast integer IDCT (``TJPARAM_FASTDCT``,
+            libjpeg's ``JDCT_IFAST``), as FFCV 1.0.2 does (``TJFLAG_FASTDCT``), instead of the
+            accurate default (``JDCT_ISLOW``: OpenCV's, Pillow's and torchvision's, pixel-equal
+            to ``cv2.imdecode``). Faster, and within about one grey level (mean absolute
+            difference) of the accurate decode: ``scripts/bench_jpeg.py --fast-dct`` measures
+            both. Applies to full-scale (8/8) decodes; the OpenCV fallback ignores it.
 
     Raises:
         TypeError (declare): the field is not an RGBImageField, or images differ in size (use
@@ -188,7 +199,8 @@ class _ResizedCropRGBImageDecoder(_RGBDecoder):
     """Shared body of the crop decoders: boxes from one kernel per batch, then decode (DCT-scaled
     and cropped by libjpeg-turbo for JPEGs), resize and write, one compiled call per batch."""
 
-    def __init__(self, output_size: int | tuple[int, int]):
+    def __init__(self, output_size: int | tuple[int, int], fast_dct: bool = False):
+        super().__init__(fast_dct)
         self.output_size = _output_size(output_size)
 
     def _declare(self, column):
@@ -208,6 +220,7 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Args:
         output_size: ``(height, width)`` or an int (square), pixels.
         ratio: crop side / shorter image side, in (0, 1]; 224/256 by default.
+        fast_dct: libjpeg-turbo's fast IDCT, as in :class:`SimpleRGBImageDecoder`.
 
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
@@ -217,8 +230,9 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
             field and sample.
     """
 
-    def __init__(self, output_size: int | tuple[int, int], ratio: float = 224 / 256):
-        super().__init__(output_size)
+    def __init__(self, output_size: int | tuple[int, int], ratio: float = 224 / 256,
+                 fast_dct: bool = False):
+        super().__init__(output_size, fast_dct)
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {ratio}")
         self.ratio = float(ratio)
@@ -239,6 +253,7 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
         output_size: ``(height, width)`` or an int (square), pixels.
         scale: ``(min, max)`` area fraction of the crop, ``0 < min <= max``.
         ratio: ``(min, max)`` aspect ratio (width / height) of the crop, ``0 < min <= max``.
+        fast_dct: libjpeg-turbo's fast IDCT, as in :class:`SimpleRGBImageDecoder`.
 
     Attributes:
         salt: ``uint64`` mixed into every sample seed, set at declare from the class and field
@@ -253,8 +268,8 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     """
 
     def __init__(self, output_size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3)):
-        super().__init__(output_size)
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), fast_dct: bool = False):
+        super().__init__(output_size, fast_dct)
         scale = tuple(float(v) for v in scale)
         ratio = tuple(float(v) for v in ratio)
         if len(scale) != 2 or not 0 < scale[0] <= scale[1]:
@@ -290,6 +305,7 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
     Args:
         output_size: ``(height, width)`` or an int (square), pixels.
+        fast_dct: libjpeg-turbo's fast IDCT, as in :class:`SimpleRGBImageDecoder`.
 
     Output per sample: ``(height, width, 3) uint8`` RGB.
 

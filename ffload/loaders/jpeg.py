@@ -92,12 +92,22 @@ def warn_if_fallback() -> None:
 
 
 class _Handle:
-    """A decompression handle of the calling thread; destroyed with the thread's local storage."""
+    """A decompression handle of the calling thread; destroyed with the thread's local storage.
+    ``fast_dct``: its ``TJPARAM_FASTDCT`` setting (libjpeg-turbo's default: off)."""
 
     def __init__(self):
         self.value = int(_init(tj.TJINIT_DECOMPRESS)) if _lib is not None else 0
         if _lib is not None and not self.value:
             raise RuntimeError(f"tj3Init failed: {_lib.error(0)}")
+        self.fast_dct = False
+
+    def set_fast_dct(self, on: bool) -> None:
+        """Switch libjpeg-turbo's fast integer IDCT on or off (``tj3Set(TJPARAM_FASTDCT)``; kept
+        by the handle across images)."""
+        if self.value and on != self.fast_dct:
+            if _lib.tj3Set(self.value, tj.TJPARAM_FASTDCT, int(on)) != 0:
+                raise RuntimeError(f"tj3Set(TJPARAM_FASTDCT) failed: {_lib.error(self.value)}")
+            self.fast_dct = on
 
     def __del__(self):
         if self.value and _lib is not None:
@@ -108,12 +118,13 @@ class _Handle:
 _local = threading.local()
 
 
-def thread_handle() -> int:
+def thread_handle(fast_dct: bool = False) -> int:
     """The calling thread's TurboJPEG decompressor (``tjhandle`` as an int, created on first use,
-    freed when the thread ends); 0 without the library."""
+    freed when the thread ends), set to decode with the fast IDCT or not; 0 without the library."""
     handle = getattr(_local, "handle", None)
     if handle is None:
         handle = _local.handle = _Handle()
+    handle.set_fast_dct(bool(fast_dct))
     return handle.value
 
 
@@ -321,12 +332,14 @@ def _decode_rows_opencv(indices, modes, heights, widths, ptrs, sizes, region, bo
     return -1
 
 
-def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_mode):
+def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_mode, fast_dct=False):
     """Decode a batch of RGB images (raw or JPEG) into ``out`` ``(B, out_h, out_w, 3) uint8``.
 
     One GIL-free compiled call for the batch (:func:`decode_rows`); on the fallback backend, one
     ``cv2.imdecode`` per JPEG sample besides. Arguments as :func:`decode_rows`; ``metadata`` is the
-    field's structured metadata column (``mode``, ``height``, ``width``).
+    field's structured metadata column (``mode``, ``height``, ``width``); ``fast_dct``: full-scale
+    (8/8) JPEG decodes use libjpeg-turbo's fast integer IDCT (``TJPARAM_FASTDCT``; the scaled
+    IDCTs of M/8 < 1 have no fast variant; the OpenCV fallback ignores it).
 
     Returns:
         ``(row, status, detail)``: ``row`` is -1 when every row succeeded, else the failing row with
@@ -344,7 +357,7 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_
     status = np.zeros(batch, np.int64)
     info = np.zeros(2, np.int64)
     flat = out.reshape(-1)
-    handle = thread_handle()
+    handle = thread_handle(fast_dct)
     bad = decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, boxes, flips,
                       flat, out_h, out_w, scratch, tmp, status, info)
     if bad < 0 and handle == 0:
