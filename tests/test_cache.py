@@ -16,7 +16,9 @@ import pytest
 import ffload
 from ffload.formats import BytesField, NDArrayField, open_dataset, write_dataset
 from ffload.loaders.memory import (
+    _NEVER,
     CACHE_BLOCK,
+    EpochSchedule,
     ProcessCacheMemory,
     batch_blocks,
     cache_block,
@@ -244,6 +246,40 @@ def test_sorted_unique_matches_numpy(values):
     got = sorted_unique(values)
     assert got.dtype == values.dtype
     np.testing.assert_array_equal(got, np.unique(values))
+
+
+def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared():
+    rng = np.random.default_rng(4)
+    sizes = rng.integers(0, 9000, 300).astype(np.uint64)  # some empty payloads
+    ptrs = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
+    unit = 4096
+    schedule = EpochSchedule([(ptrs, sizes)], unit)
+    order = rng.permutation(300)
+    batches = [np.sort(order[i:i + 32]) for i in range(0, 300, 32)]
+    schedule.set(batches, 0)
+    users = {}  # unit -> the batches whose payloads span it
+    for b, batch in enumerate(batches):
+        for s in batch:
+            if sizes[s]:
+                for u in range(int(ptrs[s]) // unit, (int(ptrs[s] + sizes[s]) - 1) // unit + 1):
+                    users.setdefault(u, set()).add(b)
+    units = np.arange(int(ptrs[-1] + sizes[-1]) // unit + 3, dtype=np.int64)  # and past the end
+
+    def expected(low):
+        return [min((b for b in users.get(u, ()) if b >= low), default=_NEVER) for u in units]
+
+    assert schedule.next_use(units, None).tolist() == [_NEVER] * units.size  # outside the epoch
+    assert schedule.next_use(units, 3).tolist() == expected(0)  # nothing prepared yet: from batch 0
+    for b in (0, 1, 3):
+        schedule.prepared(b)  # batch 2 is still to come: next use counts from it
+    assert schedule.next_use(units, 5).tolist() == expected(2)
+    schedule.prepared(2)
+    assert schedule.next_use(units, 5).tolist() == expected(4)
+    assert schedule.next_use(units, 1).tolist() == expected(1)
+    schedule.set(batches[::-1], 9)  # a new epoch, resumed at its last batch
+    reversed_users = {u: {len(batches) - 1 - b for b in bs} for u, bs in users.items()}
+    assert schedule.next_use(units, 9).tolist() == [
+        min((b for b in reversed_users.get(u, ()) if b >= 9), default=_NEVER) for u in units]
 
 
 def test_cache_block_follows_the_payload_size_and_bounds_the_block_count():

@@ -40,6 +40,7 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
+from numba import njit
 
 from ..formats.shardio import open_data_files
 from ..system import available_memory
@@ -51,8 +52,9 @@ MIN_CACHE_BLOCK = mmap.PAGESIZE
 """The smallest process-cache block, bytes: the kernel's page (4 KiB)."""
 
 MAX_CACHE_BLOCKS = 1 << 23
-"""At most this many blocks per data file: the cache keeps 14 bytes of state per block (112 MiB
-at most), so very large files get larger blocks."""
+"""At most this many blocks per data file: the cache keeps about 22 bytes of state per block
+(flags, pins, last use, and the epoch schedule's index and uses: 176 MiB at most), so very
+large files get larger blocks."""
 
 BLOCK_FRACTION = 8
 """A block is at most this fraction of the mean payload (see :func:`cache_block`)."""
@@ -195,6 +197,19 @@ def worst_batch_bytes(columns, batch_size: int, block: int) -> int:
     return int(np.partition(spans, len(spans) - k)[len(spans) - k:].sum()) * block
 
 
+@njit(nogil=True, cache=True)
+def _next_uses(units, starts, batches, low, out):
+    """``out[i]``: the first of unit ``units[i]``'s batches (``batches[starts[u]:starts[u + 1]]``,
+    ascending) that is ``>= low``; left as is when there is none."""
+    for i in range(units.shape[0]):
+        u = units[i]
+        if u + 1 < starts.shape[0]:
+            for k in range(starts[u], starts[u + 1]):
+                if batches[k] >= low:
+                    out[i] = batches[k]
+                    break
+
+
 class EpochSchedule:
     """When each cache unit (a byte range of ``unit`` bytes of the data file) is next needed in
     the epoch: the eviction order of the process caches (Belady's rule: the furthest next use,
@@ -211,8 +226,10 @@ class EpochSchedule:
 
     def __init__(self, columns, unit: int):
         self._columns, self._unit = columns, unit
-        self._uses = np.zeros(0, np.int64)  # sorted unit * num_batches + batch of the epoch
-        self._num_batches = 0
+        # the epoch's uses by unit (CSR): unit u is used by batches _batches[_starts[u]:_starts[u + 1]]
+        # (ascending); units past the end of _starts by none
+        self._starts = np.zeros(1, np.int64)
+        self._batches = np.zeros(0, np.int64)
         self._prepared = np.zeros(0, dtype=bool)  # batches of the epoch whose units were pinned
         self._low = 0  # the first batch not prepared yet: units it or later batches need are in use
 
@@ -226,7 +243,11 @@ class EpochSchedule:
             uses = sorted_unique(np.concatenate([
                 units * nb + batch_of[owners] for units, owners in
                 (spanned(p[samples], s[samples], self._unit) for p, s in self._columns)]))
-        self._uses, self._num_batches = uses, nb
+        unit_of = uses // max(nb, 1)
+        index = np.int32 if uses.size < 2**31 else np.int64  # 4 bytes per block and use
+        self._starts = np.zeros(int(unit_of[-1]) + 2 if uses.size else 1, index)
+        np.cumsum(np.bincount(unit_of), out=self._starts[1:])
+        self._batches = (uses - unit_of * nb).astype(index)
         self._prepared = np.zeros(nb, dtype=bool)
         self._prepared[:start] = True
         self._low = min(start, nb)
@@ -241,16 +262,10 @@ class EpochSchedule:
     def next_use(self, units: np.ndarray, batch: int | None) -> np.ndarray:
         """``(C,) int64`` the first scheduled batch ``>= min(batch, oldest unprepared)`` using
         each of ``units`` (``(C,) int64``; a large number when none, or without a schedule)."""
-        never = np.full(units.size, _NEVER, np.int64)
-        if batch is None or not self._uses.size:
-            return never
-        nb = self._num_batches
-        at = np.searchsorted(self._uses, units * nb + min(batch, self._low))
-        found = at < self._uses.size
-        hit = np.zeros(units.size, bool)
-        hit[found] = self._uses[at[found]] // nb == units[found]
-        never[hit] = self._uses[at[hit]] % nb
-        return never
+        out = np.full(units.size, _NEVER, np.int64)
+        if batch is not None and self._batches.size:
+            _next_uses(units, self._starts, self._batches, min(batch, self._low), out)
+        return out
 
 
 class OSCacheMemory:
