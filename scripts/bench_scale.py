@@ -147,7 +147,7 @@ def cache_probe(path: str, kind: str, limit: int, batch_size: int, workers: int,
     """MiB/s of samples made resident by ffload's ``os_cache=False`` cache alone: ``prepare`` +
     ``release`` of each batch of the QUASI_RANDOM epoch, in order from ``workers`` threads, no
     decoding and no read-ahead, for up to ``seconds``. ``kind``: ``"pool"`` (the page pool) or
-    ``"blocks"`` (the 64 KiB block cache, which gives evicted memory back)."""
+    ``"blocks"`` (the block cache, 4-64 KiB blocks, which gives evicted memory back)."""
     import concurrent.futures
 
     import ffload

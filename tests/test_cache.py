@@ -95,7 +95,8 @@ def test_quasi_random_reads_each_block_once_per_epoch(tmp_path, suffix):
     cached = ffload.Loader(path, batch_size=32, num_workers=3, order="quasi_random",
                            os_cache=False, cache_limit=limit, read_ahead=0)
     assert os.path.getsize(cached.view.data_path) > 2.5 * limit
-    blocks = batch_blocks(payload_columns(cached.view, ["blob"]), np.arange(n), CACHE_BLOCK)
+    unit = cached._memory.block
+    blocks = batch_blocks(payload_columns(cached.view, ["blob"]), np.arange(n), unit)
     # an LMDB record may straddle two pages: the first block of the next page is shared by two
     # windows and may be read twice (.beton payloads never straddle a page)
     ptrs, sizes = cached.view.ptrs["blob"].astype(np.int64), cached.view.sizes["blob"].astype(np.int64)
@@ -108,9 +109,9 @@ def test_quasi_random_reads_each_block_once_per_epoch(tmp_path, suffix):
         np.testing.assert_array_equal(got, cached.epoch_order(epoch))
         # a page's samples are drawn together: its blocks are read once per epoch, not per batch
         # (.beton: whole pages at once, with the page's tail after its last payload)
-        pages = np.unique(blocks // (page // CACHE_BLOCK)).size
-        bound = pages * page // CACHE_BLOCK if suffix == "beton" else blocks.size + straddlers
-        assert cached._memory.bytes_read - before <= bound * CACHE_BLOCK
+        pages = np.unique(blocks // (page // unit)).size
+        bound = pages * page // unit if suffix == "beton" else blocks.size + straddlers
+        assert cached._memory.bytes_read - before <= bound * unit
         assert cached._memory.peak_resident_bytes <= limit
     cached.close()
 
@@ -282,6 +283,41 @@ def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared()
         min((b for b in reversed_users.get(u, ()) if b >= 9), default=_NEVER) for u in units]
 
 
+def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
+    import types
+
+    from ffload.loaders.memory import EVICT_SLACK
+
+    sample = 64 << 10  # 20 block-aligned samples of 64 KiB: 8 KiB blocks, 8 per sample
+    data = tmp_path / "data.bin"
+    data.write_bytes(np.arange(20 * sample, dtype=np.uint32).tobytes()[:20 * sample])
+    ptrs = np.arange(20, dtype=np.uint64) * np.uint64(sample)
+    view = types.SimpleNamespace(data_path=str(data), path=str(data), ptrs={"x": ptrs},
+                                 sizes={"x": np.full(20, sample, np.uint64)}, data_size=20 * sample,
+                                 page_size=1 << 20, shards=None)
+    limit = 16 * sample  # 4 batches of 4 samples; a slack of one sample
+    memory = ProcessCacheMemory(view, ["x"], cache_limit=limit, batch_size=4)
+    assert memory.block == 8 << 10 and int(limit * EVICT_SLACK) == sample
+    batches = [np.arange(4 * b, 4 * b + 4, dtype=np.int64) for b in range(5)]
+    batches += [batches[0], batches[1], batches[2]]  # batches 0-2's samples come back: live
+    memory.schedule(batches)
+    for b in range(4):
+        memory.release(memory.prepare(batches[b], b))
+    assert memory.resident_bytes == limit
+    memory.release(memory.prepare(batches[4], 4))  # needs 4 samples' room: batch 3's, all dead
+    live = batch_blocks(memory._payloads, np.arange(12, dtype=np.int64), memory.block)
+    assert memory._resident[live].all()  # the slack found no other dead block: nothing live went
+    assert memory.resident_bytes == limit
+    for b in range(5, 8):
+        before = memory.bytes_read
+        lease = memory.prepare(batches[b], b)
+        assert memory.bytes_read == before  # served from the cache
+        first = int(ptrs[batches[b][0]])  # the file holds uint32 k at byte 4k
+        np.testing.assert_array_equal(memory.region[first:first + 32].view(np.uint32), np.arange(8) + first // 4)
+        memory.release(lease)
+    memory.close()
+
+
 def test_cache_block_follows_the_payload_size_and_bounds_the_block_count():
     from ffload.loaders.memory import MAX_CACHE_BLOCKS, MIN_CACHE_BLOCK
 
@@ -298,7 +334,7 @@ def test_cache_block_follows_the_payload_size_and_bounds_the_block_count():
     assert cache_block(column(3_000), 1 << 30) == MIN_CACHE_BLOCK  # CIFAR-sized
     assert cache_block(column(10 << 20), 1 << 30) == CACHE_BLOCK  # never above 64 KiB
     assert cache_block([], 1 << 30) == CACHE_BLOCK  # nothing decoded: the largest
-    huge = 40 * MAX_CACHE_BLOCKS * MIN_CACHE_BLOCK  # 8 KiB blocks would be too many: 64 KiB
+    huge = 40 * MAX_CACHE_BLOCKS * MIN_CACHE_BLOCK  # 4 KiB to 32 KiB blocks would be too many: 64 KiB
     assert cache_block(column(110_000), huge) == CACHE_BLOCK
 
 

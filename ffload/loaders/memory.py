@@ -67,10 +67,11 @@ BLOCK_SAMPLE = 4096
 """:func:`cache_block` counts the bytes read on at most this many payloads."""
 
 EVICT_SLACK = 1 / 16
-"""When the process cache must make room, it frees this fraction of ``cache_limit`` more than the
-batch needs: choosing the blocks to evict scans every resident block (their next uses, a sort),
-which took 250 ms per 256-sample batch with 1.5M resident 4 KiB blocks; freeing a slack makes it
-once per several batches. The blocks freed are those used furthest in the future."""
+"""When the process cache must make room, it frees up to this fraction of ``cache_limit`` more than
+the batch needs, in blocks no later batch of the epoch uses (never one that would be read again):
+choosing the blocks to evict scans every resident block (their next uses, a sort), which took
+250 ms per 256-sample batch with 1.5M resident 4 KiB blocks; the slack makes it once per several
+batches."""
 
 DEFAULT_CACHE_FRACTION = 4
 """The default ``cache_limit`` is the available memory divided by this, at most
@@ -471,8 +472,9 @@ class ProcessCacheMemory(_FileBackedCache):
                    dead_only: bool = False) -> bool:
         """Evict unpinned blocks (the furthest next use after ``batch`` first, then the least
         recently used; never ``keep``; with ``dead_only``, only blocks the schedule never uses
-        again) until ``nbytes`` more fit under the limit; False (nothing evicted) when they
-        cannot. Holds the lock."""
+        again) until ``nbytes`` more fit under the limit, plus up to :data:`EVICT_SLACK` of it
+        in blocks the schedule never uses again; False (nothing evicted) when they cannot. Holds
+        the lock."""
         excess = self.resident_bytes + nbytes - self.cache_limit
         if excess <= 0:
             return True
@@ -488,7 +490,8 @@ class ProcessCacheMemory(_FileBackedCache):
             candidates, next_use = candidates[dead], next_use[dead]
             if candidates.size < count:
                 return False
-        count = min(candidates.size, count + int(self.cache_limit * EVICT_SLACK) // self.block)
+        dead = int(np.count_nonzero(next_use == _NEVER))  # the slack: blocks never needed again only
+        count = max(count, min(dead, count + int(self.cache_limit * EVICT_SLACK) // self.block))
         if candidates.size > count:
             rank = np.lexsort((self._last_use[candidates], -next_use))
             candidates = np.sort(candidates[rank[:count]])

@@ -8,7 +8,7 @@ clipped to the data region, so nothing outside the payloads' units is ever reque
 is what the batch will read: the kernel's page (``mmap.PAGESIZE``, 4 KiB) when the decoders
 touch the mapped file (``os_cache=True``), the process cache's block (:func:`~.memory.cache_block`, 4-64 KiB)
 when it reads whole blocks (``os_cache=False``, RANDOM order). With pages there, each payload not aligned to
-64 KiB would leave the ends of its first and last blocks unrequested, and the block read would
+a block would leave the ends of its first and last blocks unrequested, and the block read would
 wait on the disk for them: two synchronous small reads per sample (LMDB values, which start 40
 bytes into a page, loaded at 0.37x the ``.beton`` rate that way, whose raw samples happen to be
 block-aligned). It stays at most ``limit`` bytes (plus one batch) ahead of the batch being
