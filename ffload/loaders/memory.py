@@ -140,8 +140,8 @@ def batch_blocks(columns, indices: np.ndarray, block: int) -> np.ndarray:
     """``(P,) int64`` sorted block numbers spanned by the payloads of samples ``indices``."""
     if not columns:
         return np.zeros(0, np.int64)
-    return sorted_unique(np.concatenate([pages_spanned(p[indices], s[indices], block)
-                                     for p, s in columns]))
+    return sorted_unique(np.concatenate([spanned(p[indices], s[indices], block)[0]
+                                         for p, s in columns]))  # one sort for all fields
 
 
 def cache_block(columns, data_size: int) -> int:
