@@ -137,7 +137,41 @@ def test_jpeg_without_a_frame_is_corrupt_not_the_previous_images_size(tmp_path, 
             decode(op, view, "image", [0, 1], region=region)
     data = np.array(view.open_region())
     p0, n0 = int(view.ptrs["image"][0]), int(view.sizes["image"][0])
-    assert jpeg.has_frame(data, p0, n0) and not jpeg.has_frame(region, int(view.ptrs["image"][1]), 50)
+    assert jpeg.frame_offset(data, p0, n0) >= 0 and jpeg.frame_offset(region, int(view.ptrs["image"][1]), 50) < 0
+
+
+def _with_forged_frame(encoded: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``encoded`` with a second frame header, declaring ``height x width``, put right after SOI."""
+    real = int(next(i for i in range(2, len(encoded) - 1) if encoded[i] == 0xFF and encoded[i + 1] == 0xC0))
+    sof = encoded[real:real + 2 + (int(encoded[real + 2]) << 8 | int(encoded[real + 3]))].copy()
+    sof[5:9] = [height >> 8, height & 255, width >> 8, width & 255]
+    return np.concatenate([encoded[:2], sof, encoded[2:]])
+
+
+def test_whole_image_decode_trusts_no_forged_frame_header(photos):
+    """Whole-image decodes skip tj3DecompressHeader when the first frame header gives the
+    metadata's size. A forged first header claiming that size, before the real (larger) one, must
+    fail in libjpeg-turbo (duplicate SOF) without writing past the sample's output row."""
+    big = _encoded(np.ascontiguousarray(photos[0][:64, :64])).ravel()
+    good = _encoded(np.ascontiguousarray(photos[1][:32, :32])).ravel()
+    forged = _with_forged_frame(big, 32, 32)
+    assert jpeg.frame_size(forged, 0, len(forged)) == (32, 32)
+    assert jpeg.frame_size(big, 0, len(big)) == (64, 64)
+    region = np.concatenate([good, forged, good])
+    ptrs = np.array([0, len(good), len(good) + len(forged)], np.uint64)
+    sizes = np.array([len(good), len(forged), len(good)], np.uint64)
+    meta = np.zeros(3, [("mode", "<u1"), ("width", "<u4"), ("height", "<u4")])
+    meta["height"], meta["width"] = 32, 32
+    boxes = np.tile(np.array([0, 0, 32, 32], np.int64), (3, 1))
+    out = np.full((3, 32, 32, 3), 7, np.uint8)
+    for flip in (False, True):
+        out[:] = 7
+        row, code, detail = jpeg.decode_batch(np.arange(3, dtype=np.int64), meta, ptrs, sizes, region, boxes,
+                                              np.full(3, flip), out, 0)
+        assert (row, code) == (1, jpeg.FAILED) and detail
+        assert (out[2] == 7).all()  # nothing written past row 1
+        expected = cv2.imdecode(good, cv2.IMREAD_COLOR_RGB)
+        assert np.array_equal(out[0], expected[:, ::-1] if flip else expected)
 
 
 def test_fast_dct_is_close_to_the_accurate_decode_and_switches_back(tmp_path, photos):
