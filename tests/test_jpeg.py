@@ -133,45 +133,75 @@ def test_jpeg_without_a_frame_is_corrupt_not_the_previous_images_size(tmp_path, 
     region = _cut(view, 1, 2)
     for op in (CenterCropRGBImageDecoder(32), RandomResizedCropRGBImageDecoder(32)):
         # row 0 leaves photo 0's size in the thread's handle, then row 1 has no frame
-        with pytest.raises(ValueError, match=r"sample 1: corrupt JPEG \(\d+ bytes\): no frame header"):
+        with pytest.raises(ValueError, match=r"sample 1: corrupt JPEG \(\d+ bytes\): no image: no frame header"):
             decode(op, view, "image", [0, 1], region=region)
     data = np.array(view.open_region())
     p0, n0 = int(view.ptrs["image"][0]), int(view.sizes["image"][0])
     assert jpeg.frame_offset(data, p0, n0) >= 0 and jpeg.frame_offset(region, int(view.ptrs["image"][1]), 50) < 0
 
 
-def _with_forged_frame(encoded: np.ndarray, height: int, width: int) -> np.ndarray:
-    """``encoded`` with a second frame header, declaring ``height x width``, put right after SOI."""
-    real = int(next(i for i in range(2, len(encoded) - 1) if encoded[i] == 0xFF and encoded[i + 1] == 0xC0))
-    sof = encoded[real:real + 2 + (int(encoded[real + 2]) << 8 | int(encoded[real + 3]))].copy()
-    sof[5:9] = [height >> 8, height & 255, width >> 8, width & 255]
-    return np.concatenate([encoded[:2], sof, encoded[2:]])
+def _batch(payloads, sizes_hw, out_hw=(32, 32)):
+    """``jpeg.decode_batch`` inputs for JPEG ``payloads`` whose metadata says ``sizes_hw``."""
+    region = np.concatenate(payloads)
+    lengths = np.array([len(p) for p in payloads], np.uint64)
+    ptrs = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.uint64)
+    meta = np.zeros(len(payloads), [("mode", "<u1"), ("width", "<u4"), ("height", "<u4")])
+    meta["height"], meta["width"] = np.array(sizes_hw).T
+    boxes = np.array([[0, 0, h, w] for h, w in sizes_hw], np.int64)
+    out = np.full((len(payloads), *out_hw, 3), 7, np.uint8)
+    return np.arange(len(payloads), dtype=np.int64), meta, ptrs, lengths, region, boxes, out
 
 
-def test_whole_image_decode_trusts_no_forged_frame_header(photos):
+def test_whole_image_decode_reads_the_frame_header_libjpeg_turbo_reads(photos):
     """Whole-image decodes skip tj3DecompressHeader when the first frame header gives the
-    metadata's size. A forged first header claiming that size, before the real (larger) one, must
-    fail in libjpeg-turbo (duplicate SOF) without writing past the sample's output row."""
-    big = _encoded(np.ascontiguousarray(photos[0][:64, :64])).ravel()
+    metadata's size. A 32x32 frame header hidden in a comment, before the real 64x32 one, must not
+    be taken for the image's: the sample is the wrong size, and nothing is written past its row
+    (a decode trusting the hidden header would write 64 rows into row 1's 32, over row 2)."""
+    real = _encoded(np.ascontiguousarray(photos[0][:64, :32])).ravel()
     good = _encoded(np.ascontiguousarray(photos[1][:32, :32])).ravel()
-    forged = _with_forged_frame(big, 32, 32)
-    assert jpeg.frame_size(forged, 0, len(forged)) == (32, 32)
-    assert jpeg.frame_size(big, 0, len(big)) == (64, 64)
-    region = np.concatenate([good, forged, good])
-    ptrs = np.array([0, len(good), len(good) + len(forged)], np.uint64)
-    sizes = np.array([len(good), len(forged), len(good)], np.uint64)
-    meta = np.zeros(3, [("mode", "<u1"), ("width", "<u4"), ("height", "<u4")])
-    meta["height"], meta["width"] = 32, 32
-    boxes = np.tile(np.array([0, 0, 32, 32], np.int64), (3, 1))
-    out = np.full((3, 32, 32, 3), 7, np.uint8)
-    for flip in (False, True):
-        out[:] = 7
-        row, code, detail = jpeg.decode_batch(np.arange(3, dtype=np.int64), meta, ptrs, sizes, region, boxes,
-                                              np.full(3, flip), out, 0)
-        assert (row, code) == (1, jpeg.FAILED) and detail
-        assert (out[2] == 7).all()  # nothing written past row 1
-        expected = cv2.imdecode(good, cv2.IMREAD_COLOR_RGB)
-        assert np.array_equal(out[0], expected[:, ::-1] if flip else expected)
+    at = int(next(i for i in range(2, len(real) - 1) if real[i] == 0xFF and real[i + 1] == 0xC0))
+    sof = real[at:at + 2 + (int(real[at + 2]) << 8 | int(real[at + 3]))].copy()
+    sof[5:9] = [0, 32, 0, 32]
+    comment = np.concatenate([[0xFF, 0xFE, 0, len(sof) + 2], sof]).astype(np.uint8)
+    hidden = np.concatenate([real[:2], comment, real[2:]])
+    assert jpeg.frame_size(hidden, 0, len(hidden)) == (64, 32)
+    assert cv2.imdecode(hidden, cv2.IMREAD_COLOR_RGB).shape == (64, 32, 3)
+    indices, meta, ptrs, sizes, region, boxes, out = _batch([good, hidden, good], [(32, 32)] * 3)
+    row, code, detail = jpeg.decode_batch(indices, meta, ptrs, sizes, region, boxes, np.zeros(3, bool), out, 0)
+    assert (row, code, detail) == (1, jpeg.BAD_SIZE, "32x64")
+    assert (out[2] == 7).all()
+    assert np.array_equal(out[0], cv2.imdecode(good, cv2.IMREAD_COLOR_RGB))
+
+
+def test_whole_image_decode_after_a_scaled_one_is_exact(photos):
+    """The handle keeps its scaling factor and cropping region between images: a whole-image
+    decode after a scaled, cropped one must reset both."""
+    big = _encoded(np.ascontiguousarray(photos[0][:200, :160])).ravel()
+    good = _encoded(np.ascontiguousarray(photos[1][:32, :32])).ravel()
+    indices, meta, ptrs, sizes, region, boxes, out = _batch([big, good, big, good], [(200, 160), (32, 32)] * 2)
+    boxes[2] = [40, 24, 120, 100]
+    assert jpeg.scaled_box(*boxes[2], 200, 160, 32, 32)[0] < 8  # row 2 is decoded scaled and cropped
+    assert jpeg.decode_batch(indices, meta, ptrs, sizes, region, boxes, np.zeros(4, bool), out, 0)[0] == -1
+    expected = cv2.imdecode(good, cv2.IMREAD_COLOR_RGB)
+    assert np.array_equal(out[1], expected) and np.array_equal(out[3], expected)
+
+
+def test_a_frame_header_without_a_scan_is_named(photos):
+    """SOI, tables and a frame header of the metadata's size, then the end, after a larger image:
+    the error names the missing scan (libjpeg-turbo's message, or ours where its header call
+    succeeds as for tables only and keeps the previous image's size), not that size."""
+    good = _encoded(np.ascontiguousarray(photos[1][:64, :64])).ravel()
+    at = int(next(i for i in range(2, len(good) - 1) if good[i] == 0xFF and good[i + 1] == 0xDA))
+    headless = np.concatenate([good[:at], [0xFF, 0xD9]]).astype(np.uint8)
+    big = _encoded(np.ascontiguousarray(photos[0][:200, :160])).ravel()
+    indices, meta, ptrs, sizes, region, boxes, out = _batch([big, headless], [(200, 160), (64, 64)])
+    boxes[1] = [8, 8, 48, 48]
+    row, code, detail = jpeg.decode_batch(indices, meta, ptrs, sizes, region, boxes, np.zeros(2, bool), out, 0)
+    assert row == 1 and code in (jpeg.FAILED, jpeg.NO_FRAME) and "SOS" in detail, detail
+    boxes[1] = [0, 0, 64, 64]
+    indices, meta, ptrs, sizes, region, _, out = _batch([big, headless], [(200, 160), (64, 64)], (64, 64))
+    row, code, detail = jpeg.decode_batch(indices, meta, ptrs, sizes, region, boxes, np.zeros(2, bool), out, 0)
+    assert row == 1 and code in (jpeg.FAILED, jpeg.NO_FRAME) and detail
 
 
 def test_fast_dct_is_close_to_the_accurate_decode_and_switches_back(tmp_path, photos):

@@ -5,10 +5,13 @@ crops it, resizes it (:mod:`.resize`) and writes it into its output row.
 Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
 
 1. ``tj3DecompressHeader``: width, height, chroma subsampling; a size other than the metadata's
-   is an error (:data:`BAD_SIZE`), unless the data holds no frame header at all
-   (:data:`NO_FRAME`: TurboJPEG reads such data, say an SOI followed by garbage, as an
-   abbreviated table specification, returns success and leaves the previous image's size in the
-   handle).
+   is an error (:data:`BAD_SIZE`, with the size of the data's own frame header,
+   :func:`frame_size`), unless the data holds no frame header (:data:`NO_FRAME`; also a frame
+   header of the right size whose scan is missing, where a TurboJPEG newer than the bundled one
+   may succeed): TurboJPEG reads such data, say an SOI followed by garbage, as an abbreviated
+   table specification, returns success and leaves the previous image's size in the handle.
+   Skipped for an image decoded whole whose frame header gives the metadata's size
+   (see :func:`_decode_jpeg`).
 2. The DCT scaling factor ``M/8`` is the smallest ``M`` in 3..7 with ``M/8 * box >= 1.5 *
    output`` on both sides (else 8/8: no scaling). The box keeps its fractional edges in the
    scaled image (``edge * M / 8``), so the resize that follows samples exactly the same area as a
@@ -64,14 +67,13 @@ if _lib is not None:
     _init, _destroy = _lib.tj3Init, _lib.tj3Destroy  # from Python (ctypes); the rest from compiled code
     _get, _header, _scale = tj.NUMBA["tj3Get"], tj.NUMBA["tj3DecompressHeader"], tj.NUMBA["tj3SetScalingFactor"]
     _crop, _decompress = tj.NUMBA["tj3SetCroppingRegion"], tj.NUMBA["tj3Decompress8"]
-    _errcode = tj.NUMBA["tj3GetErrorCode"]
 else:
     @njit(nogil=True, cache=True)
     def _absent(*args):
         """Stands for the tj3 functions without a library (decode_rows never calls it: handle 0)."""
         return -1
 
-    _get = _header = _scale = _crop = _decompress = _errcode = _absent
+    _get = _header = _scale = _crop = _decompress = _absent
 
 
 def backend() -> str:
@@ -188,8 +190,8 @@ def frame_offset(data, p, n):
 
 @njit(nogil=True, cache=True)
 def frame_size(data, p, n):
-    """``(height, width)`` of the frame header :func:`frame_offset` finds, ``(-1, -1)`` without
-    one (pixels)."""
+    """``(height, width)`` of the frame header :func:`frame_offset` finds (pixels); ``(-1, -1)``
+    without one or when the data ends inside it."""
     f = frame_offset(data, p, n)
     if f < 0 or f + 9 > n:
         return -1, -1
@@ -207,15 +209,20 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
     """Decode one JPEG and resize its box into ``out[d0:]``; returns a status code.
 
     An image decoded whole (no DCT scaling, the box is the image) whose frame header
-    (:func:`frame_size`) gives the metadata's size skips ``tj3DecompressHeader``: ``tj3Decompress8``
-    reads the headers again itself (1-1.7 us of a 32x32 image's 11-13 us), and it reads the same
-    frame size, so the output cannot outgrow the row it was sized for."""
+    (:func:`frame_size`) gives the metadata's size skips ``tj3DecompressHeader``:
+    ``tj3Decompress8`` reads the headers again itself (about a tenth of a CIFAR-sized image's
+    decode), and it takes the same frame size (:func:`frame_offset`), so the output cannot outgrow
+    the row it was sized for. That re-read happens because the handle is fresh or its last call
+    ended (a handle that failed is replaced, :func:`decode_batch`). What changes for damaged data:
+    a warning in the headers (say an unknown JFIF version) now fails in ``tj3Decompress8``, after
+    the row was written; the sample is reported as corrupt either way.
+    A TurboJPEG >= 3.1 (a system library) checks ICC profiles only in ``tj3DecompressHeader``."""
     buf = region.ctypes.data + np.uint64(p)
     top, left, h, w = box[0], box[1], box[2], box[3]
     m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w)
     whole = m == 8 and top == 0 and left == 0 and h == height and w == width
-    fh, fw = frame_size(region, p, n) if whole else (-1, -1)
-    if fh == height and fw == width:
+    fh, fw = frame_size(region, p, n)
+    if whole and fh == height and fw == width:
         if _scale(handle, tj.pack2(1, 1)) != 0 or _crop(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0:
             return FAILED
         rx, ry, rw, rh = 0, 0, width, height
@@ -224,11 +231,11 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
             return FAILED
         jw = _get(handle, tj.TJPARAM_JPEGWIDTH)
         jh = _get(handle, tj.TJPARAM_JPEGHEIGHT)
-        if jw != width or jh != height:
-            if frame_offset(region, p, n) < 0:  # the handle's size is the previous image's
+        if jw != width or jh != height:  # the handle's size may be the previous image's
+            if fh < 0 or (fh == height and fw == width):
                 return NO_FRAME
-            info[0] = jw
-            info[1] = jh
+            info[0] = fw
+            info[1] = fh
             return BAD_SIZE
         subsamp = _get(handle, tj.TJPARAM_SUBSAMP)
         num = m
@@ -399,7 +406,7 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_
     elif code == BAD_SIZE:
         detail = f"{info[0]}x{info[1]}"
     elif code == NO_FRAME:
-        detail = "no frame header (SOF marker) before its first scan or its end"
+        detail = "no image: no frame header (SOF marker) and scan (SOS marker) before its end"
     else:
         detail = "payload lies outside the data region"
     return int(bad), code, detail
