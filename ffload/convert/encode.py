@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import multiprocessing as mp
+import signal
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -203,6 +204,27 @@ def encode_chunk(encoder: SampleEncoder, start: int, stop: int,
                         slab_index, used, b"".join(tail), errors, outcomes)
 
 
+def _worker_start() -> None:
+    """Pool worker initializer: SIGTERM kills the worker (``Pool.terminate``), whatever handler
+    the parent had, then the signal is unblocked (:func:`_fork_pool` forks with it blocked)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def _fork_pool(workers: int):
+    """A fork-context ``multiprocessing.Pool`` of ``workers`` processes that ``terminate()`` always
+    stops. The children are forked with SIGTERM blocked: a SIGTERM reaching a child between
+    ``fork()`` and Python's after-fork reset of pending signals would otherwise be lost (the
+    Python-level handler it inherits never runs) and leave it waiting for tasks forever, with
+    ``terminate()`` waiting on it (seen when a conversion failed on its first sample). A SIGTERM
+    for this process meanwhile stays pending and is handled when the mask is restored."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return mp.get_context("fork").Pool(workers, initializer=_worker_start)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def _worker_encode(task: tuple[int, int, int]) -> EncodedChunk:
     start, stop, slab = task
     return encode_chunk(_STATE["encoder"], start, stop, memoryview(_STATE["slabs"][slab]), slab)
@@ -257,7 +279,7 @@ def encoded_chunks(encoder: SampleEncoder, num_workers: int | None, chunk_size: 
         return
     slabs = [mmap.mmap(-1, SLAB_BYTES) for _ in range(SLABS_PER_WORKER * workers)]
     _STATE.update(encoder=encoder, slabs=slabs)
-    pool = mp.get_context("fork").Pool(workers)
+    pool = _fork_pool(workers)
     try:
         free = deque(range(len(slabs)))
         pending: deque = deque()
