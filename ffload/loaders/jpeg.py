@@ -222,11 +222,15 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
     m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w)
     whole = m == 8 and top == 0 and left == 0 and h == height and w == width
     fh, fw = frame_size(region, p, n)
-    if whole and fh == height and fw == width:
-        if _scale(handle, tj.pack2(1, 1)) != 0 or _crop(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0:
-            return FAILED
-        rx, ry, rw, rh = 0, 0, width, height
-    else:
+    num = m
+    den = 8
+    while num % 2 == 0 and den > 1:  # TurboJPEG lists its factors in lowest terms (1/1, 1/2 ...)
+        num //= 2
+        den //= 2
+    sw = (width * m + 7) // 8
+    sh = (height * m + 7) // 8
+    rx, ry, rw, rh = 0, 0, sw, sh  # the whole (scaled) image
+    if not (whole and fh == height and fw == width):
         if _header(handle, buf, n) != 0:
             return FAILED
         jw = _get(handle, tj.TJPARAM_JPEGWIDTH)
@@ -238,25 +242,16 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
             info[1] = fh
             return BAD_SIZE
         subsamp = _get(handle, tj.TJPARAM_SUBSAMP)
-        num = m
-        den = 8
-        while num % 2 == 0 and den > 1:  # TurboJPEG lists its factors in lowest terms (1/1, 1/2 ...)
-            num //= 2
-            den //= 2
-        if _scale(handle, tj.pack2(num, den)) != 0:
-            return FAILED
-        sw = (width * m + 7) // 8
-        sh = (height * m + 7) // 8
         if 0 <= subsamp < _MCU_WIDTH.shape[0]:
             mcu = (_MCU_WIDTH[subsamp] * m + 7) // 8
             rx, ry, rw, rh = (x0 // mcu) * mcu, y0, x1 - (x0 // mcu) * mcu, y1 - y0
-        else:
-            rx, ry, rw, rh = 0, 0, sw, sh
-        if rx == 0 and ry == 0 and rw == sw and rh == sh:
-            if _crop(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0:
-                return FAILED
-        elif _crop(handle, tj.pack2(rx, ry), tj.pack2(rw, rh)) != 0:
+    if _scale(handle, tj.pack2(num, den)) != 0:
+        return FAILED
+    if rx == 0 and ry == 0 and rw == sw and rh == sh:  # no cropping region (also resets the handle's)
+        if _crop(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0:
             return FAILED
+    elif _crop(handle, tj.pack2(rx, ry), tj.pack2(rw, rh)) != 0:
+        return FAILED
     direct = m == 8 and h == out_h and w == out_w and rx == x0 and rw == w and not flip
     target = out.ctypes.data + np.uint64(d0) if direct else scratch.ctypes.data
     if _decompress(handle, buf, n, target, rw * 3, tj.TJPF_RGB) != 0:
