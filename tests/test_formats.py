@@ -674,6 +674,22 @@ def test_lmdb_offsets_come_from_lmdbs_own_mapping_when_the_file_is_mapped_twice(
     del other
 
 
+def test_lmdb_writes_the_same_bytes_every_time_and_nothing_of_the_process_memory(tmp_path):
+    """LMDB copies pages from malloc'd buffers: unless it zeroes them (``meminit``), the unused
+    part of each page carries whatever the process freed before (here, a marker), so the file
+    would leak memory and differ run to run. Two conversions of the same rows are byte-equal."""
+    rows = [(np.full((40, 50 + i, 3), i, np.uint8), i) for i in range(6)]
+    fields = {"image": RGBImageField("raw"), "label": IntField()}
+    written = []
+    for name in ("a.lmdb", "b.lmdb"):
+        junk = [b"MARKER-freed-by-the-process-" * 150 for _ in range(200)]
+        del junk
+        path = write_dataset(str(tmp_path / name), fields, rows, len(rows))
+        written.append(Path(path, "data.mdb").read_bytes())
+    assert b"MARKER-freed" not in written[0] + written[1]
+    assert written[0] == written[1]
+
+
 def test_lmdb_compacted_copy_read_correctly(tmp_path):
     """``mdb_copy -c`` (py-lmdb's ``Environment.copy(compact=True)``) renumbers pages: the places
     recorded at writing no longer hold, the reader notices (spot checks), warns, and finds every
@@ -699,10 +715,17 @@ def test_lmdb_leaf_node_pointing_past_the_file_is_refused_before_lmdb_reads_it(t
     n = 6
     rows = [(np.full((40, 50, 3), i, np.uint8), i) for i in range(n)]
     path = write_dataset(str(tmp_path / "n.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, n)
+    import lmdb
+
+    from ffload.formats.lmdb_format import PLACES_KEY, _address, _lmdb_map_base
     data_path = os.path.join(path, "data.mdb")
+    env = lmdb.open(path, readonly=True, lock=False)
+    with env.begin(buffers=True) as txn:  # the live leaf node: its key lies just before its value
+        value = txn.get(PLACES_KEY)
+        key = _address(value) - _lmdb_map_base(data_path, _address(value)) - len(PLACES_KEY)
+    env.close()
     raw = bytearray(Path(data_path).read_bytes())
-    key = raw.find(b"__ffload_places__")
-    assert key > 8
+    assert raw[key:key + len(PLACES_KEY)] == PLACES_KEY
     raw[key - 8:key - 4] = b"\xff\xff\xff\x7f"  # mn_lo, mn_hi: the data size
     Path(data_path).write_bytes(bytes(raw))
     with pytest.raises(DatasetError, match=r"corrupt LMDB database: page \d+: a value .*runs past"):

@@ -157,7 +157,7 @@ class LMDBWriter(DatasetWriter):
         self._lmdb = lmdb
         self.record_dtype = named_metadata_dtype(self.fields)
         self.map_size = int(initial_map_size)
-        self.env = self._handle = lmdb.open(path, map_size=self.map_size, subdir=True, meminit=False,
+        self.env = self._handle = lmdb.open(path, map_size=self.map_size, subdir=True,
                                             sync=False, metasync=False, readahead=False, max_dbs=0)
         self._pending: list = []
         self._pending_bytes = 0
