@@ -22,7 +22,7 @@ from ffload.loaders.decoders import (
     RandomResizedCropRGBImageDecoder,
     SimpleRGBImageDecoder,
 )
-from ffload.loaders.resize import interpolation, resize_rgb
+from ffload.loaders.resize import interpolation, resize_rgb, scratch_size
 from ffload.loaders.rng import sample_seeds
 from tests.test_decoders import decode, payload, reference_resize, write
 
@@ -86,7 +86,7 @@ def test_resize_fused_flip_mirrors_the_row(photos):
         for flip in (False, True):
             out = np.zeros(oh * ow * 3, np.uint8)
             resize_rgb(img.reshape(-1), 0, w * 3, h, w, 0.0, 0.0, h, w, interpolation(h, w, oh, ow), out, 0,
-                       oh, ow, flip, np.empty(2 * oh * w * 3, np.uint16))
+                       oh, ow, flip, np.empty(scratch_size(oh, ow, w), np.uint16))
             rows.append(out.reshape(oh, ow, 3))
         assert np.array_equal(rows[0][:, ::-1], rows[1])
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
+from numba import njit
 from skimage import data
 
-from ffload.loaders.resize import AREA, LINEAR, interpolation, resize_rgb
+from ffload.loaders.resize import AREA, LINEAR, interpolation, resize_rgb, scratch_size
+from ffload.loaders.simd import transpose8_u16, transpose16_u8
 
 
 @pytest.mark.parametrize("box,out,mode", [
@@ -15,6 +17,8 @@ from ffload.loaders.resize import AREA, LINEAR, interpolation, resize_rgb
     ((40, 30, 201, 260), (224, 224), LINEAR),  # one side grows, the other shrinks
     ((17, 33, 300, 380), (224, 224), AREA),
     ((80, 70, 300, 380), (160, 128), AREA),  # at the image's bottom-right corner
+    ((5, 9, 101, 77), (37, 29), AREA),  # no side a multiple of the transpose blocks
+    ((100, 3, 30, 250), (33, 250), LINEAR),
 ])
 def test_a_window_resizes_as_cv2_resizes_the_cut_out_crop(box, out, mode):
     img = np.ascontiguousarray(data.astronaut()[:380, :450])
@@ -23,8 +27,42 @@ def test_a_window_resizes_as_cv2_resizes_the_cut_out_crop(box, out, mode):
     assert interpolation(h, w, oh, ow) == mode
     ref = cv2.resize(np.ascontiguousarray(img[top:top + h, left:left + w]), (ow, oh),
                      interpolation=cv2.INTER_AREA if mode == AREA else cv2.INTER_LINEAR)
-    dst = np.zeros(oh * ow * 3, np.uint8)
+    guard = 40  # bytes either side of the output row: never written
+    dst = np.full(oh * ow * 3 + 2 * guard, 7, np.uint8)
     resize_rgb(img.reshape(-1), 0, img.shape[1] * 3, img.shape[0], img.shape[1], float(top), float(left),
-               float(h), float(w), mode, dst, 0, oh, ow, False, np.empty(2 * oh * img.shape[1] * 3, np.uint16))
-    diff = np.abs(dst.reshape(oh, ow, 3).astype(int) - ref)
+               float(h), float(w), mode, dst, guard, oh, ow, False,
+               np.empty(scratch_size(oh, ow, img.shape[1]), np.uint16))
+    diff = np.abs(dst[guard:-guard].reshape(oh, ow, 3).astype(int) - ref)
     assert diff.max() <= 1, diff.max()  # fixed-point rounding: one level at most
+    assert (dst[:guard] == 7).all() and (dst[-guard:] == 7).all()
+
+
+def test_a_scratch_buffer_too_small_is_refused():
+    img = np.zeros((50, 60, 3), np.uint8)
+    need = scratch_size(20, 30, 60)
+    with pytest.raises(ValueError, match="scratch"):
+        resize_rgb(img.reshape(-1), 0, 180, 50, 60, 0.0, 0.0, 50.0, 60.0, AREA, np.zeros(20 * 30 * 3, np.uint8),
+                   0, 20, 30, False, np.empty(need - 1, np.uint16))
+
+
+def _runner(transpose):
+    """Compiled code calling ``transpose`` on the block at row 2, column 1 of ``src`` into row 1,
+    column 2 of ``dst``."""
+    @njit
+    def run(src, dst):
+        item = src.itemsize
+        transpose(np.uint64(src.ctypes.data + (2 * src.shape[1] + 1) * item), np.uint64(src.shape[1] * item),
+                  np.uint64(dst.ctypes.data + (dst.shape[1] + 2) * item), np.uint64(dst.shape[1] * item))
+    return run
+
+
+@pytest.mark.parametrize("dtype,n", [(np.uint16, 8), (np.uint8, 16)])
+def test_simd_block_transposes(dtype, n):
+    """A block inside larger strided buffers: transposed into place, nothing around it touched."""
+    rng = np.random.default_rng(n)
+    src = rng.integers(0, np.iinfo(dtype).max, (n + 3, n + 5), dtype=dtype)
+    dst = np.zeros((n + 2, n + 7), dtype)
+    _runner(transpose8_u16 if n == 8 else transpose16_u8)(src, dst)
+    want = np.zeros_like(dst)
+    want[1:1 + n, 2:2 + n] = src[2:2 + n, 1:1 + n].T
+    assert np.array_equal(dst, want)

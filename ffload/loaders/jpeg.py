@@ -48,7 +48,7 @@ import numpy as np
 from numba import njit
 
 from . import turbojpeg as tj
-from .resize import copy_rgb, interpolation, resize_rgb
+from .resize import copy_rgb, interpolation, resize_rgb, scratch_size
 
 OK = 0
 PENDING = 2
@@ -281,7 +281,7 @@ def decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, bo
         flips: ``(B,) bool`` mirror the row left-right.
         out: flat ``(B * out_h * out_w * 3,) uint8`` output.
         scratch: ``uint8`` of at least ``max(H * W) * 3`` bytes over the batch; tmp: ``uint16`` of
-            at least ``2 * out_h * max(W) * 3`` elements (:func:`~.resize.resize_rgb`'s scratch).
+            at least :func:`~.resize.scratch_size` ``(out_h, out_w, max(W))`` elements.
         status: ``(B,) int64`` out: a status code per row; info: ``(2,) int64`` out: the JPEG's
             ``(width, height)`` for :data:`BAD_SIZE`.
 
@@ -381,7 +381,7 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_
     h = heights[indices].astype(np.int64)
     w = widths[indices].astype(np.int64)
     scratch = np.empty(int((h * w).max()) * 3 if batch else 0, np.uint8)
-    tmp = np.empty(2 * out_h * int(w.max()) * 3 if batch else 0, np.uint16)
+    tmp = np.empty(scratch_size(out_h, out_w, int(w.max())) if batch else 0, np.uint16)
     status = np.zeros(batch, np.int64)
     info = np.zeros(2, np.int64)
     flat = out.reshape(-1)

@@ -12,10 +12,15 @@ Separable, vertical pass first (it shrinks the rows the horizontal pass reads):
 * vertical: per output row, ``Q15`` integer weights (summing to exactly ``2**15``) over the
   window's columns (contiguous bytes: LLVM vectorises the multiply-adds), stored as ``uint16``
   with 8 fraction bits (value * 256, at most 65280);
-* transpose of that intermediate (each byte column becomes a contiguous run of ``out_h``);
+* transpose of that intermediate (each byte column becomes a contiguous run of ``out_h``) in
+  8 x 8 blocks of vector shuffles (:mod:`.simd`);
 * horizontal: each output byte column is a ``Q14``-weighted sum of whole transposed columns
-  (contiguous again, vectorised), rounded half up, written mirrored when ``flip``.
+  (contiguous again, vectorised), rounded half up, stored as a contiguous byte run at its
+  mirrored place when ``flip``;
+* transpose of those runs into the output rows, in 16 x 16 blocks of vector shuffles.
 
+Scalar transposes cost a load and a store per element and were half of the resize's time; the
+shuffles made a 316 -> 224 px ``INTER_AREA`` resize about 1.9x faster, with the same output.
 Offsets are unsigned (no negative-index wraparound checks) and numba does no bounds checks.
 """
 from __future__ import annotations
@@ -24,6 +29,8 @@ import math
 
 import numpy as np
 from numba import njit
+
+from .simd import transpose8_u16, transpose16_u8
 
 AREA = 0
 LINEAR = 1
@@ -121,8 +128,6 @@ def copy_rgb(src, src_start, src_stride, dst, dst_start, out_h, out_w, flip):
 _VBITS = 15  # vertical weights: Q15
 _FRAC = 8  # fraction bits kept in the uint16 intermediate
 _HBITS = 14  # horizontal weights: Q14 (65280 * 2**14 < 2**31)
-
-
 @njit(nogil=True, cache=True)
 def _fixed(wts, count, bits):
     """``(m, T) int32`` weights ``round(w * 2**bits)``, each row's largest adjusted so the row
@@ -143,9 +148,27 @@ def _fixed(wts, count, bits):
 
 
 @njit(nogil=True, cache=True)
+def scratch_size(out_h, out_w, src_w):
+    """``uint16`` elements of :func:`resize_rgb`'s scratch for an ``out_h x out_w`` output from
+    a source ``src_w`` pixels wide (any window of it)."""
+    rp = (out_h + 15) // 16 * 16  # output rows, padded to the u8 block
+    cs = (src_w * 3 + 7) // 8 * 8  # the vertical result's columns, padded to the u16 block
+    ow3p = (out_w * 3 + 15) // 16 * 16  # output bytes per row, padded to the u8 block
+    return 2 * rp * cs + (ow3p * rp + 16 * 16 + 1) // 2
+
+
+@njit(nogil=True, cache=True)
 def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, mode,
                dst, dst_start, out_h, out_w, flip, tmp):
     """Resize a window of an RGB image into an output row.
+
+    Four steps: the vertical pass (contiguous rows, vectorised), an 8 x 8 ``uint16`` block
+    transpose of its result (:func:`~.simd.transpose8_u16`), the horizontal pass (per output
+    byte a sum of whole transposed columns, vectorised over the output rows, written as a
+    contiguous byte run, mirrored when ``flip``) and a 16 x 16 ``uint8`` block transpose of those
+    runs into the output rows (:func:`~.simd.transpose16_u8`; blocks that overhang the output go
+    through a small buffer). Rows are padded to 16 and columns to the blocks; the padding is
+    transposed but never read back.
 
     Args:
         src: 1-D ``uint8`` array; pixel ``(y, x, c)`` of the ``src_h x src_w`` image is at
@@ -155,9 +178,13 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
         mode: :data:`AREA` or :data:`LINEAR` (see :func:`interpolation`).
         dst: 1-D ``uint8`` array; the ``(out_h, out_w, 3)`` output starts at ``dst_start``.
         flip: mirror the output left-right (the fused horizontal flip).
-        tmp: 1-D ``uint16`` scratch of at least ``2 * out_h * src_w * 3`` elements (the vertical
-            pass's rows, then their transpose).
+        tmp: 1-D C-contiguous ``uint16`` scratch of at least :func:`scratch_size` elements.
+
+    Raises:
+        ValueError: ``tmp`` is too small.
     """
+    if tmp.shape[0] < scratch_size(out_h, out_w, src_w):
+        raise ValueError("resize_rgb: scratch buffer smaller than scratch_size(out_h, out_w, src_w)")
     xi, xw, xn = _taps(x0, win_w, src_w, out_w, mode)
     yi, yw, yn = _taps(y0, win_h, src_h, out_h, mode)
     wy = _fixed(yw, yn, _VBITS)
@@ -167,8 +194,20 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
     for k in range(xi.shape[1]):
         x_hi = max(x_hi, xi[out_w - 1, k])
     cols = np.uint64((x_hi - x_lo + 1) * 3)
-    rows = np.uint64(out_h)
-    acc = np.empty(max(cols, rows), np.uint32)
+    cs = (cols + np.uint64(7)) // np.uint64(8) * np.uint64(8)
+    rp = np.uint64((out_h + 15) // 16 * 16)
+    ow3 = np.uint64(out_w * 3)
+    ow3p = (ow3 + np.uint64(15)) // np.uint64(16) * np.uint64(16)
+    two = np.uint64(2)
+    sixteen = np.uint64(16)
+    # tmp: the vertical result (rp x cs), its transpose (cs x rp), then, as bytes, the
+    # horizontal result (ow3p x rp) and a 16 x 16 block for output blocks that overhang
+    at = np.uint64(tmp.ctypes.data)
+    trans = rp * cs
+    t8 = tmp.view(np.uint8)
+    hbase = two * two * rp * cs
+    edge = hbase + ow3p * rp
+    acc = np.empty(max(cols, rp), np.uint32)
     half = np.uint32(1 << (_VBITS - _FRAC - 1))
     shift = np.uint32(_VBITS - _FRAC)
     for y in range(out_h):  # vertical: rows of the window's columns, contiguous
@@ -181,31 +220,43 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
             w = np.uint32(wy[y, k])
             for j in range(cols):
                 acc[j] += w * np.uint32(src[s + j])
-        t = np.uint64(y) * cols
+        t = np.uint64(y) * cs
         for j in range(cols):
             tmp[t + j] = np.uint16(acc[j] >> shift)
-    # transpose: column j of the vertical result becomes the contiguous run tmp[base + j * rows:]
-    base = rows * cols
-    for j in range(cols):
-        t = base + j * rows
-        for y in range(rows):
-            tmp[t + y] = tmp[np.uint64(y) * cols + j]
-    # horizontal: each output byte (x, c) as a weighted sum of whole transposed columns
+    # transpose: column j of the vertical result becomes the contiguous run tmp[trans + j * rp:]
+    for r in range(np.uint64(0), rp, np.uint64(8)):
+        for j in range(np.uint64(0), cs, np.uint64(8)):
+            transpose8_u16(at + two * (r * cs + j), two * cs, at + two * (trans + j * rp + r), two * rp)
+    # horizontal: each output byte (x, c) as a weighted sum of whole transposed columns, stored
+    # as the byte run t8[hbase + (x' * 3 + c) * rp:] (x' the mirrored x when flip)
     half = np.uint32(1 << (_HBITS + _FRAC - 1))
     shift = np.uint32(_HBITS + _FRAC)
-    row = np.uint64(out_w * 3)
     for x in range(out_w):
         ox = np.uint64(out_w - 1 - x if flip else x) * np.uint64(3)
         for c in range(3):
-            t = base + (np.uint64((xi[x, 0] - x_lo) * 3 + c)) * rows
+            t = trans + np.uint64((xi[x, 0] - x_lo) * 3 + c) * rp
             w = np.uint32(wx[x, 0])
-            for y in range(rows):
+            for y in range(rp):
                 acc[y] = half + w * np.uint32(tmp[t + y])
             for k in range(1, xn[x]):
-                t = base + (np.uint64((xi[x, k] - x_lo) * 3 + c)) * rows
+                t = trans + np.uint64((xi[x, k] - x_lo) * 3 + c) * rp
                 w = np.uint32(wx[x, k])
-                for y in range(rows):
+                for y in range(rp):
                     acc[y] += w * np.uint32(tmp[t + y])
-            d = np.uint64(dst_start) + ox + np.uint64(c)
-            for y in range(rows):
-                dst[d + np.uint64(y) * row] = np.uint8(acc[y] >> shift)
+            q = hbase + (ox + np.uint64(c)) * rp
+            for y in range(rp):
+                t8[q + y] = np.uint8(acc[y] >> shift)
+    # transpose the runs into the output rows
+    out_at = np.uint64(dst.ctypes.data) + np.uint64(dst_start)
+    for r in range(np.uint64(0), rp, sixteen):
+        for j in range(np.uint64(0), ow3p, sixteen):
+            block = at + hbase + j * rp + r
+            if r + sixteen <= np.uint64(out_h) and j + sixteen <= ow3:
+                transpose16_u8(block, rp, out_at + r * ow3 + j, ow3)
+                continue
+            transpose16_u8(block, rp, at + edge, sixteen)
+            for i in range(r, min(r + sixteen, np.uint64(out_h))):
+                d = np.uint64(dst_start) + i * ow3
+                e = edge + (i - r) * sixteen - j
+                for k in range(j, min(j + sixteen, ow3)):
+                    dst[d + k] = t8[e + k]
