@@ -37,6 +37,41 @@ def test_a_window_resizes_as_cv2_resizes_the_cut_out_crop(box, out, mode):
     assert (dst[:guard] == 7).all() and (dst[-guard:] == 7).all()
 
 
+@pytest.mark.parametrize("src_hw,out", [((1, 1), (1, 1)), ((3, 2), (1, 5)), ((2, 3), (17, 1)), ((40, 33), (15, 7)),
+                                         ((9, 70), (3, 70)), ((64, 64), (16, 16))])
+@pytest.mark.parametrize("flip", [False, True])
+def test_small_and_odd_shapes_in_an_exact_scratch(src_hw, out, flip):
+    """The whole source resized (its window uses every column, so the scratch is used to its
+    last element): as cv2.resize (mirrored when flipped), and nothing written around the output
+    row or the exact-size scratch."""
+    (h, w), (oh, ow) = src_hw, out
+    src = np.ascontiguousarray(data.astronaut()[100:100 + h, 200:200 + w])
+    mode = interpolation(h, w, oh, ow)
+    ref = cv2.resize(src, (ow, oh), interpolation=cv2.INTER_AREA if mode == AREA else cv2.INTER_LINEAR)
+    if flip:
+        ref = ref[:, ::-1]
+    guard = 24
+    need = scratch_size(oh, ow, w)
+    scratch = np.full(need + 2 * guard, 0xABCD, np.uint16)
+    dst = np.full(oh * ow * 3 + 2 * guard, 7, np.uint8)
+    resize_rgb(src.reshape(-1), 0, w * 3, h, w, 0.0, 0.0, float(h), float(w), mode, dst, guard, oh, ow, flip,
+               scratch[guard:guard + need])
+    assert np.abs(dst[guard:-guard].reshape(ref.shape).astype(int) - ref).max() <= 1
+    assert (dst[:guard] == 7).all() and (dst[-guard:] == 7).all()
+    assert (scratch[:guard] == 0xABCD).all() and (scratch[-guard:] == 0xABCD).all()
+
+
+def test_unusable_buffers_are_refused():
+    """Strided or short outputs, a scratch of the wrong dtype: refused before anything is written."""
+    img = np.zeros((50, 60, 3), np.uint8)
+    tmp = np.empty(scratch_size(20, 30, 60), np.uint16)
+    row = np.zeros(2 * 20 * 30 * 3, np.uint8)
+    for dst, scratch in [(row[::2], tmp), (row[:20 * 30 * 3 - 1], tmp), (row, tmp.view(np.uint8)[:tmp.shape[0]])]:
+        with pytest.raises(ValueError, match="unit-stride"):
+            resize_rgb(img.reshape(-1), 0, 180, 50, 60, 0.0, 0.0, 50.0, 60.0, AREA, dst, 0, 20, 30, False, scratch)
+    assert not row.any()
+
+
 def test_a_scratch_buffer_too_small_is_refused():
     img = np.zeros((50, 60, 3), np.uint8)
     need = scratch_size(20, 30, 60)
@@ -50,9 +85,11 @@ def _runner(transpose):
     column 2 of ``dst``."""
     @njit
     def run(src, dst):
-        item = src.itemsize
-        transpose(np.uint64(src.ctypes.data + (2 * src.shape[1] + 1) * item), np.uint64(src.shape[1] * item),
-                  np.uint64(dst.ctypes.data + (dst.shape[1] + 2) * item), np.uint64(dst.shape[1] * item))
+        item = np.uint64(src.itemsize)
+        s_row = np.uint64(src.shape[1]) * item
+        d_row = np.uint64(dst.shape[1]) * item
+        transpose(np.uint64(src.ctypes.data) + np.uint64(2) * s_row + item, s_row,
+                  np.uint64(dst.ctypes.data) + d_row + np.uint64(2) * item, d_row)
     return run
 
 

@@ -12,16 +12,18 @@ Separable, vertical pass first (it shrinks the rows the horizontal pass reads):
 * vertical: per output row, ``Q15`` integer weights (summing to exactly ``2**15``) over the
   window's columns (contiguous bytes: LLVM vectorises the multiply-adds), stored as ``uint16``
   with 8 fraction bits (value * 256, at most 65280);
-* transpose of that intermediate (each byte column becomes a contiguous run of ``out_h``) in
-  8 x 8 blocks of vector shuffles (:mod:`.simd`);
+* transpose of that intermediate (each byte column becomes a contiguous run of ``out_h``
+  rounded up to 16) in 8 x 8 blocks of vector shuffles (:mod:`.simd`);
 * horizontal: each output byte column is a ``Q14``-weighted sum of whole transposed columns
   (contiguous again, vectorised), rounded half up, stored as a contiguous byte run at its
   mirrored place when ``flip``;
 * transpose of those runs into the output rows, in 16 x 16 blocks of vector shuffles.
 
-Scalar transposes cost a load and a store per element and were half of the resize's time; the
-shuffles made a 316 -> 224 px ``INTER_AREA`` resize about 1.9x faster, with the same output.
-Offsets are unsigned (no negative-index wraparound checks) and numba does no bounds checks.
+Scalar transposes cost a load and a store per element; block shuffles cost a few instructions
+per 64 or 256 elements.
+Offsets are unsigned (no negative-index wraparound checks), numba does no bounds checks and the
+block transposes load and store through raw addresses: :func:`resize_rgb` checks its buffers'
+dtypes, strides and sizes before it writes anything.
 """
 from __future__ import annotations
 
@@ -128,6 +130,8 @@ def copy_rgb(src, src_start, src_stride, dst, dst_start, out_h, out_w, flip):
 _VBITS = 15  # vertical weights: Q15
 _FRAC = 8  # fraction bits kept in the uint16 intermediate
 _HBITS = 14  # horizontal weights: Q14 (65280 * 2**14 < 2**31)
+
+
 @njit(nogil=True, cache=True)
 def _fixed(wts, count, bits):
     """``(m, T) int32`` weights ``round(w * 2**bits)``, each row's largest adjusted so the row
@@ -150,11 +154,19 @@ def _fixed(wts, count, bits):
 @njit(nogil=True, cache=True)
 def scratch_size(out_h, out_w, src_w):
     """``uint16`` elements of :func:`resize_rgb`'s scratch for an ``out_h x out_w`` output from
-    a source ``src_w`` pixels wide (any window of it)."""
+    a source ``src_w`` pixels wide (any window inside columns ``[0, src_w)``)."""
     rp = (out_h + 15) // 16 * 16  # output rows, padded to the u8 block
     cs = (src_w * 3 + 7) // 8 * 8  # the vertical result's columns, padded to the u16 block
     ow3p = (out_w * 3 + 15) // 16 * 16  # output bytes per row, padded to the u8 block
-    return 2 * rp * cs + (ow3p * rp + 16 * 16 + 1) // 2
+    return _scratch(rp, cs, ow3p)
+
+
+@njit(nogil=True, cache=True)
+def _scratch(rp, cs, ow3p):
+    """``uint16`` elements for ``rp`` padded rows, ``cs`` padded vertical-result columns and
+    ``ow3p`` padded output bytes per row: the vertical result and its transpose, then the byte
+    runs and one 16 x 16 byte block."""
+    return 2 * rp * cs + (ow3p * rp + 16 * 16) // 2
 
 
 @njit(nogil=True, cache=True)
@@ -167,8 +179,8 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
     byte a sum of whole transposed columns, vectorised over the output rows, written as a
     contiguous byte run, mirrored when ``flip``) and a 16 x 16 ``uint8`` block transpose of those
     runs into the output rows (:func:`~.simd.transpose16_u8`; blocks that overhang the output go
-    through a small buffer). Rows are padded to 16 and columns to the blocks; the padding is
-    transposed but never read back.
+    through a small buffer). Rows are padded to 16 and columns to the blocks; what the padding
+    holds is resized along but never reaches ``dst``.
 
     Args:
         src: 1-D ``uint8`` array; pixel ``(y, x, c)`` of the ``src_h x src_w`` image is at
@@ -176,15 +188,20 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
         y0, x0, win_h, win_w: the window to resample (source pixels, floats: a crop box mapped
             into a DCT-scaled decode keeps its fractional edges).
         mode: :data:`AREA` or :data:`LINEAR` (see :func:`interpolation`).
-        dst: 1-D ``uint8`` array; the ``(out_h, out_w, 3)`` output starts at ``dst_start``.
+        dst: 1-D ``uint8`` array with unit stride; the ``(out_h, out_w, 3)`` output starts at
+            ``dst_start``.
         flip: mirror the output left-right (the fused horizontal flip).
-        tmp: 1-D C-contiguous ``uint16`` scratch of at least :func:`scratch_size` elements.
+        tmp: 1-D ``uint16`` scratch with unit stride, of at least :func:`scratch_size` elements.
+            ``src``, ``dst`` and ``tmp`` must not overlap.
 
     Raises:
-        ValueError: ``tmp`` is too small.
+        ValueError: ``dst`` is strided or too short for the output; ``tmp`` is not unit-stride
+            ``uint16`` or too small for the window (nothing is written then).
     """
-    if tmp.shape[0] < scratch_size(out_h, out_w, src_w):
-        raise ValueError("resize_rgb: scratch buffer smaller than scratch_size(out_h, out_w, src_w)")
+    if dst.strides[0] != 1 or dst_start < 0 or dst_start + out_h * out_w * 3 > dst.shape[0]:
+        raise ValueError("resize_rgb: dst must be a unit-stride uint8 array holding the output row")
+    if tmp.itemsize != 2 or tmp.strides[0] != 2:
+        raise ValueError("resize_rgb: tmp must be a unit-stride uint16 array")
     xi, xw, xn = _taps(x0, win_w, src_w, out_w, mode)
     yi, yw, yn = _taps(y0, win_h, src_h, out_h, mode)
     wy = _fixed(yw, yn, _VBITS)
@@ -198,6 +215,8 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
     rp = np.uint64((out_h + 15) // 16 * 16)
     ow3 = np.uint64(out_w * 3)
     ow3p = (ow3 + np.uint64(15)) // np.uint64(16) * np.uint64(16)
+    if x_lo < 0 or tmp.shape[0] < _scratch(rp, cs, ow3p):
+        raise ValueError("resize_rgb: scratch buffer smaller than scratch_size(out_h, out_w, src_w)")
     two = np.uint64(2)
     sixteen = np.uint64(16)
     # tmp: the vertical result (rp x cs), its transpose (cs x rp), then, as bytes, the
@@ -205,7 +224,7 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
     at = np.uint64(tmp.ctypes.data)
     trans = rp * cs
     t8 = tmp.view(np.uint8)
-    hbase = two * two * rp * cs
+    hbase = np.uint64(4) * rp * cs  # bytes
     edge = hbase + ow3p * rp
     acc = np.empty(max(cols, rp), np.uint32)
     half = np.uint32(1 << (_VBITS - _FRAC - 1))

@@ -14,6 +14,10 @@ Both take byte addresses and byte strides (``uint64``; an array's ``ctypes.data`
 offset) and return nothing. Nothing is checked: the caller guarantees that the ``n`` rows of
 ``n`` elements at ``src + r * src_stride`` and ``dst + r * dst_stride`` lie inside its buffers.
 Unaligned addresses are fine (the loads and stores are ``align 1``).
+
+numba's on-disk cache keys a function on its own source file: code cached with these intrinsics
+inlined (``cache=True`` in :mod:`.resize`) is not recompiled when only this file changes. A
+reinstall touches every file; while editing, clear the ``__pycache__/*.nb[ic]`` files.
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ def _transpose(bits: int, n: int):
     """An ``@intrinsic`` transposing an ``n x n`` block of ``bits``-bit elements."""
     vector = ir.VectorType(ir.IntType(bits), n)
     i64 = ir.IntType(64)
-    levels = [(g, pairs, [ir.Constant(ir.VectorType(ir.IntType(32), n), m) for m in unpack_masks(n, g)])
+    levels = [(pairs, [ir.Constant(ir.VectorType(ir.IntType(32), n), m) for m in unpack_masks(n, g)])
               for g, pairs in unpack_network(n)]
 
     def typer(typingctx, src, src_stride, dst, dst_stride):
@@ -67,7 +71,7 @@ def _transpose(bits: int, n: int):
                 return builder.bitcast(at, vector.as_pointer())
 
             rows = [builder.load(row(s, ss, r), align=1) for r in range(n)]
-            for _g, pairs, (lo, hi) in levels:
+            for pairs, (lo, hi) in levels:
                 out = [None] * n
                 for a, b, low, high in pairs:
                     out[low] = builder.shuffle_vector(rows[a], rows[b], lo)
@@ -79,6 +83,8 @@ def _transpose(bits: int, n: int):
 
         return types.void(src, src_stride, dst, dst_stride), codegen
 
+    typer.__name__ = f"transpose{n}_u{bits}"
+    typer.__doc__ = f"Transpose an {n} x {n} block of uint{bits} (see the module docstring)."
     return intrinsic(typer)
 
 
