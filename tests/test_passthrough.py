@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 from ffload.cli import main
 from ffload.convert import ConvertError, convert_dataset
-from ffload.convert.passthrough import inspect_jpeg, read_jpeg_header, strip_jpeg_metadata
+from ffload.convert.passthrough import decode_problem, inspect_jpeg, read_jpeg_header, strip_jpeg_metadata
 from ffload.convert.sources import ArraySource, ImageFolderSource
 from ffload.formats import open_dataset
 from ffload.formats.fields import JPG, RAW
+from ffload.loaders import turbojpeg as tj
 from ffload.samples import decode_image
 
 
@@ -228,3 +229,16 @@ def test_webdataset_members_pass_through(tmp_path, photos):
     region = view.open_region()
     assert [payload(view, region, i) for i in range(len(jpegs))] == jpegs
     np.testing.assert_array_equal(view.metadata["label"], [k % 2 for k in range(len(jpegs))])
+
+
+@pytest.mark.skipif(tj.library() is None, reason="needs the TurboJPEG 3 library")
+def test_a_jpeg_libjpeg_turbo_refuses_does_not_spoil_the_next_ones():
+    """libjpeg-turbo 3.0 fails every call on a handle whose header read failed: after a file
+    it refuses, the next good JPEG on the same thread still passes through and verifies."""
+    good = cv2.imencode(".jpg", np.full((20, 30, 3), 90, np.uint8))[1].tobytes()
+    header = read_jpeg_header(good)
+    bad = b"\xff\xd8\xff\xc0\x00\x11\x08" + bytes(60)  # a frame header of a 0x0 image
+    for _ in range(2):
+        assert decode_problem(bad, header, "bad.jpg")
+        assert decode_problem(good, header, "good.jpg") is None
+        assert inspect_jpeg(good, None) == (header, None)

@@ -171,7 +171,7 @@ def inspect_jpeg(data: bytes, max_resolution: int | None) -> tuple[JpegHeader | 
     if max_resolution is not None and max(header.width, header.height) > max_resolution:
         return header, "max_resolution"
     lib = tj.library()
-    if lib is not None and _turbojpeg_size(lib, np.frombuffer(data, np.uint8)) != (header.width, header.height):
+    if lib is not None and _turbojpeg_size(lib, np.frombuffer(data, np.uint8))[0] != (header.width, header.height):
         return header, "jpeg_header"
     return header, None
 
@@ -189,14 +189,25 @@ def strip_jpeg_metadata(data: bytes, header: JpegHeader) -> bytes:
     return b"".join(pieces)
 
 
-def _turbojpeg_size(lib, buf: np.ndarray) -> tuple[int, int] | None:
-    """``(width, height)`` from ``tj3DecompressHeader`` on the calling thread's handle, None on failure."""
+def _turbojpeg_size(lib, buf: np.ndarray) -> tuple[tuple[int, int] | None, str]:
+    """``((width, height), "")`` from ``tj3DecompressHeader`` on the calling thread's handle, or
+    ``(None, message)`` with libjpeg-turbo's message (the failed handle is then replaced)."""
     from ..loaders.jpeg import thread_handle
 
     handle = thread_handle()
     if lib.tj3DecompressHeader(handle, buf.ctypes.data, buf.size) != 0:
-        return None
-    return lib.tj3Get(handle, tj.TJPARAM_JPEGWIDTH), lib.tj3Get(handle, tj.TJPARAM_JPEGHEIGHT)
+        return None, _failure(lib, handle)
+    return (lib.tj3Get(handle, tj.TJPARAM_JPEGWIDTH), lib.tj3Get(handle, tj.TJPARAM_JPEGHEIGHT)), ""
+
+
+def _failure(lib, handle: int) -> str:
+    """libjpeg-turbo's message for ``handle``'s failed call; the thread's handle is replaced (one
+    that failed would fail every later sample on this thread)."""
+    from ..loaders.jpeg import renew_thread_handle
+
+    message = lib.error(handle)
+    renew_thread_handle()
+    return message
 
 
 def decode_problem(data: bytes, header: JpegHeader, name: str) -> str | None:
@@ -204,7 +215,8 @@ def decode_problem(data: bytes, header: JpegHeader, name: str) -> str | None:
     failure), or through :func:`~ffload.convert.images.decode_image_bytes` without TurboJPEG.
 
     Returns:
-        None when it decodes cleanly to ``header``'s size, else libjpeg-turbo's message.
+        None when it decodes cleanly to ``header``'s size, else the problem: libjpeg-turbo's message,
+        or its size against the frame header's.
     Raises:
         ImageDecodeError: (OpenCV path only) the data cannot be decoded; the message starts with ``name``.
     """
@@ -216,12 +228,16 @@ def decode_problem(data: bytes, header: JpegHeader, name: str) -> str | None:
         return None if shape[:2] == (header.height, header.width) else f"decoded to {shape[1]}x{shape[0]}"
     from ..loaders.jpeg import thread_handle
 
-    handle, buf = thread_handle(), np.frombuffer(data, np.uint8)
-    if _turbojpeg_size(lib, buf) != (header.width, header.height):
-        return lib.error(handle)
+    buf = np.frombuffer(data, np.uint8)
+    size, message = _turbojpeg_size(lib, buf)
+    if size is None:
+        return message
+    if size != (header.width, header.height):
+        return f"libjpeg-turbo reads {size[0]}x{size[1]}, the frame header says {header.width}x{header.height}"
+    handle = thread_handle()
     out = np.empty((header.height, header.width, 3), np.uint8)
     lib.tj3SetScalingFactor(handle, tj.pack2(1, 1))
     lib.tj3SetCroppingRegion(handle, tj.pack2(0, 0), tj.pack2(0, 0))
     if lib.tj3Decompress8(handle, buf.ctypes.data, buf.size, out.ctypes.data, header.width * 3, tj.TJPF_RGB):
-        return lib.error(handle)
+        return _failure(lib, handle)
     return None

@@ -130,6 +130,12 @@ def thread_handle(fast_dct: bool = False) -> int:
     return handle.value
 
 
+def renew_thread_handle() -> None:
+    """Replace the calling thread's TurboJPEG handle after a failed call: in libjpeg-turbo 3.0 a
+    handle whose ``tj3DecompressHeader`` failed fails every later call on it."""
+    _local.handle = _Handle()
+
+
 def error_string(handle: int) -> str:
     """libjpeg-turbo's message for the last error of ``handle`` (``tj3GetErrorStr``)."""
     return _lib.error(handle) if _lib is not None else ""
@@ -396,8 +402,8 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_
     code = int(status[bad])
     if code == FAILED:
         detail = error_string(handle) if handle else "OpenCV could not decode it"
-        if handle:  # a handle that failed in tj3DecompressHeader fails every later call: renew it
-            _local.handle = _Handle()
+        if handle:
+            renew_thread_handle()
     elif code == BAD_SIZE:
         detail = f"{info[0]}x{info[1]}"
     elif code == NO_FRAME:
