@@ -191,23 +191,14 @@ def strip_jpeg_metadata(data: bytes, header: JpegHeader) -> bytes:
 
 def _turbojpeg_size(lib, buf: np.ndarray) -> tuple[tuple[int, int] | None, str]:
     """``((width, height), "")`` from ``tj3DecompressHeader`` on the calling thread's handle, or
-    ``(None, message)`` with libjpeg-turbo's message (the failed handle is then replaced)."""
-    from ..loaders.jpeg import thread_handle
+    ``(None, message)`` with libjpeg-turbo's message (the failed handle is then replaced,
+    :func:`~ffload.loaders.jpeg.failure_message`)."""
+    from ..loaders.jpeg import failure_message, thread_handle
 
     handle = thread_handle()
     if lib.tj3DecompressHeader(handle, buf.ctypes.data, buf.size) != 0:
-        return None, _failure(lib, handle)
+        return None, failure_message(handle)
     return (lib.tj3Get(handle, tj.TJPARAM_JPEGWIDTH), lib.tj3Get(handle, tj.TJPARAM_JPEGHEIGHT)), ""
-
-
-def _failure(lib, handle: int) -> str:
-    """libjpeg-turbo's message for ``handle``'s failed call; the thread's handle is replaced (one
-    that failed would fail every later sample on this thread)."""
-    from ..loaders.jpeg import renew_thread_handle
-
-    message = lib.error(handle)
-    renew_thread_handle()
-    return message
 
 
 def decode_problem(data: bytes, header: JpegHeader, name: str) -> str | None:
@@ -226,7 +217,7 @@ def decode_problem(data: bytes, header: JpegHeader, name: str) -> str | None:
 
         shape = decode_image_bytes(data, name).shape
         return None if shape[:2] == (header.height, header.width) else f"decoded to {shape[1]}x{shape[0]}"
-    from ..loaders.jpeg import thread_handle
+    from ..loaders.jpeg import failure_message, thread_handle
 
     buf = np.frombuffer(data, np.uint8)
     size, message = _turbojpeg_size(lib, buf)
@@ -239,5 +230,5 @@ def decode_problem(data: bytes, header: JpegHeader, name: str) -> str | None:
     lib.tj3SetScalingFactor(handle, tj.pack2(1, 1))
     lib.tj3SetCroppingRegion(handle, tj.pack2(0, 0), tj.pack2(0, 0))
     if lib.tj3Decompress8(handle, buf.ctypes.data, buf.size, out.ctypes.data, header.width * 3, tj.TJPF_RGB):
-        return _failure(lib, handle)
+        return failure_message(handle)
     return None

@@ -130,15 +130,13 @@ def thread_handle(fast_dct: bool = False) -> int:
     return handle.value
 
 
-def renew_thread_handle() -> None:
-    """Replace the calling thread's TurboJPEG handle after a failed call: in libjpeg-turbo 3.0 a
-    handle whose ``tj3DecompressHeader`` failed fails every later call on it."""
+def failure_message(handle: int) -> str:
+    """libjpeg-turbo's message for the failed call on ``handle``, the calling thread's handle
+    (``tj3GetErrorStr``), which is then replaced: in libjpeg-turbo 3.0 a handle whose
+    ``tj3DecompressHeader`` failed fails every later call on it."""
+    message = _lib.error(handle)
     _local.handle = _Handle()
-
-
-def error_string(handle: int) -> str:
-    """libjpeg-turbo's message for the last error of ``handle`` (``tj3GetErrorStr``)."""
-    return _lib.error(handle) if _lib is not None else ""
+    return message
 
 
 @njit(nogil=True, cache=True)
@@ -401,9 +399,7 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_
         return -1, OK, ""
     code = int(status[bad])
     if code == FAILED:
-        detail = error_string(handle) if handle else "OpenCV could not decode it"
-        if handle:
-            renew_thread_handle()
+        detail = failure_message(handle) if handle else "OpenCV could not decode it"
     elif code == BAD_SIZE:
         detail = f"{info[0]}x{info[1]}"
     elif code == NO_FRAME:
