@@ -26,7 +26,7 @@ from ffload.loaders.memory import (
     sorted_unique,
 )
 from ffload.loaders.pagepool import PagePoolMemory
-from ffload.loaders.readahead import ADVISE_PAGE, ReadAhead
+from ffload.loaders.readahead import ADVISE_PAGE, ReadAhead, advise_runs, unit_runs
 
 N, SAMPLE = 240, 30_000  # 7.2 MB of payloads, about 5x the cache limit below
 LIMIT = 24 * CACHE_BLOCK  # 1.5 MiB: one batch of 8 samples needs at most 16 blocks
@@ -346,7 +346,7 @@ def test_read_ahead_in_cache_blocks_covers_what_the_cache_reads(stamped_dataset)
     memory = ProcessCacheMemory(view, ["blob"], batch_size=8)
     ahead = ReadAhead(view.data_path, view.data_size, columns, 1 << 30, unit=memory.block)
     batch = np.random.default_rng(3).choice(N, 8, replace=False)
-    requested = ahead._ranges(batch)  # what the IO thread asks the kernel for, for this batch
+    requested = zip(*ahead._runs(batch))  # what the IO thread asks the kernel for, for this batch
     ahead.close()
     covered = np.zeros(view.data_size, bool)
     for offset, length in requested:
@@ -357,3 +357,28 @@ def test_read_ahead_in_cache_blocks_covers_what_the_cache_reads(stamped_dataset)
     memory.close()
     with pytest.raises(ValueError, match="multiple of"):
         ReadAhead(view.data_path, view.data_size, columns, 1, unit=1000)
+
+
+def test_unit_runs_merge_consecutive_units_and_clip_to_the_region():
+    units = np.array([0, 1, 2, 5, 7, 8, 11], np.int64)
+    starts, lengths = np.empty(7, np.int64), np.empty(7, np.int64)
+    n = unit_runs(units, 4096, 11 * 4096 + 100, starts, lengths)
+    assert list(zip(starts[:n].tolist(), lengths[:n].tolist())) == [
+        (0, 3 * 4096), (5 * 4096, 4096), (7 * 4096, 2 * 4096), (11 * 4096, 100)]
+    assert unit_runs(np.array([12], np.int64), 4096, 11 * 4096 + 100, starts, lengths) == 0  # past the end
+
+
+def test_advise_runs_gives_the_kernel_exactly_the_runs():
+    """The compiled madvise reaches the kernel with the right addresses and lengths:
+    MADV_DONTNEED on a private anonymous mapping zeroes exactly the pages advised."""
+    page = mmap.PAGESIZE
+    region = mmap.mmap(-1, 6 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    data = np.frombuffer(region, np.uint8)
+    data[:] = 0xAB
+    advise_runs(data.ctypes.data, np.array([page, 3 * page], np.int64), np.array([page, 2 * page], np.int64),
+                mmap.MADV_DONTNEED)
+    pages = data.reshape(6, page)
+    assert (pages[[1, 3, 4]] == 0).all()
+    assert (pages[[0, 2, 5]] == 0xAB).all()
+    del data, pages
+    region.close()

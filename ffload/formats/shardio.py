@@ -93,8 +93,6 @@ def _libc():
                           ctypes.c_long]
     libc.munmap.restype = ctypes.c_int
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.madvise.restype = ctypes.c_int
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return libc
 
 
@@ -160,16 +158,6 @@ class ShardMapping:
         """The read-only ``(data_size,) uint8`` array of the region (its base keeps the mapping)."""
         self._exported = True
         return np.asarray(self)
-
-    def madvise(self, advice: int, offset: int, length: int) -> None:
-        """``madvise(advice)`` on the parts of ``[offset, offset + length)`` inside shards (as
-        ``mmap.mmap.madvise``; ``offset`` a multiple of the OS page). Errors are ignored: advice."""
-        if self.address is None:
-            return
-        for k, lo, hi in self.layout.pieces(offset, offset + length):
-            start = int(self.layout.bases[k]) + lo
-            aligned = start - start % mmap.PAGESIZE
-            self._libc.madvise(self.address + aligned, int(self.layout.bases[k]) + hi - aligned, advice)
 
     def close(self) -> None:
         """Unmap now when no :meth:`array` was handed out; else leave it to the arrays' end."""

@@ -33,14 +33,14 @@ one and two integer registers, packed little-endian, so they are declared here a
 
 From numba
 ----------
-Compiled code calls the library through :data:`NUMBA`: one ``@intrinsic`` per function that
-declares the C symbol (``tj3Get`` ...) in the LLVM module and calls it, the library having been
-made visible to LLVM's symbol resolution (``llvmlite.binding.load_library_permanently``) when it
-was loaded. The machine code then refers to the symbol by name, not to an address of this
-process, so the callers can be cached on disk (``cache=True``): a new process loads the cached
-code and LLVM binds the symbols to the library it loaded. (Calling the ctypes function pointers
-from numba, as before, bakes this process's addresses into the code, so numba refuses to cache
-it and every process recompiled the image decoders: seconds before the first batch.)
+Compiled code calls the library through :data:`NUMBA`: one ``@intrinsic`` per function
+(:func:`ffload.loaders.cextern.extern`) that calls the C symbol (``tj3Get`` ...) by name, the
+library having been made visible to LLVM's symbol resolution
+(``llvmlite.binding.load_library_permanently``) when it was loaded. The callers can so be cached
+on disk (``cache=True``): a new process loads the cached code and LLVM binds the symbols to the
+library it loaded. (Calling the ctypes function pointers from numba, as before, baked this
+process's addresses into the code, so numba refused to cache it and every process recompiled the
+image decoders: seconds before the first batch.)
 """
 from __future__ import annotations
 
@@ -54,10 +54,9 @@ import platform
 from dataclasses import dataclass
 
 from llvmlite import binding as llvm_binding
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
+
+from .cextern import extern
 
 log = logging.getLogger(__name__)
 
@@ -170,35 +169,7 @@ def library() -> TurboJPEG | None:
     return _LIBRARY[0]
 
 
-_LLVM = {"i": ir.IntType(32), "p": ir.IntType(64)}  # C int; size_t, pointer or 8-byte struct
-_NUMBA = {"i": types.int32, "p": types.uint64}
-
-
-def _extern(symbol: str, ret: str, args: str):
-    """A numba ``@intrinsic`` calling the C function ``symbol`` (return and argument kinds as in
-    :data:`_LLVM`: ``'i'`` a C ``int``, ``'p'`` 64 bits). It takes integers, converts each to its
-    C type and returns an ``int64``; nopython code only."""
-    def build(argtys):
-        if len(argtys) != len(args) or not all(isinstance(t, types.Integer) for t in argtys):
-            return None
-
-        def codegen(context, builder, sig, values):
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_LLVM[ret], [_LLVM[a] for a in args]), symbol)
-            result = builder.call(fn, [context.cast(builder, v, t, _NUMBA[a])
-                                       for v, t, a in zip(values, sig.args, args)])
-            return context.cast(builder, result, _NUMBA[ret], types.int64)
-        return types.int64(*argtys), codegen
-
-    # one fixed arity each: numba's lowering does not fold *args of an intrinsic
-    by_arity = {1: lambda typingctx, a: build((a,)),
-                2: lambda typingctx, a, b: build((a, b)),
-                3: lambda typingctx, a, b, c: build((a, b, c)),
-                6: lambda typingctx, a, b, c, d, e, f: build((a, b, c, d, e, f))}
-    return intrinsic(by_arity[len(args)])
-
-
-NUMBA = {name: _extern(name, ret, args) for name, (ret, args) in {
+NUMBA = {name: extern(name, ret, args) for name, (ret, args) in {
     "tj3Get": ("i", "pi"),
     "tj3DecompressHeader": ("i", "ppp"),
     "tj3SetScalingFactor": ("i", "pp"),
