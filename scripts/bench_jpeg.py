@@ -15,8 +15,10 @@ Groups (each measurement in its own subprocess, rounds interleaved, ratios of me
 
 1. CIFAR-sized, ``SimpleRGBImageDecoder`` + flip, batch 512, every worker count of ``--workers``.
 2. ImageNet-sized, ``RandomResizedCrop(224)`` + flip, batch 128, with the measured full-decode
-   ceiling (single-thread full-size ``cv2.imdecode`` img/s x workers, and that many threads
-   decoding at once, same run).
+   ceiling: that many threads decoding the same bytes at full size at once, same run, with the
+   fastest decoder available (``decode ceiling``: TurboJPEG into a reused buffer,
+   :func:`ffload.bench.ceiling.turbojpeg_decoder`) and with ``cv2.imdecode`` (``decode ceiling
+   (opencv)``, the ceiling of earlier runs), each with its one-thread rate.
 3. ImageNet-sized, ``CenterCrop(224, ratio=224/256)`` + flip, batch 128.
 
 With ``--fast-dct`` every group also runs ffload with ``fast_dct=True`` (libjpeg-turbo's fast
@@ -25,7 +27,9 @@ ffload's default accurate IDCT.
 
 Then a per-image profile of the compiled path (one thread, in this process, CPU time): header,
 scaled and cropped decode, resize (with the fused flip), the whole compiled call, and the process
-CPU time per image of a one-worker Loader (the compiled call plus everything around it).
+CPU time per image of a one-worker Loader (the compiled call plus everything around it); and the
+cost of a whole-image decode at each DCT scaling factor M/8 relative to 8/8 (what
+``ffload.loaders.jpeg`` chooses its factors by).
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ from ffload.bench import (  # noqa: E402
     summarize,
     write_results,
 )
+from ffload.bench.ceiling import DECODERS, available_decoders, default_decoder  # noqa: E402
 
 CIFAR_BATCH, PHOTO_BATCH, CROP, QUALITY = 512, 128, 224, 90
 
@@ -157,6 +162,19 @@ def profile(path: str, n: int = 512) -> dict:
             jpeg._crop(handle, tj.pack2(xa, y0), tj.pack2(x1 - xa, y1 - y0))
             jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, (x1 - xa) * 3, tj.TJPF_RGB)
 
+    @njit(nogil=True)
+    def scaled(handle, region, ptrs, sizes, indices, m, scratch):
+        num, den = m, 8
+        while num % 2 == 0 and den > 1:
+            num //= 2
+            den //= 2
+        jpeg._scale(handle, tj.pack2(num, den))
+        jpeg._crop(handle, tj.pack2(0, 0), tj.pack2(0, 0))
+        for s in indices:  # whole images at scale m/8
+            buf = region.ctypes.data + np.uint64(ptrs[s])
+            jpeg._header(handle, buf, sizes[s])
+            jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, 0, tj.TJPF_RGB)
+
     view = open_dataset(path)
     region = np.asarray(view.open_region())
     meta = view.metadata["image"]
@@ -182,11 +200,14 @@ def profile(path: str, n: int = 512) -> dict:
     t_decode = best(lambda: decodes(handle, region, ptrs, sizes, idx, meta["height"], meta["width"], boxes, scratch))
     t_all = best(lambda: jpeg.decode_batch(idx, meta, ptrs, sizes, region, boxes, np.zeros(len(idx), np.bool_),
                                            out, 0))
-    payloads = [region[int(ptrs[i]):int(ptrs[i]) + int(sizes[i])] for i in idx]
+    payloads = [np.ascontiguousarray(region[int(ptrs[i]):int(ptrs[i]) + int(sizes[i])]) for i in idx]
     cv2.setNumThreads(1)
-    t_full = best(lambda: [cv2.imdecode(p, cv2.IMREAD_COLOR_RGB) for p in payloads], reps=3)
+    full = {name: best(lambda d=DECODERS[name](): [d(p) for p in payloads], reps=3) for name in available_decoders()}
+    scale_us = {m: best(lambda m=m: scaled(handle, region, ptrs, sizes, idx, m, scratch), reps=3) for m in range(1, 9)}
     return {"header_us": t_header, "decode_us": t_decode - t_header, "resize_us": t_all - t_decode,
-            "compiled_total_us": t_all, "loader_cpu_us": loader_cpu(path), "full_decode_us": t_full}
+            "compiled_total_us": t_all, "loader_cpu_us": loader_cpu(path),
+            "full_decode_us": {name: t for name, t in full.items()},
+            "scale_cost": {m: t / scale_us[8] for m, t in scale_us.items()}}
 
 
 def loader_cpu(path: str, epochs: int = 3) -> float:
@@ -215,8 +236,10 @@ def loader_cpu(path: str, epochs: int = 3) -> float:
 FAST = "ffload fast_dct"
 
 
-def _row_name(kind: str, fast_dct: bool) -> str:
-    return FAST if fast_dct else "decode ceiling" if kind == "decode_ceiling" else kind
+def _row_name(kind: str, fast_dct: bool, decoder: str) -> str:
+    if kind == "decode_ceiling":
+        return "decode ceiling" if decoder == default_decoder() else f"decode ceiling ({decoder})"
+    return FAST if fast_dct else kind
 
 
 def main() -> None:
@@ -243,22 +266,23 @@ def main() -> None:
     plan = {"cifar": ("CIFAR-sized JPEG 32x32 q90, SimpleRGBImageDecoder + flip", paths["cifar"], "simple",
                       CIFAR_BATCH, ["ffload", "ffcv"]),
             "rrc": ("ImageNet-sized JPEG q90, RandomResizedCrop(224) + flip", paths["photos"], "rrc",
-                    PHOTO_BATCH, ["ffload", "ffcv", "decode_ceiling"]),
+                    PHOTO_BATCH, ["ffload", "ffcv", *[f"decode_ceiling:{d}" for d in available_decoders()]]),
             "center": ("ImageNet-sized JPEG q90, CenterCrop(224) + flip", paths["photos"], "center",
                        PHOTO_BATCH, ["ffload", "ffcv"])}
     report = {}
     for key in args.groups.split(","):
         title, path, pipeline, batch, kinds = plan[key]
-        variants = [(k, False) for k in kinds] + ([("ffload", True)] if args.fast_dct else [])
+        variants = [(*k.split(":"), False) if ":" in k else (k, default_decoder(), False) for k in kinds]
+        variants += [("ffload", default_decoder(), True)] if args.fast_dct else []
         configs = [BenchConfig(kind=k, path=path, pipeline=pipeline, batch_size=batch, num_workers=w,
-                               epochs=args.epochs, size=CROP, fast_dct=fast, name=_row_name(k, fast))
-                   for w in workers for k, fast in variants]
+                               epochs=args.epochs, size=CROP, fast_dct=fast, decoder=d, name=_row_name(k, fast, d))
+                   for w in workers for k, d, fast in variants]
         print(f"== {title}", file=sys.stderr)
         results = run_rounds(configs, args.repeats, args.timeout, lambda r: print(
             f"  {r['name']} {r['config']['num_workers']}w: {r.get('img_s', r.get('error'))}", file=sys.stderr))
         rows = summarize(results)
-        pairs = [("ffload", "ffcv"), ("ffload", "decode ceiling"), ("ffload", "decode ceiling (threads)"),
-                 (FAST, "ffcv"), (FAST, "ffload")]
+        pairs = [("ffload", "ffcv"), ("ffload", "decode ceiling"), ("ffload", "decode ceiling (opencv)"),
+                 ("decode ceiling", "decode ceiling (opencv)"), (FAST, "ffcv"), (FAST, "ffload")]
         ratios = compute_ratios(rows, pairs)
         scaling = {}
         for name in ("ffload", FAST):
@@ -270,11 +294,17 @@ def main() -> None:
         report[key] = {"rows": rows, "ratios": ratios, "scaling": scaling}
     prof = profile(paths["photos"])
     report["profile"] = prof
+    full = prof["full_decode_us"]
     md += ["## Per-image profile, RandomResizedCrop(224), one thread (microseconds)", "",
-           "| header | scaled+cropped decode | resize | compiled total | loader CPU (1 worker) | full-size cv2.imdecode |",
-           "|---|---|---|---|---|---|",
+           "| header | scaled+cropped decode | resize | compiled total | loader CPU (1 worker) | "
+           + " | ".join(f"full-size decode ({name})" for name in full) + " |",
+           "|---|---|---|---|---|" + "---|" * len(full),
            f"| {prof['header_us']:.0f} | {prof['decode_us']:.0f} | {prof['resize_us']:.0f} | "
-           f"{prof['compiled_total_us']:.0f} | {prof['loader_cpu_us']:.0f} | {prof['full_decode_us']:.0f} |", ""]
+           f"{prof['compiled_total_us']:.0f} | {prof['loader_cpu_us']:.0f} | "
+           + " | ".join(f"{t:.0f}" for t in full.values()) + " |", "",
+           "Whole-image TurboJPEG decode at DCT scale M/8, time relative to 8/8 (same photos, one thread):", "",
+           "| " + " | ".join(f"{m}/8" for m in prof["scale_cost"]) + " |", "|" + "---|" * len(prof["scale_cost"]),
+           "| " + " | ".join(f"{c:.2f}" for c in prof["scale_cost"].values()) + " |", ""]
     text = "\n".join(md)
     print(text)
     write_results(args.out, text, report)

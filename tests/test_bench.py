@@ -2,6 +2,7 @@
 well-formed rows, JSON, markdown and PNG. Behaviour only: no assertion on any timing value."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -33,12 +34,13 @@ from ffload.bench import (
     rrc_box,
     summarize,
 )
-from ffload.bench.ceiling import DECODERS, load_jpeg_payloads, measure_decode_ceiling
+from ffload.bench.ceiling import DECODERS, default_decoder, load_jpeg_payloads, measure_decode_ceiling
 from ffload.bench.worker import BOOTSTRAP
 from ffload.convert import convert_dataset
 from ffload.convert.demo_data import digits_images
 from ffload.convert.sources import ArraySource, ImageFolderSource
 from ffload.formats import open_dataset
+from ffload.loaders import jpeg
 
 N_RAW = 300
 
@@ -167,7 +169,7 @@ def test_compare_jpeg_all_loaders(photo_data):
         assert run["config"]["pipeline"] == "rrc"  # several sizes -> RandomResizedCrop
         if run["kind"] == "decode_ceiling":
             assert run["dataset_samples"] == n
-            assert run["img_s"] == run["threads_img_s"] and run["decoder"] == "opencv"  # measured, not derived
+            assert run["img_s"] == run["threads_img_s"] and run["decoder"] == default_decoder()  # measured
         else:  # the same pipeline output everywhere
             assert run["first_batch"] == {"shape": [8, 3, 64, 64], "dtype": "torch.uint8"}
     ratios = {(q["numerator"], q["denominator"]) for q in out["ratios"]}
@@ -210,6 +212,27 @@ def test_decode_ceiling_decodes_exactly_the_datasets_jpegs(photo_data):
     assert result.threads_img_s == result.threads[1].img_s
 
 
+def test_turbojpeg_ceiling_decoder_gives_opencvs_pixels(photo_data):
+    """The TurboJPEG ceiling decoder is the same full-size decode as cv2.imdecode (the same
+    libjpeg-turbo algorithms and settings), from several threads at once, and refuses what does
+    not decode; with the library present it is the default."""
+    if jpeg.backend() != "turbojpeg":
+        pytest.skip("no TurboJPEG 3 library")
+    assert default_decoder() == "turbojpeg"
+    beton, _, _ = photo_data
+    _, payloads = load_jpeg_payloads(beton, "image")
+    decode = DECODERS["turbojpeg"]()
+
+    def check(payload):
+        return np.array_equal(decode(payload), cv2.imdecode(payload, cv2.IMREAD_COLOR_RGB))
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        assert all(pool.map(check, payloads * 2))
+    assert decode(np.frombuffer(b"\xff\xd8 not a jpeg", np.uint8)) is None
+    assert decode(payloads[0][:len(payloads[0]) // 2]) is None  # truncated: a warning counts as a failure
+    assert check(payloads[1])  # the thread's handle still works
+
+
 def test_decode_ceiling_names_a_payload_that_does_not_decode(photo_data, raw_data):
     beton, _, _ = photo_data
     _, payloads = load_jpeg_payloads(beton, "image", 4)
@@ -230,7 +253,7 @@ def test_decode_ceiling_measurement_reports_both_rates(photo_data):
     res = measure(BenchConfig(kind="decode_ceiling", path=beton, pipeline="rrc", batch_size=8,
                               num_workers=2, epochs=2, size=64))
     assert "error" not in res, res
-    assert res["dataset_samples"] == n and res["decoder"] == "opencv"
+    assert res["dataset_samples"] == n and res["decoder"] == default_decoder()
     assert [e["samples"] for e in res["epochs"]] == [n, n] == [e["samples"] for e in res["single_thread_epochs"]]
     assert res["img_s"] == res["threads_img_s"] == res["epochs"][1]["img_s"]
     assert res["single_thread_img_s"] == res["single_thread_epochs"][1]["img_s"]

@@ -69,11 +69,13 @@ def test_center_crop_beton_and_lmdb_agree(tmp_path, photos):
     assert np.array_equal(a, b)
 
 
-def test_scaled_box_picks_the_largest_reduction_that_covers_the_output():
-    # box 448 x 448 at (32, 32) of a 512 x 512 image, output 100: M = 3 (168 >= 1.5 * 100)
-    assert jpeg.scaled_box(32, 32, 448, 448, 512, 512, 100, 100) == (3, 12, 12, 180, 180)
-    # output 160 from a 430-pixel box: M = 5 (268.75 >= 240); edges rounded outwards
-    assert jpeg.scaled_box(0, 1, 430, 430, 430, 431, 160, 160) == (5, 0, 0, 269, 270)
+def test_scaled_box_halves_only_a_box_at_least_three_times_the_output():
+    # box 448 x 448 at (32, 32) of a 512 x 512 image, output 100: 1/2 (224 >= 1.5 * 100)
+    assert jpeg.scaled_box(32, 32, 448, 448, 512, 512, 100, 100) == (4, 16, 16, 240, 240)
+    # output 140 from a 430-pixel box: 215 >= 210, 1/2; edges rounded outwards
+    assert jpeg.scaled_box(0, 1, 430, 430, 430, 431, 140, 140) == (4, 0, 0, 215, 216)
+    # output 160: 5/8 would do (268.75 >= 240) but costs more than a full decode: none
+    assert jpeg.scaled_box(0, 1, 430, 430, 430, 431, 160, 160) == (8, 0, 1, 430, 431)
     # a box smaller than 1.5 x the output is not scaled
     assert jpeg.scaled_box(5, 7, 50, 60, 100, 100, 40, 40) == (8, 5, 7, 55, 67)
 

@@ -17,7 +17,8 @@ imports, JIT compilation, threads and memory of one measurement do not leak into
   PIL's antialiased bilinear filter (torchvision's ``resized_crop`` on PIL images), flip with
   probability 0.5, ``uint8`` HWC tensors (torchvision's ``PILToTensor`` without the transpose).
 * ``decode_ceiling``: the dataset's JPEG payloads, held in memory, decoded at full size by the
-  fastest decoder available (``cv2.imdecode(IMREAD_COLOR_RGB)``, :mod:`ffload.bench.ceiling`),
+  fastest decoder available (TurboJPEG into a reused buffer, else ``cv2.imdecode``;
+  :func:`ffload.bench.ceiling.default_decoder`),
   measured twice in the same process: by ``num_workers`` threads at once (the row's ``img_s``,
   the ceiling the ratios use) and by one thread (the row ``<name> (1 thread)``).
 

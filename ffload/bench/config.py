@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
-from .ceiling import DECODERS
+from .ceiling import DECODERS, default_decoder
 
 KINDS = {
     "ffload": "ffload Loader",
@@ -65,7 +65,8 @@ class BenchConfig:
         name: the row label (default: ``kind``); rows with equal names and worker counts are
             aggregated over rounds.
         decoder: ``decode_ceiling``'s JPEG decoder, a key of
-            :data:`ffload.bench.ceiling.DECODERS`.
+            :data:`ffload.bench.ceiling.DECODERS` (default: the fastest available,
+            :func:`~ffload.bench.ceiling.default_decoder`).
         fast_dct: ffload's RGB decoders use libjpeg-turbo's fast IDCT (their ``fast_dct``
             argument; ffcv 1.0.2 always does). ``ffload`` kind only.
 
@@ -86,7 +87,7 @@ class BenchConfig:
     seed: int = 0
     limit: int | None = None
     name: str = ""
-    decoder: str = "opencv"
+    decoder: str = field(default_factory=default_decoder)
     fast_dct: bool = False
 
     def __post_init__(self):

@@ -12,14 +12,19 @@ Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
    table specification, returns success and leaves the previous image's size in the handle.
    Skipped for an image decoded whole whose frame header gives the metadata's size
    (see :func:`_decode_jpeg`).
-2. The DCT scaling factor ``M/8`` is the smallest ``M`` in 3..7 with ``M/8 * box >= 1.5 *
-   output`` on both sides (else 8/8: no scaling). The box keeps its fractional edges in the
-   scaled image (``edge * M / 8``), so the resize that follows samples exactly the same area as a
-   full-size decode would. Measured on 430-pixel q90 photos against a full decode + OpenCV
-   resize of the same box (RandomResizedCrop to 24..224 px): 1/8 and 1/4 (libjpeg-turbo's
-   1x1 / 2x2 IDCTs; 4:2:0 chroma from 16x16 blocks) were 2.5-3 grey levels mean absolute
-   difference and a margin of 1.0 or 1.25 up to 2.3; with 3/8..7/8 and the 1.5 margin the mean
-   is 0.7-1.2 and the worst crop 2.2.
+2. The DCT scaling factor: 1/2 (``M = 4``) when ``4/8 * box >= 1.5 * output`` on both sides,
+   else 8/8 (no scaling). The box keeps its fractional edges in the scaled image
+   (``edge * M / 8``), so the resize that follows samples exactly the same area as a full-size
+   decode would. Only 1/2, because the other factors cost more than they save:
+   ``scripts/bench_jpeg.py``'s profile decodes whole ~430-pixel q90 photos at each M/8, and 3/8,
+   5/8, 6/8 and 7/8 took 1.19, 1.35, 1.70 and 1.95x the time of a full-size decode, 2/8 0.97x,
+   4/8 0.89x and 1/8 0.80x (one run; libjpeg-turbo has SIMD inverse DCTs only for 8x8 and the
+   1/2, 1/4 and 1/8 reductions, and most of a q90 decode is entropy decoding, which scaling does
+   not shrink). Quality, measured on the same photos against a full decode + OpenCV resize of the
+   same box (RandomResizedCrop to 24..224 px): 1/8 and 1/4 (libjpeg-turbo's 1x1 / 2x2 IDCTs;
+   4:2:0 chroma from 16x16 blocks) were 2.5-3 grey levels mean absolute difference, and with a
+   margin of 1.0 or 1.25 up to 2.3; with 3/8..7/8 and the 1.5 margin the mean was 0.7-1.2 and the
+   worst crop 2.2.
 3. ``tj3SetCroppingRegion``: the scaled box's rows and columns (edges rounded outwards), its left
    edge moved down to the scaled iMCU grid (``ceil(MCUwidth * M / 8)`` pixels, TurboJPEG's
    requirement); the extra columns are skipped when resizing. Unknown subsampling: no cropping
@@ -60,7 +65,7 @@ NO_FRAME = -4
 
 _RAW = 1  # the metadata's mode of raw images (ffload.formats.fields.RAW)
 _MCU_WIDTH = np.array(tj.MCU_WIDTH, np.int64)
-_FACTORS = (3, 4, 5, 6, 7)  # DCT scaling numerators tried, largest reduction first
+_FACTORS = (4,)  # DCT scaling numerators tried, largest reduction first (see the module docstring)
 
 _lib = tj.library()
 if _lib is not None:
