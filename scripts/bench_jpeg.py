@@ -16,7 +16,7 @@ Groups (each measurement in its own subprocess, rounds interleaved, ratios of me
 1. CIFAR-sized, ``SimpleRGBImageDecoder`` + flip, batch 512, every worker count of ``--workers``.
 2. ImageNet-sized, ``RandomResizedCrop(224)`` + flip, batch 128, with the measured full-decode
    ceiling: that many threads decoding the same bytes at full size at once, same run, with the
-   fastest decoder available (``decode ceiling``: TurboJPEG into a reused buffer,
+   fastest decoder available (``decode ceiling (turbojpeg)``: TurboJPEG into a reused buffer,
    :func:`ffload.bench.ceiling.turbojpeg_decoder`) and with ``cv2.imdecode`` (``decode ceiling
    (opencv)``, the ceiling of earlier runs), each with its one-thread rate.
 3. ImageNet-sized, ``CenterCrop(224, ratio=224/256)`` + flip, batch 128.
@@ -152,28 +152,26 @@ def profile(path: str, n: int = 512) -> dict:
             sub = jpeg._get(handle, tj.TJPARAM_SUBSAMP)
             m, y0, x0, y1, x1 = jpeg.scaled_box(boxes[b, 0], boxes[b, 1], boxes[b, 2], boxes[b, 3],
                                                 np.int64(heights[s]), np.int64(widths[s]), 224, 224)
-            num, den = m, 8
-            while num % 2 == 0 and den > 1:
-                num //= 2
-                den //= 2
-            jpeg._scale(handle, tj.pack2(num, den))
+            num, den = jpeg.scale_fraction(m)
             mcu = (jpeg._MCU_WIDTH[sub] * m + 7) // 8
             xa = (x0 // mcu) * mcu
-            jpeg._crop(handle, tj.pack2(xa, y0), tj.pack2(x1 - xa, y1 - y0))
-            jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, (x1 - xa) * 3, tj.TJPF_RGB)
+            if (jpeg._scale(handle, tj.pack2(num, den)) != 0
+                    or jpeg._crop(handle, tj.pack2(xa, y0), tj.pack2(x1 - xa, y1 - y0)) != 0
+                    or jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, (x1 - xa) * 3, tj.TJPF_RGB) != 0):
+                return s
+        return -1
 
     @njit(nogil=True)
     def scaled(handle, region, ptrs, sizes, indices, m, scratch):
-        num, den = m, 8
-        while num % 2 == 0 and den > 1:
-            num //= 2
-            den //= 2
-        jpeg._scale(handle, tj.pack2(num, den))
-        jpeg._crop(handle, tj.pack2(0, 0), tj.pack2(0, 0))
+        num, den = jpeg.scale_fraction(m)
+        if jpeg._scale(handle, tj.pack2(num, den)) != 0 or jpeg._crop(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0:
+            return -2
         for s in indices:  # whole images at scale m/8
             buf = region.ctypes.data + np.uint64(ptrs[s])
-            jpeg._header(handle, buf, sizes[s])
-            jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, 0, tj.TJPF_RGB)
+            if (jpeg._header(handle, buf, sizes[s]) != 0
+                    or jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, 0, tj.TJPF_RGB) != 0):
+                return s
+        return -1
 
     view = open_dataset(path)
     region = np.asarray(view.open_region())
@@ -197,16 +195,25 @@ def profile(path: str, n: int = 512) -> dict:
         return min(times) / len(idx) * 1e6
 
     t_header = best(lambda: headers(handle, region, ptrs, sizes, idx))
-    t_decode = best(lambda: decodes(handle, region, ptrs, sizes, idx, meta["height"], meta["width"], boxes, scratch))
+    def checked(fn):  # the compiled loops return -1, or the sample whose TurboJPEG call failed
+        def run():
+            bad = fn()
+            if bad != -1:
+                raise RuntimeError(f"{path}: sample {bad}: {jpeg.failure_message(handle)}")
+        return run
+
+    t_decode = best(checked(lambda: decodes(handle, region, ptrs, sizes, idx, meta["height"], meta["width"], boxes,
+                                            scratch)))
     t_all = best(lambda: jpeg.decode_batch(idx, meta, ptrs, sizes, region, boxes, np.zeros(len(idx), np.bool_),
                                            out, 0))
     payloads = [np.ascontiguousarray(region[int(ptrs[i]):int(ptrs[i]) + int(sizes[i])]) for i in idx]
     cv2.setNumThreads(1)
     full = {name: best(lambda d=DECODERS[name](): [d(p) for p in payloads], reps=3) for name in available_decoders()}
-    scale_us = {m: best(lambda m=m: scaled(handle, region, ptrs, sizes, idx, m, scratch), reps=3) for m in range(1, 9)}
+    scale_us = {m: best(checked(lambda m=m: scaled(handle, region, ptrs, sizes, idx, m, scratch)), reps=3)
+                for m in range(1, 9)}
     return {"header_us": t_header, "decode_us": t_decode - t_header, "resize_us": t_all - t_decode,
             "compiled_total_us": t_all, "loader_cpu_us": loader_cpu(path),
-            "full_decode_us": {name: t for name, t in full.items()},
+            "full_decode_us": full,
             "scale_cost": {m: t / scale_us[8] for m, t in scale_us.items()}}
 
 
@@ -238,7 +245,7 @@ FAST = "ffload fast_dct"
 
 def _row_name(kind: str, fast_dct: bool, decoder: str) -> str:
     if kind == "decode_ceiling":
-        return "decode ceiling" if decoder == default_decoder() else f"decode ceiling ({decoder})"
+        return f"decode ceiling ({decoder})"
     return FAST if fast_dct else kind
 
 
@@ -281,8 +288,9 @@ def main() -> None:
         results = run_rounds(configs, args.repeats, args.timeout, lambda r: print(
             f"  {r['name']} {r['config']['num_workers']}w: {r.get('img_s', r.get('error'))}", file=sys.stderr))
         rows = summarize(results)
-        pairs = [("ffload", "ffcv"), ("ffload", "decode ceiling"), ("ffload", "decode ceiling (opencv)"),
-                 ("decode ceiling", "decode ceiling (opencv)"), (FAST, "ffcv"), (FAST, "ffload")]
+        ceilings = [f"decode ceiling ({d})" for d in available_decoders()]
+        pairs = [("ffload", "ffcv"), *[("ffload", c) for c in ceilings], *[(c, ceilings[-1]) for c in ceilings[:-1]],
+                 (FAST, "ffcv"), (FAST, "ffload")]
         ratios = compute_ratios(rows, pairs)
         scaling = {}
         for name in ("ffload", FAST):

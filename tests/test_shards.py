@@ -471,3 +471,24 @@ def test_overwrite_swaps_the_whole_directory_and_the_cli_refuses_lmdb(tmp_path):
     assert view.metadata["index"].tolist() == list(range(30))
     result = CliRunner().invoke(main, ["convert", str(tmp_path / "src"), str(tmp_path / "x.lmdb"), "--shard-size", "1GB"])
     assert result.exit_code == 1 and "LMDB" in result.output
+
+
+@pytest.mark.parametrize("unit", [1, 16])
+def test_sharded_read_ahead_advises_inside_the_shards(converted, unit):
+    """The read-ahead over the shards' one address range: the kernel takes every call (a run
+    of 16-page units may reach into the reserved gap after a shard) and the runs asked for hold
+    every payload of the batch."""
+    from ffload.loaders.memory import batch_blocks, payload_columns
+    from ffload.loaders.readahead import ADVISE_PAGE, ReadAhead
+    _, sharded, _, _ = converted
+    view = open_dataset(sharded)
+    columns = payload_columns(view, ["image"])
+    ahead = ReadAhead(view.shards, view.data_size, columns, 1 << 30, record=True, unit=unit * ADVISE_PAGE)
+    batch = np.random.default_rng(0).permutation(view.num_samples)[:16]
+    try:
+        asked = ahead._request(batch, 0)  # on this thread: the IO thread has nothing scheduled
+    finally:
+        ahead.close()
+    assert ahead.refused == 0 and asked == sum(n for _, n in ahead.requested) > 0
+    covered = {u for off, n in ahead.requested for u in range(off // ahead.unit, -(-(off + n) // ahead.unit))}
+    assert set(batch_blocks(columns, batch, ahead.unit).tolist()) == covered

@@ -57,11 +57,13 @@ def turbojpeg_decoder() -> Decoder:
 
     def decode(payload):
         handle = jpeg.thread_handle()
-        data = np.ascontiguousarray(payload)
+        data = np.ascontiguousarray(payload, dtype=np.uint8)
         if lib.tj3DecompressHeader(handle, data.ctypes.data, data.size) != 0:
             jpeg.failure_message(handle)
             return None
         height, width = lib.tj3Get(handle, tj.TJPARAM_JPEGHEIGHT), lib.tj3Get(handle, tj.TJPARAM_JPEGWIDTH)
+        if (height, width) != jpeg.frame_size(data, 0, data.size) or height <= 0 or width <= 0:
+            return None  # no frame header of this size (tables only: the handle's last size)
         out = getattr(local, "out", None)
         if out is None or out.size < height * width * 3:
             out = local.out = np.empty(height * width * 3, np.uint8)

@@ -7,6 +7,8 @@ Calling a ctypes function pointer from numba instead bakes the address into the 
 refuses to cache that. The symbol must be visible to LLVM's symbol resolution before the first call
 compiles or loads: a shared library through :func:`llvmlite.binding.load_library_permanently`
 (``turbojpeg.library``), a function of the running process through :func:`process_symbol`.
+numba's on-disk cache is keyed on the calling module's source, not on this one: after changing
+the code :func:`extern` generates, delete the ``__pycache__/*.nbi``/``*.nbc`` files of its users.
 """
 from __future__ import annotations
 
@@ -47,13 +49,15 @@ def extern(symbol: str, ret: str, args: str):
     return intrinsic(by_arity[len(args)])
 
 
-def process_symbol(symbol: str) -> None:
+def process_symbol(symbol: str) -> bool:
     """Make the running process's C function ``symbol`` (the C library's ``madvise`` ...) visible
-    to LLVM under its name; call before compiled code using it is compiled or loaded.
-
-    Raises:
-        AttributeError: the process has no such symbol.
-    """
+    to LLVM under its name; call before compiled code using it is compiled or loaded. Returns
+    whether the symbol exists (``False`` where the process has no such function or, as on
+    Windows, no global symbol table to look in)."""
     if llvm_binding.address_of_symbol(symbol) is None:
-        address = ctypes.cast(getattr(ctypes.CDLL(None), symbol), ctypes.c_void_p).value
-        llvm_binding.add_symbol(symbol, address)
+        try:
+            function = getattr(ctypes.CDLL(None), symbol)
+        except (AttributeError, OSError, TypeError):
+            return False
+        llvm_binding.add_symbol(symbol, ctypes.cast(function, ctypes.c_void_p).value)
+    return True

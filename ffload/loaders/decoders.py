@@ -213,8 +213,8 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     The crop is the centred square of side ``int(ratio * min(H, W))`` (FFCV's
     ``get_center_crop``), resized to ``output_size`` by :func:`ffload.loaders.resize.resize_rgb`
     (OpenCV's ``INTER_AREA`` when shrinking, ``INTER_LINEAR`` when enlarging). JPEGs are decoded
-    by libjpeg-turbo at the DCT scale M/8 that keeps the box at least the output size, only the
-    box's rows and iMCU columns (see :mod:`ffload.loaders.jpeg`); the result is within about one
+    by libjpeg-turbo, only the box's rows and iMCU columns, at half size when the box is at least
+    3x the output (see :mod:`ffload.loaders.jpeg`); the result is within about one
     grey level (mean absolute difference) of a full decode + OpenCV resize of the same box.
 
     Args:
@@ -298,8 +298,8 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     area average, which is what torchvision's bilinear ``antialias=True`` approximates when
     shrinking), ``INTER_LINEAR`` (bilinear, half-pixel centres) when a side grows; within one
     grey level of ``cv2.resize`` with that interpolation on raw images. JPEGs are decoded by
-    libjpeg-turbo at the DCT scale ``M/8`` that keeps the image at least 1.5x the output
-    (:mod:`ffload.loaders.jpeg`), so they are close to, not equal to, a full decode + ``cv2.resize``
+    libjpeg-turbo at half size when the box is at least 3x the output (:mod:`ffload.loaders.jpeg`),
+    so they are close to, not equal to, a full decode + ``cv2.resize``
     (about one grey level mean absolute difference). Raw and JPEG samples alike, one compiled
     call per batch; a following :class:`~.transforms.RandomHorizontalFlip` is fused.
 

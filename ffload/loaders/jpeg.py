@@ -15,12 +15,13 @@ Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
 2. The DCT scaling factor: 1/2 (``M = 4``) when ``4/8 * box >= 1.5 * output`` on both sides,
    else 8/8 (no scaling). The box keeps its fractional edges in the scaled image
    (``edge * M / 8``), so the resize that follows samples exactly the same area as a full-size
-   decode would. Only 1/2, because the other factors cost more than they save:
-   ``scripts/bench_jpeg.py``'s profile decodes whole ~430-pixel q90 photos at each M/8, and 3/8,
-   5/8, 6/8 and 7/8 took 1.19, 1.35, 1.70 and 1.95x the time of a full-size decode, 2/8 0.97x,
-   4/8 0.89x and 1/8 0.80x (one run; libjpeg-turbo has SIMD inverse DCTs only for 8x8 and the
-   1/2, 1/4 and 1/8 reductions, and most of a q90 decode is entropy decoding, which scaling does
-   not shrink). Quality, measured on the same photos against a full decode + OpenCV resize of the
+   decode would. Only 1/2, the cheapest of the factors whose quality passes:
+   ``scripts/bench_jpeg.py``'s profile decodes whole ~430-pixel q90 photos at each M/8; in two
+   runs 5/8, 6/8 and 7/8 took 1.33-1.35, 1.54-1.70 and 1.95x the time of a full-size decode,
+   3/8 0.88-1.19x, 4/8 0.80-0.89x, 2/8 0.71-0.97x and 1/8 0.62-0.80x (libjpeg-turbo has SIMD
+   inverse DCTs only for 8x8 and the 1/2, 1/4 and 1/8 reductions, and most of a q90 decode is
+   entropy decoding, which scaling does not shrink); a box large enough for 3/8 is large enough
+   for 4/8. Quality, measured on the same photos against a full decode + OpenCV resize of the
    same box (RandomResizedCrop to 24..224 px): 1/8 and 1/4 (libjpeg-turbo's 1x1 / 2x2 IDCTs;
    4:2:0 chroma from 16x16 blocks) were 2.5-3 grey levels mean absolute difference, and with a
    margin of 1.0 or 1.25 up to 2.3; with 3/8..7/8 and the 1.5 margin the mean was 0.7-1.2 and the
@@ -65,7 +66,6 @@ NO_FRAME = -4
 
 _RAW = 1  # the metadata's mode of raw images (ffload.formats.fields.RAW)
 _MCU_WIDTH = np.array(tj.MCU_WIDTH, np.int64)
-_FACTORS = (4,)  # DCT scaling numerators tried, largest reduction first (see the module docstring)
 
 _lib = tj.library()
 if _lib is not None:
@@ -150,11 +150,7 @@ def scaled_box(top, left, h, w, height, width, out_h, out_w):
     ``(top, left, h, w)`` of a ``height x width`` JPEG and an ``out_h x out_w`` output, and the
     rows ``[y0, y1)`` and columns ``[x0, x1)`` of the scaled image that hold the box (its edges
     times ``M/8``, rounded outwards). Pixels."""
-    m = 8
-    for mm in _FACTORS:
-        if 2 * mm * h >= 3 * 8 * out_h and 2 * mm * w >= 3 * 8 * out_w:
-            m = mm
-            break
+    m = 4 if h >= 3 * out_h and w >= 3 * out_w else 8  # 4/8 * box >= 1.5 * output (module docstring)
     sh = (height * m + 7) // 8
     sw = (width * m + 7) // 8
     y0 = min(top * m // 8, sh - 1)
@@ -162,6 +158,18 @@ def scaled_box(top, left, h, w, height, width, out_h, out_w):
     y1 = max(min(((top + h) * m + 7) // 8, sh), y0 + 1)
     x1 = max(min(((left + w) * m + 7) // 8, sw), x0 + 1)
     return m, y0, x0, y1, x1
+
+
+@njit(nogil=True, cache=True)
+def scale_fraction(m):
+    """``(num, den)``: the DCT scale ``m/8`` in lowest terms, as TurboJPEG lists its factors
+    (``tj3SetScalingFactor`` refuses 4/8 but takes 1/2)."""
+    num = m
+    den = 8
+    while num % 2 == 0 and den > 1:
+        num //= 2
+        den //= 2
+    return num, den
 
 
 @njit(nogil=True, cache=True)
@@ -231,11 +239,7 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
     m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w)
     whole = m == 8 and top == 0 and left == 0 and h == height and w == width
     fh, fw = frame_size(region, p, n)
-    num = m
-    den = 8
-    while num % 2 == 0 and den > 1:  # TurboJPEG lists its factors in lowest terms (1/1, 1/2 ...)
-        num //= 2
-        den //= 2
+    num, den = scale_fraction(m)
     sw = (width * m + 7) // 8
     sh = (height * m + 7) // 8
     rx, ry, rw, rh = 0, 0, sw, sh  # the whole (scaled) image

@@ -23,6 +23,7 @@ from ..formats.shardio import open_data_files
 from ..limits import DEFAULT_MAX_PIXELS
 from ..storage import default_cache_dir, is_remote
 from ..system import available_cpus, available_memory
+from . import readahead
 from .iterator import BatchRunner, EpochIterator
 from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns, sorted_unique
 from .orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
@@ -293,7 +294,7 @@ class Loader:
             read_ahead = None
             if self.read_ahead and columns and isinstance(self._memory, PagePoolMemory):
                 read_ahead = PagePoolReadAhead(self._memory, self.read_ahead)
-            elif self.read_ahead and columns and self._local_files():
+            elif self.read_ahead and columns and self._local_files() and readahead.AVAILABLE:
                 unit = self._memory.block if isinstance(self._memory, ProcessCacheMemory) else ADVISE_PAGE
                 read_ahead = ReadAhead(self.view.shards or self.view.data_path, self.view.data_size, columns,
                                        self.read_ahead, unit=unit)

@@ -18,9 +18,9 @@ fills the page cache without mapping pages into the process.
 Per batch, the IO thread computes the runs with NumPy and issues the ``madvise`` calls from one
 compiled call that does not hold the GIL (:func:`advise_runs`, through the C library's symbol,
 :mod:`.cextern`). The Python loop it replaces made one call per run (hundreds per batch of small
-random samples) holding the GIL that the decoding workers need between their compiled calls: on
-warm CIFAR-sized JPEGs it slowed loading by 15-40 % (a diagnostic run with read-ahead off, not a
-benchmark).
+random samples) holding the GIL that the decoding workers need between their compiled calls. In a
+diagnostic run on warm CIFAR-sized JPEGs (not a benchmark), loading with that loop was 15-40 %
+slower than with read-ahead off; with the compiled call the two were within the run-to-run noise.
 
 Why ``madvise``: ``scripts/bench_scale.py --readahead-probe`` reads 2000 random 192 KiB samples
 of a cold ``.beton`` through a memory map after prefetching them with each candidate (prefetch
@@ -58,7 +58,9 @@ from ..formats.shardio import ShardLayout, ShardMapping
 from .cextern import extern, process_symbol
 from .memory import batch_blocks
 
-process_symbol("madvise")
+AVAILABLE = process_symbol("madvise")
+"""Whether the C library's ``madvise`` was found (POSIX systems); without it the loader runs
+without read-ahead (see ``Loader``)."""
 _madvise = extern("madvise", "i", "ppi")
 
 _RETRY_SECONDS = 0.02
@@ -95,6 +97,8 @@ class ReadAhead:
 
     Attributes:
         requested: ``[(offset, length), ...]`` of the last epoch when ``record`` is True (tests).
+        refused: ``madvise`` calls the kernel refused so far (advice: nothing fails, but a
+            non-zero count means the read-ahead is not reaching the kernel).
         max_bytes_ahead: the most bytes ever outstanding ahead (``<= limit`` + one batch).
 
     Raises:
@@ -128,6 +132,7 @@ class ReadAhead:
         self._ahead_bytes = 0
         self.max_bytes_ahead = 0
         self.requested: list[tuple[int, int]] | None = [] if record else None
+        self.refused = 0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ffload-readahead", daemon=True)
         self._thread.start()
@@ -182,9 +187,10 @@ class ReadAhead:
                     self.max_bytes_ahead = max(self.max_bytes_ahead, self._ahead_bytes)
 
     def _request(self, indices: np.ndarray, batch: int) -> int | None:
-        """Ask for the pages of one batch; the bytes asked for (None: not now, ask again)."""
+        """Ask for the pages of one batch; the bytes asked for (None: not now, ask again). Runs
+        on the IO thread, which alone uses ``_address`` (it unmaps at :meth:`_finish`)."""
         starts, lengths = self._runs(indices)
-        advise_runs(self._address, starts, lengths, mmap.MADV_WILLNEED)
+        self.refused += advise_runs(self._address, starts, lengths, mmap.MADV_WILLNEED)
         if self.requested is not None:
             with self._cond:
                 self.requested.extend(zip(starts.tolist(), lengths.tolist()))
@@ -267,6 +273,9 @@ def unit_runs(units, unit, data_size, starts, lengths):
 def advise_runs(address, starts, lengths, advice):
     """``madvise(address + start, length, advice)`` for each run (bytes; ``address`` the
     page-aligned start of a mapping of the data region, the starts multiples of the page),
-    one system call per run, without the GIL. Errors are ignored: advice."""
+    one system call per run, without the GIL. Returns the number of calls that failed."""
+    failed = 0
     for r in range(starts.shape[0]):
-        _madvise(address + np.uint64(starts[r]), np.uint64(lengths[r]), advice)
+        if _madvise(address + starts[r], lengths[r], advice) != 0:
+            failed += 1
+    return failed
