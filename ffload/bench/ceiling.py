@@ -49,31 +49,22 @@ def turbojpeg_decoder() -> Decoder:
     import numpy as np
 
     from ffload.loaders import jpeg
-    from ffload.loaders import turbojpeg as tj
 
-    lib = tj.library()
-    if lib is None:
+    if jpeg.backend() != "turbojpeg":
         raise RuntimeError("no TurboJPEG 3 library (pip install turbojpeg==0.0.2)")
     local = threading.local()
 
     def decode(payload):
-        handle = jpeg.thread_handle()
         data = np.ascontiguousarray(payload, dtype=np.uint8)
-        if lib.tj3DecompressHeader(handle, data.ctypes.data, data.size) != 0:
-            jpeg.failure_message(handle)
-            return None
-        height, width = lib.tj3Get(handle, tj.TJPARAM_JPEGHEIGHT), lib.tj3Get(handle, tj.TJPARAM_JPEGWIDTH)
-        if (height, width) != jpeg.frame_size(data, 0, data.size) or height <= 0 or width <= 0:
-            return None  # no frame header of this size (tables only: the handle's last size)
+        size, _ = jpeg.header_size(data)
+        if size is None or size[::-1] != jpeg.frame_size(data, 0, data.size) or min(size) <= 0:
+            return None  # refused, or no frame header of this size (tables only: the handle's last size)
+        width, height = size
         out = getattr(local, "out", None)
         if out is None or out.size < height * width * 3:
             out = local.out = np.empty(height * width * 3, np.uint8)
-        if (lib.tj3SetScalingFactor(handle, tj.pack2(1, 1)) != 0
-                or lib.tj3SetCroppingRegion(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0
-                or lib.tj3Decompress8(handle, data.ctypes.data, data.size, out.ctypes.data, 0, tj.TJPF_RGB) != 0):
-            jpeg.failure_message(handle)
-            return None
-        return out[:height * width * 3].reshape(height, width, 3)
+        image = out[:height * width * 3].reshape(height, width, 3)
+        return None if jpeg.decode_whole(data, image) else image
 
     return decode
 

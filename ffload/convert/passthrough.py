@@ -170,9 +170,11 @@ def inspect_jpeg(data: bytes, max_resolution: int | None) -> tuple[JpegHeader | 
         return header, "exif_orientation"
     if max_resolution is not None and max(header.width, header.height) > max_resolution:
         return header, "max_resolution"
-    lib = tj.library()
-    if lib is not None and _turbojpeg_size(lib, np.frombuffer(data, np.uint8))[0] != (header.width, header.height):
-        return header, "jpeg_header"
+    if tj.library() is not None:
+        from ..loaders.jpeg import header_size
+
+        if header_size(np.frombuffer(data, np.uint8))[0] != (header.width, header.height):
+            return header, "jpeg_header"
     return header, None
 
 
@@ -187,18 +189,6 @@ def strip_jpeg_metadata(data: bytes, header: JpegHeader) -> bytes:
         pos = end
     pieces.append(data[pos:])
     return b"".join(pieces)
-
-
-def _turbojpeg_size(lib, buf: np.ndarray) -> tuple[tuple[int, int] | None, str]:
-    """``((width, height), "")`` from ``tj3DecompressHeader`` on the calling thread's handle, or
-    ``(None, message)`` with libjpeg-turbo's message (the failed handle is then replaced,
-    :func:`~ffload.loaders.jpeg.failure_message`)."""
-    from ..loaders.jpeg import failure_message, thread_handle
-
-    handle = thread_handle()
-    if lib.tj3DecompressHeader(handle, buf.ctypes.data, buf.size) != 0:
-        return None, failure_message(handle)
-    return (lib.tj3Get(handle, tj.TJPARAM_JPEGWIDTH), lib.tj3Get(handle, tj.TJPARAM_JPEGHEIGHT)), ""
 
 
 def decode_problem(data: bytes, header: JpegHeader, name: str) -> str | None:
@@ -217,18 +207,12 @@ def decode_problem(data: bytes, header: JpegHeader, name: str) -> str | None:
 
         shape = decode_image_bytes(data, name).shape
         return None if shape[:2] == (header.height, header.width) else f"decoded to {shape[1]}x{shape[0]}"
-    from ..loaders.jpeg import failure_message, thread_handle
+    from ..loaders.jpeg import decode_whole, header_size
 
     buf = np.frombuffer(data, np.uint8)
-    size, message = _turbojpeg_size(lib, buf)
+    size, message = header_size(buf)
     if size is None:
         return message
     if size != (header.width, header.height):
         return f"libjpeg-turbo reads {size[0]}x{size[1]}, the frame header says {header.width}x{header.height}"
-    handle = thread_handle()
-    out = np.empty((header.height, header.width, 3), np.uint8)
-    lib.tj3SetScalingFactor(handle, tj.pack2(1, 1))
-    lib.tj3SetCroppingRegion(handle, tj.pack2(0, 0), tj.pack2(0, 0))
-    if lib.tj3Decompress8(handle, buf.ctypes.data, buf.size, out.ctypes.data, header.width * 3, tj.TJPF_RGB):
-        return failure_message(handle)
-    return None
+    return decode_whole(buf, np.empty((header.height, header.width, 3), np.uint8)) or None

@@ -144,6 +144,33 @@ def failure_message(handle: int) -> str:
     return message
 
 
+def header_size(data: np.ndarray) -> tuple[tuple[int, int] | None, str]:
+    """``((width, height), "")`` of the JPEG ``data`` (``(n,) uint8``, C-contiguous; pixels) from
+    ``tj3DecompressHeader`` on the calling thread's handle, or ``(None, message)`` with
+    libjpeg-turbo's message (the failed handle is replaced). Data without a frame header (tables
+    only) reads as success with the handle's previous size: compare with :func:`frame_size` where
+    that matters. Needs the library (:func:`backend` ``'turbojpeg'``)."""
+    handle = thread_handle()
+    if _lib.tj3DecompressHeader(handle, data.ctypes.data, data.size) != 0:
+        return None, failure_message(handle)
+    return (_lib.tj3Get(handle, tj.TJPARAM_JPEGWIDTH), _lib.tj3Get(handle, tj.TJPARAM_JPEGHEIGHT)), ""
+
+
+def decode_whole(data: np.ndarray, out: np.ndarray) -> str:
+    """Decode the JPEG ``data`` (``(n,) uint8``) at full size to RGB into ``out``, a C-contiguous
+    ``(H, W, 3) uint8`` array of the size :func:`header_size` just gave for the same data on this
+    thread (``tj3Decompress8`` re-reads that header and writes ``H * W * 3`` bytes), with the
+    accurate IDCT and no cropping region. Returns ``""``, or libjpeg-turbo's message for an error
+    or a warning (the module's warnings rule; the failed handle is replaced)."""
+    handle = thread_handle()
+    if (_lib.tj3SetScalingFactor(handle, tj.pack2(1, 1)) != 0
+            or _lib.tj3SetCroppingRegion(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0
+            or _lib.tj3Decompress8(handle, data.ctypes.data, data.size, out.ctypes.data, out.shape[1] * 3,
+                                   tj.TJPF_RGB) != 0):
+        return failure_message(handle)
+    return ""
+
+
 @njit(nogil=True, cache=True)
 def scaled_box(top, left, h, w, height, width, out_h, out_w):
     """``(M, y0, x0, y1, x1)``: the DCT scaling numerator ``M`` (scale ``M/8``) for a crop box
