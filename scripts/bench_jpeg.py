@@ -273,13 +273,14 @@ def main() -> None:
     plan = {"cifar": ("CIFAR-sized JPEG 32x32 q90, SimpleRGBImageDecoder + flip", paths["cifar"], "simple",
                       CIFAR_BATCH, ["ffload", "ffcv"]),
             "rrc": ("ImageNet-sized JPEG q90, RandomResizedCrop(224) + flip", paths["photos"], "rrc",
-                    PHOTO_BATCH, ["ffload", "ffcv", *[f"decode_ceiling:{d}" for d in available_decoders()]]),
+                    PHOTO_BATCH, ["ffload", "ffcv", "decode_ceiling"]),
             "center": ("ImageNet-sized JPEG q90, CenterCrop(224) + flip", paths["photos"], "center",
                        PHOTO_BATCH, ["ffload", "ffcv"])}
     report = {}
     for key in args.groups.split(","):
         title, path, pipeline, batch, kinds = plan[key]
-        variants = [(*k.split(":"), False) if ":" in k else (k, default_decoder(), False) for k in kinds]
+        variants = [(k, d, False) for k in kinds  # every decoder's ceiling; the others name the default
+                    for d in (available_decoders() if k == "decode_ceiling" else [default_decoder()])]
         variants += [("ffload", default_decoder(), True)] if args.fast_dct else []
         configs = [BenchConfig(kind=k, path=path, pipeline=pipeline, batch_size=batch, num_workers=w,
                                epochs=args.epochs, size=CROP, fast_dct=fast, decoder=d, name=_row_name(k, fast, d))
