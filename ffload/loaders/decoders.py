@@ -13,7 +13,6 @@ from numba import njit
 from ..formats import image_sizes
 from ..formats.fields import (
     IMAGE_HEADER,
-    JPG,
     BytesField,
     FieldError,
     FloatField,
@@ -128,7 +127,7 @@ class _RGBDecoder(Decoder):
         if self.flip is not None:
             flip_draws(ctx.seeds, self.flip[1], self.flip[0], flips)
         bad, code, detail = jpeg.decode_batch(indices, column, ctx.ptrs, ctx.sizes, _region(ctx), boxes,
-                                              flips, out, JPG, self.fast_dct)
+                                              flips, out, self.fast_dct)
         if bad >= 0:
             s = int(indices[bad])
             where = f"field '{self.field_name}', sample {s}"
@@ -214,8 +213,8 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     ``get_center_crop``), resized to ``output_size`` by :func:`ffload.loaders.resize.resize_rgb`
     (OpenCV's ``INTER_AREA`` when shrinking, ``INTER_LINEAR`` when enlarging). JPEGs are decoded
     by libjpeg-turbo, only the box's rows and iMCU columns, at half size when the box is at least
-    3x the output (see :mod:`ffload.loaders.jpeg`); the result is within about one
-    grey level (mean absolute difference) of a full decode + OpenCV resize of the same box.
+    4x the output (see :mod:`ffload.loaders.jpeg`); a half-size decode is within 2 grey levels
+    (mean absolute difference) of a full decode + OpenCV resize of the same box.
 
     Args:
         output_size: ``(height, width)`` or an int (square), pixels.
@@ -298,9 +297,9 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     area average, which is what torchvision's bilinear ``antialias=True`` approximates when
     shrinking), ``INTER_LINEAR`` (bilinear, half-pixel centres) when a side grows; within one
     grey level of ``cv2.resize`` with that interpolation on raw images. JPEGs are decoded by
-    libjpeg-turbo at half size when the box is at least 3x the output (:mod:`ffload.loaders.jpeg`),
-    so they are close to, not equal to, a full decode + ``cv2.resize``
-    (about one grey level mean absolute difference). Raw and JPEG samples alike, one compiled
+    libjpeg-turbo at half size when the box is at least 4x the output (:mod:`ffload.loaders.jpeg`),
+    so they are close to, not equal to, a full decode + ``cv2.resize`` (within 2 grey levels
+    mean absolute difference). Raw and JPEG samples alike, one compiled
     call per batch; a following :class:`~.transforms.RandomHorizontalFlip` is fused.
 
     Args:

@@ -12,20 +12,24 @@ Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
    table specification, returns success and leaves the previous image's size in the handle.
    Skipped for an image decoded whole whose frame header gives the metadata's size
    (see :func:`_decode_jpeg`).
-2. The DCT scaling factor: 1/2 (``M = 4``) when ``4/8 * box >= 1.5 * output`` on both sides,
-   else 8/8 (no scaling). The box keeps its fractional edges in the scaled image
-   (``edge * M / 8``), so the resize that follows samples exactly the same area as a full-size
-   decode would. Only 1/2, the cheapest of the factors whose quality passes:
-   ``scripts/bench_jpeg.py``'s profile decodes whole ~430-pixel q90 photos at each M/8; in two
-   runs 5/8, 6/8 and 7/8 took 1.33-1.35, 1.54-1.70 and 1.95x the time of a full-size decode,
-   3/8 0.88-1.19x, 4/8 0.80-0.89x, 2/8 0.71-0.97x and 1/8 0.62-0.80x (libjpeg-turbo has SIMD
-   inverse DCTs only for 8x8 and the 1/2, 1/4 and 1/8 reductions, and most of a q90 decode is
-   entropy decoding, which scaling does not shrink); a box large enough for 3/8 is large enough
-   for 4/8. Quality, measured on the same photos against a full decode + OpenCV resize of the
-   same box (RandomResizedCrop to 24..224 px): 1/8 and 1/4 (libjpeg-turbo's 1x1 / 2x2 IDCTs;
-   4:2:0 chroma from 16x16 blocks) were 2.5-3 grey levels mean absolute difference, and with a
-   margin of 1.0 or 1.25 up to 2.3; with 3/8..7/8 and the 1.5 margin the mean was 0.7-1.2 and the
-   worst crop 2.2.
+2. The DCT scaling factor (:func:`scale_numerator`): 1/2 (``M = 4``) when the box is at least 4x
+   the output on both sides, else 8/8 (no scaling). The box keeps its fractional edges in the
+   scaled image (``edge * M / 8``), so the resize that follows samples exactly the same area as a
+   full-size decode would.
+
+   *Speed.* Only 1/2: ``scripts/bench_jpeg.py``'s profile decodes whole ~430-pixel q90 photos at
+   each M/8; in two runs 5/8, 6/8 and 7/8 took 1.33-1.35, 1.54-1.70 and 1.95x the time of a
+   full-size decode, 3/8 0.88-1.19x, 4/8 0.80-0.89x, 2/8 0.71-0.97x and 1/8 0.62-0.80x
+   (libjpeg-turbo has SIMD inverse DCTs only for 8x8 and the 1/2, 1/4 and 1/8 reductions, and
+   most of a q90 decode is entropy decoding, which scaling does not shrink).
+
+   *Quality.* ``scripts/jpeg_scale_quality.py`` on the benchmarks' 512 photos (~430 px q90 with
+   film grain): a decode at 1/2 then the resize, against a full decode then the same resize of
+   the same box, per image mean absolute difference, mean over the images (95th percentile):
+   box 2x the output 4.69 (6.06), 3x 2.76 (3.58), 3.5x 2.08, 4x 1.72 (2.25), 5x 1.34 (1.67),
+   8x 0.68; 1/4 and 1/8 are further off at every ratio (at 8x: 1.63 and 3.74). The issue's rule
+   is 2 grey levels: from 4x on the mean is within it. (The rule before, 3x, was measured on
+   photos without grain.)
 3. ``tj3SetCroppingRegion``: the scaled box's rows and columns (edges rounded outwards), its left
    edge moved down to the scaled iMCU grid (``ceil(MCUwidth * M / 8)`` pixels, TurboJPEG's
    requirement); the extra columns are skipped when resizing. Unknown subsampling: no cropping
@@ -40,9 +44,8 @@ OpenCV fallback (which returns no image for such data) would report it. Errors s
 that row (:data:`FAILED`) and the caller raises naming the field and sample.
 
 Fallback: without a TurboJPEG 3 library (:func:`backend` is ``'opencv'``), JPEG rows are decoded
-by ``cv2.imdecode`` at 1/k scale (k in 8, 4, 2, 1, :func:`ffload.loaders.crops.jpeg_reductions`)
-one call per sample from Python, then resized by the same compiled resize; a ``RuntimeWarning``
-says so once per process.
+by ``cv2.imdecode`` at 1/k scale (k = 8 / M: the same factor as step 2) one call per sample from
+Python, then resized by the same compiled resize; a ``RuntimeWarning`` says so once per process.
 """
 from __future__ import annotations
 
@@ -156,14 +159,15 @@ def header_size(data: np.ndarray) -> tuple[tuple[int, int] | None, str]:
     return (_lib.tj3Get(handle, tj.TJPARAM_JPEGWIDTH), _lib.tj3Get(handle, tj.TJPARAM_JPEGHEIGHT)), ""
 
 
-def decode_whole(data: np.ndarray, out: np.ndarray) -> str:
-    """Decode the JPEG ``data`` (``(n,) uint8``) at full size to RGB into ``out``, a C-contiguous
-    ``(H, W, 3) uint8`` array of the size :func:`header_size` just gave for the same data on this
-    thread (``tj3Decompress8`` re-reads that header and writes ``H * W * 3`` bytes), with the
-    accurate IDCT and no cropping region. Returns ``""``, or libjpeg-turbo's message for an error
-    or a warning (the module's warnings rule; the failed handle is replaced)."""
+def decode_whole(data: np.ndarray, out: np.ndarray, m: int = 8) -> str:
+    """Decode the whole JPEG ``data`` (``(n,) uint8``) at DCT scale ``m/8`` (``m`` in 1..8, pixels
+    ``ceil(side * m / 8)``, TurboJPEG's ``TJSCALED``) to RGB into ``out``, a C-contiguous
+    ``(H, W, 3) uint8`` array of that size for the size :func:`header_size` just gave for the same
+    data on this thread (``tj3Decompress8`` re-reads that header and writes ``H * W * 3`` bytes),
+    with the accurate IDCT and no cropping region. Returns ``""``, or libjpeg-turbo's message for
+    an error or a warning (the module's warnings rule; the failed handle is replaced)."""
     handle = thread_handle()
-    if (_lib.tj3SetScalingFactor(handle, tj.pack2(1, 1)) != 0
+    if (_lib.tj3SetScalingFactor(handle, tj.pack2(*scale_fraction(m))) != 0
             or _lib.tj3SetCroppingRegion(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0
             or _lib.tj3Decompress8(handle, data.ctypes.data, data.size, out.ctypes.data, out.shape[1] * 3,
                                    tj.TJPF_RGB) != 0):
@@ -172,12 +176,20 @@ def decode_whole(data: np.ndarray, out: np.ndarray) -> str:
 
 
 @njit(nogil=True, cache=True)
+def scale_numerator(h, w, out_h, out_w):
+    """The DCT scaling numerator ``M`` (scale ``M/8``) for an ``h x w`` crop box resized to
+    ``out_h x out_w`` (pixels): 4 when the box is at least 4x the output on both sides (the
+    half-size box >= 2x the output), else 8 (the module docstring says why)."""
+    return 4 if h >= 4 * out_h and w >= 4 * out_w else 8
+
+
+@njit(nogil=True, cache=True)
 def scaled_box(top, left, h, w, height, width, out_h, out_w):
-    """``(M, y0, x0, y1, x1)``: the DCT scaling numerator ``M`` (scale ``M/8``) for a crop box
-    ``(top, left, h, w)`` of a ``height x width`` JPEG and an ``out_h x out_w`` output, and the
-    rows ``[y0, y1)`` and columns ``[x0, x1)`` of the scaled image that hold the box (its edges
-    times ``M/8``, rounded outwards). Pixels."""
-    m = 4 if h >= 3 * out_h and w >= 3 * out_w else 8  # 4/8 * box >= 1.5 * output (module docstring)
+    """``(M, y0, x0, y1, x1)``: the DCT scaling numerator ``M`` (:func:`scale_numerator`) for a
+    crop box ``(top, left, h, w)`` of a ``height x width`` JPEG and an ``out_h x out_w`` output,
+    and the rows ``[y0, y1)`` and columns ``[x0, x1)`` of the scaled image that hold the box (its
+    edges times ``M/8``, rounded outwards). Pixels."""
+    m = scale_numerator(h, w, out_h, out_w)
     sh = (height * m + 7) // 8
     sw = (width * m + 7) // 8
     y0 = min(top * m // 8, sh - 1)
@@ -360,20 +372,17 @@ def decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, bo
     return -1
 
 
-def _decode_rows_opencv(indices, modes, heights, widths, ptrs, sizes, region, boxes, flips, out,
-                        out_h, out_w, tmp, status, info, jpg_mode):
-    """The fallback for the :data:`PENDING` rows: ``cv2.imdecode`` at 1/k, then the compiled
-    resize. Returns -1 or the failing row, as :func:`decode_rows`."""
-    from .crops import jpeg_reductions
-
-    factors = np.empty(len(indices), np.int64)
-    jpeg_reductions(indices, modes, heights, widths, boxes, out_h, out_w, jpg_mode, factors,
-                    np.empty_like(boxes))
-    flags = {1: cv2.IMREAD_COLOR_RGB, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
-             8: cv2.IMREAD_REDUCED_COLOR_8}
+def _decode_rows_opencv(indices, heights, widths, ptrs, sizes, region, boxes, flips, out, out_h, out_w, tmp,
+                        status, info):
+    """The fallback for the :data:`PENDING` rows (JPEGs): ``cv2.imdecode`` at 1/k, k = 8 / M
+    (:func:`scale_numerator`, the compiled path's factor), then the compiled resize of the box's
+    exact area (fractional edges in the reduced image). Returns -1 or the failing row, as
+    :func:`decode_rows`."""
+    flags = {1: cv2.IMREAD_COLOR_RGB, 2: cv2.IMREAD_REDUCED_COLOR_2}
     row = out_h * out_w * 3
     for b in np.flatnonzero(status == PENDING).tolist():
-        s, k = int(indices[b]), int(factors[b])
+        s = int(indices[b])
+        k = 8 // scale_numerator(boxes[b, 2], boxes[b, 3], out_h, out_w)
         p, n = int(ptrs[s]), int(sizes[s])
         image = cv2.imdecode(region[p:p + n], flags[k])
         if image is None:
@@ -400,7 +409,7 @@ def _decode_rows_opencv(indices, modes, heights, widths, ptrs, sizes, region, bo
     return -1
 
 
-def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_mode, fast_dct=False):
+def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast_dct=False):
     """Decode a batch of RGB images (raw or JPEG) into ``out`` ``(B, out_h, out_w, 3) uint8``.
 
     One GIL-free compiled call for the batch (:func:`decode_rows`); on the fallback backend, one
@@ -429,8 +438,8 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, jpg_
     bad = decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, boxes, flips,
                       flat, out_h, out_w, scratch, tmp, status, info)
     if bad < 0 and handle == 0:
-        bad = _decode_rows_opencv(indices, modes, heights, widths, ptrs, sizes, region, boxes, flips,
-                                  flat, out_h, out_w, tmp, status, info, jpg_mode)
+        bad = _decode_rows_opencv(indices, heights, widths, ptrs, sizes, region, boxes, flips, flat, out_h,
+                                  out_w, tmp, status, info)
     if bad < 0:
         return -1, OK, ""
     code = int(status[bad])
