@@ -190,7 +190,7 @@ def test_warps_match_exact_bilinear_sampling(photos, op):
         ref, inside, outside = _bilinear_reference(photos[b], mats[b])
         assert inside.mean() > 0.25
         diff = np.abs(out[b].astype(float) - ref)[inside]
-        assert diff.max() <= 0.5 + 1e-6  # rounding only
+        assert diff.max() <= 0.5 + 1e-4  # rounding only (of a float32 blend, torchvision's precision)
         assert np.all(out[b][outside] == 0)  # the fill
 
 
@@ -219,7 +219,7 @@ def test_warps_blend_the_fill_by_coverage(photos, channels):
             ref = np.stack([v * cover + (1 - cover) * f for v, f in zip(values, fill)], axis=-1)
             partial += np.count_nonzero((cover > 1e-9) & (cover < 1 - 1e-9))
             outside += np.count_nonzero(cover <= 1e-9)
-            assert np.abs(out[b].astype(float) - ref).max() <= 0.5 + 1e-6
+            assert np.abs(out[b].astype(float) - ref).max() <= 0.5 + 1e-4  # a float32 blend, rounded
         assert partial > 100 and outside > 1000  # partly covered pixels and pure fill occur
 
 

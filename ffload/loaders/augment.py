@@ -167,34 +167,33 @@ def _hue_row(r, g, b, shift, n):
     # the one wrap their operand's range needs, which equals torch's fmod exactly; a grey pixel
     # (chroma 0) comes back unchanged
     s = np.float32(shift)
-    one, zero = np.float32(1.0), np.float32(0.0)
+    one, zero, six = np.float32(1.0), np.float32(0.0), np.float32(6.0)
+    two, three, four, five = np.float32(2.0), np.float32(3.0), np.float32(4.0), np.float32(5.0)
     for x in range(n):
         rf, gf, bf = r[x], g[x], b[x]
-        mx, mn = max(rf, gf, bf), min(rf, gf, bf)
+        m = rf if rf >= gf else gf
+        mx = m if m >= bf else bf
+        m = rf if rf <= gf else gf
+        mn = m if m <= bf else bf
         chroma = mx - mn
         isr = mx == rf
         isg = (mx == gf) & ~isr
         num = (gf - bf) if isr else ((bf - rf) if isg else (rf - gf))
-        base = zero if isr else (np.float32(2.0) if isg else np.float32(4.0))
-        h = (base + num / (one if chroma == zero else chroma)) / np.float32(6.0) + one
+        base = zero if isr else (two if isg else four)
+        h = (base + num / (one if chroma == zero else chroma)) / six + one
         h = (h - one if h >= one else h) + s
         h = h + one if h < zero else (h - one if h >= one else h)
-        h6 = h * np.float32(6.0)
-        i = np.int32(h6)
-        f = h6 - np.float32(i)
-        i = np.int32(0) if i == 6 else i
+        h6 = h * six
+        i = np.float32(np.int32(h6))  # the sector, kept in float32 lanes like everything else
+        f = h6 - i
+        i = zero if i == six else i
         # sector i: (V, t, p) (q, V, p) (p, V, t) (p, q, V) (t, p, V) (V, p, q) with V = max,
-        # p = min: the middle value is t in even sectors, q in odd ones, and a channel's role
-        # follows d = |2j - 5| (5: max, 1: min, 3: middle) with j = i for R, i + 4 for G, i + 2
-        # for B (mod 6)
-        mid = np.float32(np.int32(mx - chroma * f)) if i & 1 else np.float32(np.int32(mn + chroma * f))
-        jg, jb = i + 4, i + 2
-        jg, jb = jg - 6 if jg >= 6 else jg, jb - 6 if jb >= 6 else jb
-        dr, dg, db = 2 * i - 5, 2 * jg - 5, 2 * jb - 5
-        dr, dg, db = max(dr, -dr), max(dg, -dg), max(db, -db)
-        r[x] = mx if dr == 5 else (mn if dr == 1 else mid)
-        g[x] = mx if dg == 5 else (mn if dg == 1 else mid)
-        b[x] = mx if db == 5 else (mn if db == 1 else mid)
+        # p = min, the middle value t in even sectors and q in odd ones
+        odd = (i == one) | (i == three) | (i == five)
+        mid = np.float32(np.int32(mx - chroma * f)) if odd else np.float32(np.int32(mn + chroma * f))
+        r[x] = mx if (i == zero) | (i == five) else (mn if (i == two) | (i == three) else mid)
+        g[x] = mx if (i == one) | (i == two) else (mn if (i == four) | (i == five) else mid)
+        b[x] = mx if (i == three) | (i == four) else (mn if (i == zero) | (i == one) else mid)
 
 
 @njit(nogil=True, cache=True)
@@ -240,7 +239,7 @@ def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes):
     r, g, b, scratch = planes[0], planes[1], planes[2], planes[3]
     flat = img.reshape(-1)
     u1, u2 = np.uint64(1), np.uint64(2)  # unsigned offsets: no index checks, vectorised loops
-    total = 0.0
+    total = np.int64(0)
     for y in range(height):
         row = flat[y * width * 3:(y + 1) * width * 3]
         for x in range(width):
@@ -262,11 +261,11 @@ def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes):
                 k = np.uint64(3 * x)
                 row[k], row[k + u1], row[k + u2] = np.uint8(np.int32(r[x])), np.uint8(np.int32(g[x])), \
                     np.uint8(np.int32(b[x]))
-        if luma_sum:
+        if luma_sum:  # whole numbers: an integer sum is exact in any order, so it vectorises
             _gray_row(r, g, b, scratch, width)
             for x in range(width):
-                total += scratch[x]
-    return total
+                total += np.int64(scratch[x])
+    return np.float64(total)
 
 
 @njit(nogil=True, cache=True)
@@ -721,21 +720,25 @@ def _warp_row_coords(m, y, pxs, sxs, sys_, n):
 
 @njit(nogil=True, cache=True)
 def _lerp2(p00, p01, p10, p11, fx, fy):
-    # the bilinear blend of four taps (uint32 values below 256) in float64, rounded
-    top = np.float64(np.int32(p00)) + fx * (np.float64(np.int32(p01)) - np.float64(np.int32(p00)))
-    bot = np.float64(np.int32(p10)) + fx * (np.float64(np.int32(p11)) - np.float64(np.int32(p10)))
-    return np.int32(top + fy * (bot - top) + 0.5)
+    # the bilinear blend of four taps (uint32 values below 256) in float32 (fx, fy float32),
+    # rounded: 8 lanes per AVX2 vector, where float64 gave 4 (the whole warp ~20 % faster)
+    a, b, c, d = (np.float32(np.int32(p00)), np.float32(np.int32(p01)), np.float32(np.int32(p10)),
+                  np.float32(np.int32(p11)))
+    top = a + fx * (b - a)
+    bot = c + fx * (d - c)
+    return np.int32(top + fy * (bot - top) + np.float32(0.5))
 
 
 @njit(nogil=True, cache=True)
 def _warp_rgb(src, dst, mats, fill):
     # _warp for 3 channels, row by row in vectorised passes (a row's coordinates are computed
-    # directly rather than incrementally, so a value may differ from _warp's by one where the blend
-    # lies within ~1e-12 of a rounding boundary; a zero denominator samples the fill instead of
-    # raising ZeroDivisionError): the image packed
-    # once as one uint32 per pixel (R | G << 8 | B << 16), then per output row its source
-    # coordinates, the four taps of every pixel (four uint32 loads), the float64 bilinear blend
-    # per channel (p00 + fx (p01 - p00), then the same in y), rounded. A pixel whose taps are all
+    # directly rather than incrementally and the blend is float32, torchvision's own precision for
+    # tensors, so a value may differ from _warp's by one where the blend lies within ~1e-4 of a
+    # rounding boundary; a zero denominator samples the fill instead of raising
+    # ZeroDivisionError): the image packed once as one uint32 per pixel (R | G << 8 | B << 16),
+    # then per output row its source coordinates (float64), the four taps of every pixel (four
+    # uint32 loads), the float32 bilinear blend per channel (p00 + fx (p01 - p00), then the same
+    # in y), rounded. A pixel whose taps are all
     # outside takes its four taps from fill entries after the image (so it blends to the fill);
     # one with some taps outside is redone by _warp_border. An identity matrix is a copy.
     batch, height, width = src.shape[0], src.shape[1], src.shape[2]
@@ -743,7 +746,7 @@ def _warp_rgb(src, dst, mats, fill):
     x_max, y_max = width - 1.0, height - 1.0
     sxs, sys_ = np.empty(out_w), np.empty(out_w)
     pxs = np.arange(out_w) + 0.5
-    fxs, fys = np.empty(out_w), np.empty(out_w)
+    fxs, fys = np.empty(out_w, np.float32), np.empty(out_w, np.float32)
     partial = np.empty(out_w, np.int32)
     idx = np.empty(out_w, np.int32)
     taps = np.empty((4, out_w), np.uint32)
@@ -776,7 +779,7 @@ def _warp_rgb(src, dst, mats, fill):
                 sx = sx if ok else 0.0
                 sy = sy if ok else 0.0
                 x0, y0 = np.int32(sx), np.int32(sy)
-                fxs[x], fys[x] = sx - np.float64(x0), sy - np.float64(y0)
+                fxs[x], fys[x] = np.float32(sx - np.float64(x0)), np.float32(sy - np.float64(y0))
                 idx[x] = (y0 * w32 + x0) if ok else outside
             t00, t01, t10, t11 = taps[0], taps[1], taps[2], taps[3]
             for x in range(out_w):
@@ -789,7 +792,8 @@ def _warp_rgb(src, dst, mats, fill):
                 a00, a01, a10, a11 = t00[x], t01[x], t10[x], t11[x]
                 o0[x] = _lerp2(a00 & byte, a01 & byte, a10 & byte, a11 & byte, fx, fy)
                 o1[x] = _lerp2((a00 >> 8) & byte, (a01 >> 8) & byte, (a10 >> 8) & byte, (a11 >> 8) & byte, fx, fy)
-                o2[x] = _lerp2(a00 >> 16, a01 >> 16, a10 >> 16, a11 >> 16, fx, fy)
+                o2[x] = _lerp2((a00 >> 16) & byte, (a01 >> 16) & byte, (a10 >> 16) & byte, (a11 >> 16) & byte, fx,
+                               fy)
             d = dst[b, y].reshape(-1)
             for x in range(out_w):
                 k = np.uint64(3 * x)
