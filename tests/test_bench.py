@@ -421,6 +421,7 @@ def test_deeplake_stacks_run_on_every_peer(photo_data, pipeline):
         assert float(images.min()) >= -2.2 and float(images.max()) <= 2.7, kind  # ImageNet-normalised [0, 1]
     with pytest.raises(ValueError, match="augmentation"):
         BenchConfig(kind="ffcv", path="x", pipeline=pipeline, batch_size=4, num_workers=1, epochs=1)
+    BenchConfig(kind="decode_ceiling", path=beton, pipeline=pipeline, batch_size=4, num_workers=1, epochs=1)
     with pytest.raises(ValueError, match="augmentation"):
         BenchConfig(kind="dataloader_albumentations", path="x", pipeline="rrc", batch_size=4, num_workers=1, epochs=1)
 

@@ -52,7 +52,8 @@ class BenchConfig:
         kind: a key of :data:`KINDS`.
         path: the dataset (``.beton`` file or ``.lmdb`` directory); for ``dataloader_pil`` the
             ImageFolder root.
-        pipeline: one of :data:`PIPELINES`.
+        pipeline: one of :data:`PIPELINES` (``decode_ceiling`` decodes whole images whatever
+            the pipeline).
         batch_size: samples per batch (>= 1).
         num_workers: loader threads / DataLoader processes (>= 1); for ``decode_ceiling`` the
             number of threads decoding at once.
@@ -109,7 +110,7 @@ class BenchConfig:
             raise ValueError(f"dataloader_albumentations runs the augmentation stacks only ({DEEPLAKE_PIPELINES})")
         if self.fast_dct and self.kind != "ffload":
             raise ValueError(f"fast_dct is an option of ffload's decoders, not of {self.kind}")
-        if self.kind in ("ffcv", "dataloader_arrays", "decode_ceiling") and self.pipeline in DEEPLAKE_PIPELINES:
+        if self.kind in ("ffcv", "dataloader_arrays") and self.pipeline in DEEPLAKE_PIPELINES:
             raise ValueError(f"{self.kind} has no {self.pipeline} augmentation stack")
         object.__setattr__(self, "disabled_fields", tuple(self.disabled_fields))
         if not self.name:
