@@ -205,7 +205,7 @@ def profile(path: str, n: int = 512) -> dict:
     t_decode = best(checked(lambda: decodes(handle, region, ptrs, sizes, idx, meta["height"], meta["width"], boxes,
                                             scratch)))
     t_all = best(lambda: jpeg.decode_batch(idx, meta, ptrs, sizes, region, boxes, np.zeros(len(idx), np.bool_),
-                                           out, 0))
+                                           out))
     payloads = [np.ascontiguousarray(region[int(ptrs[i]):int(ptrs[i]) + int(sizes[i])]) for i in idx]
     cv2.setNumThreads(1)
     full = {name: best(lambda d=DECODERS[name](): [d(p) for p in payloads], reps=3) for name in available_decoders()}

@@ -261,7 +261,7 @@ def test_resize_jpg_is_close_to_full_decode_and_cv2_resize(tmp_path, photos, out
         full = cv2.imdecode(payload(view, "image", i), cv2.IMREAD_COLOR_RGB)
         ref = reference_resize(full, (0, 0) + full.shape[:2], out_hw)
         diff = np.abs(row.astype(int) - ref)
-        assert diff.mean() <= 1.5, (i, diff.mean())  # DCT-scaled decodes when the image is >= 1.5x the output
+        assert diff.mean() <= 1.5, (i, diff.mean())  # half-size decodes when the image is >= 4x the output
         assert np.abs(row.astype(int) - ref[::-1]).mean() > 5 * max(diff.mean(), 1)  # the tolerance is meaningful
 
 

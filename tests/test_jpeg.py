@@ -14,6 +14,7 @@ import pytest
 from skimage import data
 from sklearn.datasets import load_sample_images
 
+from ffload.bench.datasets import GRAIN_SIGMA
 from ffload.formats import RGBImageField
 from ffload.loaders import jpeg, turbojpeg
 from ffload.loaders.crops import random_resized_crop_boxes
@@ -215,7 +216,7 @@ def grainy(photos):
     ImageNet-sized set (``ffload.bench.datasets``): high-frequency detail, where a DCT-scaled
     decode differs most from a full-size decode + area resize."""
     rng = np.random.default_rng(0)
-    return [np.clip(p + rng.normal(0, 26, p.shape), 0, 255).astype(np.uint8) for p in photos]
+    return [np.clip(p + rng.normal(0, GRAIN_SIGMA, p.shape), 0, 255).astype(np.uint8) for p in photos]
 
 
 @pytest.mark.parametrize("times", [4, 3.5])
@@ -238,6 +239,35 @@ def test_half_scale_only_where_it_stays_within_two_grey_levels(tmp_path, grainy,
     else:
         assert max(maes) <= 0.5, maes
 
+
+
+def test_decode_whole_at_half_scale_is_libjpeg_turbos_reduced_decode(photos):
+    for p in photos[:3]:
+        data = _encoded(p).ravel()
+        (w, h), error = jpeg.header_size(data)
+        out = np.empty(((h + 1) // 2, (w + 1) // 2, 3), np.uint8)
+        assert error == "" and jpeg.decode_whole(data, out, 4) == ""
+        assert np.array_equal(out, cv2.cvtColor(cv2.imdecode(data, cv2.IMREAD_REDUCED_COLOR_2), cv2.COLOR_BGR2RGB))
+
+
+def test_scale_quality_script_measures_only_the_scaled_decode(tmp_path, grainy):
+    """scripts/jpeg_scale_quality.py: 8/8 is the reference itself (0 levels), 1/2 at 4x is ~1.7
+    levels off on grainy photos (the rule's measurement), an unreadable file is skipped by name."""
+    import importlib.util
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "jpeg_scale_quality.py"
+    spec = importlib.util.spec_from_file_location("jpeg_scale_quality", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for i, p in enumerate(grainy[:2]):
+        assert cv2.imwrite(str(tmp_path / f"{i}.jpg"), p[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 90])
+    (tmp_path / "bad.JPEG").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    files = module.jpeg_files(str(tmp_path), 10)
+    assert [Path(f).name for f in files] == ["0.jpg", "1.jpg", "bad.JPEG"]
+    diffs, skipped = module.measure(files, [8, 4], [4.0])
+    assert diffs[8, 4.0].tolist() == [0.0, 0.0]
+    assert np.all((diffs[4, 4.0] > 0.5) & (diffs[4, 4.0] < 3))
+    assert len(skipped) == 1 and "bad.JPEG" in skipped[0]
 
 def test_fast_dct_is_close_to_the_accurate_decode_and_switches_back(tmp_path, photos):
     same = [(np.ascontiguousarray(p[:280, :400]),) for p in photos]
@@ -273,7 +303,7 @@ def test_libraries_without_the_tj3_api_are_refused(tmp_path):
     assert turbojpeg.load().path == turbojpeg.library().path
 
 
-def test_fallback_is_used_and_reported_without_the_library(tmp_path, photos, monkeypatch):
+def test_fallback_is_used_and_reported_without_the_library(tmp_path, photos, grainy, monkeypatch):
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(p,) for p in photos])
     fast = decode(RandomResizedCropRGBImageDecoder(96), view, "image", [2, 0, 4], epoch=5)
     monkeypatch.setattr(jpeg, "_lib", None)  # as when turbojpeg.library() finds nothing
@@ -286,16 +316,20 @@ def test_fallback_is_used_and_reported_without_the_library(tmp_path, photos, mon
         warnings.simplefilter("error")  # once per process
         decode(CenterCropRGBImageDecoder(96), view, "image", [1])
     assert np.abs(slow.astype(int) - fast).mean() <= 2 and not np.array_equal(slow, fast)
-    # the compiled path's DCT scale: half size for a box >= 4x the output (all five here)
-    center = [decode(CenterCropRGBImageDecoder(64, ratio=1.0), view, "image", [i])[0] for i in range(5)]
+    # the compiled path's DCT scale: half size for a box 4x the output, so the fallback's pixels are
+    # the compiled path's, and ~1.7 levels from a full decode's on grainy photos
+    grain = write(tmp_path / "g.beton", {"image": RGBImageField("jpg", jpeg_quality=90)}, [(p,) for p in grainy])
+    sides = [min(p.shape[:2]) for p in grainy]
+    assert all(jpeg.scale_numerator(s, s, s // 4, s // 4) == 4 for s in sides)
+    center = [decode(CenterCropRGBImageDecoder(s // 4, ratio=1.0), grain, "image", [i])[0] for i, s in enumerate(sides)]
     monkeypatch.setattr(jpeg, "_lib", turbojpeg.library())
     monkeypatch.setattr(jpeg, "_local", threading.local())
-    for i, row in enumerate(center):
-        compiled = decode(CenterCropRGBImageDecoder(64, ratio=1.0), view, "image", [i])[0]
-        full = cv2.imdecode(payload(view, "image", i), cv2.IMREAD_COLOR_RGB)
-        side = min(full.shape[:2])
-        ref = reference_resize(full, ((full.shape[0] - side) // 2, (full.shape[1] - side) // 2, side, side), (64, 64))
-        assert np.abs(row.astype(int) - compiled).mean() <= 0.5 < np.abs(row.astype(int) - ref).mean()
+    for i, (row, side) in enumerate(zip(center, sides)):
+        compiled = decode(CenterCropRGBImageDecoder(side // 4, ratio=1.0), grain, "image", [i])[0]
+        full = cv2.imdecode(payload(grain, "image", i), cv2.IMREAD_COLOR_RGB)
+        box = ((full.shape[0] - side) // 2, (full.shape[1] - side) // 2, side, side)
+        ref = reference_resize(full, box, (side // 4, side // 4))
+        assert np.abs(row.astype(int) - compiled).mean() <= 0.5 and np.abs(row.astype(int) - ref).mean() > 1
     region = np.array(view.open_region())
     region[int(view.ptrs["image"][0]):int(view.ptrs["image"][0]) + 50] = 7
     with pytest.raises(ValueError, match=r"field 'image', sample 0: corrupt JPEG"):

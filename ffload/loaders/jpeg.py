@@ -28,8 +28,8 @@ Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
    the same box, per image mean absolute difference, mean over the images (95th percentile):
    box 2x the output 4.69 (6.06), 3x 2.76 (3.58), 3.5x 2.08, 4x 1.72 (2.25), 5x 1.34 (1.67),
    8x 0.68; 1/4 and 1/8 are further off at every ratio (at 8x: 1.63 and 3.74). The issue's rule
-   is 2 grey levels: from 4x on the mean is within it. (The rule before, 3x, was measured on
-   photos without grain.)
+   is 2 grey levels: from 4x on the mean is within it (single images up to 2.9 at 4x). (The rule
+   before, 3x, was measured on photos without grain.)
 3. ``tj3SetCroppingRegion``: the scaled box's rows and columns (edges rounded outwards), its left
    edge moved down to the scaled iMCU grid (``ceil(MCUwidth * M / 8)`` pixels, TurboJPEG's
    requirement); the extra columns are skipped when resizing. Unknown subsampling: no cropping
