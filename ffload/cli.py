@@ -112,6 +112,9 @@ def _storage_options_option(what: str):
               help="write-mode smart: JPEG-compress images whose raw size exceeds this many bytes.")
 @click.option("--compress-probability", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="write-mode proportion: probability of JPEG-compressing an image.")
+@click.option("--jpeg-restart-interval", type=click.IntRange(0, 65535), default=None,
+              help="MCUs between restart markers in the JPEGs ffload encodes (0: none; default: one per MCU for "
+                   "images of at least 128 px a side): crop decoders then entropy-decode only the crop's MCUs.")
 @_num_workers_option("Encoding processes")
 @click.option("--page-size", type=int, default=None, help=".beton page size in bytes (power of two >= 2 MiB).")
 @click.option("--shard-size", default=None, metavar="SIZE",
@@ -144,7 +147,7 @@ def _storage_options_option(what: str):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("an input image")
 def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quality, smart_threshold,
-            compress_probability, num_workers, page_size, shard_size, overwrite, on_error, reencode, strip_metadata, verify,
+            compress_probability, jpeg_restart_interval, num_workers, page_size, shard_size, overwrite, on_error, reencode, strip_metadata, verify,
             resume, engine, ray_address, storage_options, as_json, quiet, max_pixels):
     """Convert SRC (an ImageFolder tree or a CIFAR-10/100 python archive folder) into DST.
 
@@ -165,7 +168,8 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
                            max_pixels=max_pixels, storage_options=storage_options)
     report = convert_dataset(source, dst, write_mode=write_mode, max_resolution=max_resolution,
                              jpeg_quality=jpeg_quality, smart_threshold=smart_threshold,
-                             compress_probability=compress_probability, num_workers=num_workers,
+                             compress_probability=compress_probability,
+                             jpeg_restart_interval=jpeg_restart_interval, num_workers=num_workers,
                              on_error=on_error, overwrite=overwrite, progress=not quiet,
                              page_size=page_size, reencode=reencode, strip_metadata=strip_metadata,
                              verify=verify, resume=resume, engine=engine, ray_address=ray_address,

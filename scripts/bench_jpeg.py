@@ -9,6 +9,9 @@ built in ``--data`` and reused while their parameters match):
   shorter side, INTER_AREA) of the scikit-image / scikit-learn photos.
 * ``photos.beton``: ``--photo-samples`` ImageNet-sized JPEGs: random crops (50-100 % of each side)
   of the same photos, resized to a longer side drawn from [360, 500] px (mean ~430).
+* ``photos_rst.beton``: the same images written by ffload's writer with a restart marker per MCU
+  (``RGBImageField(write_mode='jpg', jpeg_quality=90, jpeg_restart_interval=1)``, ffload's
+  default for images this size; otherwise the same libjpeg encode), read by all three.
 
 Groups (each measurement in its own subprocess, rounds interleaved, ratios of medians of this run;
 ``ffload.bench``'s harness):
@@ -20,6 +23,10 @@ Groups (each measurement in its own subprocess, rounds interleaved, ratios of me
    :func:`ffload.bench.ceiling.turbojpeg_decoder`) and with ``cv2.imdecode`` (``decode ceiling
    (opencv)``, the ceiling of earlier runs), each with its one-thread rate.
 3. ImageNet-sized, ``CenterCrop(224, ratio=224/256)`` + flip, batch 128.
+4. and 5. (``rrc_rst``, ``center_rst``): groups 2 and 3 on ``photos_rst.beton``, both with the
+   ceiling, which here decodes the files with restart markers (libjpeg-turbo's slower Huffman
+   path); the ratio to group 2's ceiling on the files without markers is in the same run when
+   both groups run.
 
 With ``--fast-dct`` every group also runs ffload with ``fast_dct=True`` (libjpeg-turbo's fast
 integer IDCT, the one ffcv 1.0.2 decodes with: ``TJFLAG_FASTDCT``), against ffcv and against
@@ -56,6 +63,8 @@ from ffload.bench import (  # noqa: E402
 from ffload.bench.ceiling import DECODERS, available_decoders, default_decoder  # noqa: E402
 
 CIFAR_BATCH, PHOTO_BATCH, CROP, QUALITY = 512, 128, 224, 90
+NO_MARKERS = " [photos.beton, no markers]"
+"""Suffix of the rows that read the files without restart markers within a restart-marker group."""
 
 
 def photos() -> list:
@@ -109,28 +118,42 @@ def write_beton(path: str, n: int, kind: str) -> None:
     writer.from_indexed_dataset(_Images(make_images(n, kind)), chunksize=256)
 
 
+def write_restart_beton(path: str, n: int) -> None:
+    """Write ``n`` ImageNet-sized images with ffload's writer: JPEG q90 with a restart marker per
+    MCU, label IntField."""
+    from ffload.formats import IntField, RGBImageField, write_dataset
+
+    fields = {"image": RGBImageField(write_mode="jpg", jpeg_quality=QUALITY, jpeg_restart_interval=1),
+              "label": IntField()}
+    write_dataset(path, fields, list(make_images(n, "photos")), n)
+
+
 def prepare(data: str, n_cifar: int, n_photos: int) -> dict:
-    params = {"cifar": n_cifar, "photos": n_photos, "quality": QUALITY, "version": 1}
+    params = {"cifar": n_cifar, "photos": n_photos, "quality": QUALITY, "version": 2}
     marker = os.path.join(data, "bench_jpeg.json")
-    paths = {"cifar": os.path.join(data, "cifar_jpg.beton"), "photos": os.path.join(data, "photos.beton")}
+    paths = {"cifar": os.path.join(data, "cifar_jpg.beton"), "photos": os.path.join(data, "photos.beton"),
+             "photos_rst": os.path.join(data, "photos_rst.beton")}
     if os.path.isfile(marker) and json.load(open(marker)) == params:
         return paths
     os.makedirs(data, exist_ok=True)
     write_beton(paths["cifar"], n_cifar, "cifar")
     write_beton(paths["photos"], n_photos, "photos")
+    write_restart_beton(paths["photos_rst"], n_photos)
     with open(marker, "w") as f:
         json.dump(params, f)
     return paths
 
 
-def profile(path: str, n: int = 512) -> dict:
+def profile(path: str, restart_path: str, n: int = 512) -> dict:
     """Per-image CPU microseconds of the compiled RandomResizedCrop(224) path, one thread: header,
     scaled + cropped decode, resize (the rest of ``decode_rows``), and a full-size decode of the
-    same bytes for reference."""
+    same bytes for reference; then on ``restart_path`` (the same images with restart markers):
+    finding the box's segments and writing their JPEG (``restarts.segment_starts`` + ``cut``), the
+    whole compiled call, and the full-size decode."""
     from numba import njit
 
     from ffload.formats import open_dataset
-    from ffload.loaders import jpeg
+    from ffload.loaders import jpeg, restarts
     from ffload.loaders import turbojpeg as tj
     from ffload.loaders.crops import random_resized_crop_boxes
     from ffload.loaders.rng import op_salt, sample_seeds
@@ -154,10 +177,10 @@ def profile(path: str, n: int = 512) -> dict:
                                                 np.int64(heights[s]), np.int64(widths[s]), 224, 224)
             num, den = jpeg.scale_fraction(m)
             mcu = (jpeg._MCU_WIDTH[sub] * m + 7) // 8
-            xa = (x0 // mcu) * mcu
+            xa, cw = jpeg.crop_columns(x0, x1, mcu, (np.int64(widths[s]) * m + 7) // 8)
             if (jpeg._scale(handle, tj.pack2(num, den)) != 0
-                    or jpeg._crop(handle, tj.pack2(xa, y0), tj.pack2(x1 - xa, y1 - y0)) != 0
-                    or jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, (x1 - xa) * 3, tj.TJPF_RGB) != 0):
+                    or jpeg._crop(handle, tj.pack2(xa, y0), tj.pack2(cw, y1 - y0)) != 0
+                    or jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, cw * 3, tj.TJPF_RGB) != 0):
                 return s
         return -1
 
@@ -172,6 +195,20 @@ def profile(path: str, n: int = 512) -> dict:
                     or jpeg._decompress(handle, buf, sizes[s], scratch.ctypes.data, 0, tj.TJPF_RGB) != 0):
                 return s
         return -1
+
+    @njit(nogil=True)
+    def cuts(region, ptrs, sizes, indices, boxes, starts, out):
+        total = 0
+        for b in range(indices.shape[0]):  # as jpeg._decode_jpeg's restart path, without the decode
+            s = indices[b]
+            p, n = np.int64(ptrs[s]), np.int64(sizes[s])
+            layout = restarts.headers(region, p, n)
+            m, y0, x0, y1, x1 = jpeg.scaled_box(boxes[b, 0], boxes[b, 1], boxes[b, 2], boxes[b, 3], layout[2],
+                                                layout[3], 224, 224)
+            r0, r1, c0, c1, per_row, ch, cw = restarts.plan(region, p, n, layout, y0, x0, y1, x1, m, starts)
+            if r0 >= 0:
+                total += restarts.cut(region, p, layout[0], layout[1], starts, per_row, r0, r1, c0, c1, ch, cw, out)
+        return total
 
     view = open_dataset(path)
     region = np.asarray(view.open_region())
@@ -211,9 +248,23 @@ def profile(path: str, n: int = 512) -> dict:
     full = {name: best(lambda d=DECODERS[name](): [d(p) for p in payloads], reps=3) for name in available_decoders()}
     scale_us = {m: best(checked(lambda m=m: scaled(handle, region, ptrs, sizes, idx, m, scratch)), reps=3)
                 for m in range(1, 9)}
+    marked = open_dataset(restart_path)
+    m_region = np.asarray(marked.open_region())
+    m_ptrs, m_sizes = marked.ptrs["image"], marked.sizes["image"]
+    starts = np.empty(restarts.starts_size(meta["height"], meta["width"]), np.int64)
+    cut_buf = np.empty(int(m_sizes.max()) + 16, np.uint8)
+    t_cut = best(lambda: cuts(m_region, m_ptrs, m_sizes, idx, boxes, starts, cut_buf))
+    t_all_marked = best(lambda: jpeg.decode_batch(idx, marked.metadata["image"], m_ptrs, m_sizes, m_region, boxes,
+                                                  np.zeros(len(idx), np.bool_), out))
+    m_payloads = [np.ascontiguousarray(m_region[int(m_ptrs[i]):int(m_ptrs[i]) + int(m_sizes[i])]) for i in idx]
+    decoder = DECODERS[default_decoder()]()
     return {"header_us": t_header, "decode_us": t_decode - t_header, "resize_us": t_all - t_decode,
             "compiled_total_us": t_all, "loader_cpu_us": loader_cpu(path),
             "full_decode_us": full,
+            "restart_segments_us": t_cut, "restart_compiled_total_us": t_all_marked,
+            "restart_full_decode_us": best(lambda: [decoder(p) for p in m_payloads], reps=3),
+            "restart_bytes": float(np.mean([len(p) for p in m_payloads])),
+            "bytes": float(np.mean([len(p) for p in payloads])),
             "scale_cost": {m: t / scale_us[8] for m, t in scale_us.items()}}
 
 
@@ -258,7 +309,8 @@ def main() -> None:
     ap.add_argument("--photo-samples", type=int, default=1536)
     ap.add_argument("--data", default="/tmp/bench_jpeg_data", help="dataset folder (kept, reused)")
     ap.add_argument("--out", default="runs/bench_jpeg", help="results.md and results.json go here")
-    ap.add_argument("--groups", default="cifar,rrc,center", help="subset of cifar,rrc,center")
+    ap.add_argument("--groups", default="cifar,rrc,center,rrc_rst,center_rst",
+                    help="subset of cifar,rrc,center,rrc_rst,center_rst")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--fast-dct", action="store_true",
                     help="also run ffload with fast_dct=True: libjpeg-turbo's fast IDCT, which ffcv 1.0.2 uses")
@@ -275,7 +327,11 @@ def main() -> None:
             "rrc": ("ImageNet-sized JPEG q90, RandomResizedCrop(224) + flip", paths["photos"], "rrc",
                     PHOTO_BATCH, ["ffload", "ffcv", "decode_ceiling"]),
             "center": ("ImageNet-sized JPEG q90, CenterCrop(224) + flip", paths["photos"], "center",
-                       PHOTO_BATCH, ["ffload", "ffcv"])}
+                       PHOTO_BATCH, ["ffload", "ffcv"]),
+            "rrc_rst": ("ImageNet-sized JPEG q90 with restart markers, RandomResizedCrop(224) + flip",
+                        paths["photos_rst"], "rrc", PHOTO_BATCH, ["ffload", "ffcv", "decode_ceiling"]),
+            "center_rst": ("ImageNet-sized JPEG q90 with restart markers, CenterCrop(224) + flip",
+                           paths["photos_rst"], "center", PHOTO_BATCH, ["ffload", "ffcv", "decode_ceiling"])}
     report = {}
     for key in args.groups.split(","):
         title, path, pipeline, batch, kinds = plan[key]
@@ -285,13 +341,20 @@ def main() -> None:
         configs = [BenchConfig(kind=k, path=path, pipeline=pipeline, batch_size=batch, num_workers=w,
                                epochs=args.epochs, size=CROP, fast_dct=fast, decoder=d, name=_row_name(k, fast, d))
                    for w in workers for k, d, fast in variants]
+        if path == paths["photos_rst"]:  # the same images without markers, in the same rounds
+            configs += [BenchConfig(kind=k, path=paths["photos"], pipeline=pipeline, batch_size=batch, num_workers=w,
+                                    epochs=args.epochs, size=CROP, decoder=default_decoder(),
+                                    name=f"{_row_name(k, False, default_decoder())}{NO_MARKERS}")
+                        for w in workers for k in ("ffload", "decode_ceiling")]
         print(f"== {title}", file=sys.stderr)
         results = run_rounds(configs, args.repeats, args.timeout, lambda r: print(
             f"  {r['name']} {r['config']['num_workers']}w: {r.get('img_s', r.get('error'))}", file=sys.stderr))
         rows = summarize(results)
         ceilings = [f"decode ceiling ({d})" for d in available_decoders()]
+        plain_ceiling = f"decode ceiling ({default_decoder()}){NO_MARKERS}"
         pairs = [("ffload", "ffcv"), *[("ffload", c) for c in ceilings], *[(c, ceilings[-1]) for c in ceilings[:-1]],
-                 (FAST, "ffcv"), (FAST, "ffload")]
+                 (FAST, "ffcv"), (FAST, "ffload"), ("ffload", plain_ceiling), ("ffload", "ffload" + NO_MARKERS),
+                 (f"decode ceiling ({default_decoder()})", plain_ceiling)]
         ratios = compute_ratios(rows, pairs)
         scaling = {}
         for name in ("ffload", FAST):
@@ -301,7 +364,7 @@ def main() -> None:
         md += [f"## {title}", "", format_rows(rows), "", format_ratios(ratios), "",
                "ffload scaling: " + (", ".join(f"{k} = {v:.2f}" for k, v in scaling.items()) or "-"), ""]
         report[key] = {"rows": rows, "ratios": ratios, "scaling": scaling}
-    prof = profile(paths["photos"])
+    prof = profile(paths["photos"], paths["photos_rst"])
     report["profile"] = prof
     full = prof["full_decode_us"]
     md += ["## Per-image profile, RandomResizedCrop(224), one thread (microseconds)", "",
@@ -313,7 +376,13 @@ def main() -> None:
            + " | ".join(f"{t:.0f}" for t in full.values()) + " |", "",
            "Whole-image TurboJPEG decode at DCT scale M/8, time relative to 8/8 (same photos, one thread):", "",
            "| " + " | ".join(f"{m}/8" for m in prof["scale_cost"]) + " |", "|" + "---|" * len(prof["scale_cost"]),
-           "| " + " | ".join(f"{c:.2f}" for c in prof["scale_cost"].values()) + " |", ""]
+           "| " + " | ".join(f"{c:.2f}" for c in prof["scale_cost"].values()) + " |", "",
+           "The same images and boxes with a restart marker per MCU (photos_rst.beton), one thread (microseconds; "
+           "bytes per image):", "",
+           f"| finding the box's segments + writing their JPEG | compiled total | full-size decode "
+           f"({default_decoder()}) | bytes (no markers) | bytes (markers) |", "|---|---|---|---|---|",
+           f"| {prof['restart_segments_us']:.0f} | {prof['restart_compiled_total_us']:.0f} | "
+           f"{prof['restart_full_decode_us']:.0f} | {prof['bytes']:.0f} | {prof['restart_bytes']:.0f} |", ""]
     text = "\n".join(md)
     print(text)
     write_results(args.out, text, report)

@@ -25,7 +25,7 @@ from ffload.formats import (
     write_dataset,
 )
 from ffload.formats.beton import ALLOC_TYPE, HEADER_TYPE
-from ffload.formats.fields import named_metadata_dtype
+from ffload.formats.fields import RESTART_MIN_SIDE, named_metadata_dtype
 from ffload.samples import decode_image
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -88,7 +88,7 @@ def test_jpeg_and_mixed_modes(tmp_path, suffix):
         for i, im in enumerate(imgs * 4):
             got = decode_image(view, "image", i)
             if view.metadata["image"]["mode"][i] == 0:  # exactly libjpeg's round trip at q95
-                ref = cv2_jpeg(im, 95)
+                ref = cv2_jpeg(im, 95, 1 if min(im.shape[:2]) >= RESTART_MIN_SIDE else 0)
                 np.testing.assert_array_equal(np.asarray(view.payload("image", i)), ref)
                 np.testing.assert_array_equal(got, cv2.imdecode(ref, cv2.IMREAD_COLOR_RGB))
                 assert np.abs(got.astype(int) - im).mean() < 6
@@ -99,10 +99,12 @@ def test_jpeg_and_mixed_modes(tmp_path, suffix):
             np.testing.assert_array_equal(view.metadata["image"]["mode"] == 0, raw_bytes > 100_000)
 
 
-def cv2_jpeg(image, quality):
-    """The reference JPEG file of an RGB image: OpenCV's encoder (BGR input) at ``quality``."""
+def cv2_jpeg(image, quality, restart_interval=0):
+    """The reference JPEG file of an RGB image: OpenCV's encoder (BGR input) at ``quality``, with
+    a restart marker every ``restart_interval`` MCUs (0: none)."""
     ok, data = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
-                            [int(cv2.IMWRITE_JPEG_QUALITY), quality])
+                            [int(cv2.IMWRITE_JPEG_QUALITY), quality, int(cv2.IMWRITE_JPEG_RST_INTERVAL),
+                             restart_interval])
     assert ok
     return data.reshape(-1)
 
@@ -112,10 +114,35 @@ def test_jpeg_quality_is_applied(tmp_path):
     payloads = {}
     for quality in (95, 50):
         dst = str(tmp_path / f"q{quality}.beton")
-        write_dataset(dst, {"image": RGBImageField("jpg", jpeg_quality=quality)}, [(img,)], 1)
+        write_dataset(dst, {"image": RGBImageField("jpg", jpeg_quality=quality, jpeg_restart_interval=0)},
+                      [(img,)], 1)
         payloads[quality] = np.asarray(open_dataset(dst).payload("image", 0)).copy()
         np.testing.assert_array_equal(payloads[quality], cv2_jpeg(img, quality))
     assert payloads[95].size > payloads[50].size  # a higher quality keeps more coefficients
+
+
+@pytest.mark.parametrize("interval", [None, 0, 1, 3])
+def test_jpeg_restart_interval_is_applied(tmp_path, interval):
+    """Restart markers every ``interval`` MCUs (default: every MCU from 128 px a side, none below),
+    as libjpeg writes them; the pixels are those of the file without markers; the argument is
+    kept in the file."""
+    big, small = photos()[1], photos()[2]  # 300 x 451, 120 x 150
+    dst = str(tmp_path / "r.beton")
+    field = RGBImageField("jpg", jpeg_restart_interval=interval)
+    write_dataset(dst, {"image": field}, [(big,), (small,)], 2)
+    view = open_dataset(dst)
+    assert view.fields["image"].jpeg_restart_interval == interval
+    for i, (img, default) in enumerate([(big, 1), (small, 0)]):
+        expected = default if interval is None else interval
+        data = np.asarray(view.payload("image", i))
+        np.testing.assert_array_equal(data, cv2_jpeg(img, 90, expected))
+        rst = int(np.count_nonzero((data[:-1] == 0xFF) & (data[1:] >= 0xD0) & (data[1:] <= 0xD7)))
+        mcus = -(-img.shape[0] // 16) * -(-img.shape[1] // 16)
+        assert rst == (-(-mcus // expected) - 1 if expected else 0)
+        np.testing.assert_array_equal(cv2.imdecode(data, cv2.IMREAD_COLOR_RGB),
+                                      cv2.imdecode(cv2_jpeg(img, 90), cv2.IMREAD_COLOR_RGB))
+    with pytest.raises(ConfigurationError, match="jpeg_restart_interval"):
+        RGBImageField("jpg", jpeg_restart_interval=70000)
 
 
 def test_max_resolution_caps_longer_side(tmp_path):

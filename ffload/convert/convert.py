@@ -75,11 +75,12 @@ class ConvertReport:
 
 def image_fields(write_mode: str = "raw", max_resolution: int | None = None, jpeg_quality: int = 90,
                  smart_threshold: int | None = None,
-                 compress_probability: float = 0.5) -> dict[str, Field]:
+                 compress_probability: float = 0.5,
+                 jpeg_restart_interval: int | None = None) -> dict[str, Field]:
     """The fields of an image-classification dataset: ``image`` (RGBImageField) then ``label``
     (IntField), the order of FFCV's examples."""
     return {"image": RGBImageField(write_mode, max_resolution, smart_threshold, jpeg_quality,
-                                   compress_probability),
+                                   compress_probability, jpeg_restart_interval),
             "label": IntField()}
 
 
@@ -114,7 +115,8 @@ def _open_journal(dst: str, fields: dict[str, Field], source, arguments: dict, r
 
 def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: int | None = None,
                     jpeg_quality: int = 90, smart_threshold: int | None = None,
-                    compress_probability: float = 0.5, num_workers: int | None = None,
+                    compress_probability: float = 0.5, jpeg_restart_interval: int | None = None,
+                    num_workers: int | None = None,
                     on_error: str = "fail", overwrite: bool = False, progress: bool = True,
                     page_size: int | None = None, chunk_size: int | None = None,
                     fields: dict[str, Field] | None = None, source_kind: str | None = None,
@@ -137,7 +139,8 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
             there (S3 makes an object visible only when its upload completes); ``resume`` works
             for it too.
         write_mode, max_resolution, jpeg_quality, smart_threshold, compress_probability: the
-            ``RGBImageField`` arguments (FFCV's meaning).
+            ``RGBImageField`` arguments (FFCV's meaning); jpeg_restart_interval: its restart
+            markers (ffload's; ``None``: one per MCU for images of at least 128 px a side).
         num_workers: encoding processes (None: all cores; 0: in this process).
         on_error: ``'fail'`` stops at the first bad input naming it; ``'skip'`` leaves it out and
             lists it in ``ConvertReport.skipped``.
@@ -211,7 +214,8 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     if isinstance(source, (str, os.PathLike)):
         source = detect_source(os.fspath(source), kind=source_kind, storage_options=storage_options)
     if fields is None:
-        fields = image_fields(write_mode, max_resolution, jpeg_quality, smart_threshold, compress_probability)
+        fields = image_fields(write_mode, max_resolution, jpeg_quality, smart_threshold, compress_probability,
+                              jpeg_restart_interval)
     n = len(source)
     if n == 0:
         raise ConvertError(f"{getattr(source, 'name', source)}: the source has no samples")

@@ -30,10 +30,18 @@ Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
    8x 0.68; 1/4 and 1/8 are further off at every ratio (at 8x: 1.63 and 3.74). The issue's rule
    is 2 grey levels: from 4x on the mean is within it (single images up to 2.9 at 4x). (The rule
    before, 3x, was measured on photos without grain.)
-3. ``tj3SetCroppingRegion``: the scaled box's rows and columns (edges rounded outwards), its left
-   edge moved down to the scaled iMCU grid (``ceil(MCUwidth * M / 8)`` pixels, TurboJPEG's
-   requirement); the extra columns are skipped when resizing. Unknown subsampling: no cropping
+3. ``tj3SetCroppingRegion``: the scaled box's rows and columns (edges rounded outwards) and one
+   more column on each side inside the image, its left edge moved down to the scaled iMCU grid
+   (``ceil(MCUwidth * M / 8)`` pixels, TurboJPEG's requirement); the extra columns are skipped
+   when resizing. The region's outermost columns come out of libjpeg-turbo's fancy (triangle)
+   chroma upsampling as at an image edge, up to 14 grey levels off a full decode for 4:2:0 and
+   4:2:2; one column further out, the box's own columns are exactly a full decode's (rows need
+   nothing: libjpeg-turbo decodes the context rows itself). Unknown subsampling: no cropping
    region (the whole scaled image).
+   *Restart markers.* A JPEG with restart markers that tile its MCU rows (ffload writes one per
+   MCU, ``RGBImageField(jpeg_restart_interval=...)``) is first cut down to the restart segments
+   that hold the box (:mod:`.restarts`, ~10-20 us), so that libjpeg-turbo entropy-decodes only
+   those instead of every MCU above and beside the box; the pixels are the same.
 4. ``tj3Decompress8`` to RGB into a per-call scratch buffer (or straight into the output row when
    no resize, no flip and no column offset is needed), then
    :func:`ffload.loaders.resize.resize_rgb` (or :func:`~ffload.loaders.resize.copy_rgb`).
@@ -56,6 +64,7 @@ import cv2
 import numpy as np
 from numba import njit
 
+from . import restarts
 from . import turbojpeg as tj
 from .resize import copy_rgb, interpolation, resize_rgb, scratch_size
 
@@ -214,45 +223,29 @@ def scale_fraction(m):
 @njit(nogil=True, cache=True)
 def frame_offset(data, p, n):
     """Offset from ``p`` of the first frame header (an SOFn marker) of the JPEG ``data[p:p + n]``
-    (1-D uint8) before its first scan, or -1: walks the marker segments from SOI (ITU-T T.81
-    B.1.1: ``FF xx`` then a 2-byte big-endian length for all but the standalone markers; ``FF``
-    fill bytes allowed). Strict: any byte other than a marker where one must start ends the walk
-    (-1). Where libjpeg-turbo reads such data without an error, it walks the same segments
-    (``jdmarker.c``'s ``next_marker`` only differs by skipping non-marker bytes, refused here) and
-    so takes its frame size from this same header."""
-    q = np.uint64(p)  # unsigned throughout: numba types int64 + uint64 as float64
-    end = np.uint64(n)
-    one = np.uint64(1)
-    two = np.uint64(2)
-    if end < 4 or data[q] != 0xFF or data[q + one] != 0xD8:
-        return -1
-    i = two
-    while i + np.uint64(4) <= end:
-        if data[q + i] != 0xFF:
-            return -1
-        marker = data[q + i + one]
-        if marker == 0xFF:  # fill byte
-            i += one
-        elif 0xC0 <= marker <= 0xCF and marker != 0xC4 and marker != 0xC8 and marker != 0xCC:
-            return np.int64(i)  # SOF0..SOF15 (not DHT, JPG, DAC)
-        elif marker == 0xDA or marker == 0xD9 or marker == 0x00:  # a scan, the end, or no marker
-            return -1
-        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:  # standalone: RSTn, TEM
-            i += two
-        else:
-            i += two + (np.uint64(data[q + i + two]) << np.uint64(8)) + np.uint64(data[q + i + np.uint64(3)])
-    return -1
+    (1-D uint8) before its first scan, or -1 (:func:`.restarts.headers`' strict walk of the
+    marker segments). Where libjpeg-turbo reads such data without an error, it walks the same
+    segments (``jdmarker.c``'s ``next_marker`` only differs by skipping non-marker bytes, refused
+    here) and so takes its frame size from this same header."""
+    return restarts.headers(data, p, n)[0]
 
 
 @njit(nogil=True, cache=True)
 def frame_size(data, p, n):
     """``(height, width)`` of the frame header :func:`frame_offset` finds (pixels); ``(-1, -1)``
     without one or when the data ends inside it."""
-    f = frame_offset(data, p, n)
-    if f < 0 or f + 9 > n:
-        return -1, -1
-    a = p + f
-    return (np.int64(data[a + 5]) << 8) | np.int64(data[a + 6]), (np.int64(data[a + 7]) << 8) | np.int64(data[a + 8])
+    _, _, height, width, _, _, _, _ = restarts.headers(data, p, n)
+    return height, width
+
+
+@njit(nogil=True, cache=True)
+def crop_columns(x0, x1, mcu, width):
+    """``(x, w)``: the columns of ``tj3SetCroppingRegion`` for a box's columns ``[x0, x1)`` of an
+    image ``width`` pixels wide (at the decode's scale) whose iMCU is ``mcu`` pixels: a pixel
+    beside the box on each side inside the image (fancy upsampling, step 3 of the module
+    docstring), the left edge moved down to the iMCU grid."""
+    x = (max(x0 - 1, 0) // mcu) * mcu
+    return x, min(x1 + 1, width) - x
 
 
 _CACHE = _lib is not None
@@ -261,7 +254,8 @@ its symbols must never be loaded by a process without it (the fallback compiles 
 
 
 @njit(nogil=True, cache=_CACHE)
-def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch, flip, out, d0, tmp, info):
+def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch, cut_buf, starts, flip, out, d0,
+                 tmp, info):
     """Decode one JPEG and resize its box into ``out[d0:]``; returns a status code.
 
     An image decoded whole (no DCT scaling, the box is the image) whose frame header
@@ -272,18 +266,35 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
     ended (a handle that failed is replaced, :func:`decode_batch`). What changes for damaged data:
     a warning in the headers (say an unknown JFIF version) now fails in ``tj3Decompress8``, after
     the row was written; the sample is reported as corrupt either way.
-    A TurboJPEG >= 3.1 (a system library) checks ICC profiles only in ``tj3DecompressHeader``."""
-    buf = region.ctypes.data + np.uint64(p)
+    A TurboJPEG >= 3.1 (a system library) checks ICC profiles only in ``tj3DecompressHeader``.
+
+    A JPEG with restart markers that tile its MCU rows, of the metadata's size, and a box that
+    needs fewer of its segments than the usual path would entropy-decode (9 in 10 at most), is
+    decoded from the JPEG of those segments alone (:mod:`.restarts`) written into ``cut_buf``
+    (``uint8``, at least ``n + 16`` bytes), with ``starts`` (``int64``) for the segment offsets;
+    the box is then taken in that smaller image's coordinates, with the same pixels."""
     top, left, h, w = box[0], box[1], box[2], box[3]
     m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w)
     whole = m == 8 and top == 0 and left == 0 and h == height and w == width
-    fh, fw = frame_size(region, p, n)
+    layout = restarts.headers(region, p, n)
+    sof, sos_end, fh, fw = layout[0], layout[1], layout[2], layout[3]
+    buf = region.ctypes.data + np.uint64(p)
+    size = n
+    if not whole and fh == height and fw == width and n + 16 <= cut_buf.shape[0]:
+        r0, r1, c0, c1, per_row, ch, cw = restarts.plan(region, p, n, layout, y0, x0, y1, x1, m, starts)
+        if r0 >= 0:
+            size = restarts.cut(region, p, sof, sos_end, starts, per_row, r0, r1, c0, c1, ch, cw, cut_buf)
+            buf = cut_buf.ctypes.data
+            top -= r0 * layout[5]
+            left -= c0 * layout[6] * layout[4]
+            height, width, fh, fw = ch, cw, ch, cw
+            m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w)
     num, den = scale_fraction(m)
     sw = (width * m + 7) // 8
     sh = (height * m + 7) // 8
     rx, ry, rw, rh = 0, 0, sw, sh  # the whole (scaled) image
     if not (whole and fh == height and fw == width):
-        if _header(handle, buf, n) != 0:
+        if _header(handle, buf, size) != 0:
             return FAILED
         jw = _get(handle, tj.TJPARAM_JPEGWIDTH)
         jh = _get(handle, tj.TJPARAM_JPEGHEIGHT)
@@ -295,8 +306,8 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
             return BAD_SIZE
         subsamp = _get(handle, tj.TJPARAM_SUBSAMP)
         if 0 <= subsamp < _MCU_WIDTH.shape[0]:
-            mcu = (_MCU_WIDTH[subsamp] * m + 7) // 8
-            rx, ry, rw, rh = (x0 // mcu) * mcu, y0, x1 - (x0 // mcu) * mcu, y1 - y0
+            rx, rw = crop_columns(x0, x1, (_MCU_WIDTH[subsamp] * m + 7) // 8, sw)
+            ry, rh = y0, y1 - y0
     if _scale(handle, tj.pack2(num, den)) != 0:
         return FAILED
     if rx == 0 and ry == 0 and rw == sw and rh == sh:  # no cropping region (also resets the handle's)
@@ -306,7 +317,7 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
         return FAILED
     direct = m == 8 and h == out_h and w == out_w and rx == x0 and rw == w and not flip
     target = out.ctypes.data + np.uint64(d0) if direct else scratch.ctypes.data
-    if _decompress(handle, buf, n, target, rw * 3, tj.TJPF_RGB) != 0:
+    if _decompress(handle, buf, size, target, rw * 3, tj.TJPF_RGB) != 0:
         return FAILED  # errors and warnings alike (the module's warnings rule)
     if direct:
         return OK
@@ -321,7 +332,7 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
 
 @njit(nogil=True, cache=_CACHE)
 def decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, boxes, flips,
-                out, out_h, out_w, scratch, tmp, status, info):
+                out, out_h, out_w, scratch, cut_buf, starts, tmp, status, info):
     """Decode, crop, resize (and flip) every row of a batch into ``out``.
 
     Args:
@@ -334,6 +345,9 @@ def decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, bo
         out: flat ``(B * out_h * out_w * 3,) uint8`` output.
         scratch: ``uint8`` of at least ``max(H * W) * 3`` bytes over the batch; tmp: ``uint16`` of
             at least :func:`~.resize.scratch_size` ``(out_h, out_w, max(W))`` elements.
+        cut_buf, starts: ``uint8`` and ``int64`` scratch of the restart-segment path
+            (:func:`_decode_jpeg`): ``max(size) + 16`` bytes and ``max(ceil(H/8) * ceil(W/8)) + 2``
+            elements over the batch; smaller ones turn that path off.
         status: ``(B,) int64`` out: a status code per row; info: ``(2,) int64`` out: the JPEG's
             ``(width, height)`` for :data:`BAD_SIZE`.
 
@@ -366,7 +380,7 @@ def decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, bo
             status[b] = PENDING
         else:
             status[b] = _decode_jpeg(handle, region, p, n, height, width, boxes[b], out_h, out_w,
-                                     scratch, flips[b], out, b * row, tmp, info)
+                                     scratch, cut_buf, starts, flips[b], out, b * row, tmp, info)
             if status[b] < 0:
                 return b
     return -1
@@ -431,12 +445,14 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast
     w = widths[indices].astype(np.int64)
     scratch = np.empty(int((h * w).max()) * 3 if batch else 0, np.uint8)
     tmp = np.empty(scratch_size(out_h, out_w, int(w.max())) if batch else 0, np.uint16)
+    cut_buf = np.empty(int(sizes[indices].max()) + 16 if batch else 0, np.uint8)
+    starts = np.empty(restarts.starts_size(h, w), np.int64)
     status = np.zeros(batch, np.int64)
     info = np.zeros(2, np.int64)
     flat = out.reshape(-1)
     handle = thread_handle(fast_dct)
     bad = decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, boxes, flips,
-                      flat, out_h, out_w, scratch, tmp, status, info)
+                      flat, out_h, out_w, scratch, cut_buf, starts, tmp, status, info)
     if bad < 0 and handle == 0:
         bad = _decode_rows_opencv(indices, heights, widths, ptrs, sizes, region, boxes, flips, flat, out_h,
                                   out_w, tmp, status, info)
