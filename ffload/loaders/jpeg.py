@@ -277,7 +277,7 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
     m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w)
     whole = m == 8 and top == 0 and left == 0 and h == height and w == width
     layout = restarts.headers(region, p, n)
-    sof, sos_end, fh, fw = layout[0], layout[1], layout[2], layout[3]
+    sof, sos_end, fh, fw, mcu_w, mcu_h, interval, _ = layout
     buf = region.ctypes.data + np.uint64(p)
     size = n
     if not whole and fh == height and fw == width and n + 16 <= cut_buf.shape[0]:
@@ -285,8 +285,8 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
         if r0 >= 0:
             size = restarts.cut(region, p, sof, sos_end, starts, per_row, r0, r1, c0, c1, ch, cw, cut_buf)
             buf = cut_buf.ctypes.data
-            top -= r0 * layout[5]
-            left -= c0 * layout[6] * layout[4]
+            top -= r0 * mcu_h
+            left -= c0 * interval * mcu_w
             height, width, fh, fw = ch, cw, ch, cw
             m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w)
     num, den = scale_fraction(m)

@@ -138,6 +138,19 @@ def headers(data, p, n):
 
 
 @njit(nogil=True, cache=True)
+def _units(lo, hi, unit, count):
+    """The units ``[u0, u1)`` of ``unit`` pixels (of ``count``) that hold the pixels ``[lo, hi)``,
+    with one more unit on a side where ``lo`` or ``hi`` falls on a unit edge inside the image."""
+    u0 = lo // unit
+    u1 = min((hi + unit - 1) // unit, count)
+    if u0 > 0 and lo == u0 * unit:
+        u0 -= 1
+    if u1 < count and hi == u1 * unit:
+        u1 += 1
+    return u0, u1
+
+
+@njit(nogil=True, cache=True)
 def crop_rect(y0, x0, y1, x1, m, height, width, mcu_w, mcu_h, interval):
     """``(r0, r1, c0, c1)``: the MCU rows ``[r0, r1)`` and restart-segment columns ``[c0, c1)`` (a
     segment is ``interval`` MCUs) whose segments hold the rows ``[y0, y1)`` and columns
@@ -149,20 +162,8 @@ def crop_rect(y0, x0, y1, x1, m, height, width, mcu_w, mcu_h, interval):
     rows = (height + mcu_h - 1) // mcu_h
     if interval <= 0 or per_row % interval != 0:
         return -1, -1, -1, -1
-    sh = mcu_h * m // 8  # an MCU at scale m/8 (pixels; mcu sizes are multiples of 8)
-    sw = mcu_w * m // 8
-    r0 = y0 // sh
-    r1 = min((y1 + sh - 1) // sh, rows)
-    if r0 > 0 and y0 == r0 * sh:
-        r0 -= 1
-    if r1 < rows and y1 == r1 * sh:
-        r1 += 1
-    k0 = x0 // sw
-    k1 = min((x1 + sw - 1) // sw, per_row)
-    if k0 > 0 and x0 == k0 * sw:
-        k0 -= 1
-    if k1 < per_row and x1 == k1 * sw:
-        k1 += 1
+    r0, r1 = _units(y0, y1, mcu_h * m // 8, rows)  # an MCU at scale m/8 (mcu sizes are multiples of 8)
+    k0, k1 = _units(x0, x1, mcu_w * m // 8, per_row)
     return r0, r1, k0 // interval, (k1 + interval - 1) // interval
 
 
