@@ -79,11 +79,32 @@ class _Handler(BaseHTTPRequestHandler):
         with owner._lock:
             owner.in_flight += 1
             owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
+        self._counted = True
         try:
             self._serve_file(body)
         finally:
-            with owner._lock:
-                owner.in_flight -= 1
+            self._done()
+
+    def _done(self) -> None:
+        """Count this request as no longer in flight (once)."""
+        if getattr(self, "_counted", False):
+            self._counted = False
+            with self.owner._lock:
+                self.owner.in_flight -= 1
+
+    def _send(self, data: bytes) -> None:
+        """End the headers and write ``data``, counting the request done just before its last byte
+        leaves: the client cannot have the whole response, and start another request, before
+        then (counting after the write let a new request be counted while this handler's thread
+        had not yet uncounted its own)."""
+        if data:
+            self.end_headers()
+            self.wfile.write(data[:-1])
+            self._done()
+            self.wfile.write(data[-1:])
+        else:
+            self._done()
+            self.end_headers()
 
     def _answer(self, status: int, data: bytes, kind: str, body: bool, headers: dict | None = None) -> None:
         self.send_response(status)
@@ -91,9 +112,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         for k, v in (headers or {}).items():
             self.send_header(k, v)
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
+        self._send(data if body else b"")
 
     def _serve_file(self, body: bool) -> None:
         owner = self.owner
@@ -123,9 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(stop - start))
         for k, v in headers.items():
             self.send_header(k, v)
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
+        self._send(data)
 
 
 class _Server(ThreadingHTTPServer):
