@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cv2
@@ -182,6 +183,14 @@ def test_mid_epoch_checkpoint_resumes_on_two_ranks(recipe_runs, tmp_path):
     single.close()
 
 
+def test_closing_the_group_waits_for_every_rank(tmp_path):
+    # a rank leaving straight after its last collective could abort in interpreter shutdown
+    # (ProcessGroup.close); rank 0 is slow here, and rank 1 must not pass close() before it
+    rc, output = _torchrun("close", tmp_path, timeout=120)
+    assert rc == 0, output[-6000:]
+    assert (tmp_path / "rank1-closed").read_text() == "rank 0 had finished"
+
+
 def test_a_dying_rank_ends_the_launch():
     rc, output = _torchrun("die", timeout=120)  # fails the test if rank 0 is left waiting
     assert rc != 0
@@ -218,6 +227,12 @@ class _Recorder:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loader.close()
 
     def __iter__(self):
         batches: list[np.ndarray] = []
@@ -283,6 +298,22 @@ def _resume(phase: str, path: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+def _close(out: str) -> None:
+    """Both ranks end through ``ProcessGroup.close()``; rank 0 gets there late, after writing
+    ``rank0-done``; rank 1 records whether that file existed once its ``close()`` returned."""
+    from ffload.recipes.distributed import join_process_group
+
+    group = join_process_group(torch.device("cpu"))
+    done = Path(out) / "rank0-done"
+    if group.rank == 0:
+        time.sleep(1.0)
+        done.write_text("")
+    group.close()
+    if group.rank == 1:
+        (Path(out) / "rank1-closed").write_text(
+            "rank 0 had finished" if done.exists() else "rank 0 had not finished")
+
+
 def _die() -> None:
     """Rank 1 dies after joining; rank 0 waits for it in a barrier (torchrun must end it)."""
     dist.init_process_group("gloo")
@@ -325,6 +356,8 @@ def _worker(argv: list[str]) -> None:
         _run_recipe(*args)
     elif mode.startswith("resume-"):
         _resume(mode.removeprefix("resume-"), *args)
+    elif mode == "close":
+        _close(*args)
     elif mode == "die":
         _die()
     elif mode == "ray":

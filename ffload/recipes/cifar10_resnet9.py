@@ -146,11 +146,16 @@ def run_recipe(data_dir: os.PathLike | None, out: os.PathLike, config: RecipeCon
     dev = resolve_device(device)
     group = join_process_group(dev) if distributed else None
     try:
-        return _train_and_report(data_dir, ensure_writable(out), config, fmt, group, dev,
-                                 num_workers, price_per_hour, cache_dir, demo, progress, echo, start)
-    finally:
+        metrics = _train_and_report(data_dir, ensure_writable(out), config, fmt, group, dev,
+                                    num_workers, price_per_hour, cache_dir, demo, progress, echo,
+                                    start)
+    except BaseException:
         if group is not None:
-            group.close()
+            group.close(wait_for_peers=False)  # the others may never get here: torchrun ends them
+        raise
+    if group is not None:
+        group.close()
+    return metrics
 
 
 def _train_and_report(data_dir, out: Path, config: RecipeConfig, fmt: str,
@@ -192,8 +197,9 @@ def _train_and_report(data_dir, out: Path, config: RecipeConfig, fmt: str,
     ranks = "" if group is None else f" in each of {group.world_size} processes"
     echo(f"device: {dev}, {num_parameters:,} parameters, {num_workers} loader workers{ranks}")
     echo(format_header())
-    rows, losses = train_model(model, train_loader, test_loader, config, dev,
-                               on_epoch=lambda r: echo(format_row(r)))
+    with train_loader, test_loader:  # their threads end here, not at interpreter exit
+        rows, losses = train_model(model, train_loader, test_loader, config, dev,
+                                   on_epoch=lambda r: echo(format_row(r)))
     total = time.perf_counter() - start
     train_seconds = sum(r.epoch_seconds for r in rows)
     metrics = {

@@ -56,9 +56,22 @@ class ProcessGroup:
             dist.barrier()
         return result
 
-    def close(self) -> None:
-        """Destroy the process group if this object initialised it."""
+    def close(self, wait_for_peers: bool = True) -> None:
+        """Destroy the process group if this object initialised it.
+
+        With ``wait_for_peers`` (the end of a run), first wait in a barrier until every rank
+        has got here. A rank that exited straight after its last collective could otherwise
+        abort in interpreter shutdown ("terminate called without an active exception", SIGABRT):
+        ``DistributedDataParallel`` keeps the gloo process group, and so its worker threads,
+        alive past ``destroy_process_group()``, and a worker that drops the last reference to a
+        collective's tensor after shutdown began must take the GIL, which then ends the thread
+        through a ``noexcept`` frame. Past the barrier every rank's tensor collectives are long
+        complete; the barrier itself holds no Python tensor. Without it (a rank that failed),
+        the group is destroyed at once: the other ranks may never reach a barrier.
+        """
         if self.owned and dist.is_initialized():
+            if wait_for_peers:
+                dist.barrier()
             dist.destroy_process_group()
 
 
