@@ -19,6 +19,13 @@ decoding the same JPEG bytes whole at full size with the fastest decoder availab
 (:func:`ffload.bench.ceiling.default_decoder`), no augmentation. ``decode_ceiling /
 dataloader_*`` is the most a loader that decodes every image at full size could reach over that
 peer; ffload decodes the centre square only (its rows up to the square's last, its iMCU columns).
+
+``ffload_rst`` reads ``photos_rst.beton``: the same images re-encoded by ffload at the same
+quality with a restart marker per MCU (``ffload convert --reencode --jpeg-restart-interval 1``),
+so that its decoders entropy-decode only the centre square's restart segments
+(:mod:`ffload.loaders.restarts`); ``decode_ceiling_rst`` is the full decode of those bytes. The
+peers keep reading the original files: this is the comparison a user who converts with
+``--reencode`` gets (second-generation JPEGs, bytes per image of both files in the report).
 """
 from __future__ import annotations
 
@@ -42,24 +49,41 @@ from ffload.bench.config import DEEPLAKE_STACKS
 from ffload.bench.datasets import JPEG_QUALITY, build_photo_jpegs
 
 STACKS = {"dl_simple": 128, "dl_complex": 256}
-KINDS = ("ffload", "dataloader_pil", "dataloader_albumentations", "decode_ceiling")
+ROWS = (("ffload", "ffload", "beton"), ("dataloader_pil", "dataloader_pil", "folder"),
+        ("dataloader_albumentations", "dataloader_albumentations", "folder"),
+        ("decode_ceiling", "decode_ceiling", "beton"), ("ffload_rst", "ffload", "rst"),
+        ("decode_ceiling_rst", "decode_ceiling", "rst"))
+"""``(row name, BenchConfig kind, data)``: what each row measures, on which copy of the data."""
 TARGETS = {("ffload", "dataloader_pil"): (">=", 3.0), ("ffload", "dataloader_albumentations"): (">=", 2.0),
+           ("ffload_rst", "dataloader_pil"): (">=", 3.0), ("ffload_rst", "dataloader_albumentations"): (">=", 2.0),
            ("dataloader_albumentations", "dataloader_pil"): (">=", 0.0), ("ffload", "decode_ceiling"): (">=", 0.0),
+           ("ffload_rst", "decode_ceiling_rst"): (">=", 0.0), ("ffload_rst", "ffload"): (">=", 0.0),
            ("decode_ceiling", "dataloader_pil"): (">=", 0.0), ("decode_ceiling", "dataloader_albumentations"): (">=", 0.0)}
 
 
-def prepare(data: str, n_images: int) -> tuple[str, str]:
-    """The photo ImageFolder and its JPEG ``.beton`` in ``data`` (built once, reused)."""
+def prepare(data: str, n_images: int) -> dict[str, str]:
+    """The photo ImageFolder, its JPEG ``.beton`` (source bytes kept) and its restart-marked
+    re-encode in ``data`` (built once, reused): ``{'folder', 'beton', 'rst'}``."""
     from ffload.convert import convert_dataset
     from ffload.convert.sources import ImageFolderSource
 
-    folder, beton = os.path.join(data, f"photos{n_images}"), os.path.join(data, f"photos{n_images}.beton")
-    if not os.path.isfile(beton):
-        if not os.path.isdir(folder):
-            build_photo_jpegs(folder, n_images)
-        convert_dataset(ImageFolderSource(folder), beton, write_mode="jpg", jpeg_quality=JPEG_QUALITY,
-                        progress=False, overwrite=True)
-    return folder, beton
+    paths = {"folder": os.path.join(data, f"photos{n_images}"),
+             "beton": os.path.join(data, f"photos{n_images}.beton"),
+             "rst": os.path.join(data, f"photos{n_images}_rst.beton")}
+    if not os.path.isdir(paths["folder"]):
+        build_photo_jpegs(paths["folder"], n_images)
+    for key, extra in (("beton", {}), ("rst", {"reencode": True, "jpeg_restart_interval": 1})):
+        if not os.path.isfile(paths[key]):
+            convert_dataset(ImageFolderSource(paths["folder"]), paths[key], write_mode="jpg",
+                            jpeg_quality=JPEG_QUALITY, progress=False, overwrite=True, **extra)
+    return paths
+
+
+def _mean_payload(path: str) -> float:
+    """Mean bytes of the ``image`` payloads of the ``.beton`` at ``path``."""
+    from ffload.formats import open_dataset
+
+    return float(open_dataset(path).sizes["image"].mean())
 
 
 def main() -> None:
@@ -78,13 +102,13 @@ def main() -> None:
         args.n_images, args.repeats = 128, 1
     t0 = time.perf_counter()
     os.makedirs(args.data, exist_ok=True)
-    folder, beton = prepare(args.data, args.n_images)
+    paths = prepare(args.data, args.n_images)
     env = measurement_conditions()
     sections = []
     for pipeline, size in STACKS.items():
-        configs = [BenchConfig(kind=kind, path=beton if kind in ("ffload", "decode_ceiling") else folder, pipeline=pipeline,
+        configs = [BenchConfig(kind=kind, path=paths[data], pipeline=pipeline, name=name,
                                batch_size=args.batch_size, num_workers=args.num_workers, epochs=args.epochs,
-                               size=size) for kind in KINDS]
+                               size=size) for name, kind, data in ROWS]
         print(f"== {pipeline} ({size} px): {DEEPLAKE_STACKS[pipeline]}", file=sys.stderr)
         rows = summarize(run_rounds(configs, args.repeats, args.timeout,
                                     lambda r: print(f"  {r['name']}: {r.get('img_s') or r.get('error')}",
@@ -94,7 +118,9 @@ def main() -> None:
                          "table": format_rows(rows), "ratio_table": format_ratios(ratios, TARGETS)})
     md = ["# Augmentation stacks (Deep Lake's benchmark)", "", format_conditions(env), "",
           f"{args.n_images} ImageNet-sized JPEGs, {args.num_workers} workers, batch {args.batch_size}, "
-          f"{args.repeats} interleaved round(s) of {args.epochs} epochs; {time.perf_counter() - t0:.0f} s in all.", ""]
+          f"{args.repeats} interleaved round(s) of {args.epochs} epochs; {time.perf_counter() - t0:.0f} s in all. "
+          f"Mean JPEG bytes per image: {_mean_payload(paths['beton']) / 1e3:.1f} KB in photos.beton (the "
+          f"source files), {_mean_payload(paths['rst']) / 1e3:.1f} KB in photos_rst.beton (re-encoded, markers).", ""]
     for s in sections:
         md += [f"## {s['pipeline']} at {s['size']} px: {DEEPLAKE_STACKS[s['pipeline']]}", "", s["table"], "",
                s["ratio_table"], ""]
