@@ -738,9 +738,9 @@ def _warp_rgb(src, dst, mats, fill):
     # ZeroDivisionError): the image packed once as one uint32 per pixel (R | G << 8 | B << 16),
     # then per output row its source coordinates (float64), the four taps of every pixel (four
     # uint32 loads), the float32 bilinear blend per channel (p00 + fx (p01 - p00), then the same
-    # in y), rounded. A pixel whose taps are all
-    # outside takes its four taps from fill entries after the image (so it blends to the fill);
-    # one with some taps outside is redone by _warp_border. An identity matrix is a copy.
+    # in y), rounded. A pixel whose taps are all outside takes its four taps from fill entries
+    # after the image (so it blends to the fill); one with some taps outside is redone by
+    # _warp_border. An identity matrix is a copy.
     batch, height, width = src.shape[0], src.shape[1], src.shape[2]
     out_h, out_w = dst.shape[1], dst.shape[2]
     x_max, y_max = width - 1.0, height - 1.0
