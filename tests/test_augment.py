@@ -27,15 +27,20 @@ from ffload.loaders.augment import (
     RandomPerspective,
     RandomRotation,
     RandomVerticalFlip,
+    _warp_rgb,
 )
 from ffload.loaders.rng import seed_state, uniform
+
+H, W = 48, 55  # the photos' size
 
 
 @pytest.fixture(scope="module")
 def photos():
-    """(16, 48, 56, 3) uint8 crops of real photos (astronaut, coffee, chelsea)."""
+    """(16, H, W, 3) uint8 crops of real photos (astronaut, coffee, chelsea); W = 55 is not a
+    multiple of 4, so the RGB kernels' 4-pixel shuffles (:mod:`ffload.loaders.simd`) leave a
+    per-pixel tail in every row."""
     sources = [data.astronaut(), data.coffee(), data.chelsea()]
-    return np.stack([sources[k % 3][9 * k:9 * k + 48, 13 * k:13 * k + 56] for k in range(16)])
+    return np.stack([sources[k % 3][9 * k:9 * k + H, 13 * k:13 * k + W] for k in range(16)])
 
 
 def _declared(op, x):
@@ -126,18 +131,18 @@ def test_gaussian_blur_matches_opencv_separable_filter(photos):
 def test_random_erasing_paints_exactly_the_drawn_box(photos):
     ctx = context(len(photos))
     op = _declared(RandomErasing(p=0.75, scale=(0.05, 0.3), fill=(1, 2, 3)), photos)
-    boxes = op.params(ctx.seeds, 48, 56)
+    boxes = op.params(ctx.seeds, H, W)
     out = run(op, photos, ctx)
     erased = 0
     for b, (top, left, h, w) in enumerate(boxes):
-        mask = np.zeros((48, 56), bool)
+        mask = np.zeros((H, W), bool)
         mask[top:top + h, left:left + w] = True
         np.testing.assert_array_equal(out[b][~mask], photos[b][~mask])
         assert np.all(out[b][mask] == (1, 2, 3))
         if h:
             erased += 1
-            assert 0 <= top and top + h < 48 + 1 and left + w <= 56 and h < 48 and w < 56
-            assert 0.05 * 48 * 56 * 0.5 <= h * w <= 0.3 * 48 * 56 * 1.5  # area fraction, rounding of h and w
+            assert 0 <= top and top + h < H + 1 and left + w <= W and h < H and w < W
+            assert 0.05 * H * W * 0.5 <= h * w <= 0.3 * H * W * 1.5  # area fraction, rounding of h and w
     assert 0 < erased < len(photos)
 
 
@@ -184,7 +189,7 @@ def _bilinear_reference(img: np.ndarray, mat: np.ndarray) -> tuple[np.ndarray, n
 def test_warps_match_exact_bilinear_sampling(photos, op):
     ctx = context(len(photos))
     _declared(op, photos)
-    mats = op.params(ctx.seeds, 48, 56)
+    mats = op.params(ctx.seeds, H, W)
     out = run(op, photos, ctx)
     for b in range(len(photos)):
         ref, inside, outside = _bilinear_reference(photos[b], mats[b])
@@ -204,16 +209,16 @@ def test_warps_blend_the_fill_by_coverage(photos, channels):
     ctx = context(len(images))
     for op in (RandomAffine(25, translate=(0.2, 0.2), scale=(0.7, 1.3), fill=fill), RandomPerspective(0.7, 1.0, fill)):
         _declared(op, images)
-        mats = op.params(ctx.seeds, 48, 56)
+        mats = op.params(ctx.seeds, H, W)
         out = run(op, images, ctx)
         partial = outside = 0
         for b in range(len(images)):
-            ys, xs = np.mgrid[0:48, 0:56].astype(np.float64) + 0.5
+            ys, xs = np.mgrid[0:H, 0:W].astype(np.float64) + 0.5
             m = mats[b]
             den = m[2, 0] * xs + m[2, 1] * ys + m[2, 2]
             sx = (m[0, 0] * xs + m[0, 1] * ys + m[0, 2]) / den - 0.5
             sy = (m[1, 0] * xs + m[1, 1] * ys + m[1, 2]) / den - 0.5
-            planes = [np.ones((48, 56))] + [images[b, ..., c].astype(np.float64) for c in range(channels)]
+            planes = [np.ones((H, W))] + [images[b, ..., c].astype(np.float64) for c in range(channels)]
             cover, *values = [ndimage.map_coordinates(p, [sy, sx], order=1, mode="grid-constant", cval=0.0)
                               for p in planes]
             ref = np.stack([v * cover + (1 - cover) * f for v, f in zip(values, fill)], axis=-1)
@@ -223,12 +228,34 @@ def test_warps_blend_the_fill_by_coverage(photos, channels):
         assert partial > 100 and outside > 1000  # partly covered pixels and pure fill occur
 
 
+def test_rgb_warp_samples_the_fill_where_the_homography_divides_by_zero(photos):
+    """A homography whose denominator is exactly 0 on output column 24 (and negative left of
+    it): that column is the fill, not an error, and the pixels whose source point is finite match
+    the coverage reference as everywhere else."""
+    fill = (10, 200, 30)
+    mat = np.array([[0.25, 0.0, 0.0], [0.0, 0.5, 0.0], [1 / 32, 0.0, -24.5 / 32]])  # w = (x + .5 - 24.5) / 32
+    out = np.zeros_like(photos[:1])
+    _warp_rgb(photos[:1], out, mat[None], np.array(fill, np.float64))
+    assert np.all(out[0, :, 24] == fill)
+    ys, xs = np.mgrid[0:H, 0:W].astype(np.float64) + 0.5
+    with np.errstate(divide="ignore", invalid="ignore"):
+        den = mat[2, 0] * xs + mat[2, 2]
+        sx, sy = 0.25 * xs / den - 0.5, 0.5 * ys / den - 0.5
+    finite = np.isfinite(sx) & np.isfinite(sy) & (np.abs(sx) < 1e6) & (np.abs(sy) < 1e6)
+    planes = [np.ones((H, W))] + [photos[0, ..., c].astype(np.float64) for c in range(3)]
+    cover, *values = [ndimage.map_coordinates(p, [np.where(finite, sy, -9), np.where(finite, sx, -9)], order=1,
+                                              mode="grid-constant", cval=0.0) for p in planes]
+    ref = np.stack([v * cover + (1 - cover) * f for v, f in zip(values, fill)], axis=-1)
+    assert finite.sum() > H * W // 2 and np.count_nonzero(cover[finite] == 1) > 100
+    assert np.abs(out[0].astype(float) - ref)[finite].max() <= 0.5 + 1e-4
+
+
 @pytest.mark.parametrize("channels", [3, 1])
 def test_warps_copy_the_samples_they_leave_alone(photos, channels):
     images = np.ascontiguousarray(photos[..., :channels])
     ctx = context(len(images))
     op = _declared(RandomPerspective(0.5, p=0.5, fill=(0,) * channels), images)
-    mats = op.params(ctx.seeds, 48, 56)
+    mats = op.params(ctx.seeds, H, W)
     out = run(op, images, ctx)
     kept = [b for b in range(len(images)) if np.array_equal(mats[b], np.eye(3))]
     assert 0 < len(kept) < len(images)
@@ -253,13 +280,13 @@ def test_affine_matrix_is_torchvisions_inverse():
 def test_perspective_homography_maps_end_points_to_corners(photos):
     op = _declared(RandomPerspective(0.6, p=1.0), photos)
     seeds = context(8).seeds
-    mats, corners = op.params(seeds, 48, 56), op.corners(seeds, 48, 56)
-    start = np.array([[0, 0], [55, 0], [55, 47], [0, 47]], float)
+    mats, corners = op.params(seeds, H, W), op.corners(seeds, H, W)
+    start = np.array([[0, 0], [W - 1, 0], [W - 1, H - 1], [0, H - 1]], float)
     for m, ends in zip(mats, corners):
         for e, s in zip(ends, start):
             p = m @ [e[0], e[1], 1.0]
             np.testing.assert_allclose(p[:2] / p[2], s, atol=1e-7)
-        assert np.all(np.abs(ends - start) <= [0.6 * 28, 0.6 * 24])
+        assert np.all(np.abs(ends - start) <= [0.6 * (W // 2), 0.6 * (H // 2)])
 
 
 # ---------------------------------------------------------------- in a loader

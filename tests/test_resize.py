@@ -1,6 +1,9 @@
 """The compiled resize (ffload.loaders.resize) against cv2.resize of the same crop, cut out."""
 from __future__ import annotations
 
+import ctypes
+import mmap
+
 import cv2
 import numpy as np
 import pytest
@@ -8,7 +11,7 @@ from numba import njit
 from skimage import data
 
 from ffload.loaders.resize import AREA, LINEAR, interpolation, resize_rgb, scratch_size
-from ffload.loaders.simd import transpose8_u16, transpose16_u8
+from ffload.loaders.simd import narrow_rgb, transpose8_u16, transpose16_u8, widen_rgb
 
 
 @pytest.mark.parametrize("box,out,mode", [
@@ -103,3 +106,40 @@ def test_simd_block_transposes(dtype, n):
     want = np.zeros_like(dst)
     want[1:1 + n, 2:2 + n] = src[2:2 + n, 1:1 + n].T
     assert np.array_equal(dst, want)
+
+
+def _before_guard_page(size: int) -> np.ndarray:
+    """A writable ``(size,) uint8`` array whose last byte is the last before an inaccessible
+    page: a read or write past its end faults (the test process dies) instead of going unseen."""
+    page = mmap.PAGESIZE
+    pages = (size + page - 1) // page + 1
+    buf = mmap.mmap(-1, pages * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base + (pages - 1) * page, page, 0) == 0  # PROT_NONE
+    return np.frombuffer(buf, np.uint8, count=(pages - 1) * page)[-size:]
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 13, 16, 21])
+@pytest.mark.parametrize("at_end", [False, True])
+def test_rgb_widen_and_narrow_round_trip_inside_their_ranges(n, at_end):
+    """``n`` RGB pixels widened to ``R | G << 8 | B << 16`` and narrowed back: exact, for counts
+    with and without a per-pixel tail, with nothing outside the written ranges touched (a shuffle
+    writes 16 bytes) and, ``at_end``, for pixels that end their array just before an
+    inaccessible page (no shuffle may read or write past them)."""
+    rng = np.random.default_rng(n)
+    start, after = 5, 0 if at_end else 7
+    src = _before_guard_page(start + 3 * n + after)
+    src[:] = rng.integers(0, 256, src.size, dtype=np.uint8)
+    pixels = src[start:start + 3 * n].reshape(n, 3).astype(np.uint32)
+    wide = np.full(n + 6, 0xDEADBEEF, np.uint32)
+    widen_rgb(src, start, n, wide, 2)
+    assert np.array_equal(wide[2:2 + n], pixels[:, 0] | pixels[:, 1] << 8 | pixels[:, 2] << 16)
+    assert np.all(wide[:2] == 0xDEADBEEF) and np.all(wide[2 + n:] == 0xDEADBEEF)
+    wide[2:2 + n] |= np.uint32(0xAB000000)  # the high byte is dropped
+    out = _before_guard_page(9 + 3 * n + after)
+    out[:] = 77
+    narrow_rgb(wide, 2, n, out, 9)
+    assert np.array_equal(out[9:9 + 3 * n], src[start:start + 3 * n])
+    assert np.all(out[:9] == 77) and np.all(out[9 + 3 * n:] == 77)

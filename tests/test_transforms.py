@@ -149,6 +149,20 @@ def test_normalize_numpy_stage_equals_reference(batch, dtype):
     assert np.array_equal(out, ((batch - MEAN) / STD).astype(dtype))
 
 
+@pytest.mark.parametrize("dtype, rows", [(np.float32, True), (np.float16, False), (np.float64, False)])
+@pytest.mark.parametrize("pixels", [np.uint8, np.int8])
+def test_normalize_8_bit_pixels_take_the_arithmetic_pass_only_where_it_is_exact(dtype, rows, pixels):
+    """8-bit pixels to float32: ``x * (1 / std) - mean / std`` in float64 equals the table for
+    these mean/std, so the vectorised pass runs; to float64 it would not (hundreds of the 768
+    values differ in their last bit), so the table does; both give the reference exactly."""
+    x = np.arange(-128, 128).astype(pixels).reshape(1, 4, 64, 1).repeat(3, axis=-1)
+    mean, std = 255 * np.array([0.485, 0.456, 0.406]), 255 * np.array([0.229, 0.224, 0.225])
+    op = NormalizeImage(mean, std, dtype)
+    out = run(op, x, context(1))
+    assert (op._rows is not None) == rows
+    assert np.array_equal(out, ((x.astype(np.float64) - mean) / std).astype(dtype))
+
+
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float16, 4e-3)])
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_normalize_torch_stage_after_to_torch_image(batch, dtype, atol, channels_last):

@@ -28,6 +28,7 @@ from numba import njit
 from .decoders import flat_view
 from .operation import Operation, Spec
 from .rng import randint, seed_state, uniform, uniform_range
+from .simd import narrow_rgb, widen_rgb
 from .transforms import _bits, _FilledTransform, _NHWCTransform, _RandomFlip
 
 
@@ -229,22 +230,24 @@ def _saturate_row(r, g, b, gray, f, n):
 
 
 @njit(nogil=True, cache=True)
-def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes):
+def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes, rgbx):
     # kinds[start:stop] (0 brightness, 1 contrast with mean, 2 saturation, 3 hue) on img
-    # (H, W, 3) uint8 row by row, each row as float32 channel planes (planes (4, W): r, g, b,
-    # scratch); with luma_sum, returns the sum of the truncated luma of the result
+    # (H, W, 3) uint8 row by row, each row widened to uint32 pixels (rgbx (W,), simd.widen_rgb)
+    # and split into float32 channel planes (planes (4, W): r, g, b, scratch), then joined and
+    # narrowed back; with luma_sum, returns the sum of the truncated luma of the result
     if stop <= start and not luma_sum:
         return 0.0
     height, width = img.shape[0], img.shape[1]
     r, g, b, scratch = planes[0], planes[1], planes[2], planes[3]
     flat = img.reshape(-1)
-    u1, u2 = np.uint64(1), np.uint64(2)  # unsigned offsets: no index checks, vectorised loops
+    byte = np.uint32(255)
     total = np.int64(0)
     for y in range(height):
-        row = flat[y * width * 3:(y + 1) * width * 3]
+        widen_rgb(flat, y * width * 3, width, rgbx, 0)
         for x in range(width):
-            k = np.uint64(3 * x)
-            r[x], g[x], b[x] = row[k], row[k + u1], row[k + u2]
+            v = rgbx[x]
+            r[x], g[x], b[x] = (np.float32(np.int32(v & byte)), np.float32(np.int32((v >> 8) & byte)),
+                                np.float32(np.int32((v >> 16) & byte)))
         for step in range(start, stop):
             kind, f = kinds[step], factors[step]
             if kind <= 1:
@@ -258,9 +261,9 @@ def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes):
                 _hue_row(r, g, b, f, width)
         if stop > start:
             for x in range(width):
-                k = np.uint64(3 * x)
-                row[k], row[k + u1], row[k + u2] = np.uint8(np.int32(r[x])), np.uint8(np.int32(g[x])), \
-                    np.uint8(np.int32(b[x]))
+                rgbx[x] = np.uint32(np.int32(r[x])) | (np.uint32(np.int32(g[x])) << 8) | \
+                    (np.uint32(np.int32(b[x])) << 16)
+            narrow_rgb(rgbx, 0, width, flat, y * width * 3)
         if luma_sum:  # whole numbers: an integer sum is exact in any order, so it vectorises
             _gray_row(r, g, b, scratch, width)
             for x in range(width):
@@ -279,6 +282,7 @@ def _color_jitter(images, params, enabled):
     kinds = np.empty(4, np.int64)
     factors = np.empty(4, np.float64)
     planes = np.empty((4, width), np.float32)
+    rgbx = np.empty(width, np.uint32)
     for b in range(images.shape[0]):
         img = images[b]
         n, at = 0, -1
@@ -289,10 +293,10 @@ def _color_jitter(images, params, enabled):
                 at = n if fn == 1 else at
                 n += 1
         if at < 0:
-            _jitter_rows(img, kinds, factors, 0, n, 0.0, False, planes)
+            _jitter_rows(img, kinds, factors, 0, n, 0.0, False, planes, rgbx)
         else:
-            total = _jitter_rows(img, kinds, factors, 0, at, 0.0, True, planes)
-            _jitter_rows(img, kinds, factors, at, n, np.float32(total / (height * width)), False, planes)
+            total = _jitter_rows(img, kinds, factors, 0, at, 0.0, True, planes, rgbx)
+            _jitter_rows(img, kinds, factors, at, n, np.float32(total / (height * width)), False, planes, rgbx)
 
 
 class ColorJitter(_RGBTransform):
@@ -719,92 +723,96 @@ def _warp_row_coords(m, y, pxs, sxs, sys_, n):
 
 
 @njit(nogil=True, cache=True)
-def _lerp2(p00, p01, p10, p11, fx, fy):
-    # the bilinear blend of four taps (uint32 values below 256) in float32 (fx, fy float32),
-    # rounded: 8 lanes per AVX2 vector, where float64 gave 4 (the whole warp ~20 % faster)
-    a, b, c, d = (np.float32(np.int32(p00)), np.float32(np.int32(p01)), np.float32(np.int32(p10)),
-                  np.float32(np.int32(p11)))
+def _row_taps(sxs, sys_, height, width, idx, fxs, fys, covers, n):
+    # per pixel of a row, from its source coordinates (float64): the index of its top-left tap in
+    # the zero-bordered packed image (clamped so that all four taps lie inside it), the fractions
+    # (float32) and the coverage, the bilinear weight of the taps inside the image (float32; exactly
+    # 1 when all four are, 0 when none is). Coordinates are clamped to [-2, side + 1] first (NaN or
+    # infinity from a zero denominator too: they sample only fill). Branch-free: vectorises.
+    pw = np.int32(width + 2)
+    one, zero = np.float32(1.0), np.float32(0.0)
+    x_hi, y_hi = width + 1.0, height + 1.0
+    w1, h1 = np.int32(width - 1), np.int32(height - 1)
+    for x in range(n):
+        sx, sy = sxs[x], sys_[x]
+        sx = sx if sx > -2.0 else -2.0
+        sx = sx if sx < x_hi else x_hi
+        sy = sy if sy > -2.0 else -2.0
+        sy = sy if sy < y_hi else y_hi
+        fx0, fy0 = math.floor(sx), math.floor(sy)
+        x0, y0 = np.int32(fx0), np.int32(fy0)
+        fx, fy = np.float32(sx - fx0), np.float32(sy - fy0)
+        lx, rx = (x0 >= 0) & (x0 <= w1), (x0 >= -1) & (x0 < w1)
+        ty, by = (y0 >= 0) & (y0 <= h1), (y0 >= -1) & (y0 < h1)
+        cx = one if lx & rx else (one - fx if lx else (fx if rx else zero))
+        cy = one if ty & by else (one - fy if ty else (fy if by else zero))
+        xi = x0 if x0 > -1 else np.int32(-1)
+        xi = xi if xi < w1 else w1
+        yi = y0 if y0 > -1 else np.int32(-1)
+        yi = yi if yi < h1 else h1
+        idx[x] = (yi + 1) * pw + xi + 1
+        fxs[x], fys[x], covers[x] = fx, fy, cx * cy
+
+
+@njit(nogil=True, cache=True)
+def _blend_channel(t00, t01, t10, t11, shift, fx, fy, cover, fill):
+    # one channel (bits shift.. of the packed taps) bilinear in float32, the fill blended in by
+    # coverage (torchvision's v * m + (1 - m) * fill), rounded half up
+    byte = np.uint32(255)
+    a, b = np.float32(np.int32((t00 >> shift) & byte)), np.float32(np.int32((t01 >> shift) & byte))
+    c, d = np.float32(np.int32((t10 >> shift) & byte)), np.float32(np.int32((t11 >> shift) & byte))
     top = a + fx * (b - a)
-    bot = c + fx * (d - c)
-    return np.int32(top + fy * (bot - top) + np.float32(0.5))
+    v = top + fy * ((c + fx * (d - c)) - top)
+    v = v if cover == np.float32(1.0) else v * cover + (np.float32(1.0) - cover) * fill
+    return np.uint32(np.int32(v + np.float32(0.5)))
 
 
 @njit(nogil=True, cache=True)
 def _warp_rgb(src, dst, mats, fill):
-    # _warp for 3 channels, row by row in vectorised passes (a row's coordinates are computed
-    # directly rather than incrementally and the blend is float32, torchvision's own precision for
-    # tensors, so a value may differ from _warp's by one where the blend lies within ~1e-4 of a
-    # rounding boundary; a zero denominator samples the fill instead of raising
-    # ZeroDivisionError): the image packed once as one uint32 per pixel (R | G << 8 | B << 16),
-    # then per output row its source coordinates (float64), the four taps of every pixel (four
-    # uint32 loads), the float32 bilinear blend per channel (p00 + fx (p01 - p00), then the same
-    # in y), rounded. A pixel whose taps are all outside takes its four taps from fill entries
-    # after the image (so it blends to the fill); one with some taps outside is redone by
-    # _warp_border. An identity matrix is a copy.
+    # _warp for 3 channels, row by row in vectorised passes: the image widened once to one uint32
+    # per pixel (R | G << 8 | B << 16, simd.widen_rgb) inside a border of zero pixels, then per
+    # output row its source coordinates (float64, computed directly rather than incrementally),
+    # the taps' index, fractions and coverage (_row_taps), the four taps of every pixel (four
+    # uint32 loads), the float32 blend per channel (_blend_channel: torchvision's own precision for
+    # tensors, so a value may differ from _warp's by one where it lies within ~1e-4 of a rounding
+    # boundary), narrowed back to RGB (simd.narrow_rgb). Taps outside the image read the zero
+    # border, so partly covered and outside pixels need no separate path; a zero denominator
+    # samples the fill instead of raising ZeroDivisionError. An identity matrix is a copy.
     batch, height, width = src.shape[0], src.shape[1], src.shape[2]
     out_h, out_w = dst.shape[1], dst.shape[2]
-    x_max, y_max = width - 1.0, height - 1.0
+    pw = width + 2
     sxs, sys_ = np.empty(out_w), np.empty(out_w)
     pxs = np.arange(out_w) + 0.5
-    fxs, fys = np.empty(out_w, np.float32), np.empty(out_w, np.float32)
-    partial = np.empty(out_w, np.int32)
+    fxs, fys, covers = np.empty(out_w, np.float32), np.empty(out_w, np.float32), np.empty(out_w, np.float32)
     idx = np.empty(out_w, np.int32)
     taps = np.empty((4, out_w), np.uint32)
-    outs = np.empty((3, out_w), np.int32)
-    packed = np.empty(height * width + width + 2, np.uint32)
-    packed[height * width:] = np.uint32(fill[0]) | (np.uint32(fill[1]) << 8) | (np.uint32(fill[2]) << 16)
-    outside = np.int32(height * width)  # the index whose four taps are fill
-    w32 = np.int32(width)
-    border = np.empty(3)
-    byte = np.uint32(255)
-    u1, u2, row = np.uint64(1), np.uint64(2), np.uint64(width)
+    packed = np.zeros((height + 2) * pw, np.uint32)
+    rgbx = np.empty(out_w, np.uint32)
+    f0, f1, f2 = np.float32(fill[0]), np.float32(fill[1]), np.float32(fill[2])
+    u1, row = np.uint64(1), np.uint64(pw)
+    flat, flat_out = src.reshape(-1), dst.reshape(-1)
     for b in range(batch):
-        s, m = src[b], mats[b]
+        m = mats[b]
         if _is_identity(m) and out_h == height and out_w == width:
-            _copy_flat(s.reshape(-1), dst[b].reshape(-1))
+            _copy_flat(src[b].reshape(-1), dst[b].reshape(-1))
             continue
-        sf = s.reshape(-1)
-        for p in range(height * width):
-            k = np.uint64(3 * p)
-            packed[p] = np.uint32(sf[k]) | (np.uint32(sf[k + u1]) << 8) | (np.uint32(sf[k + u2]) << 16)
+        for y in range(height):
+            widen_rgb(flat, (b * height + y) * width * 3, width, packed, (y + 1) * pw + 1)
         for y in range(out_h):
             _warp_row_coords(m, y, pxs, sxs, sys_, out_w)
-            n_partial = np.int32(0)
-            for x in range(out_w):
-                sx, sy = sxs[x], sys_[x]
-                ok = (sx >= 0.0) & (sx < x_max) & (sy >= 0.0) & (sy < y_max)
-                part = np.int32(~ok & (sx > -1.0) & (sx < width) & (sy > -1.0) & (sy < height))
-                partial[x] = part
-                n_partial += part
-                sx = sx if ok else 0.0
-                sy = sy if ok else 0.0
-                x0, y0 = np.int32(sx), np.int32(sy)
-                fxs[x], fys[x] = np.float32(sx - np.float64(x0)), np.float32(sy - np.float64(y0))
-                idx[x] = (y0 * w32 + x0) if ok else outside
+            _row_taps(sxs, sys_, height, width, idx, fxs, fys, covers, out_w)
             t00, t01, t10, t11 = taps[0], taps[1], taps[2], taps[3]
             for x in range(out_w):
                 i = np.uint64(idx[x])
                 t00[x], t01[x] = packed[i], packed[i + u1]
                 t10[x], t11[x] = packed[i + row], packed[i + row + u1]
-            o0, o1, o2 = outs[0], outs[1], outs[2]
             for x in range(out_w):
-                fx, fy = fxs[x], fys[x]
+                fx, fy, cover = fxs[x], fys[x], covers[x]
                 a00, a01, a10, a11 = t00[x], t01[x], t10[x], t11[x]
-                o0[x] = _lerp2(a00 & byte, a01 & byte, a10 & byte, a11 & byte, fx, fy)
-                o1[x] = _lerp2((a00 >> 8) & byte, (a01 >> 8) & byte, (a10 >> 8) & byte, (a11 >> 8) & byte, fx, fy)
-                o2[x] = _lerp2((a00 >> 16) & byte, (a01 >> 16) & byte, (a10 >> 16) & byte, (a11 >> 16) & byte, fx,
-                               fy)
-            d = dst[b, y].reshape(-1)
-            for x in range(out_w):
-                k = np.uint64(3 * x)
-                d[k], d[k + u1], d[k + u2] = np.uint8(o0[x]), np.uint8(o1[x]), np.uint8(o2[x])
-            if n_partial == 0:
-                continue
-            for x in range(out_w):
-                if partial[x]:
-                    _warp_border(s, x, y, sxs[x], sys_[x], fill, border)
-                    for c in range(3):
-                        d[3 * x + c] = np.uint8(border[c])
+                rgbx[x] = (_blend_channel(a00, a01, a10, a11, 0, fx, fy, cover, f0)
+                           | (_blend_channel(a00, a01, a10, a11, 8, fx, fy, cover, f1) << 8)
+                           | (_blend_channel(a00, a01, a10, a11, 16, fx, fy, cover, f2) << 16))
+            narrow_rgb(rgbx, 0, out_w, flat_out, (b * out_h + y) * out_w * 3)
 
 
 class _Warp(_FilledTransform):
@@ -823,7 +831,7 @@ class _Warp(_FilledTransform):
     def __call__(self, src, dst, ctx):
         out = dst[:src.shape[0]]
         warp = _warp_rgb if src.shape[3] == 3 else _warp
-        warp(src, out, self.params(ctx.seeds, src.shape[1], src.shape[2]), self._fill_bits.astype(np.float64))
+        warp(np.ascontiguousarray(src), out, self.params(ctx.seeds, src.shape[1], src.shape[2]), self._fill_bits.astype(np.float64))
         return out
 
 
