@@ -331,9 +331,9 @@ class NormalizeImage(Operation):
     float64), so values equal ``((x - mean) / std).astype(dtype)`` exactly. The table is
     ``2**bits * C * itemsize(dtype)`` bytes (768 KiB for 3-channel uint16 to float32). For 8-bit
     pixels to float32 the pass computes ``x * (1 / std) - mean / std`` in float64 instead (a
-    vectorised loop, ~1.8x faster than the lookup at 256 px), when that gives the table's value for
-    every pixel value and channel (checked at declare; it does for the mean/std pairs tried, and
-    the table is used where it would not).
+    vectorised loop, where the lookup is a scalar load per element), when that gives the table's
+    value for every pixel value and channel (checked at declare; it does for the mean/std pairs
+    tried, and the table is used where it would not).
 
     Torch stage (after ToTensor / ToTorchImage / ToDevice, CPU or CUDA): an 8-bit tensor ->
     ``dtype`` by one fused ``addcmul(-mean / std, x, 1 / std)`` (float rounding differs from the
