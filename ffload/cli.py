@@ -147,8 +147,9 @@ def _storage_options_option(what: str):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_max_pixels_option("an input image")
 def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quality, smart_threshold,
-            compress_probability, jpeg_restart_interval, num_workers, page_size, shard_size, overwrite, on_error, reencode, strip_metadata, verify,
-            resume, engine, ray_address, storage_options, as_json, quiet, max_pixels):
+            compress_probability, jpeg_restart_interval, num_workers, page_size, shard_size, overwrite, on_error,
+            reencode, strip_metadata, verify, resume, engine, ray_address, storage_options, as_json, quiet,
+            max_pixels):
     """Convert SRC (an ImageFolder tree or a CIFAR-10/100 python archive folder) into DST.
 
     The format comes from DST's suffix: .beton (FFCV v2) or .lmdb (an LMDB directory); with

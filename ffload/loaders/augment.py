@@ -831,7 +831,8 @@ class _Warp(_FilledTransform):
     def __call__(self, src, dst, ctx):
         out = dst[:src.shape[0]]
         warp = _warp_rgb if src.shape[3] == 3 else _warp
-        warp(np.ascontiguousarray(src), out, self.params(ctx.seeds, src.shape[1], src.shape[2]), self._fill_bits.astype(np.float64))
+        warp(np.ascontiguousarray(src), out, self.params(ctx.seeds, src.shape[1], src.shape[2]),
+             self._fill_bits.astype(np.float64))
         return out
 
 

@@ -300,8 +300,9 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     grey level of ``cv2.resize`` with that interpolation on raw images. JPEGs are decoded by
     libjpeg-turbo at half size when the box is at least 4x the output (:mod:`ffload.loaders.jpeg`),
     so they are close to, not equal to, a full decode + the same resize (on average within 2
-    grey levels mean absolute difference, see :class:`CenterCropRGBImageDecoder`). Raw and JPEG samples alike, one compiled
-    call per batch; a following :class:`~.transforms.RandomHorizontalFlip` is fused.
+    grey levels mean absolute difference, see :class:`CenterCropRGBImageDecoder`). Raw and JPEG
+    samples alike, one compiled call per batch; a following
+    :class:`~.transforms.RandomHorizontalFlip` is fused.
 
     Args:
         output_size: ``(height, width)`` or an int (square), pixels.
