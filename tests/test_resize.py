@@ -64,6 +64,27 @@ def test_small_and_odd_shapes_in_an_exact_scratch(src_hw, out, flip):
     assert (scratch[:guard] == 0xABCD).all() and (scratch[-guard:] == 0xABCD).all()
 
 
+@pytest.mark.parametrize("side,out,mode", [(1500, 4, AREA), (1500, 12, AREA), (12, 300, LINEAR), (3, 40, LINEAR)])
+def test_long_tap_sums_keep_constant_images_constant_and_follow_cv2(side, out, mode):
+    """Up to hundreds of taps per output pixel: a 1500-pixel window to 4 pixels (377 taps a side,
+    past the 16-bit lanes' limit: exact products) and to 12 (127 taps a side, the most the lanes
+    take), and enlargements whose taps weigh up to one (the lanes, and a window narrower than one
+    32-byte run). A constant image comes back exactly at the extreme grey levels and around the
+    middle, and a photo within one level of cv2.resize."""
+    scratch = np.empty(scratch_size(out, out, side), np.uint16)
+    dst = np.empty(out * out * 3, np.uint8)
+    for level in (0, 1, 127, 128, 254, 255):
+        src = np.full((side, side, 3), level, np.uint8)
+        resize_rgb(src.reshape(-1), 0, side * 3, side, side, 0.0, 0.0, float(side), float(side), mode, dst, 0,
+                   out, out, False, scratch)
+        assert (dst == level).all(), level
+    photo = cv2.resize(data.astronaut(), (side, side), interpolation=cv2.INTER_LINEAR)
+    ref = cv2.resize(photo, (out, out), interpolation=cv2.INTER_AREA if mode == AREA else cv2.INTER_LINEAR)
+    resize_rgb(photo.reshape(-1), 0, side * 3, side, side, 0.0, 0.0, float(side), float(side), mode, dst, 0,
+               out, out, False, scratch)
+    assert np.abs(dst.reshape(ref.shape).astype(int) - ref).max() <= 1
+
+
 def test_unusable_buffers_are_refused():
     """Strided or short outputs, a scratch of the wrong dtype: refused before anything is written."""
     img = np.zeros((50, 60, 3), np.uint8)

@@ -5,19 +5,28 @@ Follows OpenCV's ``cv2.resize`` (``imgproc/src/resize.cpp``) for ``uint8`` image
 ``computeResizeAreaTab``) and ``INTER_LINEAR`` otherwise (half-pixel centres; the window's edge
 pixels replicated at its borders, as ``cv2.resize`` of the cut-out crop does: no pixel outside the
 crop box is ever read).
-Arithmetic is fixed point where OpenCV uses 11-bit fixed point (linear) or ``float`` with
-``cvRound`` (area): results differ from OpenCV's by at most one grey level (tests/test_resize.py).
-Separable, vertical pass first (it shrinks the rows the horizontal pass reads):
+Arithmetic is fixed point in 16-bit lanes where OpenCV uses 11-bit fixed point (linear) or
+``float`` with ``cvRound`` (area): results differ from OpenCV's by at most one grey level
+(tests/test_resize.py). Weights are ``Q16`` (``uint16``, a row's summing to ``2**16``, a lone
+weight of one capped at ``2**16 - 1``); every product is the high half of a 16-bit multiply
+(:mod:`.simd`'s ``mulhi``), truncated, so each loses ``[0, 1)`` unit of ``1/256`` grey level and a
+pass's sum of ``n`` products starts at ``n // 2`` units to centre that error. Sums saturate at
+``2**16 - 1`` (a lane that would pass it rounds to 255 either way): nothing wraps. The two
+passes' errors then add up to less than half a grey level, within the rounding, while
+``ceil(n / 2)`` of both passes together is at most 128; a window to be shrunk more than about 64
+times on both sides (or 128 on one) is resized with exact products and one rounding per pass
+instead, as is a window narrower than 11 pixels (one 32-byte run). Separable,
+vertical pass first (it shrinks the rows the horizontal pass reads), in strips of 16 output rows
+(a strip's intermediates stay in the core's cache):
 
-* vertical: per output row, ``Q15`` integer weights (summing to exactly ``2**15``) over the
-  window's columns (contiguous bytes: LLVM vectorises the multiply-adds), stored as ``uint16``
-  with 8 fraction bits (value * 256, at most 65280);
-* transpose of that intermediate (each byte column becomes a contiguous run of ``out_h``
-  rounded up to 16) in 8 x 8 blocks of vector shuffles (:mod:`.simd`);
-* horizontal: each output byte column is a ``Q14``-weighted sum of whole transposed columns
-  (contiguous again, vectorised), rounded half up, stored as a contiguous byte run at its
+* vertical: per output row, tap by tap, 32 bytes of the window's columns at a time
+  (:func:`~.simd.weigh_u8`), stored as ``uint16`` with 8 fraction bits (value * 256);
+* transpose of the strip's rows (each byte column becomes 16 contiguous ``uint16``) in 8 x 8
+  blocks of vector shuffles (:func:`~.simd.transpose8_u16`);
+* horizontal: each output byte column is a weighted sum of whole transposed columns, the 16 rows
+  in the lanes (:func:`~.simd.weighted_sum_u16`), rounded half up, stored as a 16-byte run at its
   mirrored place when ``flip``;
-* transpose of those runs into the output rows, in 16 x 16 blocks of vector shuffles.
+* transpose of those runs into the strip's output rows, in 16 x 16 blocks of vector shuffles.
 
 Scalar transposes cost a load and a store per element; block shuffles cost a few instructions
 per 64 or 256 elements.
@@ -32,7 +41,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .simd import transpose8_u16, transpose16_u8
+from .simd import transpose8_u16, transpose16_u8, weigh_u8, weighted_sum_u16
 
 AREA = 0
 LINEAR = 1
@@ -127,27 +136,27 @@ def copy_rgb(src, src_start, src_stride, dst, dst_start, out_h, out_w, flip):
                 dst[d + k] = src[s + k]
 
 
-_VBITS = 15  # vertical weights: Q15
-_FRAC = 8  # fraction bits kept in the uint16 intermediate
-_HBITS = 14  # horizontal weights: Q14 (65280 * 2**14 < 2**31)
+_STRIP = 16  # output rows per strip: the horizontal pass's lanes, the u8 transpose's block
+_LANES = 32  # bytes per vertical weighted sum (weigh_u8)
+_HALF_TAPS = 128  # ceil(taps / 2) of both passes together, at most, for the 16-bit lanes (module docstring)
 
 
 @njit(nogil=True, cache=True)
-def _fixed(wts, count, bits):
-    """``(m, T) int32`` weights ``round(w * 2**bits)``, each row's largest adjusted so the row
-    sums to exactly ``2**bits`` (a constant image stays constant, no saturation needed)."""
-    one = np.int64(1) << bits
-    out = np.zeros(wts.shape, np.int32)
+def _q16(wts, count):
+    """``(m, T) uint16`` weights ``round(w * 2**16)``, each row's largest adjusted so the row sums to
+    exactly ``2**16`` and then capped at ``2**16 - 1`` (a lone tap of weight one)."""
+    one = np.int64(1) << 16
+    out = np.zeros(wts.shape, np.uint16)
     for d in range(wts.shape[0]):
         total = 0
         big = 0
         for k in range(count[d]):
             v = np.int64(math.floor(wts[d, k] * one + 0.5))
-            out[d, k] = v
+            out[d, k] = np.uint16(min(v, one - 1))
             total += v
             if v > out[d, big]:
                 big = k
-        out[d, big] += one - total
+        out[d, big] = np.uint16(min(np.int64(out[d, big]) + one - total, one - 1))
     return out
 
 
@@ -155,18 +164,46 @@ def _fixed(wts, count, bits):
 def scratch_size(out_h, out_w, src_w):
     """``uint16`` elements of :func:`resize_rgb`'s scratch for an ``out_h x out_w`` output from
     a source ``src_w`` pixels wide (any window inside columns ``[0, src_w)``)."""
-    rp = (out_h + 15) // 16 * 16  # output rows, padded to the u8 block
-    cs = (src_w * 3 + 7) // 8 * 8  # the vertical result's columns, padded to the u16 block
+    cs = (src_w * 3 + 7) // 8 * 8  # a strip's vertical result: bytes per row, padded to the u16 block
     ow3p = (out_w * 3 + 15) // 16 * 16  # output bytes per row, padded to the u8 block
-    return _scratch(rp, cs, ow3p)
+    return _scratch(cs, ow3p)
 
 
 @njit(nogil=True, cache=True)
-def _scratch(rp, cs, ow3p):
-    """``uint16`` elements for ``rp`` padded rows, ``cs`` padded vertical-result columns and
-    ``ow3p`` padded output bytes per row: the vertical result and its transpose, then the byte
-    runs and one 16 x 16 byte block."""
-    return 2 * rp * cs + (ow3p * rp + 16 * 16) // 2
+def _scratch(cs, ow3p):
+    """``uint16`` elements for one strip: its vertical result (``_STRIP x cs``) and that
+    transposed, then, as bytes, its byte runs (``ow3p x _STRIP``) and one 16 x 16 byte block."""
+    return 2 * _STRIP * cs + (ow3p * _STRIP + 16 * 16) // 2
+
+
+@njit(nogil=True, cache=True)
+def _bias(n):
+    """Where a pass's sums of ``n`` truncated products start: each product loses ``[0, 1)``
+    unit (of ``1/256`` grey level), so ``n / 2`` centres the error."""
+    return n // 2
+
+
+@njit(nogil=True, cache=True)
+def _resize_exact(src, yo, wy, yn, xi, wx, xn, x_lo, cols, dst, dst_start, out_h, out_w, flip, row):
+    """Both passes one value at a time, products exact (``uint64``): per output row the vertical
+    sums rounded once to 8 fraction bits (``row``, ``uint16``), then each output byte's horizontal
+    sum rounded once. For windows narrower than one 32-byte run and for taps too many for the
+    16-bit lanes (module docstring). ``yo``: byte offsets of the vertical taps' rows from the
+    window's first column; ``xi``: the horizontal taps' source columns."""
+    for y in range(out_h):
+        for j in range(cols):
+            acc = np.uint64(128)
+            for k in range(yn[y]):
+                acc += np.uint64(src[yo[y, k] + j]) * np.uint64(wy[y, k])
+            row[j] = np.uint16(acc >> np.uint64(8))
+        d = dst_start + y * out_w * 3
+        for x in range(out_w):
+            ox = out_w - 1 - x if flip else x
+            for c in range(3):
+                acc = np.uint64(1 << 23)
+                for k in range(xn[x]):
+                    acc += np.uint64(row[(xi[x, k] - x_lo) * 3 + c]) * np.uint64(wx[x, k])
+                dst[d + ox * 3 + c] = np.uint8(acc >> np.uint64(24))
 
 
 @njit(nogil=True, cache=True)
@@ -174,13 +211,15 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
                dst, dst_start, out_h, out_w, flip, tmp):
     """Resize a window of an RGB image into an output row.
 
-    Four steps: the vertical pass (contiguous rows, vectorised), an 8 x 8 ``uint16`` block
-    transpose of its result (:func:`~.simd.transpose8_u16`), the horizontal pass (per output
-    byte a sum of whole transposed columns, vectorised over the output rows, written as a
-    contiguous byte run, mirrored when ``flip``) and a 16 x 16 ``uint8`` block transpose of those
-    runs into the output rows (:func:`~.simd.transpose16_u8`; blocks that overhang the output go
-    through a small buffer). Rows are padded to 16 and columns to the blocks; what the padding
-    holds is resized along but never reaches ``dst``.
+    Strips of 16 output rows, four steps each: the vertical pass (tap by tap, 32 bytes of a row
+    at a time, :func:`~.simd.weigh_u8`), an 8 x 8 ``uint16`` block transpose of its result
+    (:func:`~.simd.transpose8_u16`: each byte column becomes 16 contiguous ``uint16``), the
+    horizontal pass (per output byte a weighted sum of whole transposed columns, the 16 rows in
+    the lanes, :func:`~.simd.weighted_sum_u16`, written as a 16-byte run at its mirrored place
+    when ``flip``) and a 16 x 16 ``uint8`` block transpose of those runs into the output rows
+    (:func:`~.simd.transpose16_u8`; blocks that overhang the output go through a small buffer).
+    A strip's rows past ``out_h`` repeat its last row; columns are padded to the blocks; what the
+    padding holds never reaches ``dst``.
 
     Args:
         src: 1-D ``uint8`` array; pixel ``(y, x, c)`` of the ``src_h x src_w`` image is at
@@ -204,78 +243,78 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
         raise ValueError("resize_rgb: tmp must be a unit-stride uint16 array")
     xi, xw, xn = _taps(x0, win_w, src_w, out_w, mode)
     yi, yw, yn = _taps(y0, win_h, src_h, out_h, mode)
-    wy = _fixed(yw, yn, _VBITS)
-    wx = _fixed(xw, xn, _HBITS)
+    wy = _q16(yw, yn)
+    wx = _q16(xw, xn)
     x_lo = xi[0, 0]
     x_hi = xi[out_w - 1, 0]
     for k in range(xi.shape[1]):
         x_hi = max(x_hi, xi[out_w - 1, k])
     cols = np.uint64((x_hi - x_lo + 1) * 3)
     cs = (cols + np.uint64(7)) // np.uint64(8) * np.uint64(8)
-    rp = np.uint64((out_h + 15) // 16 * 16)
     ow3 = np.uint64(out_w * 3)
     ow3p = (ow3 + np.uint64(15)) // np.uint64(16) * np.uint64(16)
-    if x_lo < 0 or tmp.shape[0] < _scratch(rp, cs, ow3p):
+    if x_lo < 0 or tmp.shape[0] < _scratch(cs, ow3p):
         raise ValueError("resize_rgb: scratch buffer smaller than scratch_size(out_h, out_w, src_w)")
+    # byte offsets of every tap: source rows from the window's first column, transposed columns
+    yo = np.empty(yi.shape, np.int64)
+    for y in range(out_h):
+        for k in range(yi.shape[1]):
+            yo[y, k] = src_start + yi[y, k] * src_stride + x_lo * 3
+    if cols < np.uint64(_LANES) or (yi.shape[1] + 1) // 2 + (xi.shape[1] + 1) // 2 > _HALF_TAPS:
+        _resize_exact(src, yo, wy, yn, xi, wx, xn, x_lo, cols, dst, dst_start, out_h, out_w, flip, tmp)
+        return
+    xo = np.empty(xi.shape, np.int64)
+    for x in range(out_w):
+        for k in range(xi.shape[1]):
+            xo[x, k] = (xi[x, k] - x_lo) * 3 * 2 * _STRIP
     two = np.uint64(2)
     sixteen = np.uint64(16)
-    # tmp: the vertical result (rp x cs), its transpose (cs x rp), then, as bytes, the
-    # horizontal result (ow3p x rp) and a 16 x 16 block for output blocks that overhang
+    strip = np.uint64(_STRIP)
+    lanes = np.uint64(_LANES)
+    # tmp: a strip's vertical result (strip x cs) and its transpose (cs x strip), then, as bytes,
+    # its horizontal result (ow3p x strip) and a 16 x 16 block for output blocks that overhang
     at = np.uint64(tmp.ctypes.data)
-    trans = rp * cs
+    trans = at + two * strip * cs
+    runs = trans + two * strip * cs
+    edge = runs + ow3p * strip
     t8 = tmp.view(np.uint8)
-    hbase = np.uint64(4) * rp * cs  # bytes
-    edge = hbase + ow3p * rp
-    acc = np.empty(max(cols, rp), np.uint32)
-    half = np.uint32(1 << (_VBITS - _FRAC - 1))
-    shift = np.uint32(_VBITS - _FRAC)
-    for y in range(out_h):  # vertical: rows of the window's columns, contiguous
-        s = np.uint64(src_start + yi[y, 0] * src_stride + x_lo * 3)
-        w = np.uint32(wy[y, 0])
-        for j in range(cols):
-            acc[j] = half + w * np.uint32(src[s + j])
-        for k in range(1, yn[y]):
-            s = np.uint64(src_start + yi[y, k] * src_stride + x_lo * 3)
-            w = np.uint32(wy[y, k])
-            for j in range(cols):
-                acc[j] += w * np.uint32(src[s + j])
-        t = np.uint64(y) * cs
-        for j in range(cols):
-            tmp[t + j] = np.uint16(acc[j] >> shift)
-    # transpose: column j of the vertical result becomes the contiguous run tmp[trans + j * rp:]
-    for r in range(np.uint64(0), rp, np.uint64(8)):
-        for j in range(np.uint64(0), cs, np.uint64(8)):
-            transpose8_u16(at + two * (r * cs + j), two * cs, at + two * (trans + j * rp + r), two * rp)
-    # horizontal: each output byte (x, c) as a weighted sum of whole transposed columns, stored
-    # as the byte run t8[hbase + (x' * 3 + c) * rp:] (x' the mirrored x when flip)
-    half = np.uint32(1 << (_HBITS + _FRAC - 1))
-    shift = np.uint32(_HBITS + _FRAC)
-    for x in range(out_w):
-        ox = np.uint64(out_w - 1 - x if flip else x) * np.uint64(3)
-        for c in range(3):
-            t = trans + np.uint64((xi[x, 0] - x_lo) * 3 + c) * rp
-            w = np.uint32(wx[x, 0])
-            for y in range(rp):
-                acc[y] = half + w * np.uint32(tmp[t + y])
-            for k in range(1, xn[x]):
-                t = trans + np.uint64((xi[x, k] - x_lo) * 3 + c) * rp
-                w = np.uint32(wx[x, k])
-                for y in range(rp):
-                    acc[y] += w * np.uint32(tmp[t + y])
-            q = hbase + (ox + np.uint64(c)) * rp
-            for y in range(rp):
-                t8[q + y] = np.uint8(acc[y] >> shift)
-    # transpose the runs into the output rows
+    edge_i = edge - at
+    src_at = np.uint64(src.ctypes.data)
     out_at = np.uint64(dst.ctypes.data) + np.uint64(dst_start)
-    for r in range(np.uint64(0), rp, sixteen):
-        for j in range(np.uint64(0), ow3p, sixteen):
-            block = at + hbase + j * rp + r
-            if r + sixteen <= np.uint64(out_h) and j + sixteen <= ow3:
-                transpose16_u8(block, rp, out_at + r * ow3 + j, ow3)
+    xo_at, wx_at = np.uint64(xo.ctypes.data), np.uint64(wx.ctypes.data)
+    tx = np.uint64(xi.shape[1])
+    for r0 in range(np.uint64(0), np.uint64(out_h), strip):
+        for r in range(strip):  # vertical, tap by tap over the row's window, 32 bytes at a time
+            y = min(r0 + r, np.uint64(out_h - 1))
+            n = yn[y]
+            bias = _bias(n)
+            row = at + two * r * cs
+            tail = cols - lanes  # the last 32 bytes first, all taps: the runs below rewrite their overlap
+            for k in range(n):
+                weigh_u8(src_at + np.uint64(yo[y, k]) + tail, wy[y, k], bias, k, row + two * tail)
+            full = cols // lanes * lanes
+            for k in range(n):
+                s = src_at + np.uint64(yo[y, k])
+                for j in range(np.uint64(0), full, lanes):
+                    weigh_u8(s + j, wy[y, k], bias, k, row + two * j)
+        for j in range(np.uint64(0), cs, np.uint64(8)):  # column j becomes the 16 uint16 at trans + 32 j
+            for h in range(np.uint64(0), strip, np.uint64(8)):
+                transpose8_u16(at + two * (h * cs + j), two * cs, trans + two * (j * strip + h), two * strip)
+        for x in range(out_w):  # horizontal: output byte (x, c) from whole transposed columns
+            n = np.uint64(xn[x])
+            bias = _bias(n)
+            offsets, weights = xo_at + np.uint64(8) * tx * np.uint64(x), wx_at + two * tx * np.uint64(x)
+            ox = np.uint64(out_w - 1 - x if flip else x) * np.uint64(3)
+            for c in range(np.uint64(3)):
+                weighted_sum_u16(trans + two * strip * c, offsets, weights, n, bias, runs + strip * (ox + c))
+        for j in range(np.uint64(0), ow3p, sixteen):  # transpose the runs into the strip's output rows
+            block = runs + j * strip
+            if r0 + strip <= np.uint64(out_h) and j + sixteen <= ow3:
+                transpose16_u8(block, strip, out_at + r0 * ow3 + j, ow3)
                 continue
-            transpose16_u8(block, rp, at + edge, sixteen)
-            for i in range(r, min(r + sixteen, np.uint64(out_h))):
+            transpose16_u8(block, strip, edge, sixteen)
+            for i in range(r0, min(r0 + strip, np.uint64(out_h))):
                 d = np.uint64(dst_start) + i * ow3
-                e = edge + (i - r) * sixteen - j
+                e = edge_i + (i - r0) * sixteen - j
                 for k in range(j, min(j + sixteen, ow3)):
                     dst[d + k] = t8[e + k]
