@@ -33,13 +33,14 @@ of an unsigned product, ``mulhi(x, w) = (x * w) >> 16``, with ``w`` a ``Q16`` we
   the 32 ``uint16`` ``acc + mulhi(p << 8, weight)`` (``p`` with 8 fraction bits, times the
   weight), where ``acc`` is the 32 ``uint16`` already at ``dst`` when ``accumulate`` is non-zero,
   else ``start`` in every lane (``dst`` is then read but its value unused);
-* :func:`weighted_sum_u16`: 16 lanes, each starting at ``start``; tap ``k`` loads 16 ``uint16`` (already with 8 fraction
-  bits) at ``base + offsets[k]`` and adds ``mulhi(x, weights[k])``; the sums are rounded half up
-  to ``uint8``, ``(sum + 128) >> 8``, and stored at ``dst`` (16 bytes).
+* :func:`weighted_sum_u16`: ``n >= 1`` taps of 16 lanes, each lane starting at ``start``, summed
+  in registers; tap ``k`` loads 16 ``uint16`` ``x`` (already with 8 fraction bits) at
+  ``base + offsets[k]`` and adds ``mulhi(x, weights[k])`` (``offsets``: the address of ``n``
+  ``int64`` byte offsets, ``weights``: of ``n`` ``uint16``); the sums are rounded half up to
+  ``uint8``, ``(sum + 128) >> 8``, and stored at ``dst`` (16 bytes).
 
-:func:`weighted_sum_u16` takes ``n >= 1`` taps, ``offsets`` the address of ``n`` ``int64`` byte
-offsets and ``weights`` the address of ``n`` ``uint16``. Every addition saturates at
-``2**16 - 1`` (``llvm.uadd.sat``: ``paddusw`` / ``uqadd``), the rounding's too: nothing wraps.
+In both, every addition saturates at ``2**16 - 1`` (``llvm.uadd.sat``: ``paddusw`` / ``uqadd``),
+the rounding's too: nothing wraps.
 
 All take byte addresses (``uint64``; an array's ``ctypes.data`` plus an offset), the transposes
 byte strides too, and return nothing. Nothing is checked: the caller guarantees that every byte
@@ -246,7 +247,8 @@ def _weighted_sum_u16():
             acc.add_incoming(total, loop)
             builder.cbranch(builder.icmp_unsigned("<", following, count), loop, done)
             builder.position_at_end(done)
-            total = builder.lshr(_add_sat(builder, total, ir.Constant(v16, [128] * lanes)), ir.Constant(v16, [8] * lanes))
+            rounded = _add_sat(builder, total, ir.Constant(v16, [128] * lanes))
+            total = builder.lshr(rounded, ir.Constant(v16, [8] * lanes))
             total = builder.trunc(total, ir.VectorType(ir.IntType(8), lanes))
             builder.store(total, builder.inttoptr(d, total.type.as_pointer()), align=1)
             return context.get_dummy_value()
