@@ -289,10 +289,11 @@ def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, m
             n = yn[y]
             bias = _bias(n)
             row = at + two * r * cs
-            tail = cols - lanes  # the last 32 bytes first, all taps: the runs below rewrite their overlap
-            for k in range(n):
-                weigh_u8(src_at + np.uint64(yo[y, k]) + tail, wy[y, k], bias, k, row + two * tail)
             full = cols // lanes * lanes
+            if full < cols:  # the last 32 bytes first, all taps: the runs below rewrite their overlap
+                tail = cols - lanes
+                for k in range(n):
+                    weigh_u8(src_at + np.uint64(yo[y, k]) + tail, wy[y, k], bias, k, row + two * tail)
             for k in range(n):
                 s = src_at + np.uint64(yo[y, k])
                 for j in range(np.uint64(0), full, lanes):
