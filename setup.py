@@ -22,8 +22,7 @@ setup(
         "turbojpeg==0.0.2",
         "tqdm>=4.60",
         "click>=8.0",
-        # torch is pinned by the install instructions (see README): on machines without a GPU
-        # `pip install torch==2.13.0` must come first so that pip never resolves a CUDA build.
+        # any build (CPU, CUDA, ROCm); scripts/install.sh reads this line and keeps a torch that satisfies it
         "torch>=2.0",
         "matplotlib>=3.5",
     ],

@@ -6,10 +6,17 @@
 # (PEP 668, "externally-managed-environment"): pip only ever runs inside a virtualenv, never with
 # --break-system-packages. Inside an active virtualenv ($VIRTUAL_ENV) that one is used and `.venv`
 # becomes a link to it, so `.venv/bin/python` names the environment in every case.
-# torch is pinned first: an unpinned torch would pull gigabytes of CUDA packages on CPU machines.
+#
+# torch: a torch the environment can already import is kept, whatever its version or build (CPU,
+# CUDA, ROCm), as long as it is one setup.py admits. Only where none imports is one installed:
+# on a machine without an NVIDIA GPU PyTorch's CPU-only wheel index is tried first (a short
+# timeout, no retries, that index alone), then the default index, which serves CUDA builds (they
+# run on a CPU, but weigh several GB). One line says which build was installed and why.
 #
 # Environment: PYTHON (interpreter that makes the venv, default python3), FFLOAD_EXTRAS
-# (comma-separated pip extras; default "test", plus "ffcv" when its build dependencies are present).
+# (comma-separated pip extras; default "test", plus "ffcv" when its build dependencies are present),
+# FFLOAD_TORCH_INDEX (a pip index URL to install torch from, instead of the choice above; e.g.
+# https://download.pytorch.org/whl/cu126 for a given CUDA).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -56,6 +63,43 @@ if [ -z "$extras" ]; then
 fi
 
 "$VPY" -m pip install -q --upgrade pip
-"$VPY" -m pip install -q "torch==2.13.0"
+
+# The torch requirement is setup.py's, so that this script and pip agree on what is supported.
+torch_req=$(sed -n 's/^ *"\(torch[<>=!~][^"]*\)",.*/\1/p' setup.py | head -n 1)
+torch_req=${torch_req:-torch}
+torch_build() {  # e.g. "torch 2.13.0+cpu (CPU-only build)"
+  "$VPY" -c 'import torch; v = torch.version
+print(f"torch {torch.__version__} (" + (f"CUDA {v.cuda}" if v.cuda else f"ROCm {v.hip}" if getattr(v, "hip", None) else "CPU-only") + " build)")'
+}
+has_nvidia_gpu() { [ -e /proc/driver/nvidia/version ] || { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; }
+cpu_index=https://download.pytorch.org/whl/cpu
+
+if "$VPY" - "$torch_req" 2>/dev/null <<'EOF'; then
+import sys
+from importlib.metadata import version
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # a new venv has only pip's copy
+    from pip._vendor.packaging.requirements import Requirement
+import torch  # noqa: F401  (importable, not just installed)
+sys.exit(0 if Requirement(sys.argv[1]).specifier.contains(version("torch"), prereleases=True) else 1)
+EOF
+  echo "install: keeping the $(torch_build) this environment has"
+elif [ -n "${FFLOAD_TORCH_INDEX:-}" ]; then
+  "$VPY" -m pip install -q --index-url "$FFLOAD_TORCH_INDEX" "$torch_req"
+  echo "install: installed $(torch_build) from FFLOAD_TORCH_INDEX ($FFLOAD_TORCH_INDEX)"
+elif has_nvidia_gpu; then
+  "$VPY" -m pip install -q "$torch_req"
+  echo "install: installed $(torch_build) from the default index (an NVIDIA GPU is present)"
+elif env -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null \
+       "$VPY" -m pip install -q --index-url "$cpu_index" --timeout 5 --retries 0 \
+       "$torch_req" >/dev/null 2>&1; then
+  # that index alone: pip.conf's or the environment's other indexes could offer a CUDA build
+  echo "install: installed $(torch_build) from PyTorch's CPU-only index (no NVIDIA GPU here)"
+else
+  "$VPY" -m pip install -q "$torch_req"
+  echo "install: installed $(torch_build) from the default index: no NVIDIA GPU here, but PyTorch's" \
+       "CPU-only index ($cpu_index) could not be reached; set FFLOAD_TORCH_INDEX to choose an index"
+fi
 "$VPY" -m pip install -q -e ".[$extras]"
 echo "install: ffload installed in $VENV (run 'source $VENV/bin/activate' to put 'ffload' on your PATH)"

@@ -5,7 +5,9 @@ binary beside a stdlib made of links to the real one plus an ``EXTERNALLY-MANAGE
 exactly how Debian marks its Python (pip reads the marker from ``sysconfig``'s stdlib path). The
 test first proves that this Python refuses ``pip install`` as Debian's does, then runs
 ``scripts/install.sh`` from a clean copy of the repository under ``env -i`` with that Python
-first on a minimal PATH, and checks that ffload imports and its CLI runs from ``.venv``.
+first on a minimal PATH, and checks that ffload imports and its CLI runs from ``.venv``, that the
+script says which torch build it installed and why, and that it keeps the torch of an active
+virtualenv instead of installing one.
 The ffcv extra is left out (``FFLOAD_EXTRAS=test``): building ffcv is exercised by CI's own
 install, and pip's cache makes the rest of this install cheap.
 """
@@ -19,6 +21,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or not shutil.which("git"), reason="Linux with git only")
@@ -45,6 +48,12 @@ def _fake_system_python(root: Path, *, with_venv: bool = True) -> Path:
     (lib / "EXTERNALLY-MANAGED").write_text(
         "[externally-managed]\nError=This Python is managed by the system (test marker).\n")
     return root / "bin" / "python3"
+
+
+def _has_nvidia_gpu() -> bool:
+    """What ``install.sh`` checks before choosing PyTorch's CPU-only index."""
+    return os.path.exists("/proc/driver/nvidia/version") or (
+        shutil.which("nvidia-smi") is not None and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0)
 
 
 def _clean_copy(dst: Path) -> Path:
@@ -76,29 +85,41 @@ def test_install_script_on_an_externally_managed_python(tmp_path):
         assert "externally-managed-environment" in refused.stderr + refused.stdout
 
     repo = _clean_copy(tmp_path / "repo")
+    # No torch in the new venv and no GPU here: the script tries PyTorch's CPU-only index (not reachable from
+    # these machines), then the default index. A user's pip constraint (this torch's release, which pip finds
+    # in its cache) keeps the fallback from installing a multi-GB CUDA build in a test.
+    constraint = tmp_path / "constraints.txt"
+    constraint.write_text(f"torch=={torch.__version__.split('+')[0]}\n")
     run = subprocess.run(["bash", "scripts/install.sh"], cwd=repo, capture_output=True, text=True,
-                         env=_env(python.parent, FFLOAD_EXTRAS="test"), timeout=1200)
+                         env=_env(python.parent, FFLOAD_EXTRAS="test", PIP_CONSTRAINT=str(constraint)), timeout=1200)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "source .venv/bin/activate" in run.stdout
+    said = [line for line in run.stdout.splitlines() if "torch" in line]
+    assert len(said) == 1 and said[0].startswith("install: installed torch "), run.stdout
+    assert ("PyTorch's CPU-only index" in said[0]) != _has_nvidia_gpu(), said  # tried, or the index it came from
     venv_python = repo / ".venv" / "bin" / "python"
     probe = subprocess.run([str(venv_python), "-c", "import sys, ffload, torch; "
                             "print(sys.prefix != sys.base_prefix, torch.__version__, ffload.__file__)"],
                            capture_output=True, text=True, cwd=tmp_path, env=_env(python.parent))
     assert probe.returncode == 0, probe.stderr
     in_venv, torch_version, ffload_file = probe.stdout.split()
-    assert in_venv == "True" and torch_version.startswith("2.13.0")
+    assert in_venv == "True" and torch_version.split("+")[0] == torch.__version__.split("+")[0]
+    assert f"installed torch {torch_version} (" in said[0]
     assert Path(ffload_file).resolve().is_relative_to(repo.resolve())  # the editable install of the copy
     cli = subprocess.run([str(repo / ".venv" / "bin" / "ffload"), "--help"], capture_output=True, text=True,
                          env=_env(python.parent))
     assert cli.returncode == 0 and "convert" in cli.stdout
 
-    # an active virtualenv is used as it is: .venv becomes a link to it, nothing new is created
+    # an active virtualenv is used as it is: .venv becomes a link to it, nothing new is created, and its torch is
+    # kept (an index that serves nothing proves that no torch install was attempted)
     again = _clean_copy(tmp_path / "repo2")
     run = subprocess.run(["bash", "scripts/install.sh"], cwd=again, capture_output=True, text=True,
-                         env=_env(repo / ".venv" / "bin", FFLOAD_EXTRAS="test", VIRTUAL_ENV=str(repo / ".venv")),
+                         env=_env(repo / ".venv" / "bin", FFLOAD_EXTRAS="test", VIRTUAL_ENV=str(repo / ".venv"),
+                                  FFLOAD_TORCH_INDEX=(tmp_path / "no-index").as_uri()),
                          timeout=1200)
     assert run.returncode == 0, run.stdout + run.stderr
     assert (again / ".venv").is_symlink() and (again / ".venv").resolve() == (repo / ".venv").resolve()
+    assert f"install: keeping the torch {torch_version} (" in run.stdout
 
 
 def test_install_script_names_the_missing_venv_package(tmp_path):

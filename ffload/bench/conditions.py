@@ -8,8 +8,10 @@ import platform
 import subprocess
 from importlib import metadata
 
-_LIBRARIES = ("torch", "numba", "numpy", "ffcv", "pillow", "lmdb")
-"""Distributions whose versions are recorded."""
+_LIBRARIES = ("numba", "numpy", "ffcv", "pillow", "lmdb")
+"""Distributions whose versions are recorded from their metadata (ffcv is never imported beside ffload's numba
+code). torch is recorded as ``torch.__version__``: its local label (``+cpu``, ``+cu130``) tells the build apart, and
+the distribution metadata of the index's CUDA wheel carries none."""
 
 
 def _version(distribution: str) -> str | None:
@@ -46,12 +48,13 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _device() -> str:
+def _torch() -> tuple[str, str]:
+    """``(torch.__version__, device)``: ``'cpu'`` or the first CUDA device's name and the device count."""
     import torch
 
     if torch.cuda.is_available():
-        return f"cuda: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} device(s))"
-    return "cpu"
+        return torch.__version__, f"cuda: {torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} device(s))"
+    return torch.__version__, "cpu"
 
 
 def measurement_conditions() -> dict:
@@ -59,8 +62,9 @@ def measurement_conditions() -> dict:
 
     Returns a JSON-serialisable dict: ``ffload`` (version), ``git_commit`` (of the checkout
     holding this ffload, ``None`` outside a git checkout), ``git_dirty`` (uncommitted changes,
-    or ``None``), ``python``, ``torch``, ``numba``, ``numpy``, ``ffcv``, ``pillow``, ``lmdb``
-    (distribution versions, ``None`` when not installed), ``opencv`` (``cv2.__version__``),
+    or ``None``), ``python``, ``torch`` (``torch.__version__``, with its build label such as ``+cpu``),
+    ``numba``, ``numpy``, ``ffcv``, ``pillow``, ``lmdb`` (distribution versions, ``None`` when not installed),
+    ``opencv`` (``cv2.__version__``),
     ``platform``, ``cpu_count`` (``os.cpu_count()``), ``cpus_available`` (the CPUs this process
     may run on), ``cpu_model``, ``load_avg`` (1, 5, 15 min) and ``device`` (``'cpu'`` or the CUDA
     device's name). Imports torch (for the device)."""
@@ -70,12 +74,13 @@ def measurement_conditions() -> dict:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     commit = _git(root, "rev-parse", "HEAD")
     status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
+    torch_version, device = _torch()
     out = {"ffload": __version__, "git_commit": commit, "git_dirty": None if status is None else bool(status),
-           "python": platform.python_version()}
+           "python": platform.python_version(), "torch": torch_version}
     out.update({name: _version(name) for name in _LIBRARIES})
     out.update({"opencv": _opencv_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
                 "cpus_available": available_cpus(), "cpu_model": _cpu_model(),
-                "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "device": _device()})
+                "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "device": device})
     return out
 
 
