@@ -2,13 +2,13 @@
 # Install ffload and its test tools into the project's virtualenv `.venv/`, and ffcv 1.0.2 (the
 # interop/benchmark peer) where the machine can build it.
 #
-# Works with any Python >= 3.9 on PATH, including a system Python that refuses `pip install`
+# Works with any Python >= 3.10 on PATH, including a system Python that refuses `pip install`
 # (PEP 668, "externally-managed-environment"): pip only ever runs inside a virtualenv, never with
 # --break-system-packages. Inside an active virtualenv ($VIRTUAL_ENV) that one is used and `.venv`
 # becomes a link to it, so `.venv/bin/python` names the environment in every case.
 #
 # torch: a torch the environment can already import is kept, whatever its version or build (CPU,
-# CUDA, ROCm), as long as it is one setup.py admits. Only where none imports is one installed:
+# CUDA, ROCm), as long as it is one pyproject.toml admits. Only where none imports is one installed:
 # on a machine without an NVIDIA GPU PyTorch's CPU-only wheel index is tried first (a short
 # timeout, no retries, that index alone), then the default index, which serves CUDA builds (they
 # run on a CPU, but weigh several GB). One line says which build was installed and why.
@@ -30,7 +30,7 @@ if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
     ln -s "$VIRTUAL_ENV" "$VENV"
   fi
 elif [ ! -x "$VENV/bin/python" ]; then
-  command -v "$PY" >/dev/null || { echo "install: no $PY on PATH; install Python >= 3.9 first" >&2; exit 1; }
+  command -v "$PY" >/dev/null || { echo "install: no $PY on PATH; install Python >= 3.10 first" >&2; exit 1; }
   if ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
     pkg="python$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv"
     if is_root && command -v apt-get >/dev/null; then
@@ -64,12 +64,12 @@ fi
 
 "$VPY" -m pip install -q --upgrade pip
 
-# The torch requirement is setup.py's, so that this script and pip agree on what is supported.
-torch_req=$(sed -n 's/^ *"\(torch[<>=!~][^"]*\)",.*/\1/p' setup.py | head -n 1)
+# The torch requirement is pyproject.toml's, so that this script and pip agree on what is supported.
+torch_req=$(sed -n 's/^ *"\(torch[<>=!~][^"]*\)",.*/\1/p' pyproject.toml | head -n 1)
 torch_req=${torch_req:-torch}
 torch_build() {  # e.g. "torch 2.13.0+cpu (CPU-only build)"
   "$VPY" -c 'import torch; v = torch.version
-print(f"torch {torch.__version__} (" + (f"CUDA {v.cuda}" if v.cuda else f"ROCm {v.hip}" if getattr(v, "hip", None) else "CPU-only") + " build)")'
+print(f"torch {torch.__version__} (" + (f"CUDA {v.cuda}" if v.cuda else f"ROCm {v.hip}" if getattr(v, "hip", None) else "CPU-only") + " build)")' 2>/dev/null  # (torch warns when numpy is not installed yet)
 }
 has_nvidia_gpu() { [ -e /proc/driver/nvidia/version ] || { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; }
 cpu_index=https://download.pytorch.org/whl/cpu

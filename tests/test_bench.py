@@ -96,6 +96,7 @@ def check_run_rows(rows, samples, epochs):
         assert row["epochs"] == epochs
 
 
+@pytest.mark.smoke
 def test_raw_json_and_plot(raw_data, tmp_path):
     paths, _ = raw_data
     png = tmp_path / "workers.png"
@@ -123,6 +124,7 @@ def test_raw_json_and_plot(raw_data, tmp_path):
     assert matplotlib.image.imread(str(png)).ndim == 3
 
 
+@pytest.mark.smoke
 def test_compare_lmdb_text(raw_data):
     paths, _ = raw_data
     result = invoke([paths["lmdb"], "--compare", "--epochs", "2", "--batch-size", "100", "--num-workers", "1"])

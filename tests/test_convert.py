@@ -44,6 +44,7 @@ def expected_order(root, images, labels):
     return [images[i] for _, _, i in entries], [labels[i] for _, _, i in entries]
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
 def test_digits_folder_round_trip(tmp_path, digits_folder, suffix):
     root, images, labels = digits_folder
@@ -60,6 +61,7 @@ def test_digits_folder_round_trip(tmp_path, digits_folder, suffix):
         np.testing.assert_array_equal(decode_image(view, "image", i, region), exp_images[i])
 
 
+@pytest.mark.smoke
 def test_parallel_output_is_identical_to_serial(tmp_path, digits_folder):
     root = digits_folder[0]
     a, b = str(tmp_path / "a.beton"), str(tmp_path / "b.beton")

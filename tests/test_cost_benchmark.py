@@ -142,6 +142,7 @@ def test_vanilla_loader_batches_do_not_depend_on_workers(tmp_path):
 
 # ------------------------------------------------------------------------- the script
 
+@pytest.mark.smoke
 def test_cost_benchmark_tiny_run(tmp_path):
     images, labels = digits_rgb32(260)
     data = tmp_path / "cifar-10-batches-py"

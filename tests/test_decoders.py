@@ -117,6 +117,7 @@ def test_simple_raw_equals_source(tmp_path, tiles, suffix):
         assert np.array_equal(row, tiles[i])
 
 
+@pytest.mark.smoke
 def test_simple_jpg_equals_opencv_decode(tmp_path, tiles):
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)},
                  [(t,) for t in tiles])
@@ -367,6 +368,7 @@ def test_random_resized_crop_boxes_stay_inside_images():
 # ---------------------------------------------------------------- RandomResizedCropRGBImageDecoder
 
 
+@pytest.mark.smoke
 def test_random_resized_crop_pixels_follow_the_boxes(tmp_path, photos):
     view = write(tmp_path / "d.beton", {"image": RGBImageField("raw")}, [(p,) for p in photos])
     op = RandomResizedCropRGBImageDecoder((40, 56))

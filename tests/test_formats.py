@@ -63,6 +63,7 @@ def check_view(view, samples, exact_images=True):
         assert JSONField.unpack(np.asarray(view.payload("doc", i, region))) == doc
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
 def test_every_field_round_trips(tmp_path, suffix):
     fields, samples = all_field_samples()
@@ -218,6 +219,7 @@ def test_reads_files_written_by_ffcv(tmp_path):
         assert np.abs(got.astype(int) - img).mean() < 6
 
 
+@pytest.mark.smoke
 def test_ffcv_loader_reads_our_files(tmp_path):
     pytest.importorskip("ffcv", reason="ffcv 1.0.2 (extra 'ffcv') is not installed")
     run_isolated("test_formats", "ffcv_loader_reads_our_files", str(tmp_path))  # ffcv corrupts numba's types: tests/isolated.py

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or not shutil.which("git"), reason="Linux with git only")
+pytestmark = pytest.mark.skipif(sys.platform != "linux" or not shutil.which("git") or not (REPO / ".git").exists(),
+                                reason="a git checkout on Linux only")
 
 
 def _fake_system_python(root: Path, *, with_venv: bool = True) -> Path:

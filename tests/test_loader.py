@@ -65,6 +65,7 @@ def indices_only():
 
 
 # ------------------------------------------------------------------ contents
+@pytest.mark.smoke
 def test_default_pipelines_decode_every_field(dataset, digits):
     images, labels = digits
     with ffload.Loader(dataset, batch_size=16, num_workers=2, order="sequential") as loader:
@@ -215,6 +216,7 @@ def assert_same_batches(a, b):
                 assert torch.equal(ta, tb)
 
 
+@pytest.mark.smoke
 def test_same_batches_for_any_num_workers(dataset):
     runs = [run_epochs(dataset, batch_size=8, num_workers=w, seed=3, order="random")
             for w in (1, 2, 3)]

@@ -6,7 +6,7 @@ The compiled JPEG path needs the TurboJPEG **3** API: ``tj3SetCroppingRegion`` (
 rows and iMCU columns of a crop box) and ``tj3SetScalingFactor`` (DCT-domain scaling by M/8).
 Candidates checked on this project's machines (Debian 12, CPython 3.11, x86_64):
 
-* the PyPI wheel ``turbojpeg==0.0.2`` (pinned in setup.py): it bundles
+* the PyPI wheel ``turbojpeg==0.0.2`` (pinned in pyproject.toml): it bundles
   ``turbojpeg.libs/libturbojpeg-<hash>.so.0.3.0`` (libjpeg-turbo 3.0 pre-release "2.1.92",
   build 20230806, needing only libc) exporting ``tj3Init``, ``tj3DecompressHeader``,
   ``tj3SetScalingFactor``, ``tj3SetCroppingRegion``, ``tj3Decompress8``, ``tj3Get``,

@@ -5,9 +5,8 @@ timing, test-time-augmented evaluation and the choice of device.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
