@@ -16,6 +16,10 @@ setup(
         "numba>=0.57",
         "lmdb>=1.4",
         "opencv-python-headless>=4.8",
+        # the decoder of record for source images (ffload/convert/images.py): Image.Exif, exif_transpose with XMP
+        # and raw-profile orientation; tifffile reads 16-bit/float TIFF samples exactly (planar, tiled)
+        "pillow>=11",
+        "tifffile>=2023.1",
         # libjpeg-turbo 3 (TurboJPEG 3 API) as a shared library for the compiled JPEG path; only
         # its bundled libturbojpeg is used (see ffload/loaders/turbojpeg.py). Pinned: the module
         # is a 0.0.x binding whose wheel layout we rely on.

@@ -284,12 +284,11 @@ def oriented(a: np.ndarray, orientation: int) -> np.ndarray:
 
 
 def unpremultiplied(values: np.ndarray) -> np.ndarray:
-    """16-bit associated alpha undone on ``(H, W, 4) uint16``: ``c * 65535 / a`` rounded, clipped; ``a == 0``
-    keeps ``c``. Returns the colour ``(H, W, 3) uint16``."""
+    """16-bit associated alpha undone on ``(H, W, 4) uint16`` as Pillow undoes 8-bit (its ``RGBa`` unpacker):
+    ``min(c * 65535 // a, 65535)``, 0 where ``a == 0``. Returns the colour ``(H, W, 3) uint16``."""
     color, alpha = values[..., :3].astype(np.uint64), values[..., 3:].astype(np.uint64)
-    safe = np.maximum(alpha, 1)
-    out = np.minimum((color * 65535 + safe // 2) // safe, 65535)
-    return np.where(alpha == 0, color, out).astype(np.uint16)
+    out = np.minimum(color * 65535 // np.maximum(alpha, 1), 65535)
+    return np.where(alpha == 0, 0, out).astype(np.uint16)
 
 
 # -- the corpus -------------------------------------------------------------------------------------------------
