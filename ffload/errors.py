@@ -8,7 +8,8 @@ before this module existed, so ``except ValueError`` written against older ffloa
     FfloadError
     ├── ConfigurationError   (ValueError)   bad arguments: a constructor or option that cannot work
     ├── SourceError          (ValueError)   an input dataset that cannot be read as asked
-    │   └── ImageDecodeError                one input image that cannot be decoded
+    │   └── ImageDecodeError                one input image that cannot be decoded (corrupt)
+    │       ├── ImageUnsupportedError       one valid image with a feature no decoder here reads
     │       └── ImageBombError              one whose header declares more pixels than allowed
     ├── FormatError          (ValueError)   a .beton / LMDB dataset that is not valid (DatasetError)
     ├── FieldError           (ValueError)   a value that its field cannot encode
@@ -24,7 +25,8 @@ This module imports nothing from ffload, so every module may import it.
 """
 from __future__ import annotations
 
-__all__ = ["FfloadError", "ConfigurationError", "SourceError", "ImageDecodeError", "ImageBombError", "FormatError",
+__all__ = ["FfloadError", "ConfigurationError", "SourceError", "ImageDecodeError", "ImageUnsupportedError",
+           "ImageBombError", "FormatError",
            "DatasetError", "FieldError", "ConvertError", "DatasetBusyError", "LoaderError", "StorageError", "RecipeError"]
 
 
@@ -58,6 +60,10 @@ class SourceError(FfloadError, ValueError):
 
 class ImageDecodeError(SourceError):
     """One input image (file or array) that cannot be turned into ``(H, W, 3) uint8`` RGB."""
+
+
+class ImageUnsupportedError(ImageDecodeError):
+    """A valid input image with a feature (bit depth, compression, colour space, sample format) no decoder reads."""
 
 
 class ImageBombError(ImageDecodeError):

@@ -1,66 +1,78 @@
-"""Decode image files to RGB uint8 "as a viewer shows it".
+"""Decode image files to RGB uint8: the pixels are Pillow's, the ones torchvision's ``ImageFolder`` trains on.
 
 Every image that enters a dataset goes through this module, so that a ``.beton`` or LMDB file always stores
-``(H, W, 3) uint8`` RGB pixels whatever the source file looked like. Decoding uses OpenCV (libjpeg-turbo, libpng,
-libtiff, libwebp); Pillow is not needed. The rules:
+``(H, W, 3) uint8`` RGB pixels whatever the source file looked like.
 
-* **Formats.** JPEG, PNG, BMP, WebP and TIFF, recognised by their signature (the first bytes), not by the file
-  extension. Files found by extension (``ImageFolderSource``) use :data:`IMAGE_EXTENSIONS`, compared in any case.
-  GIF, JPEG 2000, HEIF/AVIF, PNM and others raise :class:`ImageDecodeError` ("unsupported format").
-* **Orientation.** The EXIF Orientation tag (JPEG, PNG, WebP) and the TIFF Orientation tag are applied: the
-  result is the upright image, ``H`` and ``W`` swapped for orientations 5-8 (as ``PIL.ImageOps.exif_transpose``).
-* **Grayscale** (8/16-bit, 1-bit) is replicated to 3 equal channels.
-* **Alpha** is dropped without compositing, as Pillow's ``convert("RGB")``: an RGBA pixel ``(r, g, b, a)`` becomes
-  ``(r, g, b)``; gray+alpha becomes gray. Exception forced by libtiff: 8-bit TIFFs with alpha are read through
-  ``TIFFReadRGBA``, which premultiplies colour by alpha; the premultiplication is divided back out, exact where
-  alpha is 255, within ``255 / (2 * alpha) + 1`` elsewhere, black where alpha is 0.
-* **Palette** images are expanded to their RGB colours (the tRNS transparency is dropped like alpha).
-* **CMYK** (JPEG as written by Photoshop/Pillow, with inverted Adobe CMYK; TIFF) is converted with the naive
-  formula ``R = (255 - C) * (255 - K) / 255`` (same for G/M and B/Y) as Pillow does, up to rounding: within 1 of
-  the formula for TIFF (libtiff), within 2 of Pillow for JPEG (OpenCV).
-* **16-bit** samples are scaled to 8 bits as ``round(v / 257)`` (65535 -> 255, exact integer arithmetic).
-* **Float** samples (float TIFFs, in-memory arrays) must lie in ``[0, 1]`` and become ``round(v * 255)``.
-* **No colour management**: ICC profiles and PNG gamma are ignored (like Pillow and torchvision).
-* **No resizing** here: ``max_resolution`` is applied by the field encoder.
-* **Pixel limit** (decompression bombs): the width and height are read from the header (JPEG SOF, PNG IHDR, BMP
-  info header, WebP VP8/VP8L/VP8X, TIFF first IFD) *before* anything is decoded. An image of more than
-  ``max_pixels`` pixels (default :data:`DEFAULT_MAX_PIXELS`, twice Pillow's ``MAX_IMAGE_PIXELS``) is refused with
-  :class:`ImageBombError`; one above half of it is logged as a warning, as Pillow's ``DecompressionBombWarning``.
+**The rule.** A file's pixels are Pillow's ``ImageOps.exif_transpose(Image.open(f)).convert("RGB")`` (Pillow is
+the decoder of record): palettes expanded, alpha dropped without compositing, associated alpha undone, CMYK, YCbCr
+and CIELab converted, 1/2/4-bit grey scaled, the first frame of an animation (an APNG's default image), and the
+EXIF orientation applied wherever Pillow finds it (JPEG/PNG/WebP/TIFF Exif, the PNG ``eXIf`` chunk, ImageMagick's
+"Raw profile type exif" text, XMP ``tiff:Orientation``). ICC profiles and gamma are ignored, as by Pillow. The
+exceptions, a closed list (also the table in ``docs/images.md``), all where Pillow's ``convert`` loses the data:
 
-Bad input raises :class:`ImageDecodeError` (a ``ValueError``) whose message names the file and the cause: an
-unreadable or empty file, an unrecognised or unsupported format, a truncated JPEG (no end-of-image marker after the
-scan data) or PNG (chunks cut short, no ``IEND``), or data OpenCV cannot decode. The structural checks matter
-because OpenCV 4.x returns a half-gray image for a truncated JPEG instead of failing. Damaged entropy-coded data
-inside a complete JPEG, which libjpeg only warns about, still decodes (with gray blocks), as in Pillow.
+* **Unsigned integer samples of b > 8 bits** (16-bit PNG, 16/32-bit TIFF) -> ``round(v * 255 / (2**b - 1))``,
+  i.e. ``round(v / 257)`` for 16 bits (Pillow clips grey at 255 and keeps the high byte of colour). Associated
+  (premultiplied) alpha is undone first as Pillow does at 8 bits: ``min(c * 65535 // a, 65535)``, 0 where ``a``
+  is 0. The samples are read exactly: 16-bit PNGs by libpng (OpenCV, ancillary chunks removed, so an APNG gives
+  its default image), TIFFs by ``tifffile`` (planar, tiled, float), or by OpenCV for a chunky TIFF whose
+  compression ``tifffile`` needs ``imagecodecs`` for (LZW).
+* **Float samples** (TIFF) -> ``rint(v * 255)`` when every value is finite and in ``[0, 1]``; any other float
+  image is refused as unsupported with its range (Pillow truncates them to 0/1; clamping would store a guess).
+* **Signed integer samples** (TIFF) are refused as unsupported (no unambiguous mapping to ``0..255``).
+
+JPEG is decoded by OpenCV (libjpeg-turbo, about 30% faster than Pillow) where that is proven to give Pillow's
+pixels: 8-bit baseline/extended/progressive Huffman JPEGs with 1 or 3 components and no Adobe marker
+(tests/test_odd_images.py compares them); the orientation is then Pillow's. Every other JPEG goes to Pillow.
+
+**Formats**: JPEG, PNG, BMP, WebP and TIFF, recognised by their signature (the first bytes), not by the file
+extension. Files found by extension (``ImageFolderSource``) use :data:`IMAGE_EXTENSIONS`, compared in any case.
+GIF, JPEG 2000, HEIF/AVIF, PNM and others raise :class:`ImageUnsupportedError` ("unsupported format").
+
+**Outcomes.** A file is decoded, or raises one of:
+
+* :class:`ImageBombError`: more than ``max_pixels`` pixels (default :data:`DEFAULT_MAX_PIXELS`, twice Pillow's
+  ``MAX_IMAGE_PIXELS``), read from the header (JPEG SOF, PNG IHDR, BMP info header, WebP VP8/VP8L/VP8X, TIFF
+  first IFD) before anything is decoded, and again from Pillow's reading of the header where it differs. Above
+  half the limit a warning is logged, as Pillow's ``DecompressionBombWarning``; Pillow's own check (a global
+  setting) is not used, so ``max_pixels`` alone decides.
+* :class:`ImageUnsupportedError`: a valid file with a feature no decoder here reads; the message says
+  ``unsupported: <feature>`` (bit depth, compression, colour space, sample format) and the decoder's words.
+* :class:`ImageDecodeError` (corrupt): an unreadable or empty file, not an image, a truncated JPEG (no end-of-image
+  marker after the scan data) or PNG (chunks cut short, no ``IEND``), or data the decoder refuses, in its words.
+
+Decoder chatter never reaches the terminal: Python warnings raised while decoding (Pillow's) and what libtiff
+writes to the process's standard error while Pillow decodes a TIFF are captured, added to the reason of a failure
+and logged at DEBUG level otherwise; OpenCV's log is silenced while it decodes. Both captures change process-wide
+state for the length of one decode (the warning filters, file descriptor 2), so a thread printing meanwhile has
+its lines captured too.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import stat
 import struct
+import sys
+import tempfile
+import warnings
 
 import cv2
 import numpy as np
 
-from ..errors import ImageBombError, ImageDecodeError
+from ..errors import ImageBombError, ImageDecodeError, ImageUnsupportedError
 from ..limits import DEFAULT_MAX_PIXELS
 
-__all__ = ["IMAGE_EXTENSIONS", "DEFAULT_MAX_PIXELS", "ImageBombError", "ImageDecodeError", "has_image_extension",
-           "load_image", "read_image_file", "decode_image_bytes", "header_size", "check_pixels", "to_rgb_uint8"]
+__all__ = ["IMAGE_EXTENSIONS", "DEFAULT_MAX_PIXELS", "ImageBombError", "ImageDecodeError", "ImageUnsupportedError",
+           "has_image_extension", "load_image", "read_image_file", "decode_image_bytes", "header_size",
+           "check_pixels", "to_rgb_uint8", "jpeg_orientation"]
 
 logger = logging.getLogger(__name__)
 
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 """File extensions (lower case, with the dot) treated as images; matched case-insensitively."""
-
-# Decoders pick gray -> BGR, drop alpha, expand palettes, convert CMYK and apply EXIF orientation; ANYDEPTH keeps
-# 16-bit samples so that we scale them with round(v / 257) instead of OpenCV's truncating v >> 8.
-_COLOR_FLAGS = cv2.IMREAD_COLOR | cv2.IMREAD_ANYDEPTH
-# libtiff applies the TIFF orientation itself; IMREAD_COLOR fails on float TIFFs and decodes 16-bit TIFFs wrongly
-# with IMREAD_COLOR_RGB, so TIFFs are read unchanged and normalised here.
-_TIFF_FLAGS = cv2.IMREAD_UNCHANGED
 
 _UNSUPPORTED_SIGNATURES = (
     (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
@@ -72,7 +84,19 @@ _UNSUPPORTED_SIGNATURES = (
 )
 _SUPPORTED_NAMES = "JPEG, PNG, BMP, WebP, TIFF"
 
+# Pillow's image classes per sniffed format: constructed directly, they parse the header as Image.open does but
+# without its global decompression-bomb limit (max_pixels decides).
+_PILLOW_CLASSES = {"JPEG": ("JpegImagePlugin", "JpegImageFile"), "PNG": ("PngImagePlugin", "PngImageFile"),
+                   "BMP": ("BmpImagePlugin", "BmpImageFile"), "WebP": ("WebPImagePlugin", "WebPImageFile"),
+                   "TIFF": ("TiffImagePlugin", "TiffImageFile")}
 
+_TIFF_COMPRESSIONS = {1: "none", 2: "CCITT RLE", 3: "CCITT Group 3", 4: "CCITT Group 4", 5: "LZW",
+                      6: "old-style JPEG", 7: "JPEG", 8: "Deflate", 32773: "PackBits", 32946: "Deflate",
+                      34661: "JBIG", 34676: "SGI LogLuv", 34677: "SGI LogLuv", 34712: "JPEG 2000", 34887: "LERC",
+                      34925: "LZMA", 50000: "Zstandard", 50001: "WebP", 50002: "JPEG XL"}
+_TIFF_COMMON_COMPRESSIONS = (1, 2, 3, 4, 5, 7, 8, 32773, 32946)
+_TIFF_PHOTOMETRICS = {0: "min-is-white", 1: "min-is-black", 2: "RGB", 3: "palette", 4: "mask", 5: "separated (CMYK)",
+                      6: "YCbCr", 8: "CIELab", 9: "ICCLab", 10: "ITULab", 32844: "LogL", 32845: "LogLuv"}
 def has_image_extension(path: str | os.PathLike) -> bool:
     """True when ``path`` ends with one of :data:`IMAGE_EXTENSIONS`, in any case (torchvision's ``IMG_EXTENSIONS``
     check, restricted to the formats this module decodes)."""
@@ -122,11 +146,14 @@ def decode_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_
         max_pixels: refuse images whose header declares more pixels (``None``: no limit); see
             :func:`check_pixels`.
     Returns:
-        ``(H, W, 3) uint8`` RGB, C-contiguous, following the rules in the module docstring.
+        ``(H, W, 3) uint8`` RGB, C-contiguous and writable: Pillow's pixels, or the documented exception (module
+        docstring).
     Raises:
-        ImageDecodeError: empty data, unrecognised or unsupported format, truncated JPEG/PNG, or data OpenCV
-            cannot decode; the message starts with ``name``.
         ImageBombError: the header declares more than ``max_pixels`` pixels (checked before decoding).
+        ImageUnsupportedError: a format, bit depth, compression, colour space or sample format that no decoder
+            here reads (the message names it after ``unsupported:``).
+        ImageDecodeError: empty data, not an image, a truncated JPEG/PNG, or data the decoder refuses (its words
+            in the message); every message starts with ``name``.
     """
     if not isinstance(data, bytes):
         data = bytes(data)
@@ -137,21 +164,269 @@ def decode_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_
         _check_jpeg_complete(data, name)
     elif fmt == "PNG":
         _check_png_complete(data, name)
+    size = None
     if max_pixels is not None:
-        height, width = header_size(data, fmt, name)
-        check_pixels(height, width, max_pixels, name)
-    flags = _TIFF_FLAGS if fmt == "TIFF" else _COLOR_FLAGS
+        size = header_size(data, fmt, name)
+        check_pixels(*size, max_pixels, name)
+    failure = None
+    with _decoder_messages(fmt == "TIFF") as said:  # libtiff (under Pillow) is the one that writes to stderr
+        try:
+            image = _decode(data, fmt, name, max_pixels, size)
+        except ImageDecodeError:
+            raise
+        except Exception as e:  # the decoders' own errors: OSError, SyntaxError, ValueError, cv2.error, ...
+            failure = e
+    if failure is not None:
+        raise _failure(data, fmt, name, failure, "; ".join(said)) from failure
+    if said:
+        logger.debug("%s: decoder messages: %s", name, "; ".join(said))
+    return image
+
+
+def _decode(data: bytes, fmt: str, name: str, max_pixels: int | None, size: tuple[int, int] | None) -> np.ndarray:
+    """The pixels by the module's rule; decoder errors propagate as they are (the caller words them)."""
+    if fmt == "JPEG" and _jpeg_fast_path(data):
+        image = _opencv(data, _JPEG_FLAGS)
+        if image is not None:  # else Pillow gives its verdict below
+            image = image if _JPEG_RGB else image[..., ::-1]  # OpenCV before 4.10 has no RGB flag
+            return _oriented(image, _orientation(_pillow(data, fmt)))
+    if fmt == "TIFF":
+        tags = _tiff_tags(data)
+        if _first(tags, 258, 1) > 8 or _first(tags, 339, 1) not in (1, 4):  # 4: "undefined", read as unsigned
+            return _wide_tiff(data, name, tags)
+    from PIL import ImageOps
+
+    im = _pillow(data, fmt)
+    if max_pixels is not None and (im.height, im.width) != size:  # Pillow reads another size: check it too
+        check_pixels(im.height, im.width, max_pixels, name)
+    if fmt == "PNG" and data[24] == 16:  # IHDR bit depth: Pillow keeps the high byte of 16-bit colour
+        samples = _opencv(_png_image_chunks(data), cv2.IMREAD_UNCHANGED)
+        if samples is None:
+            raise ValueError("libpng could not decode the 16-bit image data")
+        return _oriented(_wide_to_rgb(_rgb_order(samples), 16, 1, name), _orientation(im))
+    upright = ImageOps.exif_transpose(im)
+    if upright.mode in ("I", "F") or upright.mode.startswith("I;"):  # deep grey: the array rules, not clipping
+        return to_rgb_uint8(np.asarray(upright), name)
+    return np.array(upright.convert("RGB"))
+
+
+_JPEG_RGB = hasattr(cv2, "IMREAD_COLOR_RGB")
+_JPEG_FLAGS = (cv2.IMREAD_COLOR_RGB if _JPEG_RGB else cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION
+
+
+def _pillow(data: bytes, fmt: str):
+    """Pillow's image of ``data`` read as ``fmt`` (header parsed, pixels not yet decoded); raises its errors."""
+    import importlib
+
+    module, cls = _PILLOW_CLASSES[fmt]
+    return getattr(importlib.import_module(f"PIL.{module}"), cls)(io.BytesIO(data))
+
+
+def jpeg_orientation(data: bytes) -> int:
+    """The EXIF orientation (1-8; 1 when none) that Pillow's ``ImageOps.exif_transpose`` applies to a JPEG file's
+    bytes, read from its header only (Exif APP1 or XMP ``tiff:Orientation``). Raises Pillow's errors (``OSError``,
+    ``SyntaxError``) when Pillow cannot read the header."""
+    return _orientation(_pillow(data, "JPEG"))
+
+
+def _orientation(im) -> int:
+    """The EXIF orientation Pillow's ``ImageOps.exif_transpose`` applies to ``im`` (Exif, eXIf, raw profile,
+    XMP, as its ``getexif`` finds it); 1 when there is none."""
+    return im.getexif().get(0x0112, 1)
+
+
+def _oriented(a: np.ndarray, orientation: int) -> np.ndarray:
+    """``a`` ``(H, W, C)`` transposed as Pillow's ``exif_transpose`` does for ``orientation`` (EXIF 2.3: 2 mirror,
+    3 rotate 180, 4 flip, 5 transpose, 6 rotate 270, 7 transverse, 8 rotate 90; others: unchanged); C-contiguous."""
+    moves = {2: lambda x: x[:, ::-1], 3: lambda x: x[::-1, ::-1], 4: lambda x: x[::-1],
+             5: lambda x: x.transpose(1, 0, 2), 6: lambda x: x[::-1].transpose(1, 0, 2),
+             7: lambda x: x[::-1, ::-1].transpose(1, 0, 2), 8: lambda x: x[:, ::-1].transpose(1, 0, 2)}
+    move = moves.get(orientation)
+    return np.ascontiguousarray(a if move is None else move(a))
+
+
+def _opencv(data: bytes, flags: int) -> np.ndarray | None:
+    """``cv2.imdecode`` with OpenCV's log silenced (its libtiff/libpng/libjpeg warnings never print)."""
+    level = cv2.utils.logging.getLogLevel()
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     try:
-        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
-    except cv2.error as e:
-        raise ImageDecodeError(f"{name}: OpenCV cannot decode this {fmt} file ({str(e).strip()})") from e
-    if decoded is None or decoded.size == 0:
-        raise ImageDecodeError(f"{name}: corrupt or truncated {fmt} data (OpenCV could not decode it)")
-    if decoded.ndim == 3 and decoded.shape[2] == 4 and decoded.dtype == np.uint8 and fmt == "TIFF":
-        decoded = _unpremultiply_bgra(decoded)
-    if decoded.ndim == 3 and decoded.shape[2] >= 3:
-        decoded = decoded[..., 2::-1]  # BGR(A) -> RGB; alpha dropped
-    return to_rgb_uint8(decoded, name)
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    finally:
+        cv2.utils.logging.setLogLevel(level)
+    return None if image is None or image.size == 0 else image
+
+
+def _rgb_order(samples: np.ndarray) -> np.ndarray:
+    """OpenCV's BGR(A) -> RGB(A); grey ``(H, W)`` -> ``(H, W, 1)``."""
+    if samples.ndim == 2:
+        return samples[..., None]
+    return np.concatenate([samples[..., 2::-1], samples[..., 3:]], axis=2) if samples.shape[2] >= 3 else samples
+
+
+@contextlib.contextmanager
+def _decoder_messages(stderr: bool):
+    """Capture what decoders say during the block: Python warnings (Pillow's) and, with ``stderr``, what C
+    libraries write to file descriptor 2. Yields a list, filled with the messages when the block ends."""
+    said: list[str] = []
+    with warnings.catch_warnings(record=True) as caught, contextlib.ExitStack() as stack:
+        warnings.simplefilter("always")
+        sink = stack.enter_context(tempfile.TemporaryFile()) if stderr else None
+        if sink is not None:
+            sys.stderr.flush()
+            saved = os.dup(2)
+            os.dup2(sink.fileno(), 2)
+        try:
+            yield said
+        finally:
+            if sink is not None:
+                os.dup2(saved, 2)
+                os.close(saved)
+                sink.seek(0)
+                said.extend(line.strip() for line in sink.read().decode("utf-8", "replace").splitlines()
+                            if line.strip())
+            said.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+
+
+def _failure(data: bytes, fmt: str, name: str, error: Exception, said: str) -> ImageDecodeError:
+    """The error for a file the decoder refused: unsupported when its header shows a feature from
+    :func:`_unsupported_feature`, else corrupt; the decoder's words (and messages) in both."""
+    words = str(error).strip() or type(error).__name__
+    if said:
+        words = f"{words}; {said}"
+    feature = _unsupported_feature(data, fmt)
+    if feature is not None:
+        return ImageUnsupportedError(f"{name}: unsupported: {feature} (the decoder says: {words})")
+    return ImageDecodeError(f"{name}: corrupt or truncated {fmt} file (the decoder says: {words})")
+
+
+def _unsupported_feature(data: bytes, fmt: str) -> str | None:
+    """A feature of a file's header that explains why a decoder refused it (an uncommon compression, bit depth,
+    colour space or coding), or None (the file is then taken as corrupt)."""
+    try:
+        if fmt == "JPEG":
+            frame = _jpeg_frame(data)
+            if frame is None:
+                return None
+            marker, precision, _, _, components, _ = frame
+            if precision != 8:
+                return f"{precision}-bit JPEG"
+            if marker in (0xC3, 0xC7, 0xCB, 0xCF):
+                return "lossless JPEG"
+            if marker in (0xC5, 0xC6, 0xCD, 0xCE):
+                return "hierarchical JPEG"
+            if marker >= 0xC9:
+                return "arithmetic-coded JPEG"
+            return f"JPEG with {components} components" if components not in (0, 1, 3, 4) else None
+        if fmt == "TIFF":
+            return _tiff_feature(_tiff_tags(data))
+        if fmt == "BMP" and int.from_bytes(data[14:18], "little") >= 40:
+            bits, compression = struct.unpack("<HI", data[28:34])
+            if compression in (4, 5):
+                return f"BMP holding a {'JPEG' if compression == 4 else 'PNG'} image (compression {compression})"
+            if compression not in (0, 1, 2, 3, 6):
+                return f"BMP compression {compression}"
+            return f"{bits}-bit BMP" if bits not in (1, 2, 4, 8, 16, 24, 32) else None
+    except (struct.error, IndexError):
+        return None
+    return None
+
+
+def _tiff_feature(tags: dict[int, tuple[int, ...]]) -> str | None:
+    """The uncommon feature of a TIFF's first IFD (compression, JPEG depth, colour space, bit depth), or None."""
+    compression, bits = _first(tags, 259, 1), _first(tags, 258, 1)
+    photometric = _first(tags, 262, -1)
+    if compression not in _TIFF_COMMON_COMPRESSIONS:
+        return f"TIFF compression {_TIFF_COMPRESSIONS.get(compression, compression)} ({compression})"
+    if compression == 7 and bits != 8:
+        return f"{bits}-bit JPEG-compressed TIFF"
+    if photometric not in (0, 1, 2, 3, 5, 6, 8):
+        return f"TIFF colour space {_TIFF_PHOTOMETRICS.get(photometric, photometric)}"
+    return f"{bits}-bit TIFF samples" if bits not in (1, 2, 4, 8, 16, 32, 64) else None
+
+
+def _jpeg_fast_path(data: bytes) -> bool:
+    """Whether OpenCV decodes this JPEG to Pillow's pixels (shown by tests/test_odd_images.py): 8-bit Huffman
+    baseline / extended / progressive, 1 or 3 components, no Adobe APP14 marker (whose colour transform flag
+    the two libraries might read differently)."""
+    frame = _jpeg_frame(data)
+    return (frame is not None and frame[0] in (0xC0, 0xC1, 0xC2) and frame[1] == 8 and frame[4] in (1, 3)
+            and not frame[5])
+
+
+def _png_image_chunks(data: bytes) -> bytes:
+    """A complete PNG's signature, IHDR, IDAT and IEND chunks only: the default image, without animation
+    frames (APNG), transparency or colour chunks that a decoder might apply."""
+    pieces, pos = [data[:8]], 8
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        if data[pos + 4:pos + 8] in (b"IHDR", b"IDAT", b"IEND"):
+            pieces.append(data[pos:pos + 12 + length])
+        pos += 12 + length
+    return b"".join(pieces)
+
+
+def _wide_tiff(data: bytes, name: str, tags: dict[int, tuple[int, ...]]) -> np.ndarray:
+    """A TIFF with samples wider than 8 bits or not unsigned: exact samples by tifffile (or OpenCV for a chunky
+    file whose compression tifffile needs imagecodecs for), scaled by the module's rules, upright."""
+    import tifffile
+
+    with tifffile.TiffFile(io.BytesIO(data)) as tif:
+        page = tif.pages[0]
+        bits, kind = page.bitspersample, int(page.sampleformat)
+        photometric, extras = int(page.photometric), tuple(int(e) for e in page.extrasamples)
+        if kind == 2:
+            raise ImageUnsupportedError(f"{name}: unsupported: signed {bits}-bit integer samples (no unambiguous "
+                                        f"mapping to 0..255)")
+        if photometric not in (0, 1, 2):
+            compression = _TIFF_COMPRESSIONS.get(int(page.compression), int(page.compression))
+            raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit "
+                                        f"{_TIFF_PHOTOMETRICS.get(photometric, photometric)} TIFF ({compression} "
+                                        f"compression)")
+        try:
+            samples = page.asarray()
+            if page.axes.startswith("S"):  # planar: one plane per sample
+                samples = np.moveaxis(samples, 0, -1)
+        except ValueError as e:
+            if "imagecodecs" not in str(e):
+                raise
+            compression = _TIFF_COMPRESSIONS.get(int(page.compression), int(page.compression))
+            if int(page.planarconfig) != 1:
+                raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit planar TIFF with {compression} "
+                                            f"compression (tifffile reads it with the imagecodecs package: pip "
+                                            f"install imagecodecs)") from e
+            samples = _opencv(data, cv2.IMREAD_UNCHANGED)
+            if samples is None:
+                raise ValueError(f"OpenCV could not decode the {bits}-bit {compression} data") from e
+            samples = _rgb_order(samples)
+    samples = samples.reshape(samples.shape[0], samples.shape[1], -1)
+    try:
+        orientation = _orientation(_pillow(data, "TIFF"))
+    except Exception:  # Pillow cannot open it (e.g. planar float64): the Orientation tag, as Pillow would read it
+        orientation = _first(tags, 274, 1)
+    return _oriented(_wide_to_rgb(samples, bits, photometric, name, associated=extras[:1] == (1,)), orientation)
+
+
+def _wide_to_rgb(samples: np.ndarray, bits: int, photometric: int, name: str, associated: bool = False):
+    """``(H, W, C)`` samples (unsigned ints of ``bits`` bits, or floats) in RGB(A) / grey(+alpha) order -> RGB
+    uint8: associated alpha undone, min-is-white (``photometric`` 0) inverted, then scaled (module docstring)."""
+    floats = samples.dtype.kind == "f"
+    top = 1.0 if floats else (1 << bits) - 1
+    colour = samples[..., :3] if samples.shape[2] >= 3 else samples[..., :1]
+    if associated and samples.shape[2] > colour.shape[2]:
+        alpha = samples[..., colour.shape[2]:colour.shape[2] + 1]
+        if floats:
+            colour = np.where(alpha > 0, np.minimum(colour / np.where(alpha > 0, alpha, 1), 1.0), 0.0)
+        else:
+            wide = colour.astype(np.uint64) * np.uint64(top) // np.maximum(alpha, 1).astype(np.uint64)
+            colour = np.where(alpha == 0, 0, np.minimum(wide, top)).astype(np.uint64)
+    if photometric == 0:
+        colour = top - colour
+    if floats:
+        out = _to_uint8(colour, name)
+    else:
+        m = np.uint64(top)  # round(v * 255 / m) exactly: floor((2 * 255 * v + m) / (2 * m)); no ties for m > 255
+        out = ((colour.astype(np.uint64) * np.uint64(510) + m) // (np.uint64(2) * m)).astype(np.uint8)
+    return np.ascontiguousarray(np.repeat(out, 3, axis=2) if out.shape[2] == 1 else out)
 
 
 def to_rgb_uint8(array, name: str) -> np.ndarray:
@@ -195,24 +470,14 @@ def _to_uint8(a: np.ndarray, name: str) -> np.ndarray:
         return ((a.astype(np.uint32) + 128) // 257).astype(np.uint8)
     if a.dtype.kind == "f":
         if not np.isfinite(a).all():
-            raise ImageDecodeError(f"{name}: float image contains NaN or infinity")
+            raise ImageUnsupportedError(f"{name}: unsupported: float samples that are NaN or infinite")
         low, high = float(a.min()), float(a.max())
         if low < 0.0 or high > 1.0:
-            raise ImageDecodeError(f"{name}: float image values must lie in [0, 1], found [{low:g}, {high:g}]")
+            raise ImageUnsupportedError(f"{name}: unsupported: float samples outside [0, 1] (found [{low:g}, "
+                                        f"{high:g}]; the rule is round(v * 255) for [0, 1])")
         return np.rint(a.astype(np.float64) * 255.0).astype(np.uint8)
     raise ImageDecodeError(f"{name}: unsupported sample type {a.dtype} (expected uint8, uint16, bool, or float "
                            f"in [0, 1])")
-
-
-def _unpremultiply_bgra(bgra: np.ndarray) -> np.ndarray:
-    """Undo libtiff's ``TIFFReadRGBA`` premultiplication (``c' = (a * c + 127) // 255``) of a ``(H, W, 4) uint8``
-    BGRA image: ``c = round(c' * 255 / a)`` clipped to 255, 0 where ``a`` is 0. Returns ``(H, W, 4) uint8``."""
-    alpha = bgra[..., 3:].astype(np.uint32)
-    color = bgra[..., :3].astype(np.uint32)
-    safe = np.maximum(alpha, 1)
-    restored = np.minimum((color * 255 + safe // 2) // safe, 255)
-    restored = np.where(alpha == 0, 0, restored).astype(np.uint8)
-    return np.concatenate([restored, bgra[..., 3:]], axis=2)
 
 
 def _sniff_format(data: bytes, name: str) -> str:
@@ -229,9 +494,9 @@ def _sniff_format(data: bytes, name: str) -> str:
         return "TIFF"
     for signature, fmt in _UNSUPPORTED_SIGNATURES:
         if data.startswith(signature):
-            raise ImageDecodeError(f"{name}: unsupported image format {fmt} (supported: {_SUPPORTED_NAMES})")
+            raise ImageUnsupportedError(f"{name}: unsupported image format {fmt} (supported: {_SUPPORTED_NAMES})")
     if data[4:8] == b"ftyp":
-        raise ImageDecodeError(f"{name}: unsupported image format HEIF/AVIF/MP4 container "
+        raise ImageUnsupportedError(f"{name}: unsupported image format HEIF/AVIF/MP4 container "
                                f"(supported: {_SUPPORTED_NAMES})")
     raise ImageDecodeError(f"{name}: not an image (unrecognised file signature {data[:8].hex(' ')}; "
                            f"supported: {_SUPPORTED_NAMES})")
@@ -322,8 +587,10 @@ def header_size(data: bytes, fmt: str, name: str) -> tuple[int, int]:
     return size
 
 
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    pos, n = 2, len(data)
+def _jpeg_frame(data: bytes) -> tuple[int, int, int, int, int, bool] | None:
+    """``(SOFn marker, precision, height, width, components, adobe)`` from a JPEG's frame header (ITU T.81
+    B.2.2), ``adobe`` True when an APP14 "Adobe" segment precedes it; None when there is no frame header."""
+    pos, n, adobe = 2, len(data), False
     while pos + 4 <= n:
         if data[pos] != 0xFF:
             pos += 1
@@ -332,13 +599,19 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
         if marker in (0xFF, 0x00, 0x01) or 0xD0 <= marker <= 0xD8:
             pos += 1 if marker == 0xFF else 2
             continue
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn: P, Y, X
-            height, width = struct.unpack(">HH", data[pos + 5:pos + 9])
-            return height, width
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn: P, Y, X, Nf
+            precision, height, width, components = struct.unpack(">BHHB", data[pos + 4:pos + 10])
+            return marker, precision, height, width, components, adobe
         if marker in (0xDA, 0xD9):
             return None
+        adobe = adobe or (marker == 0xEE and data[pos + 4:pos + 9] == b"Adobe")
         pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
     return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    frame = _jpeg_frame(data)
+    return None if frame is None else (frame[2], frame[3])
 
 
 def _png_size(data: bytes) -> tuple[int, int] | None:
@@ -369,26 +642,46 @@ def _webp_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-def _tiff_size(data: bytes) -> tuple[int, int] | None:
+_TIFF_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # BYTE, SHORT, LONG, LONG8: the integer tag types used here
+
+
+def _tiff_tags(data: bytes) -> dict[int, tuple[int, ...]]:
+    """The integer tags of a TIFF's first IFD (TIFF 6.0 section 2; BigTIFF): tag -> values (up to 16 of them).
+    Raises struct.error or IndexError on a malformed header."""
     order = "<" if data[:2] == b"II" else ">"
-    if data[2:4] in (b"+\x00", b"\x00+"):  # BigTIFF: 8-byte offsets, 20-byte entries
+    if data[2:4] in (b"+\x00", b"\x00+"):  # BigTIFF: 8-byte offsets and counts, 20-byte entries
         (ifd,) = struct.unpack(order + "Q", data[8:16])
         (count,) = struct.unpack(order + "Q", data[ifd:ifd + 8])
-        first, entry, value_at = ifd + 8, 20, 12
+        first, entry, head, inline = ifd + 8, 20, order + "HHQ", 8
     else:
         (ifd,) = struct.unpack(order + "I", data[4:8])
         (count,) = struct.unpack(order + "H", data[ifd:ifd + 2])
-        first, entry, value_at = ifd + 2, 12, 8
-    found = {}
+        first, entry, head, inline = ifd + 2, 12, order + "HHI", 4
+    tags = {}
     for k in range(min(count, 4096)):
         at = first + k * entry
-        tag, kind = struct.unpack(order + "HH", data[at:at + 4])
-        if tag in (256, 257):  # ImageWidth, ImageLength: SHORT (3) or LONG (4)
-            fmt = order + ("H" if kind == 3 else "I")
-            found[tag] = struct.unpack_from(fmt, data, at + value_at)[0]
-    if 256 not in found or 257 not in found:
+        tag, kind, n = struct.unpack_from(head, data, at)
+        code = _TIFF_TYPES.get(kind)
+        if code is None or n == 0:
+            continue
+        n = min(n, 16)
+        where = at + entry - inline
+        if n * struct.calcsize(code) > inline:  # the values are elsewhere: at the offset the entry holds
+            (where,) = struct.unpack_from(order + ("Q" if inline == 8 else "I"), data, where)
+        tags[tag] = struct.unpack_from(order + code * n, data, where)
+    return tags
+
+
+def _first(tags: dict[int, tuple[int, ...]], tag: int, default: int) -> int:
+    """The first value of ``tag`` in :func:`_tiff_tags`' result, or ``default``."""
+    return tags[tag][0] if tag in tags else default
+
+
+def _tiff_size(data: bytes) -> tuple[int, int] | None:
+    tags = _tiff_tags(data)
+    if 256 not in tags or 257 not in tags:
         return None
-    return found[257], found[256]
+    return tags[257][0], tags[256][0]
 
 
 _HEADER_READERS = {"JPEG": _jpeg_size, "PNG": _png_size, "BMP": _bmp_size, "WebP": _webp_size, "TIFF": _tiff_size}

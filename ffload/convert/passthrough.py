@@ -12,8 +12,10 @@ A JPEG passes through (:func:`inspect_jpeg` returns no reason) when all of these
   3 components (YCbCr, or RGB per an Adobe APP14 marker) and a height in the frame header (no DNL);
 * TurboJPEG (the loader's decoder, :mod:`ffload.loaders.turbojpeg`) reads the header and finds the same size,
   where that library is present;
-* no EXIF orientation is to be applied: no Exif APP1, or one whose IFD0 Orientation tag is absent or 1 (the
-  converter shows images upright, see :mod:`ffload.convert.images`);
+* no EXIF orientation is to be applied: no Exif APP1, or one whose IFD0 Orientation tag is absent or 1, and
+  Pillow finds none either (:func:`~ffload.convert.images.jpeg_orientation`: it also reads XMP
+  ``tiff:Orientation``); the converter stores what Pillow's ``exif_transpose`` shows, see
+  :mod:`ffload.convert.images`;
 * its longer side is within ``max_resolution`` (no resize);
 * the write mode stores it as JPEG (``jpg`` always; ``smart`` / ``proportion`` by FFCV's rule, decided by the
   caller with :meth:`~ffload.formats.fields.RGBImageField.stores_jpeg`); otherwise it is decoded and stored raw.
@@ -166,7 +168,7 @@ def inspect_jpeg(data: bytes, max_resolution: int | None) -> tuple[JpegHeader | 
         return header, "jpeg_coding"
     if header.components != 3:
         return header, "not_3_channel"
-    if header.orientation != 1:
+    if header.orientation != 1 or _pillow_orientation(data) != 1:
         return header, "exif_orientation"
     if max_resolution is not None and max(header.width, header.height) > max_resolution:
         return header, "max_resolution"
@@ -176,6 +178,16 @@ def inspect_jpeg(data: bytes, max_resolution: int | None) -> tuple[JpegHeader | 
         if header_size(np.frombuffer(data, np.uint8))[0] != (header.width, header.height):
             return header, "jpeg_header"
     return header, None
+
+
+def _pillow_orientation(data: bytes) -> int:
+    """:func:`~ffload.convert.images.jpeg_orientation`, 0 when Pillow cannot read the header."""
+    from .images import jpeg_orientation
+
+    try:
+        return jpeg_orientation(data)
+    except Exception:  # Pillow's header errors: the file is decoded (and named) by the full path instead
+        return 0
 
 
 def strip_jpeg_metadata(data: bytes, header: JpegHeader) -> bytes:
