@@ -139,3 +139,21 @@ def test_converting_the_corpus_stores_the_rule_and_reports_every_skip_quietly(tm
             np.testing.assert_array_equal(got, expected_pixels(by_name[name]), err_msg=name)
         else:  # re-encoded to JPEG: close to the rule's pixels
             assert np.abs(got.astype(int) - expected_pixels(by_name[name])).mean() < 12, name
+
+
+def test_threads_decoding_tiffs_leave_stderr_where_it_was():
+    """libtiff's messages are captured by pointing file descriptor 2 at a file during a TIFF decode; threads that
+    decode TIFFs at once must leave it pointing where it did (not at a closed capture file)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tiffs = [item for item in odd_images() if item.data[:4] in (b"II*\x00", b"MM\x00*") and item.outcome == STORED]
+    before = os.fstat(2)
+
+    def decode_all(_):
+        for item in tiffs:
+            decode_image_bytes(item.data, item.name)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(decode_all, range(8)))
+    after = os.fstat(2)
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)

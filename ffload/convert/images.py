@@ -56,6 +56,7 @@ import stat
 import struct
 import sys
 import tempfile
+import threading
 import warnings
 
 import cv2
@@ -263,14 +264,23 @@ def _rgb_order(samples: np.ndarray) -> np.ndarray:
     return np.concatenate([samples[..., 2::-1], samples[..., 3:]], axis=2) if samples.shape[2] >= 3 else samples
 
 
+_STDERR_REDIRECT = threading.Lock()
+"""Held while file descriptor 2 points at a capture file: two threads that each saved and restored it could leave
+the process's stderr pointing at a closed file."""
+
+
 @contextlib.contextmanager
 def _decoder_messages(stderr: bool):
     """Capture what decoders say during the block: Python warnings (Pillow's) and, with ``stderr``, what C
-    libraries write to file descriptor 2. Yields a list, filled with the messages when the block ends."""
+    libraries write to file descriptor 2 (one thread at a time: the descriptor is the process's). Yields a list,
+    filled with the messages when the block ends."""
     said: list[str] = []
     with warnings.catch_warnings(record=True) as caught, contextlib.ExitStack() as stack:
         warnings.simplefilter("always")
-        sink = stack.enter_context(tempfile.TemporaryFile()) if stderr else None
+        sink = None
+        if stderr:
+            stack.enter_context(_STDERR_REDIRECT)
+            sink = stack.enter_context(tempfile.TemporaryFile())
         if sink is not None:
             sys.stderr.flush()
             saved = os.dup(2)
