@@ -283,6 +283,19 @@ class WebDatasetSource:
         """``'<shard>:<key>'``."""
         return f"{self.shards[int(self._shard[i])]}:{self._keys[i]}"
 
+    def origin(self, i: int) -> str:
+        """Sample ``i``'s provenance: ``'<shard number>:<__key__>'`` (see :attr:`origin_info`)."""
+        i = check_index(i, len(self), self.name)
+        return f"{int(self._shard[i])}:{self._keys[i]}"
+
+    @property
+    def origin_info(self) -> dict:
+        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): the shards' paths relative to
+        the folder they share, and the sample's ``__key__``."""
+        common = os.path.commonpath([os.path.dirname(os.path.abspath(s)) for s in self.shards])
+        parts = [os.path.relpath(os.path.abspath(s), common).replace(os.sep, "/") for s in self.shards]
+        return {"source": "webdataset", "name": self.name, "id": "key", "part": "shard", "parts": parts}
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_files"] = {}  # descriptors do not travel to other processes
