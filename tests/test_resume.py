@@ -91,6 +91,13 @@ def test_killed_and_resumed_conversions_give_the_same_bytes(tmp_path, photos):
     run(photos, dst, resume=True)
     assert dst.read_bytes() == reference.read_bytes()
     assert sorted(os.listdir(dst.parent)) == ["x.beton"]  # journal and partial output gone
+    # the provenance written before each kill survived in the journal: every sample names its file
+    from ffload.formats import open_dataset
+    from ffload.formats.origins import dataset_origins
+
+    origins = dataset_origins(open_dataset(str(dst)))
+    source = ImageFolderSource(photos)
+    assert origins.strings(0, n) == [os.path.relpath(path, photos) for path, _ in source.samples]
 
 
 def test_resume_late_kill_and_cli_report(tmp_path, photos):

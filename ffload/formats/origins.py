@@ -75,12 +75,13 @@ class OriginLog:
             self._blob += _encode(origin)
         self._ends.append(len(self._blob))
 
-    def block_size(self, origin: str | None = None) -> int:
-        """Bytes of :meth:`block` once ``origin`` is appended too (0 while no origin was given)."""
-        if not self.given and origin is None:
+    def block_size(self, *more: str | None) -> int:
+        """Bytes of :meth:`block` once the origins ``more`` are appended too (none: as it is now;
+        0 while no origin was given)."""
+        if not self.given and all(o is None for o in more):
             return 0
-        extra = len(_encode(origin)) if origin is not None else 0
-        return BLOCK_HEAD + 8 * (len(self._ends) + 1) + len(self._blob) + extra
+        extra = sum(len(_encode(o)) for o in more if o is not None)
+        return BLOCK_HEAD + 8 * (len(self._ends) + len(more)) + len(self._blob) + extra
 
     def block(self) -> bytes:
         """The origin block (see the module docstring); ``b""`` when no origin was given."""
