@@ -261,7 +261,9 @@ class BetonWriter(DatasetWriter):
             self._pad(new_page - self._pos % new_page)
 
     def _move_data(self, new_start: int) -> None:
-        """Move the data written so far to start at byte ``new_start`` (``>=`` the current start)."""
+        """Move the data written so far to start at byte ``new_start`` (``>=`` the current start);
+        the bytes it leaves (now padding before the first page) are zeroed, so that no stale payload
+        stays in the file."""
         self._out.flush()
         shift = new_start - self._data_start
         if shift and self._pos:
@@ -272,6 +274,9 @@ class BetonWriter(DatasetWriter):
                 data = os.pread(self._fp.fileno(), end - start, self._data_start + start)
                 os.pwrite(self._fp.fileno(), data, new_start + start)
                 end = start
+            for start in range(self._data_start, min(new_start, self._data_start + self._pos), chunk):
+                os.pwrite(self._fp.fileno(), bytes(min(chunk, min(new_start, self._data_start + self._pos) - start)),
+                          start)
         self._data_start = new_start
         self._out.seek(self._data_start + self._pos)
 
