@@ -259,7 +259,7 @@ def inspect(path, as_json, grid, grid_count, samples, max_pixels, storage_option
             click.echo(f"    {label:>5} {name[:width]:<{width}} {count:>8}  {'#' * max(1, round(30 * count / top))}")
     if "origins" in info:
         source = info["origins"]["source"]
-        click.echo(f"  origins   {source.get('source')} {source.get('name', '')!r}")
+        click.echo(f"  origins   {source.get('source')} ({source.get('id')} of each sample)")
         for entry in info["origins"]["first"]:
             click.echo(f"    {_origin_line(entry)}")
     for entry in info.get("samples_asked", []):

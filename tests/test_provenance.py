@@ -65,7 +65,7 @@ def test_skipped_inputs_do_not_shift_origins(tmp_path, folder, name):
     assert report.as_dict()["skipped"][0]["origin"] == "b/1 bad.png"
     view = open_dataset(str(tmp_path / name))
     origins = dataset_origins(view)
-    assert origins.descriptor == {"source": "imagefolder", "name": "src", "id": "path"}
+    assert origins.descriptor == {"source": "imagefolder", "id": "path"}
     assert origins.strings(0, len(good)) == good and [origins[i] for i in range(len(good))] == good
     assert origins.describe(3) == {"path": "b/0.png"}
     assert view.metadata["label"].tolist() == [0, 0, 0, 1, 1, 1, 2]

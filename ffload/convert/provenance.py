@@ -20,13 +20,13 @@ __all__ = ["source_origins", "origin_room", "left_out_origin"]
 def source_origins(source) -> tuple[dict, Callable[[int], str]]:
     """``(descriptor, origin_of)`` of ``source``: ``info["origin"]`` (a JSON object, see
     :mod:`ffload.formats.origins`) and the function giving sample ``i``'s origin string. Sources
-    without ``origin``/``origin_info``: ``{"source": <type name>, "name": ..., "id": "index",
-    "int": true}`` and ``str(i)``."""
+    without ``origin``/``origin_info``: ``{"source": <type name>, "id": "index", "int": true}`` and
+    ``str(i)``. A descriptor names no folder, path or URL of the source (nor its name): the same
+    samples give the same dataset bytes wherever they are read from."""
     origin, info = getattr(source, "origin", None), getattr(source, "origin_info", None)
     if callable(origin) and isinstance(info, dict):
         return dict(info), origin
-    name = str(getattr(source, "name", type(source).__name__))
-    return {"source": type(source).__name__, "name": name, "id": "index", "int": True}, str
+    return {"source": type(source).__name__, "id": "index", "int": True}, str
 
 
 def origin_room(n: int, origin_of: Callable[[int], str]) -> int:

@@ -5,9 +5,9 @@ the source root, its WebDataset shard and ``__key__``, its Hugging Face row, ...
 dataset's ``info``, a descriptor saying how to read those strings (``info["origin"]``, see
 :func:`origin_fields`)::
 
-    {"source": "imagefolder", "name": "train", "id": "path"}
-    {"source": "webdataset", "name": "shards", "id": "key", "part": "shard", "parts": ["a.tar", ...]}
-    {"source": "cifar10", "name": "cifar10-train", "id": "row", "int": true, "part": "file", "parts": [...]}
+    {"source": "imagefolder", "id": "path"}
+    {"source": "webdataset", "id": "key", "part": "shard", "parts": ["a.tar", ...]}
+    {"source": "cifar10", "id": "row", "int": true, "part": "file", "parts": ["data_batch_1", ...]}
 
 With ``parts``, an origin string is ``"<part number>:<id>"``; without, it is the id.
 

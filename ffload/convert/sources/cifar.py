@@ -262,7 +262,7 @@ class CIFARSource:
     @property
     def origin_info(self) -> dict:
         """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a batch file and a row in it."""
-        return {"source": self.variant, "name": self.name, "id": "row", "int": True, "part": "file",
+        return {"source": self.variant, "id": "row", "int": True, "part": "file",
                 "parts": [os.path.basename(p) for p in self._batch_files()]}
 
     def __getstate__(self):

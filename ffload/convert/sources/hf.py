@@ -143,5 +143,5 @@ class HFSource:
 
     @property
     def origin_info(self) -> dict:
-        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a row of the dataset ``name``."""
-        return {"source": "hf", "name": self.name, "id": "row", "int": True}
+        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a row number of the dataset."""
+        return {"source": "hf", "id": "row", "int": True}

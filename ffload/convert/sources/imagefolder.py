@@ -181,8 +181,8 @@ class ImageFolderSource:
 
     @property
     def origin_info(self) -> dict:
-        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a path under the root named ``name``."""
-        return {"source": "imagefolder", "name": self.name, "id": "path"}
+        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a path relative to the root."""
+        return {"source": "imagefolder", "id": "path"}
 
     @property
     def samples(self) -> list[tuple[str, int]]:

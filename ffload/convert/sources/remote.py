@@ -128,8 +128,10 @@ class RemoteImageFolderSource:
 
     @property
     def origin_info(self) -> dict:
-        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a path under the root URL."""
-        return {"source": "imagefolder", "name": self.name, "root": self.root, "id": "path"}
+        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a path relative to the root, as
+        for a local ImageFolder (the URL is not stored, as a local root's path is not: the same tree
+        gives the same dataset bytes wherever it is read from)."""
+        return {"source": "imagefolder", "id": "path"}
 
     def file_entries(self):
         """``(url, size, etag)`` of every sample's object, in order, from the listing (what a

@@ -294,7 +294,7 @@ class WebDatasetSource:
         the folder they share, and the sample's ``__key__``."""
         common = os.path.commonpath([os.path.dirname(os.path.abspath(s)) for s in self.shards])
         parts = [os.path.relpath(os.path.abspath(s), common).replace(os.sep, "/") for s in self.shards]
-        return {"source": "webdataset", "name": self.name, "id": "key", "part": "shard", "parts": parts}
+        return {"source": "webdataset", "id": "key", "part": "shard", "parts": parts}
 
     def __getstate__(self):
         state = dict(self.__dict__)
