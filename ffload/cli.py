@@ -204,21 +204,26 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
 @click.option("--grid", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG thumbnail grid of decoded samples with their labels.")
 @click.option("--grid-count", type=click.IntRange(1, 400), default=36, show_default=True)
+@click.option("--sample", "samples", type=click.IntRange(min=0), multiple=True, metavar="I",
+              help="Show where sample I came from (its source file, WebDataset shard and key, or row) and its "
+                   "label; repeat for more samples.")
 @_max_pixels_option("a dataset with an image")
 @_storage_options_option("PATH")
-def inspect(path, as_json, grid, grid_count, max_pixels, storage_options):
+def inspect(path, as_json, grid, grid_count, samples, max_pixels, storage_options):
     """Describe a .beton file, an ffload LMDB database or a sharded dataset: fields, samples, sizes,
-    shards, class histogram.
+    shards, class histogram, and where the samples came from (the first few; --sample I for any).
 
     PATH may be the URL of a .beton on object storage (s3://bucket/key.beton, https://host/x.beton):
     only its header and tables are read (a few range requests), and --grid reads the pages of the
     samples drawn.
     """
-    from .describe import save_grid, summarize
+    from .describe import sample_origins, save_grid, summarize
     from .formats import open_dataset
 
     view = open_dataset(path, max_pixels=max_pixels, storage_options=storage_options)
     info = summarize(view)
+    if samples:
+        info["samples_asked"] = sample_origins(view, samples)
     if grid:
         info["grid"] = {"path": grid, "images": save_grid(view, grid, count=grid_count)}
     if as_json:
@@ -252,8 +257,23 @@ def inspect(path, as_json, grid, grid_count, max_pixels, storage_options):
         for label, count in info["histogram"].items():
             name = names[int(label)] if 0 <= int(label) < len(names) else ""
             click.echo(f"    {label:>5} {name[:width]:<{width}} {count:>8}  {'#' * max(1, round(30 * count / top))}")
+    if "origins" in info:
+        source = info["origins"]["source"]
+        click.echo(f"  origins   {source.get('source')} ({source.get('id')} of each sample)")
+        for entry in info["origins"]["first"]:
+            click.echo(f"    {_origin_line(entry)}")
+    for entry in info.get("samples_asked", []):
+        click.echo(f"  sample {_origin_line(entry)}")
     if grid:
         click.echo(f"  grid      {grid} ({info['grid']['images']} images)")
+
+
+def _origin_line(entry: dict) -> str:
+    """``'12: path cat/x.jpg (label 3)'``: one sample's origin (:func:`ffload.describe.sample_origins`)."""
+    origin = entry["origin"]
+    where = "origin not recorded" if origin is None else "  ".join(f"{k} {v}" for k, v in origin.items())
+    label = f" (label {entry['label']})" if "label" in entry else ""
+    return f"{entry['index']}: {where}{label}"
 
 
 @main.command()

@@ -9,6 +9,7 @@ import numpy as np
 from .errors import ConfigurationError
 from .formats import DatasetView, image_sizes
 from .formats.fields import JPG, IntField, RGBImageField
+from .formats.origins import dataset_origins
 
 
 def _stats(x: np.ndarray) -> dict:
@@ -27,8 +28,10 @@ def label_field(view: DatasetView) -> str | None:
 def summarize(view: DatasetView) -> dict:
     """A JSON-able description of ``view``: format, samples, bytes, per-field details (payload
     sizes in bytes, image sizes in pixels and write modes), for a sharded dataset its shards
-    (``path``, ``samples``, ``bytes`` each), the label histogram, and the dataset's ``info``
-    (``class_names``: its ``"classes"``, names indexed by label, when stored)."""
+    (``path``, ``samples``, ``bytes`` each), the label histogram, the dataset's ``info``
+    (``class_names``: its ``"classes"``, names indexed by label, when stored), and where the samples
+    came from (``origins``: the descriptor and the first :data:`FIRST_ORIGINS` samples' origins,
+    :func:`sample_origins`; absent for a dataset without provenance)."""
     n = view.num_samples
     total = view.file_bytes()
     fields = []
@@ -61,6 +64,39 @@ def summarize(view: DatasetView) -> dict:
         out["info"] = view.info
         if isinstance(view.info.get("classes"), list):
             out["class_names"] = [str(c) for c in view.info["classes"]]
+    origins = dataset_origins(view)
+    if origins is not None:
+        out["origins"] = {"source": origins.descriptor,
+                          "first": sample_origins(view, range(min(FIRST_ORIGINS, n)))}
+    return out
+
+
+FIRST_ORIGINS = 3
+"""Samples whose origin :func:`summarize` lists."""
+
+
+def sample_origins(view: DatasetView, indices) -> list[dict]:
+    """``[{"index": i, "origin": {...} or None, "label": int}, ...]`` for each sample ``i`` of
+    ``indices``: where it came from (:meth:`ffload.formats.origins.Origins.describe`: ``path``
+    relative to the source root, WebDataset ``shard`` and ``key``, ``file`` and ``row``, ``row``,
+    ``index``; None without provenance) and its label (when the dataset has a label field).
+
+    Raises:
+        ConfigurationError: an index outside ``[0, N)`` (named).
+        DatasetError: a corrupt origin block.
+    """
+    origins = dataset_origins(view)
+    lab = label_field(view)
+    out = []
+    for i in indices:
+        i = int(i)
+        if not 0 <= i < view.num_samples:
+            raise ConfigurationError(f"{view.path}: no sample {i} (the dataset has {view.num_samples})",
+                                     path=view.path)
+        entry = {"index": i, "origin": None if origins is None else origins.describe(i)}
+        if lab is not None:
+            entry["label"] = int(view.metadata[lab][i])
+        out.append(entry)
     return out
 
 

@@ -306,14 +306,16 @@ def test_class_names_are_stored_and_inspected(tmp_path, suffix):
             cv2.imwrite(str(root / name / f"{i}.png"), np.full((8, 8, 3), 40 * k, np.uint8))
     dst = tmp_path / f"d{suffix}"
     assert run_cli("convert", root, dst, "--quiet").exit_code == 0
-    assert open_dataset(str(dst)).info == {"classes": ["aardvark", "mole", "zebra"]}
+    assert open_dataset(str(dst)).info == {"classes": ["aardvark", "mole", "zebra"],
+                                           "origin": {"source": "imagefolder", "id": "path"}}
     info = json.loads(run_cli("inspect", dst, "--json").output)
     assert info["class_names"] == ["aardvark", "mole", "zebra"] and info["histogram"] == {"0": 2, "1": 3, "2": 1}
     lines = run_cli("inspect", dst).output.splitlines()
     assert any(line.split()[:3] == ["1", "mole", "3"] for line in lines), lines
     no_names = convert_dataset(ArraySource(np.zeros((2, 4, 4, 3), np.uint8), [0, 1]), str(tmp_path / f"a{suffix}"),
                                progress=False)
-    assert open_dataset(no_names.dst).info == {}
+    assert open_dataset(no_names.dst).info == {  # no class names; the origins are sample numbers
+        "origin": {"source": "ArraySource", "id": "index", "int": True}}
 
 
 def test_source_errors_raise_before_writing(tmp_path):

@@ -91,6 +91,13 @@ def test_killed_and_resumed_conversions_give_the_same_bytes(tmp_path, photos):
     run(photos, dst, resume=True)
     assert dst.read_bytes() == reference.read_bytes()
     assert sorted(os.listdir(dst.parent)) == ["x.beton"]  # journal and partial output gone
+    # the provenance written before each kill survived in the journal: every sample names its file
+    from ffload.formats import open_dataset
+    from ffload.formats.origins import dataset_origins
+
+    origins = dataset_origins(open_dataset(str(dst)))
+    source = ImageFolderSource(photos)
+    assert origins.strings(0, n) == [os.path.relpath(path, photos) for path, _ in source.samples]
 
 
 def test_resume_late_kill_and_cli_report(tmp_path, photos):
@@ -147,27 +154,30 @@ def test_checkpoint_then_resume_with_grown_pages(tmp_path):
     encoded = [[f.encode(v, i) for f, v in zip(fields.values(), s)] for i, s in enumerate(samples)]
 
     def add(writer, i):
-        writer.add(i, [m for m, _ in encoded[i]], [p for _, p in encoded[i]])
+        writer.add(i, [m for m, _ in encoded[i]], [p for _, p in encoded[i]], origin=f"class/{i}.bin")
 
+    room = 1 << 10  # the origin block's room, reserved up front: only page growth moves the data
     ref = str(tmp_path / "ref.beton")
-    with BetonWriter(ref, fields, 5, page_size=2 << 20) as w:
+    with BetonWriter(ref, fields, 5, page_size=2 << 20, origin_room=room) as w:
         for i in range(5):
             add(w, i)
     part = str(tmp_path / "part.beton")
-    w = BetonWriter(part, fields, 5, page_size=2 << 20)
+    w = BetonWriter(part, fields, 5, page_size=2 << 20, origin_room=room)
     grown = []
     w.before_grow = lambda: grown.append(w.count)
-    metas, allocs = [], []
+    metas, allocs, origins = [], [], []
     for i in range(4):
         add(w, i)
-        state, m, a = w.checkpoint()
+        state, m, a, o = w.checkpoint()
         metas.append(m)
         allocs.append(a)
+        origins.append(o)
     with open(part, "ab") as f:
         f.write(b"garbage after the checkpoint")
     w.abort()
     assert grown == [1, 3]
-    resumed = BetonWriter(part, fields, 5, resume=(state, np.concatenate(metas), np.concatenate(allocs)))
+    resumed = BetonWriter(part, fields, 5, origin_room=room,
+                          resume=(state, np.concatenate(metas), np.concatenate(allocs), b"".join(origins)))
     with resumed:
         add(resumed, 4)
     assert open(part, "rb").read() == open(ref, "rb").read()

@@ -69,7 +69,8 @@ def test_manifest_and_standalone_shards(converted):
     one, sharded, images, labels = converted
     manifest = json.loads(Path(sharded, MANIFEST).read_text("utf8"))
     assert manifest["format"] == "ffload-shards" and manifest["version"] == 1
-    assert manifest["num_samples"] == N and manifest["info"] == {"classes": ["0", "1"]}
+    assert manifest["num_samples"] == N and manifest["info"] == {
+        "classes": ["0", "1"], "origin": {"source": "imagefolder", "id": "path"}}
     assert [f["name"] for f in manifest["fields"]] == ["image", "label"]
     shards = manifest["shards"]
     assert len(shards) >= 3 and sorted(os.listdir(sharded)) == sorted([MANIFEST] + [s["path"] for s in shards])

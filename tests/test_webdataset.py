@@ -67,13 +67,101 @@ def test_missing_label_and_compressed_shards_are_named(tmp_path):
         _add(tar, "x1.jpg", b"")
     with pytest.raises(SourceError, match=r"a\.tar:x1: no label member"):
         WebDatasetSource(str(tmp_path / "a.tar"))
-    with tarfile.open(tmp_path / "b.tar.gz", "w:gz") as tar:
-        _add(tar, "x1.cls", b"1")
-    os.rename(tmp_path / "b.tar.gz", tmp_path / "b.tar")
-    with pytest.raises(SourceError, match="decompress"):
+    (tmp_path / "b.tar").write_bytes(b"not a tar at all" * 64)
+    with pytest.raises(SourceError, match=r"b\.tar: not a tar archive, nor a gzipped one"):
         WebDatasetSource(str(tmp_path / "b.tar"))
     with pytest.raises(SourceError, match="missing"):
         expand_shards(str(tmp_path / "c-{0..3}.tar"))
+
+
+def _gz_shards(folder, photos, suffix):
+    """Two gzipped shards of ``photos`` (keys ``s<shard>/<k>``, label ``k % 3``), written by tarfile."""
+    paths = []
+    for s in range(2):
+        path = folder / f"part-{s}{suffix}"
+        with tarfile.open(path, "w:gz") as tar:
+            for k in range(3 * s, 3 * s + 3):
+                _add(tar, f"s{s}/{k:03d}.png", _png(photos[k]))
+                _add(tar, f"s{s}/{k:03d}.cls", str(k % 3).encode())
+        paths.append(str(path))
+    return paths
+
+
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tgz"])
+def test_gzipped_shards_are_read(tmp_path, suffix):
+    photos = _photos(6)
+    paths = _gz_shards(tmp_path, photos, suffix)
+    src = WebDatasetSource(str(tmp_path))  # a folder: both shards found by their suffix
+    assert src.shards == paths and len(src) == 6 and src.labels.tolist() == [k % 3 for k in range(6)]
+    for k in range(6):
+        np.testing.assert_array_equal(src[k][0], photos[k])
+    assert src.describe(4) == f"{paths[1]}:s1/004"  # messages name the shard as given
+    copies = set(src.copies.paths.values())
+    assert len(copies) == 2 and all(os.path.exists(c) for c in copies)
+    out = convert_dataset(str(tmp_path / f"part-{{0..1}}{suffix}"), str(tmp_path / "w.beton"), num_workers=2,
+                          progress=False)  # auto-detection of a gzipped pattern, forked workers
+    assert out.samples == 6
+    view = open_dataset(str(tmp_path / "w.beton"))
+    assert view.metadata["label"].tolist() == [k % 3 for k in range(6)]
+    region = view.open_region()
+    for k in range(6):
+        np.testing.assert_array_equal(view.payload("image", k, region).reshape(photos[k].shape), photos[k])
+    del src, out
+    import gc
+    gc.collect()
+    assert not any(os.path.exists(c) for c in copies)  # the temporary copies go with the source
+
+
+def test_gzipped_shard_copy_is_made_again_where_missing(tmp_path):
+    import pickle
+
+    photos = _photos(6)
+    _gz_shards(tmp_path, photos, ".tar.gz")
+    src = WebDatasetSource(str(tmp_path))
+    other = pickle.loads(pickle.dumps(src))  # as a Ray worker on another node gets it
+    for copy in src.copies.paths.values():
+        os.unlink(copy)
+    np.testing.assert_array_equal(other[5][0], photos[5])
+    assert other.copies.paths[src.shards[1]] != src.copies.paths[src.shards[1]]
+
+
+def test_gzipped_shard_errors_name_the_shard(tmp_path):
+    photos = _photos(6)
+    paths = _gz_shards(tmp_path, photos, ".tar.gz")
+    whole = open(paths[1], "rb").read()
+    open(paths[1], "wb").write(whole[: len(whole) // 2])
+    with pytest.raises(SourceError, match=r"part-1\.tar\.gz: corrupt or truncated gzip stream"):
+        WebDatasetSource(str(tmp_path))
+    import gzip
+    with gzip.open(paths[1], "wb") as f:
+        f.write(b"gzip, but no tar inside" * 100)
+    with pytest.raises(SourceError, match=r"part-1\.tar\.gz: not a tar archive, nor a gzipped one"):
+        WebDatasetSource(str(tmp_path))
+
+
+def test_source_kind_messages_for_shards_and_folders(tmp_path):
+    from ffload.convert.sources import detect_source
+
+    photos = _photos(6)
+    paths = _gz_shards(tmp_path, photos, ".tgz")
+    assert isinstance(detect_source(paths[0], kind="webdataset"), WebDatasetSource)
+    assert isinstance(detect_source(paths[0]), WebDatasetSource)  # auto-detected, not "is a file"
+    (tmp_path / "folder" / "cat").mkdir(parents=True)
+    with pytest.raises(SourceError, match=r"asked for webdataset, but this is not WebDataset shards \(a \.tar"):
+        detect_source(str(tmp_path / "folder"), kind="webdataset")
+    with pytest.raises(SourceError, match="asked for cifar10, but this is WebDataset shards, not a CIFAR-10"):
+        detect_source(paths[0], kind="cifar10")
+
+
+def test_gzipped_shards_read_back_by_webdataset(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    photos = _photos(6)
+    paths = _gz_shards(tmp_path, photos, ".tar.gz")
+    ours = WebDatasetSource(str(tmp_path))
+    theirs = list(wds.WebDataset(paths, shardshuffle=False))
+    assert [s["__key__"] for s in theirs] == ["s0/000", "s0/001", "s0/002", "s1/003", "s1/004", "s1/005"]
+    for k, sample in enumerate(theirs):
+        assert sample["png"] == ours.encoded(k) and int(sample["cls"]) == ours.labels[k]
 
 
 @pytest.mark.parametrize("mode", ["raw", "jpg"])

@@ -19,6 +19,7 @@ from ..formats.shards import MANIFEST, check_shard_size_arguments
 from ..storage import is_remote
 from ..system import available_cpus, path_bytes
 from .encode import SampleEncoder, encoded_chunks
+from .provenance import left_out_origin, origin_room, source_origins
 
 _SHARD_URL: contextvars.ContextVar[str | None] = contextvars.ContextVar("shard_url", default=None)
 """Set by :func:`_convert_to_remote_shards` for a Ray conversion: the URL prefix its tasks upload
@@ -34,6 +35,8 @@ class ConvertReport:
         samples: samples written; classes: number of classes (None if the source has no names).
         bytes: size of the output on disk (bytes); seconds: wall time of the conversion.
         skipped: ``(input, cause)`` for every input skipped under ``on_error='skip'``.
+        skipped_origins: the origin of each of them, in the same order (an ImageFolder's path
+            relative to its root, a WebDataset ``shard:key``, ...: :mod:`.provenance`), or None.
         label_counts: ``(C,) int64`` samples per label written (the class histogram).
         workers: worker processes used.
         passed_through: images stored as their source JPEG's bytes (no decode, no encode).
@@ -55,6 +58,7 @@ class ConvertReport:
     passed_through: int = 0
     reencoded: dict[str, int] = field(default_factory=dict)
     resumed_from: int = 0
+    skipped_origins: list[str | None] = field(default_factory=list)
 
     @property
     def bytes_per_sample(self) -> float:
@@ -70,7 +74,8 @@ class ConvertReport:
                 "reencoded": sum(self.reencoded.values()), "reencode_reasons": dict(self.reencoded),
                 "resumed_from": self.resumed_from,
                 "label_counts": None if self.label_counts is None else self.label_counts.tolist(),
-                "skipped": [{"input": i, "cause": c} for i, c in self.skipped]}
+                "skipped": [{"input": i, "cause": c, "origin": o} for (i, c), o in
+                            zip(self.skipped, self.skipped_origins + [None] * len(self.skipped))]}
 
 
 def image_fields(write_mode: str = "raw", max_resolution: int | None = None, jpeg_quality: int = 90,
@@ -229,7 +234,9 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
         raise ConvertError(f"{unreadable[0][0]}: {unreadable[0][1]} ({len(unreadable)} unreadable entries; "
                            f"--on-error skip lists them and goes on)", path=unreadable[0][0])
     classes = getattr(source, "classes", None)
-    info = {"classes": [str(c) for c in classes]} if classes else None  # read back as view.info
+    descriptor, origin_of = source_origins(source)
+    info = {"classes": [str(c) for c in classes]} if classes else {}  # read back as view.info
+    info["origin"] = descriptor  # how to read the origin strings (ffload.formats.origins)
     journal = state = None
     if fmt == "beton":
         arguments = {"fields": {k: [type(f).__name__, f.arguments()] for k, f in fields.items()},
@@ -239,8 +246,10 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     elif resume:  # (sharded outputs refused it above, saying why)
         raise ConfigurationError(f"{dst}: resume=True / --resume works for .beton outputs only")
     start, written = (state["next_index"], state["count"]) if state else (0, 0)
-    skipped: list[tuple[str, str]] = ([tuple(s) for s in state["skipped"]] if state
-                                      else list(getattr(source, "left_out", [])))
+    # (input, cause, origin) per skipped input
+    skipped: list[tuple] = ([(tuple(s) + (None,))[:3] for s in state["skipped"]] if state else
+                            [(path, cause, left_out_origin(source, path)) for path, cause in
+                             getattr(source, "left_out", [])])
     outcomes: Counter = Counter(state["outcomes"] if state else {})
     bar = None
     if progress:
@@ -250,7 +259,8 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     try:
         with dataset_writer(dst, fields, n, overwrite=overwrite, page_size=page_size,
                             tmp=journal and journal.partial, info=info, shard_size=shard_size,
-                            open_writer=journal and journal.writer(page_size, state, info)) as writer:
+                            open_writer=journal and journal.writer(page_size, state, info,
+                                                                   origin_room(n, origin_of))) as writer:
             if journal is not None:
                 if label_pos is not None:
                     labels[:written] = writer.metadata[f"f{label_pos}"][:written]
@@ -264,7 +274,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                     if on_error == "fail":
                         _, name, cause = errors[0]
                         raise ConvertError(f"{name}: {cause}")
-                    skipped.extend((name, cause) for _, name, cause in errors)
+                    skipped.extend((name, cause, origin_of(i)) for i, name, cause in errors)
                 outcomes.update(done)
 
             if engine == "ray" and fmt == "shards":  # tasks write the shards; the manifest here
@@ -292,8 +302,8 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                 try:
                     for chunk, slab in chunks:
                         take(chunk.errors, chunk.outcomes)
-                        for _, metas, payloads in chunk.samples(flist, slab):
-                            writer.add(written, metas, payloads)
+                        for index, metas, payloads in chunk.samples(flist, slab):
+                            writer.add(written, metas, payloads, origin_of(index))
                             if label_pos is not None:
                                 labels[written] = int(metas[label_pos])
                             written += 1
@@ -321,7 +331,8 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     if label_pos is not None and written and labels[:written].min() >= 0:
         counts = np.bincount(labels[:written], minlength=len(classes) if classes else 0)
     return ConvertReport(dst=dst, format=fmt, samples=written, classes=len(classes) if classes else None,
-                         bytes=path_bytes(dst), seconds=seconds, skipped=skipped, label_counts=counts,
+                         bytes=path_bytes(dst), seconds=seconds, skipped=[(name, cause) for name, cause, _ in skipped],
+                         skipped_origins=[origin for _, _, origin in skipped], label_counts=counts,
                          workers=workers, passed_through=outcomes.pop("passed_through", 0),
                          reencoded=dict(sorted(outcomes.items())), resumed_from=start)
 

@@ -1,7 +1,14 @@
 """Export a dataset (``.beton`` or LMDB) to WebDataset tar shards, for users moving to streaming.
 
-Each sample ``i`` becomes the members ``%08d.<ext>`` of one key, in sample order (WebDataset's
-layout; see :mod:`ffload.convert.sources.webdataset`, which reads them back):
+Each sample ``i`` becomes the members ``<key>.<ext>`` of one key, in sample order (WebDataset's
+layout; see :mod:`ffload.convert.sources.webdataset`, which reads them back). The key keeps the
+sample's provenance where the dataset records it (:mod:`ffload.formats.origins`,
+:func:`~ffload.formats.origins.origin_key`): the source's WebDataset ``__key__``, an ImageFolder
+file's path without its extension (``cat/img_0001``), or a row/index as 8 digits; a dataset without
+provenance (ffcv's files, older ffload files) gets ``%08d`` of the sample number. Keys that would
+repeat (``x.jpg`` and ``x.png`` in one folder, one key in two source shards) get ``-<sample
+number>`` appended, so every key is unique; finding them costs 8 bytes per sample (a hash), not
+a set of strings.
 
 * the first :class:`~ffload.formats.RGBImageField`: ``jpg`` — the stored JPEG bytes, not
   re-encoded — or ``png`` for a raw image (lossless, so pixels survive the round trip);
@@ -17,6 +24,7 @@ run, so the output appears only whole.
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tarfile
@@ -36,6 +44,7 @@ from ..formats.fields import (
     NDArrayField,
     RGBImageField,
 )
+from ..formats.origins import dataset_origins, origin_key
 from .sources import SourceError
 
 
@@ -66,6 +75,32 @@ def _members(view: DatasetView, i: int, region, image_name: str | None) -> Itera
             yield f"{name}.bin", view.payload(name, i, region).tobytes()
         elif isinstance(field, NDArrayField):
             yield f"{name}.npy", _npy(np.frombuffer(view.payload(name, i, region), dtype=field.dtype).reshape(field.shape))
+
+
+ORIGIN_BATCH = 4096  # origins read per range read
+
+
+def sample_keys(view: DatasetView) -> Iterator[str]:
+    """The WebDataset key of every sample of ``view``, in order (see the module docstring); reads
+    the origins twice (once to find the keys that repeat, by 64-bit hash), keeps no string list."""
+    origins = dataset_origins(view)
+    if origins is None:
+        yield from (f"{i:08d}" for i in range(view.num_samples))
+        return
+
+    def keys() -> Iterator[str]:
+        for start in range(0, len(origins), ORIGIN_BATCH):
+            for origin in origins.strings(start, min(len(origins), start + ORIGIN_BATCH)):
+                yield origin_key(origins.descriptor, origin)
+
+    def digest(key: str) -> int:
+        return int.from_bytes(hashlib.blake2b(key.encode("utf8", "surrogateescape"), digest_size=8).digest(), "little")
+
+    hashes = np.fromiter((digest(k) for k in keys()), dtype=np.uint64, count=len(origins))
+    values, counts = np.unique(hashes, return_counts=True)
+    repeated = set(values[counts > 1].tolist())
+    for i, key in enumerate(keys()):
+        yield f"{key}-{i:08d}" if repeated and digest(key) in repeated else key
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -117,7 +152,7 @@ def export_webdataset(view: DatasetView, pattern: str, maxcount: int = 100_000, 
         written.append(final)
 
     try:
-        for i in range(view.num_samples):
+        for i, key in enumerate(sample_keys(view)):
             members = list(_members(view, i, region, image_name))
             sample_bytes = sum(len(b) for _, b in members)
             if tar is not None and (count >= maxcount or (count and size + sample_bytes > maxsize)):
@@ -128,7 +163,7 @@ def export_webdataset(view: DatasetView, pattern: str, maxcount: int = 100_000, 
                 tar = tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT)
                 count = size = 0
             for ext, blob in members:
-                info = tarfile.TarInfo(f"{i:08d}.{ext}")
+                info = tarfile.TarInfo(f"{key}.{ext}")
                 info.size, info.mode, info.mtime = len(blob), 0o444, 0
                 tar.addfile(info, io.BytesIO(blob))
             count += 1

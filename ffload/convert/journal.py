@@ -5,13 +5,16 @@ checkpoint (after a whole chunk of samples, at most every ``checkpoint_seconds``
 
 * ``.x.beton.partial.meta``  the metadata rows of the samples written (raw ``metadata_dtype`` records, appended);
 * ``.x.beton.partial.alloc`` their allocation-table rows (raw ``ALLOC_TYPE`` records, appended);
+* ``.x.beton.partial.origins`` their origins (provenance: ``<u4`` length + UTF-8 records, appended,
+  :meth:`ffload.formats.origins.OriginLog.records`);
 * ``.x.beton.partial.json``  the journal, JSON (never pickle), replaced atomically at each checkpoint::
 
       {"format": "ffload-convert-journal", "version": 1, "dst": "/abs/x.beton",
        "fingerprint": "<sha256 of the source>", "arguments": {...fields, page size, options...},
        "num_samples": N, "next_index": source index to continue from, "samples": samples committed,
        "data_bytes": bytes of the data region committed, "page_size": ..., "data_start": ...,
-       "metadata_rows": ..., "alloc_rows": ..., "skipped": [[input, cause], ...], "outcomes": {...}}
+       "metadata_rows": ..., "alloc_rows": ..., "origin_bytes": ..., "origins": true,
+       "skipped": [[input, cause, origin], ...], "outcomes": {...}}
 
 A checkpoint first fsyncs the partial output, then appends and fsyncs the rows, then replaces the journal: whatever
 point a kill (SIGKILL, OOM killer, power loss) hits, the journal describes a consistent prefix, and
@@ -92,7 +95,8 @@ class ConversionJournal:
         if not os.path.isdir(parent):
             raise FileNotFoundError(f"output folder {parent} does not exist")
         self.partial = os.path.join(parent, f".{base}.partial")
-        self.path, self.meta_path, self.alloc_path = (self.partial + s for s in (".json", ".meta", ".alloc"))
+        self.path, self.meta_path, self.alloc_path, self.origins_path = (
+            self.partial + s for s in (".json", ".meta", ".alloc", ".origins"))
         self.fields, self.num_samples = dict(fields), int(num_samples)
         self.arguments, self.fingerprint = json.loads(json.dumps(arguments)), fingerprint
         self.checkpoint_seconds = float(checkpoint_seconds)
@@ -140,7 +144,8 @@ class ConversionJournal:
                                      f"({detail}); convert again without --resume", path=self.dst)
         need = ((self.partial, journal["data_start"] + journal["data_bytes"]),
                 (self.meta_path, journal["metadata_rows"] * self.mtype.itemsize),
-                (self.alloc_path, journal["alloc_rows"] * ALLOC_TYPE.itemsize))
+                (self.alloc_path, journal["alloc_rows"] * ALLOC_TYPE.itemsize),
+                (self.origins_path, journal.get("origin_bytes", 0)))
         for path, size in need:
             if not os.path.exists(path) or os.path.getsize(path) < size:
                 raise ConfigurationError(f"{path}: shorter than the journal records ({size} bytes); convert "
@@ -153,23 +158,27 @@ class ConversionJournal:
             logger.warning("%s: discarding the partial output of an interrupted conversion (use --resume to "
                            "continue it)", self.dst)
         self._remove_files()
-        for path in (self.meta_path, self.alloc_path):
+        for path in (self.meta_path, self.alloc_path, self.origins_path):
             open(path, "wb").close()
 
-    def writer(self, page_size: int | None, journal: dict | None, info: dict | None = None):
+    def writer(self, page_size: int | None, journal: dict | None, info: dict | None = None, origin_room: int = 0):
         """``open_writer`` for :func:`ffload.formats.atomic.dataset_writer`: a new BetonWriter (storing
-        ``info``) on the partial path, or one continuing it at ``journal``'s checkpoint; checkpoints are
-        invalidated before pages grow."""
+        ``info``, reserving ``origin_room`` bytes for the origin block) on the partial path, or one
+        continuing it at ``journal``'s checkpoint; checkpoints are invalidated before pages grow."""
         def open_writer(path: str) -> BetonWriter:
             resume = None
             if journal is not None:
                 meta = np.fromfile(self.meta_path, dtype=self.mtype, count=journal["metadata_rows"])
                 allocs = np.fromfile(self.alloc_path, dtype=ALLOC_TYPE, count=journal["alloc_rows"])
+                os.truncate(self.origins_path, journal.get("origin_bytes", 0))
+                with open(self.origins_path, "rb") as f:
+                    origins = f.read()
                 for name, rows in ((self.meta_path, meta), (self.alloc_path, allocs)):
                     os.truncate(name, rows.nbytes)
-                resume = ({k: journal[k] for k in ("count", "page_size", "data_start", "data_bytes")}, meta, allocs)
+                state = {k: journal.get(k) for k in ("count", "page_size", "data_start", "data_bytes", "origins")}
+                resume = (state, meta, allocs, origins)
             writer = BetonWriter(path, self.fields, self.num_samples, page_size or DEFAULT_PAGE_SIZE, resume=resume,
-                                 info=info)
+                                 info=info, origin_room=origin_room)
             writer.before_grow = self._invalidate
             return writer
         return open_writer
@@ -181,16 +190,18 @@ class ConversionJournal:
         if not force and now - self._last < self.checkpoint_seconds:
             return
         self._last = now
-        state, meta, allocs = writer.checkpoint()
-        for path, rows in ((self.meta_path, meta), (self.alloc_path, allocs)):
+        state, meta, allocs, origins = writer.checkpoint()
+        for path, rows in ((self.meta_path, meta.tobytes()), (self.alloc_path, allocs.tobytes()),
+                           (self.origins_path, origins)):
             with open(path, "ab") as f:
-                f.write(rows.tobytes())
+                f.write(rows)
                 f.flush()
                 os.fsync(f.fileno())
         journal = {"format": FORMAT, "version": VERSION, "dst": self.dst, "fingerprint": self.fingerprint,
                    "arguments": self.arguments, "num_samples": self.num_samples, "next_index": int(next_index),
                    "samples": state["count"], **state, "metadata_rows": state["count"],
                    "alloc_rows": os.path.getsize(self.alloc_path) // ALLOC_TYPE.itemsize,
+                   "origin_bytes": os.path.getsize(self.origins_path),
                    "skipped": [list(s) for s in skipped], "outcomes": dict(outcomes)}
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
@@ -221,6 +232,6 @@ class ConversionJournal:
             self._lock = None
 
     def _remove_files(self) -> None:
-        for path in (self.path, self.path + ".tmp", self.meta_path, self.alloc_path, self.partial):
+        for path in (self.path, self.path + ".tmp", self.meta_path, self.alloc_path, self.origins_path, self.partial):
             if os.path.lexists(path):
                 os.remove(path)

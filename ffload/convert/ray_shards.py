@@ -55,6 +55,7 @@ import numpy as np
 from ..formats.atomic import _pid_alive
 from ..formats.shards import ShardFiles
 from .encode import SampleEncoder, _ChunkSizer, encode_chunk
+from .provenance import source_origins
 from .ray_engine import MAX_RETRIES, failure_errors, joined_cluster, task_result
 
 SHARD_FILL = 0.95  # a task's planned payload, as a fraction of the shard size
@@ -148,6 +149,7 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
     from ..storage import upload_file
 
     fields = encoder.fields
+    origin_of = source_origins(encoder.source)[1]
     target = folder if url is None else _task_folder(url, task)
 
     def upload(entry: dict) -> None:
@@ -166,8 +168,8 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
             sizer.observe(chunk)
             errors += chunk.errors
             outcomes.update(chunk.outcomes)
-            for _, metas, payloads in chunk.samples(fields, None):
-                writer.add(writer.count, metas, payloads)
+            for index, metas, payloads in chunk.samples(fields, None):
+                writer.add(writer.count, metas, payloads, origin=origin_of(index))
                 if label_pos is not None:
                     labels.append(int(metas[label_pos]))
             if tally is not None:

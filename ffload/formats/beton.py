@@ -10,6 +10,8 @@ Layout (all little-endian; the dtypes below are FFCV's ``ffcv/types.py``)::
                       fields' metadata records)
     info (ffload)     optional: INFO_MAGIC, JSON length <u8, UTF-8 JSON object (the dataset's
                       ``info``, e.g. class names), in the padding that precedes the first page
+    origins (ffload)  optional, after the info block: the samples' origin block (provenance:
+                      each sample's source file, key or row; layout in :mod:`.origins`)
     zero padding      to a multiple of page_size
     data pages        page_size bytes each; a sample's payloads never straddle a page; the last
                       page is written in full (zero padded)
@@ -20,10 +22,10 @@ a larger (power-of-two) page size instead of "Tried allocating ... but page size
 ffcv's reader and loader accept as any other page size; an empty payload is followed by one zero
 byte, so that its offset is its own (ffcv's writer gives it the next payload's offset, and ffcv's
 reader, which finds a payload's size by offset, may then read either with the other's size).
-Pages are filled in sample order. The dataset-level ``info`` (class names) lives in the padding
-between the metadata and the first page, which ffcv's reader never reads (it finds the metadata
-right after the field descriptors and the pages through the allocation table), so ffcv reads such
-files unchanged; a file without it has zeros there and ``info`` is ``{}``.
+Pages are filled in sample order. The dataset-level ``info`` (class names) and the origin block
+live in the padding between the metadata and the first page, which ffcv's reader never reads (it
+finds the metadata right after the field descriptors and the pages through the allocation table),
+so ffcv reads such files unchanged; a file without them has zeros there and ``info`` is ``{}``.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import numpy as np
 
 from ..errors import ConfigurationError, FieldError
 from .fields import FIELD_TYPES, Field, metadata_dtype, named_metadata_dtype
+from .origins import OriginLog
 from .view import DatasetView, check_field_values, dataset_error
 from .writer import DatasetWriter
 
@@ -98,15 +101,18 @@ class BetonWriter(DatasetWriter):
             records the number actually added, and the unused room stays as padding before the
             first page.
         page_size: bytes, power of two >= 2 MiB; grows automatically for larger samples.
-        resume: ``(state, metadata rows, allocation rows)`` of a :meth:`checkpoint` of ``path``
-            (all rows since the start): continue that file instead of creating one (with the
-            same ``info``).
+        resume: ``(state, metadata rows, allocation rows, origin records)`` of a :meth:`checkpoint`
+            of ``path`` (all rows since the start): continue that file instead of creating one
+            (with the same ``info`` and ``origin_room``).
         info: dataset-level JSON object (see :class:`~.writer.DatasetWriter`), stored after the
             metadata (see the module docstring).
         reserve: metadata rows to reserve room for up front (default ``num_samples``); when more
             samples come, the room doubles (up to ``num_samples``) and the data written so far
             moves once, as when the page size grows. A writer whose count is unknown in advance
             (a shard of :mod:`.shards`) reserves what the first page's padding holds anyway.
+        origin_room: bytes to reserve up front for the origin block (``add(..., origin=)``;
+            :meth:`~.origins.OriginLog.block_size` of every sample's origin: then the data never
+            moves for it); a larger block grows the room (doubling), moving the data once, as rows do.
     """
 
     before_grow = None
@@ -115,8 +121,10 @@ class BetonWriter(DatasetWriter):
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
                  page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray] | None = None,
-                 info: dict | None = None, reserve: int | None = None):
+                 info: dict | None = None, reserve: int | None = None, origin_room: int = 0):
         super().__init__(path, fields, num_samples, info)
+        self.origins = OriginLog()
+        self._origin_room = max(0, int(origin_room))
         self.page_size = check_page_size(page_size)
         self._desc = field_descriptors(self.fields)
         self._info_block = (INFO_MAGIC + np.uint64(len(self._info_json)).astype("<u8").tobytes() + self._info_json
@@ -135,26 +143,33 @@ class BetonWriter(DatasetWriter):
 
     def _reserve_rows(self, rows: int) -> None:
         """Room for ``rows`` metadata rows (the rows so far kept); sets ``_head_end``, where the
-        rows reserved and the info block end (the data starts at the next page)."""
+        rows reserved, the info block and the origin room end (the data starts at the next page)."""
         metadata = np.zeros(rows, dtype=metadata_dtype(self._field_list))
         if getattr(self, "metadata", None) is not None:
             metadata[:self.count] = self.metadata[:self.count]
         self.metadata = metadata
         self._columns = [self.metadata[f"f{k}"] for k in range(len(self._field_list))]
-        self._head_end = HEADER_TYPE.itemsize + self._desc.nbytes + self.metadata.nbytes + len(self._info_block)
+        self._head_end = (HEADER_TYPE.itemsize + self._desc.nbytes + self.metadata.nbytes + len(self._info_block)
+                          + self._origin_room)
 
-    def file_bytes_with(self, payloads) -> int:
+    def _origin_room_with(self, origin: str | None) -> int:
+        """The origin room needed once ``origin`` is added: the current one, or doubled (at least)."""
+        need = self.origins.block_size(origin)
+        return self._origin_room if need <= self._origin_room else max(need, 2 * self._origin_room)
+
+    def file_bytes_with(self, payloads, origin: str | None = None) -> int:
         """Bytes the file would have if the sample of ``payloads`` (1-D ``uint8`` arrays, ``None``
         for fields without one, in field order) were added and the writer closed: the header and
         the metadata room (grown if the sample needs it) padded to the page, the data pages, the
-        allocation table. What :mod:`.shards` compares with the shard size."""
+        allocation table (and ``origin``'s room). What :mod:`.shards` compares with the shard size."""
         sizes = [max(int(p.nbytes), 1) for p in payloads if p is not None]
         total = sum(sizes)
         page = self.page_size if total <= self.page_size else _next_pow2(total)
         rows = self.metadata.shape[0]
         if self.count >= rows:
             rows = min(self.num_samples, 2 * rows)
-        head = self._head_end + (rows - self.metadata.shape[0]) * self.metadata.itemsize
+        head = (self._head_end + (rows - self.metadata.shape[0]) * self.metadata.itemsize
+                + self._origin_room_with(origin) - self._origin_room)
         pos = _align(self._pos, page) if page != self.page_size else self._pos
         if total > page - pos % page and pos % page:
             pos = _align(pos, page)
@@ -166,26 +181,33 @@ class BetonWriter(DatasetWriter):
         continue this file (``BetonWriter(..., resume=...)``) after this process dies.
 
         Returns:
-            ``(state, metadata rows, allocation rows)``: ``state`` is JSON-able (``count``,
-            ``page_size``, ``data_start``, ``data_bytes``: bytes of the data region in use); the
-            rows are those added since the previous checkpoint (``metadata_dtype`` records, their
-            pointers relative to the data region; :data:`ALLOC_TYPE` records, likewise).
+            ``(state, metadata rows, allocation rows, origin records)``: ``state`` is JSON-able
+            (``count``, ``page_size``, ``data_start``, ``data_bytes``: bytes of the data region in
+            use; ``origins``: whether an origin was given); the rows are those added since the
+            previous checkpoint (``metadata_dtype`` records, their pointers relative to the data
+            region; :data:`ALLOC_TYPE` records, likewise; their origins as
+            :meth:`~.origins.OriginLog.records` bytes).
         """
         self._out.flush()
         os.fsync(self._fp.fileno())
         (count, allocs), self._marks = self._marks, (self.count, len(self._allocs))
         state = {"count": self.count, "page_size": self.page_size, "data_start": self._data_start,
-                 "data_bytes": self._pos}
-        return state, self.metadata[count:self.count].copy(), np.array(self._allocs[allocs:], dtype=ALLOC_TYPE)
+                 "data_bytes": self._pos, "origins": self.origins.given}
+        return (state, self.metadata[count:self.count].copy(), np.array(self._allocs[allocs:], dtype=ALLOC_TYPE),
+                self.origins.records(count))
 
-    def _restore(self, state: dict, metadata: np.ndarray, allocs: np.ndarray) -> None:
-        """Take up a file at a :meth:`checkpoint`: ``metadata``/``allocs`` are all the rows so far.
-        The data region beyond the checkpoint is cut off. Raises ValueError for a state that does
-        not fit this writer."""
+    def _restore(self, state: dict, metadata: np.ndarray, allocs: np.ndarray, origins: bytes) -> None:
+        """Take up a file at a :meth:`checkpoint`: ``metadata``/``allocs``/``origins`` are all the
+        rows so far. The data region beyond the checkpoint is cut off. Raises ValueError for a state
+        that does not fit this writer."""
         count = int(state["count"])
         if count > self.num_samples or len(metadata) != count or metadata.dtype != self.metadata.dtype:
             raise ValueError(f"checkpoint of {count} samples does not fit {self.num_samples} samples "
                              f"of {len(metadata)} metadata rows")
+        self.origins.extend_records(origins, bool(state.get("origins")))
+        if len(self.origins) != count or self.origins.block_size() > self._origin_room:
+            raise ValueError(f"checkpoint of {count} samples has {len(self.origins)} origins, or more than the "
+                             f"{self._origin_room} bytes reserved for them")
         self.page_size = check_page_size(state["page_size"])
         self._data_start, self._pos = int(state["data_start"]), int(state["data_bytes"])
         if self._data_start != _align(self._head_end, self.page_size):
@@ -195,14 +217,20 @@ class BetonWriter(DatasetWriter):
         self.count = count
         self._fp.truncate(self._data_start + self._pos)
 
-    def _write_sample(self, index, metas, payloads):
+    def _write_sample(self, index, metas, payloads, origin):
         """Place the sample's payloads in the current page (the next one if they do not fit). An
         empty payload is followed by one zero byte: ffcv's reader looks a payload's size up by its
         offset alone, so two allocations must never share an offset."""
         total = sum(0 if p is None else max(int(p.nbytes), 1) for p in payloads)
-        if index >= self.metadata.shape[0]:  # the reserved rows are used up: double them
-            self._reserve_rows(min(self.num_samples, 2 * self.metadata.shape[0]))
+        room = self._origin_room_with(origin)
+        if index >= self.metadata.shape[0] or room != self._origin_room:  # the head's room is used up
+            if room != self._origin_room and self.before_grow is not None:
+                self.before_grow()
+            self._origin_room = room
+            rows = self.metadata.shape[0]
+            self._reserve_rows(min(self.num_samples, 2 * rows) if index >= rows else rows)
             self._move_data(_align(self._head_end, self.page_size))
+        self.origins.append(origin)
         if total > self.page_size:
             self._grow(total)
         page_left = self.page_size - self._pos % self.page_size
@@ -233,7 +261,9 @@ class BetonWriter(DatasetWriter):
             self._pad(new_page - self._pos % new_page)
 
     def _move_data(self, new_start: int) -> None:
-        """Move the data written so far to start at byte ``new_start`` (``>=`` the current start)."""
+        """Move the data written so far to start at byte ``new_start`` (``>=`` the current start);
+        the bytes it leaves (now padding before the first page) are zeroed, so that no stale payload
+        stays in the file."""
         self._out.flush()
         shift = new_start - self._data_start
         if shift and self._pos:
@@ -244,15 +274,19 @@ class BetonWriter(DatasetWriter):
                 data = os.pread(self._fp.fileno(), end - start, self._data_start + start)
                 os.pwrite(self._fp.fileno(), data, new_start + start)
                 end = start
+            for start in range(self._data_start, min(new_start, self._data_start + self._pos), chunk):
+                os.pwrite(self._fp.fileno(), bytes(min(chunk, min(new_start, self._data_start + self._pos) - start)),
+                          start)
         self._data_start = new_start
         self._out.seek(self._data_start + self._pos)
 
     def _finalize(self) -> None:
         """Pad the last page, make the pointers absolute, write metadata, allocation table and
         header; fsync."""
-        if self._pos == 0:  # no payloads at all: the table follows the rows written (as in ffcv) and info
+        origins = self.origins.block()
+        if self._pos == 0:  # no payloads at all: the table follows the rows written (as in ffcv), info, origins
             self._data_start = (HEADER_TYPE.itemsize + self._desc.nbytes + self.count * self.metadata.itemsize
-                                + len(self._info_block))
+                                + len(self._info_block) + len(origins))
             self._out.seek(self._data_start)
         if self._pos % self.page_size:
             self._pad(self.page_size - self._pos % self.page_size)
@@ -271,8 +305,9 @@ class BetonWriter(DatasetWriter):
         header["page_size"] = self.page_size
         header["num_samples"] = self.count
         header["alloc_table_ptr"] = self._data_start + self._pos
-        # the info block follows the rows written (fewer than reserved when inputs were skipped)
-        head = header.tobytes() + self._desc.tobytes() + self.metadata[: self.count].tobytes() + self._info_block
+        # the info and origin blocks follow the rows written (fewer than reserved when inputs were skipped)
+        head = (header.tobytes() + self._desc.tobytes() + self.metadata[: self.count].tobytes() + self._info_block
+                + origins)
         os.pwrite(self._fp.fileno(), head, 0)
         os.fsync(self._fp.fileno())
 

@@ -93,6 +93,7 @@ import numpy as np
 
 from .fields import FIELD_CLASSES, Field, named_metadata_dtype
 from .lmdb_pages import check_tree
+from .origins import ORIGINS_KEY, OriginLog
 from .view import DatasetView, check_field_values, dataset_error
 from .writer import DatasetWriter
 
@@ -101,7 +102,7 @@ RECORDS_KEY = b"__ffload_records__"
 PLACES_KEY = b"__ffload_places__"
 UNPLACED = np.uint64(2 ** 64 - 1)
 """The offset in the places table of a value whose place in ``data.mdb`` is not recorded."""
-_TABLE_KEYS = (META_KEY, RECORDS_KEY, PLACES_KEY)  # sort after the sample keys, written last
+_TABLE_KEYS = (META_KEY, ORIGINS_KEY, RECORDS_KEY, PLACES_KEY)  # sort after the sample keys, written last
 FORMAT_NAME = "ffload-lmdb"
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -147,6 +148,9 @@ class LMDBWriter(DatasetWriter):
         initial_map_size: bytes; LMDB's map size to start with (it doubles when full).
         info: dataset-level JSON object (see :class:`~.writer.DatasetWriter`), stored under
             ``"info"`` in the metadata record.
+
+    The samples' origins (``add(..., origin=)``) are stored as one origin block
+    (:mod:`.origins`) under :data:`~.origins.ORIGINS_KEY`, when any was given.
     """
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
@@ -164,14 +168,16 @@ class LMDBWriter(DatasetWriter):
         self._txn_bytes = txn_bytes
         self._records = bytearray()  # every value's record, end to end: the RECORDS_KEY value
         self._places = np.zeros((self.num_samples, 2), dtype="<u8")  # the PLACES_KEY value
+        self.origins = OriginLog()
 
-    def _write_sample(self, index, metas, payloads):
+    def _write_sample(self, index, metas, payloads, origin):
         """One value: the record, then the payloads (offsets from the value's start)."""
         rec = np.zeros((), dtype=self.record_dtype)
         records = [rec[name] for name in self.fields]
         placed = self._lay_out(records, metas, payloads, self.record_dtype.itemsize)
         record = rec.tobytes()
         self._records += record
+        self.origins.append(origin)
         value = b"".join([record] + [data for _, data in placed])
         self._pending.append((sample_key(index), value))
         self._pending_bytes += len(value)
@@ -228,8 +234,11 @@ class LMDBWriter(DatasetWriter):
                 "record_size": self.record_dtype.itemsize}
         if self.info:
             meta["info"] = self.info
-        self._put_all([(RECORDS_KEY, bytes(self._records)), (PLACES_KEY, self._places[:self.count].tobytes()),
-                       (META_KEY, json.dumps(meta).encode("utf8"))])
+        tables = [(RECORDS_KEY, bytes(self._records)), (PLACES_KEY, self._places[:self.count].tobytes()),
+                  (META_KEY, json.dumps(meta).encode("utf8"))]
+        if self.origins.given:
+            tables.append((ORIGINS_KEY, self.origins.block()))
+        self._put_all(tables)
         self.env.sync(True)
 
 

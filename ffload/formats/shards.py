@@ -55,6 +55,7 @@ from .beton import (
 )
 from .fields import Field, metadata_dtype
 from .lmdb_format import field_specs, fields_from_specs
+from .origins import BLOCK_HEAD
 from .shardio import ShardedRemote, ShardLayout
 from .view import DatasetView, dataset_error
 from .writer import DatasetWriter
@@ -119,6 +120,11 @@ def file_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+ORIGIN_GUESS = 56
+"""Bytes of origin room a shard reserves per metadata row up front: 8 for its offset, 48 for its
+string (an ImageNet path ``n01440764/n01440764_10026.JPEG`` is 30)."""
+
+
 class ShardFiles(DatasetWriter):
     """Streams samples, in index order, into ``.beton`` shard files in the existing folder
     ``path`` (the :class:`~.writer.DatasetWriter` protocol: ``add`` in order, then ``close``):
@@ -169,23 +175,30 @@ class ShardFiles(DatasetWriter):
         self._current: BetonWriter | None = None
 
     def _first_page_rows(self) -> int:
-        """Metadata rows the padding before a shard's first data page holds (at least 1)."""
+        """Metadata rows the padding before a shard's first data page holds (at least 1), each
+        with :data:`ORIGIN_GUESS` bytes of origin room beside it (see :meth:`_first_page_origins`)."""
         info = len(INFO_MAGIC) + 8 + len(self._info_json) if self._info_json else 0
-        fixed = HEADER_TYPE.itemsize + len(self.fields) * FIELD_DESC_TYPE.itemsize + info
+        fixed = HEADER_TYPE.itemsize + len(self.fields) * FIELD_DESC_TYPE.itemsize + info + BLOCK_HEAD
         room = -fixed % self.page_size
-        return max(1, room // metadata_dtype(self._field_list).itemsize)
+        return max(1, room // (metadata_dtype(self._field_list).itemsize + ORIGIN_GUESS))
 
-    def _write_sample(self, index, metas, payloads):
+    def _first_page_origins(self) -> int:
+        """The origin room a shard reserves: :data:`ORIGIN_GUESS` bytes per row of
+        :meth:`_first_page_rows` (more origin bytes grow it, as more rows do)."""
+        return BLOCK_HEAD + ORIGIN_GUESS * self._first_page_rows()
+
+    def _write_sample(self, index, metas, payloads, origin):
         shard = self._current
-        if shard is not None and shard.count and shard.file_bytes_with(payloads) > self.shard_size:
+        if shard is not None and shard.count and shard.file_bytes_with(payloads, origin) > self.shard_size:
             self._close_shard()
             shard = None
         if shard is None:
             attempt = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
             partial = os.path.join(self.path, f".{self._name(len(self.shards))}.{attempt}{PARTIAL}")
             shard = self._current = BetonWriter(partial, self.fields, self.num_samples - self.count, self.page_size,
-                                                info=self.info, reserve=self._first_page_rows())
-        shard.add(shard.count, metas, payloads)
+                                                info=self.info, reserve=self._first_page_rows(),
+                                                origin_room=self._first_page_origins())
+        shard.add(shard.count, metas, payloads, origin)
 
     def _close_shard(self) -> None:
         shard, self._current = self._current, None

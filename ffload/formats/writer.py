@@ -37,7 +37,7 @@ class DatasetWriter:
     :meth:`abort` closes) and implements only
 
     * :meth:`_write_sample` — store one sample: its records filled by :meth:`_lay_out`, its
-      payload bytes where the container keeps them;
+      payload bytes where the container keeps them, its origin (:class:`~.origins.OriginLog`);
     * :meth:`_finalize` — write what follows the samples (tables, header, metadata record) and
       sync to disk; the base then closes :attr:`_handle`.
 
@@ -69,10 +69,12 @@ class DatasetWriter:
         self._info_json = encode_info({} if info is None else info)  # checks it first
         self.info = dict(info or {})
 
-    def add(self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None]) -> None:
+    def add(self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None],
+            origin: str | None = None) -> None:
         """Append sample ``index``: its metadata records (each field's ``metadata_type``, the
         pointers left 0) and payloads (1-D ``uint8`` arrays, ``None`` for fields without one),
-        in field order.
+        in field order, and where it came from (``origin``: a string read as ``info["origin"]``
+        says, :mod:`.origins`; ``None``: unknown), stored in the container's origin block.
 
         Raises:
             ConfigurationError: ``index`` is not the next sample, or ``num_samples`` were added already.
@@ -80,7 +82,7 @@ class DatasetWriter:
         if index != self.count or index >= self.num_samples:
             raise ConfigurationError(f"samples must be added in order, at most {self.num_samples}: "
                              f"expected {self.count}, got {index}")
-        self._write_sample(index, metas, payloads)
+        self._write_sample(index, metas, payloads, origin)
         self.count += 1
 
     def _lay_out(self, records: Sequence[np.ndarray], metas: Sequence, payloads: Sequence,
@@ -130,8 +132,9 @@ class DatasetWriter:
         else:
             self.abort()
 
-    def _write_sample(self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None]) -> None:
-        """Store sample ``index`` (checked to be the next one); see the class docstring."""
+    def _write_sample(self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None],
+                      origin: str | None) -> None:
+        """Store sample ``index`` (checked to be the next one) and its origin; see the class docstring."""
         raise NotImplementedError
 
     def _finalize(self) -> None:

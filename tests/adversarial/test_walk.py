@@ -90,7 +90,8 @@ def test_an_unreadable_subfolder_fails_under_fail_and_is_listed_under_skip(tmp_p
     report = convert_dataset(src, str(tmp_path / "o.beton"), num_workers=0, progress=False, on_error="skip")
     assert report.samples == 5 and report.skipped == src.unreadable
     assert report.as_dict()["skipped"] == [{"input": str(root / "b" / "private"),
-                                            "cause": "cannot list the folder (Permission denied)"}]
+                                            "cause": "cannot list the folder (Permission denied)",
+                                            "origin": "b/private"}]  # relative to the root, as samples
 
 
 def test_an_unreadable_class_folder_is_an_error_not_an_empty_class(tmp_path, monkeypatch):

@@ -233,6 +233,7 @@ class CIFARSource:
     def _read_split(self) -> tuple[np.ndarray, np.ndarray]:
         label_key = "labels" if self.variant == "cifar10" else f"{self.label_kind}_labels"
         parts = [_read_batch(p, label_key, len(self.classes)) for p in self._batch_files()]
+        self._batch_ends = np.cumsum([len(p[1]) for p in parts])
         return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
     def __len__(self) -> int:
@@ -251,6 +252,18 @@ class CIFARSource:
     def describe(self, i: int) -> str:
         """``'sample i of cifar10-train in <folder>'``, for error messages."""
         return f"sample {i} of {self.name} in {self.folder}"
+
+    def origin(self, i: int) -> str:
+        """Sample ``i``'s provenance: ``'<batch file number>:<row in that file>'`` (see :attr:`origin_info`)."""
+        i = check_index(i, len(self), self.name)
+        k = int(np.searchsorted(self._batch_ends, i, side="right"))
+        return f"{k}:{i - (int(self._batch_ends[k - 1]) if k else 0)}"
+
+    @property
+    def origin_info(self) -> dict:
+        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a batch file and a row in it."""
+        return {"source": self.variant, "id": "row", "int": True, "part": "file",
+                "parts": [os.path.basename(p) for p in self._batch_files()]}
 
     def __getstate__(self):
         state = self.__dict__.copy()

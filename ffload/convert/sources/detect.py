@@ -2,9 +2,9 @@
 
 :data:`SOURCE_KINDS` lists every kind in the order detection tries them (as WebDataset tries each
 input kind in turn): the CIFAR python folders first, because they are recognised by their file
-names, then WebDataset shards (``.tar`` files or a brace pattern of them) and Hugging Face
-datasets (a ``save_to_disk`` folder or Parquet files), then the ImageFolder, which accepts any
-folder and names what is wrong with it. The same
+names, then WebDataset shards (``.tar``, ``.tar.gz``, ``.tgz`` files, a brace pattern or a folder
+of them) and Hugging Face datasets (a ``save_to_disk`` folder or Parquet files), then the
+ImageFolder, which accepts any folder and names what is wrong with it. The same
 table gives the ``kind`` argument of :func:`detect_source` and the choices of ``ffload convert
 --source``, so a new kind is one row here.
 """
@@ -32,7 +32,9 @@ class SourceKind:
 
     Attributes:
         name: the ``kind`` argument and ``--source`` value (``'cifar10'``, ...).
-        described_as: how a message names a folder of this kind ("this is <described_as>").
+        described_as: how a message names a path of this kind ("this is <described_as>").
+        expected: what a path of this kind is, for the message when ``--source`` names this kind
+            and the path is not one ("asked for X, but ... is not <expected>").
         find: ``path -> folder``: the folder to open when ``path`` holds this kind (``path`` itself or
             a sub-folder, e.g. torchvision's ``cifar-10-batches-py``), else ``None``. Reads no data.
         open: ``(folder, split, label_kind, max_pixels) -> Source``; raises :class:`SourceError` naming the path.
@@ -40,6 +42,7 @@ class SourceKind:
 
     name: str
     described_as: str
+    expected: str
     find: Callable[[str], str | None]
     open: Callable[[str, str | None, str, int | None], Source]
 
@@ -71,13 +74,19 @@ def _open_image_folder(folder: str, split: str | None, label_kind: str,
 
 
 SOURCE_KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (
-    SourceKind("cifar10", "a cifar10 folder", _cifar_finder("cifar10"), _open_cifar),
-    SourceKind("cifar100", "a cifar100 folder", _cifar_finder("cifar100"), _open_cifar),
-    SourceKind("webdataset", "WebDataset shards", lambda path: path if looks_like_webdataset(path) else None,
+    SourceKind("cifar10", "a cifar10 folder", "a CIFAR-10 python folder (data_batch_1..5, test_batch, batches.meta)",
+               _cifar_finder("cifar10"), _open_cifar),
+    SourceKind("cifar100", "a cifar100 folder", "a CIFAR-100 python folder (train, test, meta)",
+               _cifar_finder("cifar100"), _open_cifar),
+    SourceKind("webdataset", "WebDataset shards",
+               "WebDataset shards (a .tar, .tar.gz or .tgz file, a brace pattern or glob of them, or a folder "
+               "holding them)", lambda path: path if looks_like_webdataset(path) else None,
                lambda path, split, label_kind, max_pixels: WebDatasetSource(path, max_pixels=max_pixels)),
-    SourceKind("hf", "a Hugging Face dataset", lambda path: path if looks_like_hf(path) else None,
+    SourceKind("hf", "a Hugging Face dataset", "a Hugging Face dataset (a save_to_disk folder or Parquet files)",
+               lambda path: path if looks_like_hf(path) else None,
                lambda path, split, label_kind, max_pixels: HFSource(path, split=split, max_pixels=max_pixels)),
-    SourceKind("imagefolder", "not a CIFAR python folder", lambda path: path, _open_image_folder),
+    SourceKind("imagefolder", "an ImageFolder", "an ImageFolder (root/<class>/<image>)", lambda path: path,
+               _open_image_folder),
 )}
 """Every source kind, in detection order (the last one accepts any path)."""
 
@@ -131,8 +140,9 @@ def detect_source(path: str | os.PathLike, kind: str | None = None, split: str |
     else:
         chosen, folder = SOURCE_KINDS[kind], SOURCE_KINDS[kind].find(path)
         if folder is None:
-            raise SourceError(f"{path}: asked for {kind}, but this is {detect_kind(path)[0].described_as}",
-                              path=path)
+            found = detect_kind(path)[0]  # the last kind accepts any path: it says nothing about this one
+            what = f"{found.described_as}, not" if found.name != "imagefolder" else "not"
+            raise SourceError(f"{path}: asked for {kind}, but this is {what} {chosen.expected}", path=path)
     return chosen.open(folder, split, label_kind, max_pixels)
 
 

@@ -136,3 +136,12 @@ class HFSource:
     def describe(self, i: int) -> str:
         """``'row i of <name>'``."""
         return f"row {i} of {self.name}"
+
+    def origin(self, i: int) -> str:
+        """Sample ``i``'s provenance: its row number in the dataset (``str``)."""
+        return str(check_index(i, len(self), self.name))
+
+    @property
+    def origin_info(self) -> dict:
+        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a row number of the dataset."""
+        return {"source": "hf", "id": "row", "int": True}

@@ -174,6 +174,16 @@ class ImageFolderSource:
         """The image path of sample ``i``."""
         return self.path(i)
 
+    def origin(self, i: int) -> str:
+        """Sample ``i``'s provenance: its path relative to :attr:`root`, ``/``-separated (``str``)."""
+        i = check_index(i, len(self), self.name)
+        return os.fsdecode(self._paths[self._offsets[i]:self._offsets[i + 1]]).replace(os.sep, "/")
+
+    @property
+    def origin_info(self) -> dict:
+        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a path relative to the root."""
+        return {"source": "imagefolder", "id": "path"}
+
     @property
     def samples(self) -> list[tuple[str, int]]:
         """``[(absolute path str, label int), ...]`` for every sample in order, as torchvision's

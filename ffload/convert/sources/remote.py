@@ -122,6 +122,17 @@ class RemoteImageFolderSource:
 
     describe = url
 
+    def origin(self, i: int) -> str:
+        """Sample ``i``'s provenance: its key relative to :attr:`root` (``str``)."""
+        return self._keys[check_index(i, len(self), self.name)]
+
+    @property
+    def origin_info(self) -> dict:
+        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a path relative to the root, as
+        for a local ImageFolder (the URL is not stored, as a local root's path is not: the same tree
+        gives the same dataset bytes wherever it is read from)."""
+        return {"source": "imagefolder", "id": "path"}
+
     def file_entries(self):
         """``(url, size, etag)`` of every sample's object, in order, from the listing (what a
         resumed conversion compares: :func:`ffload.convert.journal.source_fingerprint`)."""

@@ -17,16 +17,31 @@ Why ``tarfile`` and not the ``webdataset`` package: conversion encodes samples i
 worker processes that each need *random* access (``src[i]``) and the sample count up front;
 ``webdataset`` is a streaming pipeline over sequential reads. The shards are indexed once
 (member headers only: data blocks are skipped by seeking) and each sample is then one ``pread``
-at its member's data offset. Compressed shards (``.tar.gz``) cannot be read at an offset and
-are refused with a hint.
+at its member's data offset.
+
+Gzipped shards (``.tar.gz``, ``.tgz``, or any shard whose first bytes are gzip's magic ``1f 8b``)
+are decompressed once, at indexing, to an uncompressed copy in a temporary folder
+(:class:`ShardCopies`: ``$TMPDIR/ffload-wds-*``, one file per shard, removed when the source is
+garbage collected or the process exits), and then read at offsets like any shard. Why a copy and
+not one sequential stream: indexing must read every byte of a gzip stream anyway (the headers are
+inside it), so writing the bytes out costs no second decompression; the parallel workers then keep
+their random access (a stream would serialise them or make each worker decompress the shard from
+its start for every chunk). The price is disk: the uncompressed size of the gzipped shards, in the
+temporary folder, while the source lives; a full disk or a corrupt or truncated gzip stream is a
+:class:`SourceError` naming the shard. A process that does not see the copies (a Ray worker on
+another node) decompresses its own on first use.
 """
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import os
 import re
+import shutil
 import tarfile
+import tempfile
+import zlib
 
 import numpy as np
 
@@ -34,6 +49,9 @@ from ..images import DEFAULT_MAX_PIXELS, decode_image_bytes
 from .base import SourceError, check_index
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+"""The file names taken as shards in a folder, and recognised as shards by detection."""
+GZIP_MAGIC = b"\x1f\x8b"
 LABEL_KEYS = ("cls", "cls2", "json")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 
@@ -41,13 +59,14 @@ _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 def expand_shards(pattern: str) -> list[str]:
     """The shard paths of ``pattern``: brace ranges as WebDataset writes them
     (``train-{000000..000146}.tar``, via the ``braceexpand`` package), then shell globs; a
-    directory means every ``*.tar`` in it, sorted.
+    directory means every file in it whose name ends with one of :data:`SHARD_SUFFIXES`, sorted.
 
     Raises:
         SourceError: nothing matches, or a named shard does not exist.
     """
     if os.path.isdir(pattern):
-        paths = sorted(glob.glob(os.path.join(pattern, "*.tar")))
+        paths = sorted(entry.path for entry in os.scandir(pattern)
+                       if entry.is_file() and entry.name.endswith(SHARD_SUFFIXES))
     else:
         try:
             from braceexpand import braceexpand
@@ -61,15 +80,82 @@ def expand_shards(pattern: str) -> list[str]:
         if missing:
             raise SourceError(f"{pattern}: {len(missing)} shard(s) missing, first {missing[0]}")
     if not paths:
-        raise SourceError(f"{pattern}: no WebDataset shard (.tar) matches")
+        raise SourceError(f"{pattern}: no WebDataset shard ({', '.join(SHARD_SUFFIXES)}) matches")
     return paths
 
 
 def looks_like_webdataset(path: str) -> bool:
-    """True for a ``.tar`` path or pattern, or a directory holding ``.tar`` files."""
+    """True for a shard path (a name ending with one of :data:`SHARD_SUFFIXES`), a brace pattern
+    or glob naming such files, or a directory holding at least one."""
     if os.path.isdir(path):
-        return bool(glob.glob(os.path.join(path, "*.tar")))
-    return path.endswith(".tar") or (".tar" in path and ("{" in path or glob.has_magic(path)))
+        with os.scandir(path) as entries:
+            return any(e.name.endswith(SHARD_SUFFIXES) and e.is_file() for e in entries)
+    if path.endswith(SHARD_SUFFIXES):
+        return True
+    return ("{" in path or glob.has_magic(path)) and any(suffix in path for suffix in SHARD_SUFFIXES)
+
+
+def is_gzipped(path: str) -> bool:
+    """Whether the file at ``path`` starts with gzip's magic bytes (``1f 8b``, RFC 1952)."""
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+class ShardCopies:
+    """Uncompressed copies of gzipped shards, in a temporary folder this object owns (see the
+    module docstring): ``local(shard)`` is the path to read ``shard``'s tar from.
+
+    The folder (``tempfile.TemporaryDirectory``, prefix ``ffload-wds-``) is created on the first
+    copy and removed with everything in it when this object is garbage collected or the process
+    exits. Pickling keeps only the mapping shard -> copy: a process that unpickles it reads the
+    creator's copies where it sees them (forked or same-machine workers) and makes, and owns,
+    its own where it does not.
+    """
+
+    def __init__(self):
+        self.paths: dict[str, str] = {}
+        self._folder: tempfile.TemporaryDirectory | None = None
+
+    def local(self, shard: str) -> str:
+        """The path of ``shard``'s uncompressed tar: ``shard`` itself unless it is gzipped.
+
+        Raises:
+            SourceError: ``shard`` cannot be read, is not a valid gzip stream (corrupt or
+                truncated), or the temporary folder's disk is full (naming the shard, the folder
+                and ``TMPDIR``).
+        """
+        copy = self.paths.get(shard)
+        if copy is not None and os.path.exists(copy):
+            return copy
+        try:
+            if not is_gzipped(shard):
+                return shard
+        except OSError as e:
+            raise SourceError(f"{shard}: {e.strerror or e}", path=shard) from None
+        if self._folder is None:
+            self._folder = tempfile.TemporaryDirectory(prefix="ffload-wds-")
+        copy = os.path.join(self._folder.name, f"{len(self.paths):06d}-{os.path.basename(shard)}.tar")
+        try:
+            with gzip.open(shard, "rb") as src, open(copy, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+            os.unlink(copy)
+            raise SourceError(f"{shard}: corrupt or truncated gzip stream ({e or type(e).__name__})",
+                              path=shard) from None
+        except OSError as e:
+            if os.path.exists(copy):
+                os.unlink(copy)
+            where = f"decompressing it into {self._folder.name}"
+            hint = " (set TMPDIR to a folder with room for the uncompressed shards)" if e.errno == 28 else ""
+            raise SourceError(f"{shard}: {where}: {e.strerror or e}{hint}", path=shard) from None
+        self.paths[shard] = copy
+        return copy
+
+    def __getstate__(self):
+        return {"paths": dict(self.paths)}
+
+    def __setstate__(self, state):
+        self.paths, self._folder = state["paths"], None
 
 
 def _label_of(ext: str, data: bytes, where: str) -> int:
@@ -90,17 +176,19 @@ class WebDatasetSource:
 
     Args:
         pattern: a shard path, a brace pattern (``'shards/train-{000000..000146}.tar'``), a glob,
-            or a directory of ``.tar`` files.
+            or a directory of shards (``.tar``, ``.tar.gz``, ``.tgz``; gzipped ones are decompressed
+            to temporary copies, see :class:`ShardCopies`).
         name: default: the first shard's directory name.
         max_pixels: images whose header declares more pixels are refused
             (:func:`~ffload.convert.images.check_pixels`); ``None``: no limit.
     Attributes:
         shards: the shard paths, in order (samples are numbered shard by shard, member order).
+        copies: the :class:`ShardCopies` of the gzipped shards.
         classes: names from ``classes.txt`` beside the first shard, or ``None``.
         labels: ``(N,) int64``.
     Raises:
-        SourceError: no shard, a compressed or unreadable shard, a sample without an image or a
-            label, a label outside ``classes`` — naming the shard and member.
+        SourceError: no shard, an unreadable shard or one that is not a (gzipped) tar, a sample
+            without an image or a label, a label outside ``classes`` — naming the shard and member.
     """
 
     def __init__(self, pattern: str, name: str | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS):
@@ -112,6 +200,7 @@ class WebDatasetSource:
         if os.path.isfile(names_file):
             with open(names_file, encoding="utf8") as f:
                 self.classes = [line.strip() for line in f if line.strip()]
+        self.copies = ShardCopies()
         shard_ids, offsets, sizes, labels, keys = [], [], [], [], []
         for s, shard in enumerate(self.shards):
             for key, offset, size, label in self._index(shard):
@@ -133,12 +222,12 @@ class WebDatasetSource:
         self._files: dict[int, int] = {}
 
     def _index(self, shard: str):
-        """Yield ``(key, image data offset, image size, label)`` per sample of one shard."""
+        """Yield ``(key, image data offset, image size, label)`` per sample of one shard (offsets
+        into its uncompressed tar, :meth:`ShardCopies.local`)."""
         try:
-            tar = tarfile.open(shard, mode="r:")  # uncompressed only: members are read at offsets
+            tar = tarfile.open(self.copies.local(shard), mode="r:")  # members are read at offsets
         except tarfile.ReadError as e:
-            raise SourceError(f"{shard}: not an uncompressed tar ({e}); WebDataset shards are read at member "
-                              "offsets, decompress .tar.gz shards first") from None
+            raise SourceError(f"{shard}: not a tar archive, nor a gzipped one ({e})", path=shard) from None
         except OSError as e:
             raise SourceError(f"{shard}: {e.strerror or e}") from None
         with tar:
@@ -179,7 +268,7 @@ class WebDatasetSource:
         s = int(self._shard[i])
         fd = self._files.get(s)
         if fd is None:  # one descriptor per shard and process (workers are forked after indexing)
-            fd = self._files[s] = os.open(self.shards[s], os.O_RDONLY)
+            fd = self._files[s] = os.open(self.copies.local(self.shards[s]), os.O_RDONLY)
         data = os.pread(fd, int(self._size[i]), int(self._offset[i]))
         if len(data) != self._size[i]:
             raise SourceError(f"{self.describe(i)}: shard truncated ({len(data)} of {self._size[i]} bytes)")
@@ -193,6 +282,19 @@ class WebDatasetSource:
     def describe(self, i: int) -> str:
         """``'<shard>:<key>'``."""
         return f"{self.shards[int(self._shard[i])]}:{self._keys[i]}"
+
+    def origin(self, i: int) -> str:
+        """Sample ``i``'s provenance: ``'<shard number>:<__key__>'`` (see :attr:`origin_info`)."""
+        i = check_index(i, len(self), self.name)
+        return f"{int(self._shard[i])}:{self._keys[i]}"
+
+    @property
+    def origin_info(self) -> dict:
+        """How :meth:`origin` reads (:mod:`ffload.formats.origins`): the shards' paths relative to
+        the folder they share, and the sample's ``__key__``."""
+        common = os.path.commonpath([os.path.dirname(os.path.abspath(s)) for s in self.shards])
+        parts = [os.path.relpath(os.path.abspath(s), common).replace(os.sep, "/") for s in self.shards]
+        return {"source": "webdataset", "id": "key", "part": "shard", "parts": parts}
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -1,0 +1,205 @@
+"""Provenance: every stored sample records where it came from (ImageFolder path, WebDataset shard
+and key, CIFAR file and row, array index), skipped inputs do not shift it, ``inspect`` shows it and
+``export`` keeps it as the WebDataset key, in .beton, LMDB and sharded outputs."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+
+import cv2
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from skimage import data
+
+from ffload.cli import main
+from ffload.convert import convert_dataset
+from ffload.convert.export import export_webdataset
+from ffload.convert.sources import ArraySource, WebDatasetSource
+from ffload.formats import open_dataset
+from ffload.formats.origins import OriginBlock, OriginLog, dataset_origins, origin_fields, origin_key
+
+OUTPUTS = ["x.beton", "x.lmdb", "x.shards"]
+
+
+def _png(rgb):
+    return cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))[1].tobytes()
+
+
+def _crops(n):
+    img = data.astronaut()
+    return [np.ascontiguousarray(img[9 * k % 480:9 * k % 480 + 24, 7 * k % 480:7 * k % 480 + 20]) for k in range(n)]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """An ImageFolder with a corrupt file in the middle of class ``b`` and a nested folder;
+    ``(root, relative paths of the good files in sample order)``."""
+    root = tmp_path_factory.mktemp("prov") / "src"
+    crops = iter(_crops(9))
+    good = []
+    for rel in ["a/0.png", "a/1.png", "a/sub/2.png", "b/0.png", "b/1 bad.png", "b/2.png", "b/x.y.png", "c/0.png"]:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if "bad" in rel:
+            path.write_bytes(b"\x89PNG\r\n\x1a\n but truncated")
+            continue
+        path.write_bytes(_png(next(crops)))
+        good.append(rel)
+    return root, good
+
+
+def _convert(root, dst, **kwargs):
+    shard = {"shard_size": 1 << 22, "page_size": 1 << 21} if dst.endswith(".shards") else {}
+    return convert_dataset(str(root), dst, on_error="skip", progress=False, num_workers=2, chunk_size=2,
+                           **shard, **kwargs)
+
+
+@pytest.mark.parametrize("name", OUTPUTS)
+def test_skipped_inputs_do_not_shift_origins(tmp_path, folder, name):
+    root, good = folder
+    report = _convert(root, str(tmp_path / name))
+    assert report.samples == len(good) and report.skipped_origins == ["b/1 bad.png"]
+    assert report.as_dict()["skipped"][0]["origin"] == "b/1 bad.png"
+    view = open_dataset(str(tmp_path / name))
+    origins = dataset_origins(view)
+    assert origins.descriptor == {"source": "imagefolder", "id": "path"}
+    assert origins.strings(0, len(good)) == good and [origins[i] for i in range(len(good))] == good
+    assert origins.describe(3) == {"path": "b/0.png"}
+    assert view.metadata["label"].tolist() == [0, 0, 0, 1, 1, 1, 2]
+
+
+def test_sharded_origins_span_several_shards(tmp_path):
+    """Shards holding two 512x512 raw images each: every shard has its own origin block."""
+    names = [f"k{k % 2}/img {k}.png" for k in range(6)]
+    for k, rel in enumerate(names):
+        (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / rel).write_bytes(_png(np.roll(data.astronaut(), 8 * k, axis=1)))
+    good = sorted(names, key=lambda rel: (rel.split("/")[0], rel))
+    dst = str(tmp_path / "tiny.shards")
+    convert_dataset(str(tmp_path / "src"), dst, progress=False, num_workers=0, page_size=1 << 21, shard_size="5MB")
+    view = open_dataset(dst)
+    assert len(view.shards.paths) == 3
+    assert dataset_origins(view).strings(0, 6) == good
+    for k, path in enumerate(view.shards.paths):  # each shard alone: a standalone .beton with its part
+        alone = dataset_origins(open_dataset(path))
+        assert alone.strings(0, len(alone)) == good[2 * k:2 * k + 2]
+
+
+def test_cli_inspect_shows_origins_and_skips_name_relative_paths(tmp_path, folder):
+    root, good = folder
+    dst = str(tmp_path / "c.beton")
+    runner = CliRunner()
+    out = runner.invoke(main, ["convert", str(root), dst, "--on-error", "skip", "--json", "--quiet",
+                               "--num-workers", "1"])
+    assert out.exit_code == 0, out.output
+    skipped = json.loads(out.output)["skipped"]
+    assert [(s["origin"], s["input"]) for s in skipped] == [("b/1 bad.png", str(root / "b" / "1 bad.png"))]
+    out = runner.invoke(main, ["inspect", dst, "--json", "--sample", "4", "--sample", "6"])
+    assert out.exit_code == 0, out.output
+    info = json.loads(out.output)
+    assert info["origins"]["source"]["source"] == "imagefolder"
+    assert [e["origin"]["path"] for e in info["origins"]["first"]] == good[:3]
+    assert info["samples_asked"] == [{"index": 4, "origin": {"path": "b/2.png"}, "label": 1},
+                                     {"index": 6, "origin": {"path": "c/0.png"}, "label": 2}]
+    text = runner.invoke(main, ["inspect", dst, "--sample", "5"]).output
+    assert "sample 5: path b/x.y.png (label 1)" in text
+    bad = runner.invoke(main, ["inspect", dst, "--sample", "7"])
+    assert bad.exit_code == 1 and "no sample 7 (the dataset has 7)" in bad.output
+
+
+def test_export_keeps_file_stems_as_keys_and_keeps_them_unique(tmp_path, folder):
+    root, good = folder
+    (root / "c" / "0.jpg").write_bytes(cv2.imencode(".jpg", _crops(1)[0])[1].tobytes())  # same stem as c/0.png
+    try:
+        convert_dataset(str(root), str(tmp_path / "e.beton"), on_error="skip", progress=False, num_workers=0)
+    finally:
+        os.unlink(root / "c" / "0.jpg")
+    shards = export_webdataset(open_dataset(str(tmp_path / "e.beton")), str(tmp_path / "out" / "p-%02d.tar"))
+    with tarfile.open(shards[0]) as tar:
+        keys = [name.rsplit(".", 1)[0] for name in tar.getnames() if name.endswith(".cls")]
+    assert keys == ["a/0", "a/1", "a/sub/2", "b/0", "b/2", "b/x_y", "c/0-00000006", "c/0-00000007"]
+    back = WebDatasetSource(shards[0])
+    assert len(back) == 8 and back.labels.tolist() == [0, 0, 0, 1, 1, 1, 2, 2]
+
+
+def _shards_with_keys(folder, keys_per_shard):
+    photos = iter(_crops(sum(len(k) for k in keys_per_shard)))
+    paths = []
+    for s, keys in enumerate(keys_per_shard):
+        path = folder / f"shard-{s}.tar.gz"
+        with tarfile.open(path, "w:gz") as tar:
+            for key in keys:
+                for ext, blob in (("png", _png(next(photos))), ("cls", str(int(key) % 2).encode())):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size = len(blob)
+                    tar.addfile(info, io.BytesIO(blob))
+        paths.append(str(path))
+    return paths
+
+
+def test_webdataset_keys_survive_convert_and_export(tmp_path):
+    """Keys 10..99 of the source come back as 10..99 (not 00000000..), shard by shard."""
+    (tmp_path / "in").mkdir()
+    keys = [[str(k) for k in range(10, 40)], [str(k) for k in range(40, 100)]]
+    _shards_with_keys(tmp_path / "in", keys)
+    dst = str(tmp_path / "w.lmdb")
+    convert_dataset(str(tmp_path / "in"), dst, progress=False, num_workers=0)
+    origins = dataset_origins(open_dataset(dst))
+    assert origins.descriptor["parts"] == ["shard-0.tar.gz", "shard-1.tar.gz"]
+    assert origins.describe(0) == {"shard": "shard-0.tar.gz", "key": "10"}
+    assert origins.describe(89) == {"shard": "shard-1.tar.gz", "key": "99"}
+    shards = export_webdataset(open_dataset(dst), str(tmp_path / "out" / "e-%02d.tar"), maxcount=50)
+    back = WebDatasetSource(str(tmp_path / "out"))
+    assert [back.describe(i).rsplit(":", 1)[1] for i in range(len(back))] == [str(k) for k in range(10, 100)]
+    assert len(shards) == 2
+
+
+def test_cifar_and_array_origins(tmp_path):
+    from cifar_fixture import write_cifar10_folder
+
+    images = np.stack([np.full((32, 32, 3), k, np.uint8) for k in range(15)])
+    folder = write_cifar10_folder(tmp_path / "cifar-10-batches-py", images, np.arange(15) % 10, images[:2], [0, 1])
+    convert_dataset(folder, str(tmp_path / "c.beton"), progress=False, num_workers=0)  # 5 batches of 3
+    origins = dataset_origins(open_dataset(str(tmp_path / "c.beton")))
+    assert origins.describe(0) == {"file": "data_batch_1", "row": 0}
+    assert origins.describe(7) == {"file": "data_batch_3", "row": 1}
+    assert origin_key(origins.descriptor, origins[7]) == "data_batch_3/00000001"
+    convert_dataset(ArraySource(images[:4], [0, 1, 0, 1], name="mine"), str(tmp_path / "a.beton"), progress=False,
+                    num_workers=0)
+    origins = dataset_origins(open_dataset(str(tmp_path / "a.beton")))
+    assert origins.descriptor["source"] == "ArraySource" and origins.describe(3) == {"index": 3}
+    assert origin_key(origins.descriptor, origins[3]) == "00000003"
+
+
+class _Memory:
+    """Bytes with the ``size`` / ``read(start, stop)`` interface of a file."""
+
+    def __init__(self, data: bytes):
+        self.data, self.size = data, len(data)
+
+    def read(self, a, b):
+        return self.data[a:b]
+
+
+def test_origin_block_round_trip_and_corruption():
+    from ffload.formats import DatasetError
+
+    log = OriginLog()
+    for origin in ["a/1.png", "", "caf\u00e9/\udcff.png", "z"]:  # a non-UTF-8 file name keeps its byte
+        log.append(origin)
+    block = log.block()
+    assert len(block) == log.block_size()
+    read = OriginBlock.find("mem", _Memory(block), 0, len(block))
+    assert read.strings(0, 4) == ["a/1.png", "", "caf\u00e9/\\xff.png", "z"] and read.strings(1, 2) == [""]
+    assert OriginBlock.find("mem", _Memory(b"\0" * 64 + block), 0, 64 + len(block)) is None  # no magic: none
+    with pytest.raises(DatasetError, match="origin block at 0 .* runs past byte"):
+        OriginBlock.find("mem", _Memory(block), 0, len(block) - 1)
+    broken = bytearray(block)
+    broken[32:40] = (100).to_bytes(8, "little")  # the first string's end beyond the blob
+    with pytest.raises(DatasetError, match="offsets out of order"):
+        OriginBlock.find("mem", _Memory(bytes(broken)), 0, len(block)).strings(0, 1)
+    assert origin_fields({"id": "key", "part": "shard", "parts": ["a"]}, "7:x") == {"origin": "7:x"}
+    assert OriginLog().block() == b"" and OriginLog().block_size() == 0  # nothing given: no block
