@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import ffload
+from ffload.convert import convert_dataset
 from ffload.convert.images import check_pixels, decode_image_bytes, header_size, load_image
 from ffload.convert.sources import ImageFolderSource
 from ffload.errors import FormatError, ImageBombError
@@ -140,3 +141,43 @@ def test_image_folder_source_passes_its_limit_to_the_decoder(tmp_path):
     image, label = src[0]
     assert image.shape == (20, 20, 3) and label == 0
 
+
+
+def test_convert_max_pixels_reaches_the_encoders_and_pass_through(tmp_path, caplog):
+    """``--max-pixels`` is the limit of every image a conversion reads: a 12000x12000 PNG (decoded by the
+    encoders) and a 12000x12000 JPEG (stored as it is, never decoded) are refused at 100 Mpx, below the
+    default limit; the warning above half of it states the limit in force."""
+    root = tmp_path / "src"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "big.png").write_bytes(_png_bomb(12000, 12000))
+    (root / "a" / "big.jpg").write_bytes(_jpeg_declaring(12000, 12000))
+    (root / "a" / "large.png").write_bytes(_png_bomb(8000, 8000))  # 64 Mpx: above half, warned, then corrupt
+    import cv2
+    cv2.imwrite(str(root / "a" / "ok.png"), np.zeros((40, 40, 3), np.uint8))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run([*FFLOAD, "convert", str(root), str(tmp_path / "o.beton"), "--quiet", "--num-workers", "0",
+                          "--on-error", "skip", "--json", "--write-mode", "jpg", "--max-pixels", "100000000"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 0, run.stderr
+    skipped = {os.path.basename(s["input"]): s["cause"] for s in json.loads(run.stdout)["skipped"]}
+    for name in ("big.png", "big.jpg"):
+        assert "12000x12000 image (144,000,000 pixels) exceeds the limit of 100,000,000" in skipped[name], skipped
+    assert open_dataset(str(tmp_path / "o.beton")).num_samples == 1  # ok.png (large.png is not a whole PNG)
+    with caplog.at_level(logging.WARNING, logger="ffload.convert.images"):
+        report = convert_dataset(str(root), str(tmp_path / "p.beton"), num_workers=0, on_error="skip",
+                                        progress=False, max_pixels=100_000_000)
+    assert sorted(os.path.basename(name) for name, _ in report.skipped) == ["big.jpg", "big.png", "large.png"]
+    assert "8000x8000 (64,000,000 pixels; the limit is 100,000,000)" in caplog.text
+
+
+def test_convert_applies_its_limit_to_a_source_object_without_changing_it(tmp_path):
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "x.png").write_bytes(_png_bomb(30, 30))
+    import cv2
+    cv2.imwrite(str(tmp_path / "src" / "a" / "y.png"), np.zeros((10, 10, 3), np.uint8))
+    source = ImageFolderSource(tmp_path / "src", max_pixels=None)
+    report = convert_dataset(source, str(tmp_path / "o.beton"), num_workers=0, on_error="skip",
+                                    progress=False, max_pixels=100)
+    assert [os.path.basename(name) for name, _ in report.skipped] == ["x.png"] and report.samples == 1
+    assert "30x30 image (900 pixels) exceeds the limit of 100 pixels" in report.skipped[0][1]
+    assert source.max_pixels is None
