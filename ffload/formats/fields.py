@@ -843,6 +843,30 @@ def image_sizes(column: np.ndarray, distinct: bool = True) -> np.ndarray:
     return np.stack([keys >> 16, keys & 0xFFFF], axis=1)
 
 
+def differing_sizes(column: np.ndarray, indices: np.ndarray) -> tuple[int, int] | None:
+    """Two samples of ``indices`` whose images differ in size, from their metadata (no payload read).
+
+    Args:
+        column: ``(N,)`` :class:`RGBImageField` metadata records; indices: ``(M,)`` ints into it.
+
+    Returns:
+        ``(a, b)``: ``a`` the first of ``indices``, ``b`` the first whose ``(height, width)`` is not
+        ``a``'s; None when all of them have one size (or ``indices`` is empty).
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    if indices.size == 0:
+        return None
+    heights, widths = column["height"][indices], column["width"][indices]
+    other = np.flatnonzero((heights != heights[0]) | (widths != widths[0]))
+    return None if other.size == 0 else (int(indices[0]), int(indices[other[0]]))
+
+
+def describe_size_mismatch(column: np.ndarray, pair: tuple[int, int]) -> str:
+    """``'sample a is WxH pixels, sample b WxH'`` for a pair of :func:`differing_sizes`."""
+    (a, b), h, w = pair, column["height"], column["width"]
+    return f"sample {a} is {int(w[a])}x{int(h[a])} pixels, sample {b} {int(w[b])}x{int(h[b])}"
+
+
 def resize_to_max_resolution(image: np.ndarray, max_resolution: int | None) -> np.ndarray:
     """Shrink ``(H, W, 3)`` so that its longer side is ``max_resolution`` (INTER_AREA).
 
