@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..errors import FormatError
 from ..formats.fields import (
     IMAGE_HEADER,
     BytesField,
@@ -135,10 +136,12 @@ class _RGBDecoder(Decoder):
             where = f"field '{self.field_name}', sample {s}"
             if code == jpeg.BAD_SIZE:
                 h, w = int(column["height"][s]), int(column["width"][s])
-                raise ValueError(f"{where}: JPEG decodes to {detail}, metadata says {w}x{h}")
-            if code == jpeg.OUTSIDE:
-                raise ValueError(f"{where}: {detail}")
-            raise ValueError(f"{where}: corrupt JPEG ({int(ctx.sizes[s])} bytes): {detail}")
+                cause = f"{where}: JPEG decodes to {detail}, metadata says {w}x{h}"
+            elif code == jpeg.OUTSIDE:
+                cause = f"{where}: {detail}"
+            else:
+                cause = f"{where}: corrupt JPEG ({int(ctx.sizes[s])} bytes): {detail}"
+            raise FormatError(cause, field=self.field_name, sample=s)
         if self.publish is not None:
             sizes = np.stack([column["height"][indices], column["width"][indices]], axis=1)
             Geometry.publish(ctx, self.publish, boxes, sizes, out.shape[1:3], flips)
@@ -164,8 +167,9 @@ class SimpleRGBImageDecoder(_RGBDecoder):
         TypeError (declare): the field is not an RGBImageField, or the images to be read
             (``view.selected()``: a Loader's ``indices``) differ in size, naming two of them (use
             :class:`CenterCropRGBImageDecoder` / :class:`RandomResizedCropRGBImageDecoder`).
-        ValueError (call): a JPEG payload is corrupt (libjpeg-turbo's message) or decodes to a
-            size other than its metadata; the message names the field and sample.
+        FormatError (call; a ValueError): a JPEG payload is corrupt (libjpeg-turbo's message) or
+            its header declares a size other than its metadata (refused before decoding, so no
+            buffer is sized from it); the message names the field and sample.
     """
 
     def _declare(self, view):
@@ -229,7 +233,7 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
     Raises:
         TypeError (declare): the field is not an RGBImageField.
-        ValueError: bad arguments; (call) a corrupt JPEG (libjpeg-turbo's message), naming the
+        ValueError: bad arguments; (call, FormatError) a corrupt JPEG (libjpeg-turbo's message), naming the
             field and sample.
     """
 
@@ -266,7 +270,7 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
     Raises:
         TypeError (declare): the field is not an RGBImageField.
-        ValueError: bad arguments; (call) a corrupt JPEG (libjpeg-turbo's message), naming the
+        ValueError: bad arguments; (call, FormatError) a corrupt JPEG (libjpeg-turbo's message), naming the
             field and sample.
     """
 
@@ -315,7 +319,7 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
     Raises:
         TypeError (declare): the field is not an RGBImageField.
-        ValueError: a non-positive size; (call) a corrupt JPEG (libjpeg-turbo's message), naming
+        ValueError: a non-positive size; (call, FormatError) a corrupt JPEG (libjpeg-turbo's message), naming
             the field and sample.
     """
 
