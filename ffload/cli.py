@@ -174,7 +174,7 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
                              on_error=on_error, overwrite=overwrite, progress=not quiet,
                              page_size=page_size, reencode=reencode, strip_metadata=strip_metadata,
                              verify=verify, resume=resume, engine=engine, ray_address=ray_address,
-                             storage_options=storage_options, shard_size=shard_size)
+                             storage_options=storage_options, shard_size=shard_size, max_pixels=max_pixels)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
         return

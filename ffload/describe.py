@@ -6,7 +6,7 @@ import contextlib
 import cv2
 import numpy as np
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, FormatError
 from .formats import DatasetView, image_sizes
 from .formats.fields import JPG, IntField, RGBImageField
 from .formats.origins import dataset_origins
@@ -106,8 +106,12 @@ def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, t
     most ``thumb`` pixels a side (INTER_AREA). A remote ``.beton``'s samples are read through
     the Loader's page pool (:class:`ffload.pagedsamples.PagedSamples`: the pages they are in).
 
-    Returns the number of images drawn. Raises ConfigurationError when there is no image field,
-    and the decoder's error (naming the sample) when an image does not decode.
+    Returns the number of images drawn.
+
+    Raises:
+        ConfigurationError: there is no image field.
+        FormatError: an image does not decode (a corrupt JPEG, one whose header disagrees with
+            its metadata); the message names ``view.path``, the field and the sample.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -141,7 +145,12 @@ def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, t
             def decode(k: int) -> np.ndarray:
                 with paged.holding(k):
                     return one(int(idx[k]))
-        images = [decode(k) for k in range(len(idx))]
+        images = []
+        for k in range(len(idx)):
+            try:
+                images.append(decode(k))
+            except ValueError as e:  # the decoders' FormatError, which names the field and sample
+                raise FormatError(f"{view.path}: {e}", path=view.path, field=img_field, sample=int(idx[k])) from e
     for ax, i, img in zip(axes.ravel(), idx, images):
         scale = thumb / max(img.shape[:2])
         if scale < 1:

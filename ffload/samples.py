@@ -8,8 +8,8 @@ sample (as the Loader does before it raises ``LoaderError``). Whatever decoder t
 by default, these use too.
 
 The default image pipeline needs images of one size: samples are grouped by size, and each
-size gets its pipeline, declared on a one-sample view of the dataset and run on the full
-dataset's metadata (so that errors name the real sample index).
+size gets its pipeline, declared on the dataset with one of those samples selected
+(:attr:`~ffload.formats.DatasetView.selection`), so that errors name the real sample index.
 """
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ class SampleDecoder:
 
         declared_on, key = self.view, None
         if isinstance(self.field, RGBImageField):  # the default decoder needs images of one size
-            declared_on = _one_sample_view(self.view, index)
-            key = tuple(image_sizes(declared_on.metadata[self.name])[0])
+            declared_on = dataclasses.replace(self.view, selection=np.array([index], dtype=np.int64))
+            key = tuple(image_sizes(self._column[index:index + 1])[0])
         cached = self._pipelines.pop(key, None)
         if cached is None or cached[2] < batch:
             if len(self._pipelines) >= MAX_PIPELINES:  # drop the least recently used
@@ -108,15 +108,6 @@ class SampleDecoder:
                         except Exception as e:
                             failed.append((int(batch[j]), e))
         return failed
-
-
-def _one_sample_view(view: DatasetView, index: int) -> DatasetView:
-    """``view`` narrowed to sample ``index`` (views of its arrays, no copy): what a pipeline is
-    declared on to decode that sample alone."""
-    one = slice(index, index + 1)
-    return dataclasses.replace(view, num_samples=1, metadata=view.metadata[one],
-                               ptrs={k: v[one] for k, v in view.ptrs.items()},
-                               sizes={k: v[one] for k, v in view.sizes.items()})
 
 
 def decode_image(view: DatasetView, name: str, index: int, region: np.ndarray | None = None) -> np.ndarray:

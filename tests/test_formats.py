@@ -609,8 +609,8 @@ def test_lmdb_zero_copy_in_a_path_with_spaces(tmp_path):
 
 @pytest.mark.parametrize("change,message", [
     (lambda m: m["fields"][0].update(arguments={"bogus": 1}), "invalid arguments"),
-    (lambda m: m.pop("num_samples"), "invalid num_samples"),
-    (lambda m: m["fields"][1].pop("name"), "has no"),
+    (lambda m: m.pop("num_samples"), "metadata record lacks 'num_samples'"),
+    (lambda m: m["fields"][1].pop("name"), "field 1 lacks 'name'"),
     (lambda m: m.update(version=9), "unsupported ffload LMDB version 9"),
 ])
 def test_lmdb_corrupt_metadata_record_refused(tmp_path, change, message):

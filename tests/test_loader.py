@@ -448,6 +448,28 @@ def test_images_of_several_sizes_need_a_crop_decoder(tmp_path):
     assert [tuple(b[0].shape) for b in loader] == [(2, 10, 10, 3)] * 2
 
 
+@pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
+def test_indices_of_one_image_size_load_with_the_default_decoder(tmp_path, suffix):
+    """Images of two sizes: a subset of one size loads with SimpleRGBImageDecoder (its pixels,
+    and the largest payload of the subset sizes the bytes field); a subset of both sizes is
+    refused naming a sample of each."""
+    rng = np.random.default_rng(3)
+    images = [rng.integers(0, 256, (8, 6, 3) if i % 3 else (5, 7, 3), dtype=np.uint8) for i in range(9)]
+    blobs = [bytes([i]) * (2 if i % 3 else 40) for i in range(9)]
+    path = write_dataset(str(tmp_path / f"d{suffix}"), {"image": RGBImageField(), "blob": BytesField()},
+                         list(zip(images, blobs)), 9)
+    subset = [7, 1, 4, 5]
+    loader = ffload.Loader(path, batch_size=4, num_workers=1, order="sequential", indices=subset)
+    ((image, blob),) = list(loader)
+    assert np.array_equal(image.numpy(), np.stack([images[i] for i in subset]))
+    assert blob.shape == (4, 2) and blob[:, 0].tolist() == subset
+    with pytest.raises(TypeError, match=r"several sizes \(sample 1 is 6x8 pixels, sample 3 7x5\)"):
+        ffload.Loader(path, batch_size=4, indices=[1, 2, 3, 4])
+    with pytest.raises(TypeError, match=r"SimpleRGBImageDecoder needs images of one size.*sample 2 is 6x8 "
+                                        r"pixels, sample 6 7x5"):
+        ffload.Loader(path, batch_size=4, indices=[2, 6], pipelines={"image": [SimpleRGBImageDecoder(), ToTensor()]})
+
+
 def test_two_identical_random_ops_draw_independently(dataset, digits):
     """Two flips in one pipeline must not always cancel out (each op mixes in its position)."""
     images, _ = digits

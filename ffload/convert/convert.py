@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import errno
 import inspect
 import os
@@ -16,6 +17,7 @@ from ..errors import ConfigurationError, ConvertError
 from ..formats import dataset_writer, format_for_path
 from ..formats.fields import Field, IntField, RGBImageField
 from ..formats.shards import MANIFEST, check_shard_size_arguments
+from ..limits import DEFAULT_MAX_PIXELS
 from ..storage import is_remote
 from ..system import available_cpus, path_bytes
 from .encode import SampleEncoder, encoded_chunks
@@ -128,7 +130,8 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                     reencode: bool = False, strip_metadata: bool = False, verify: bool = False,
                     resume: bool = False, checkpoint_seconds: float = 1.0, engine: str = "local",
                     ray_address: str | None = None, storage_options: dict | None = None,
-                    shard_size: int | str | None = None) -> ConvertReport:
+                    shard_size: int | str | None = None,
+                    max_pixels: int | None = DEFAULT_MAX_PIXELS) -> ConvertReport:
     """Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix;
     with ``shard_size``, a directory of ``.beton`` shards and a manifest).
 
@@ -182,6 +185,12 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
             ``manifest.json``; ``Loader(dst)`` reads it as one dataset. Not with an ``.lmdb``
             (or ``.beton``) name, nor with ``resume``. A URL ``dst`` (``s3://bucket/prefix``)
             gets the shards uploaded, then the manifest.
+        max_pixels: refuse an input image whose header declares more pixels (a decompression
+            bomb; :func:`~ffload.convert.images.check_pixels`, which also logs a warning above half
+            of it), wherever this conversion reads one: decoded by the encoders (local or Ray),
+            passed through as JPEG, or decoded by the source (a path is opened with this limit; a
+            Source object whose own ``max_pixels`` differs is converted through a copy holding
+            this one). ``None``: no limit. Part of the arguments a ``resume`` must repeat.
 
     Returns:
         ConvertReport.
@@ -217,7 +226,11 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     if os.path.lexists(dst) and not overwrite:
         raise FileExistsError(f"{dst} already exists (use --overwrite / overwrite=True to replace it)")
     if isinstance(source, (str, os.PathLike)):
-        source = detect_source(os.fspath(source), kind=source_kind, storage_options=storage_options)
+        source = detect_source(os.fspath(source), kind=source_kind, storage_options=storage_options,
+                               max_pixels=max_pixels)
+    elif getattr(source, "max_pixels", max_pixels) != max_pixels:  # one limit for the whole conversion
+        source = copy.copy(source)
+        source.max_pixels = max_pixels
     if fields is None:
         fields = image_fields(write_mode, max_resolution, jpeg_quality, smart_threshold, compress_probability,
                               jpeg_restart_interval)
@@ -241,7 +254,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
     if fmt == "beton":
         arguments = {"fields": {k: [type(f).__name__, f.arguments()] for k, f in fields.items()},
                      "page_size": page_size, "on_error": on_error, "reencode": reencode,
-                     "strip_metadata": strip_metadata, "verify": verify, "info": info}
+                     "strip_metadata": strip_metadata, "verify": verify, "info": info, "max_pixels": max_pixels}
         journal, state = _open_journal(dst, fields, source, arguments, resume, checkpoint_seconds)
     elif resume:  # (sharded outputs refused it above, saying why)
         raise ConfigurationError(f"{dst}: resume=True / --resume works for .beton outputs only")
@@ -266,7 +279,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                     labels[:written] = writer.metadata[f"f{label_pos}"][:written]
                 journal.commit(writer, start, skipped, outcomes, force=True)
             encoder = SampleEncoder(source, flist, passthrough=not reencode,
-                                    strip_metadata=strip_metadata, verify=verify)
+                                    strip_metadata=strip_metadata, verify=verify, max_pixels=max_pixels)
 
             def take(errors: list, done: Counter) -> None:
                 """The bookkeeping of one chunk or task: ``on_error``, outcomes."""

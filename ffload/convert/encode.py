@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats.fields import JPG, Field, IntField, RGBImageField, metadata_dtype
+from ..limits import DEFAULT_MAX_PIXELS
 from ..system import available_cpus
-from .images import decode_image_bytes
+from .images import check_pixels, decode_image_bytes
 from .passthrough import decode_problem, inspect_jpeg, strip_jpeg_metadata
 
 SLAB_BYTES = 32 << 20  # shared memory per chunk in flight
@@ -106,12 +107,17 @@ class SampleEncoder:
         strip_metadata: drop APPn/COM metadata segments from passed-through JPEGs.
         verify: decode each passed-through JPEG once (``decode_problem``); one that fails is
             decoded again by OpenCV and re-encoded (reason ``'decode_warning'``).
+        max_pixels: the pixel limit of every image read from the source's bytes, decoded or passed
+            through (:func:`~ffload.convert.images.check_pixels`, from the file's header;
+            ``None``: no limit). A source decoding its own ``src[i]`` applies its own ``max_pixels``.
     """
 
     def __init__(self, source, fields: Sequence[Field], passthrough: bool = True,
-                 strip_metadata: bool = False, verify: bool = False):
+                 strip_metadata: bool = False, verify: bool = False,
+                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
         self.source, self.fields = source, list(fields)
         self.passthrough, self.strip_metadata, self.verify = passthrough, strip_metadata, verify
+        self.max_pixels = max_pixels
         self.image_fields = (len(self.fields) == 2 and isinstance(self.fields[0], RGBImageField)
                              and isinstance(self.fields[1], IntField))
         self.from_bytes = self.image_fields and hasattr(source, "encoded") and hasattr(source, "labels")
@@ -128,7 +134,8 @@ class SampleEncoder:
         the reason an image stored as JPEG was re-encoded, or None (no JPEG stored).
 
         Raises:
-            ImageDecodeError, FieldError, SourceError, ValueError: a bad sample (the caller names it).
+            ImageDecodeError, FieldError, SourceError, ValueError: a bad sample (the caller names it);
+                ImageBombError: an image above ``max_pixels``.
         """
         if not self.from_bytes:
             values = self.source[i]
@@ -148,14 +155,17 @@ class SampleEncoder:
             header, reason = inspect_jpeg(data, image_field.max_resolution)
         if reason is None and not image_field.stores_jpeg(header.width * header.height * 3, i):
             reason = "raw"
-        if reason is None and self.verify and decode_problem(data, header, self.describe(i)) is not None:
+        if reason is None:  # stored as it is: no decode applies the limit, so its header does here
+            check_pixels(header.height, header.width, self.max_pixels, self.describe(i))
+        if reason is None and self.verify and decode_problem(data, header, self.describe(i),
+                                                              self.max_pixels) is not None:
             reason = "decode_warning"
         if reason is None:
             meta = np.zeros((), dtype=image_field.metadata_type)
             meta["mode"], meta["width"], meta["height"] = JPG, header.width, header.height
             payload = strip_jpeg_metadata(data, header) if self.strip_metadata else data
             return [(meta[()], np.frombuffer(payload, np.uint8)), label], "passed_through"
-        meta, payload = image_field.encode(decode_image_bytes(data, self.describe(i)), i)
+        meta, payload = image_field.encode(decode_image_bytes(data, self.describe(i), self.max_pixels), i)
         return [(meta, payload), label], reason if meta["mode"] == JPG else None
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..limits import DEFAULT_MAX_PIXELS
 from ..loaders import turbojpeg as tj
 
 __all__ = ["REASONS", "JpegHeader", "inspect_jpeg", "strip_jpeg_metadata", "decode_problem"]
@@ -203,21 +204,24 @@ def strip_jpeg_metadata(data: bytes, header: JpegHeader) -> bytes:
     return b"".join(pieces)
 
 
-def decode_problem(data: bytes, header: JpegHeader, name: str) -> str | None:
+def decode_problem(data: bytes, header: JpegHeader, name: str,
+                   max_pixels: int | None = DEFAULT_MAX_PIXELS) -> str | None:
     """Decode ``data`` fully as the loader does (TurboJPEG 3 to RGB, no scaling or crop; a warning is a
-    failure), or through :func:`~ffload.convert.images.decode_image_bytes` without TurboJPEG.
+    failure), or through :func:`~ffload.convert.images.decode_image_bytes` (with ``max_pixels``, its pixel
+    limit) without TurboJPEG.
 
     Returns:
         None when it decodes cleanly to ``header``'s size, else the problem: libjpeg-turbo's message,
         or its size against the frame header's.
     Raises:
-        ImageDecodeError: (OpenCV path only) the data cannot be decoded; the message starts with ``name``.
+        ImageDecodeError: (OpenCV path only) the data cannot be decoded, or its header declares more than
+            ``max_pixels`` pixels (ImageBombError); the message starts with ``name``.
     """
     lib = tj.library()
     if lib is None:
         from .images import decode_image_bytes
 
-        shape = decode_image_bytes(data, name).shape
+        shape = decode_image_bytes(data, name, max_pixels).shape
         return None if shape[:2] == (header.height, header.width) else f"decoded to {shape[1]}x{shape[0]}"
     from ..loaders.jpeg import decode_whole, header_size
 

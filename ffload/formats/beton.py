@@ -331,15 +331,28 @@ class LocalBytes:
 
 
 def read_header(path: str, source) -> np.void:
-    """Read and sanity-check the header through ``source`` (``.read(start, stop) -> bytes``);
-    raises DatasetError naming the cause."""
-    raw = source.read(0, min(HEADER_TYPE.itemsize, source.size))
+    """Read the header through ``source`` (``.read(start, stop) -> bytes``, ``.size`` bytes) and check
+    the range of every header field, the one place that does: the version, at least one field whose
+    descriptors fit in the file, a power-of-two page size, an allocation table inside the file made
+    of whole entries (``num_samples`` is checked against the file once the fields give the metadata
+    row's size, in :func:`open_beton`). Raises DatasetError naming the field and the cause."""
+    size = int(source.size)
+    raw = source.read(0, min(HEADER_TYPE.itemsize, size))
     if len(raw) < HEADER_TYPE.itemsize:
         raise dataset_error(path, "not a .beton dataset (file shorter than the header)")
     header = np.frombuffer(raw, dtype=HEADER_TYPE)[0]
     if int(header["version"]) != VERSION:
         raise dataset_error(path, f"not a .beton v{VERSION} dataset (format version field reads "
                           f"{int(header['version'])})")
+    num_fields, page_size, table_ptr = (int(header[k]) for k in ("num_fields", "page_size", "alloc_table_ptr"))
+    if num_fields == 0 or page_size == 0 or page_size & (page_size - 1):
+        raise dataset_error(path, f"corrupt header (num_fields={num_fields}, page_size={page_size})")
+    if HEADER_TYPE.itemsize + num_fields * FIELD_DESC_TYPE.itemsize > size:
+        raise dataset_error(path, "truncated (field descriptors cut off)")
+    if table_ptr > size:
+        raise dataset_error(path, f"truncated or corrupt: allocation table at {table_ptr}, file size {size} bytes")
+    if (size - table_ptr) % ALLOC_TYPE.itemsize:
+        raise dataset_error(path, "truncated (allocation table is not a whole number of entries)")
     return header
 
 
@@ -390,15 +403,15 @@ def open_beton(path: str, source=None) -> DatasetView:
     header = read_header(path, source)
     num_fields, n = int(header["num_fields"]), int(header["num_samples"])
     page_size, table_ptr = int(header["page_size"]), int(header["alloc_table_ptr"])
-    if num_fields == 0 or page_size == 0 or page_size & (page_size - 1):
-        raise dataset_error(path, f"corrupt header (num_fields={num_fields}, page_size={page_size})")
     desc_end = HEADER_TYPE.itemsize + num_fields * FIELD_DESC_TYPE.itemsize
-    if desc_end > size:
-        raise dataset_error(path, "truncated (field descriptors cut off)")
     desc = np.frombuffer(source.read(HEADER_TYPE.itemsize, desc_end), dtype=FIELD_DESC_TYPE)
     fields: dict[str, Field] = {}
-    for d in desc:
-        name = d["name"].tobytes().split(b"\0", 1)[0].decode("ascii", "replace")
+    for k, d in enumerate(desc):
+        raw_name = d["name"].tobytes()
+        name = raw_name.split(b"\0", 1)[0].decode("ascii", "replace")
+        if not name or not name.isprintable() or not name.isascii() or raw_name[len(name):].strip(b"\0"):
+            raise dataset_error(path, f"field {k}: its name {raw_name!r} is not 1..{NAME_LEN} printable ASCII "
+                                      "characters, NUL padded (corrupt field descriptor)")
         cls = FIELD_TYPES.get(int(d["type_id"]))
         if cls is None:
             raise dataset_error(path, f"field {name!r} has unknown type id {int(d['type_id'])} "
@@ -407,16 +420,20 @@ def open_beton(path: str, source=None) -> DatasetView:
             raise dataset_error(path, f"duplicate field name {name!r}")
         try:
             fields[name] = cls.from_binary(d["arguments"])
-        except ValueError as e:
-            raise dataset_error(path, f"field {name!r}: {e}") from e
+        except (ValueError, TypeError) as e:
+            raise dataset_error(path, f"field {name!r} (type id {int(d['type_id'])}): {e}") from e
     mtype = metadata_dtype(list(fields.values()))
     meta_end = desc_end + n * mtype.itemsize
-    if meta_end > size or not meta_end <= table_ptr <= size:
+    if meta_end > size or not meta_end <= table_ptr:
         raise dataset_error(path, f"truncated or corrupt: metadata ends at {meta_end}, allocation table "
                           f"at {table_ptr}, file size {size} bytes")
-    if (size - table_ptr) % ALLOC_TYPE.itemsize:
-        raise dataset_error(path, "truncated (allocation table is not a whole number of entries)")
     table = np.frombuffer(source.read(table_ptr, size), dtype=ALLOC_TYPE)
+    payload_fields = [name for name, f in fields.items() if f.has_payload]
+    if table.size != n * len(payload_fields):  # ffcv's and ffload's writers: one entry per payload
+        raise dataset_error(path, f"the allocation table holds {table.size} payloads, but {n} samples of "
+                                  f"{len(payload_fields)} field(s) with payloads ({', '.join(payload_fields) or 'none'})"
+                                  f" have {n * len(payload_fields)}: a field's type does not match the data "
+                                  "(corrupt field type or table)")
     # the metadata and the head of the info block after it, in one read
     info_end = int(table["ptr"].min()) if table.size else table_ptr
     info_head = len(INFO_MAGIC) + 8 if info_end - meta_end >= len(INFO_MAGIC) + 8 else 0

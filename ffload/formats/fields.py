@@ -93,7 +93,10 @@ class Field:
 
     @classmethod
     def from_binary(cls, binary: np.ndarray) -> Field:
-        """Rebuild the field from its ``(1024,) uint8`` argument block."""
+        """Rebuild the field from its ``(1024,) uint8`` argument block: zeros for a field without
+        arguments (what ffcv and ffload write), FieldError otherwise (another type's arguments: the
+        type id was changed)."""
+        _argument_json(binary, None, cls.__name__)
         return cls()
 
     @classmethod
@@ -228,14 +231,12 @@ class BytesField(Field):
         Raises:
             FieldError: the block names a known kind with invalid arguments.
         """
-        raw = bytes(binary).split(b"\0", 1)[0]
-        if cls is not BytesField or not raw.startswith(_EXTENSION_MAGIC):
+        description = _argument_json(binary, _EXTENSION_MAGIC if cls is BytesField else None, cls.__name__)
+        if not description:
             return cls()
-        try:
-            description = json.loads(raw[len(_EXTENSION_MAGIC):].decode("ascii"))
-            kind = description.pop("kind")
-        except (ValueError, AttributeError, KeyError) as e:
-            raise FieldError(f"corrupt ffload extension arguments {raw[:80]!r}") from e
+        kind = description.pop("kind", None)
+        if not isinstance(kind, str):
+            raise FieldError(f"corrupt ffload extension arguments: no \"kind\" in {description!r}")
         extension = BYTES_EXTENSIONS.get(kind)
         return cls() if extension is None else extension.from_arguments(description)
 
@@ -447,13 +448,13 @@ class RGBImageField(Field):
 
     @classmethod
     def from_binary(cls, binary):
-        raw = bytes(binary).split(b"\0", 1)[0]
-        if raw.startswith(_RGB_MAGIC):
-            try:
-                return cls(**json.loads(raw[len(_RGB_MAGIC):]))
-            except (ValueError, TypeError):
-                pass
-        return cls()  # written by ffcv: its arguments are not stored
+        """The field of an argument block: zeros (ffcv writes no arguments) or ffload's
+        ``ffload-rgb:`` + JSON arguments; FieldError for anything else or arguments out of range."""
+        args = _argument_json(binary, _RGB_MAGIC, cls.__name__)
+        try:
+            return cls(**args)
+        except (TypeError, ValueError) as e:
+            raise FieldError(f"invalid RGBImageField arguments {args!r}: {e}") from e
 
     def stores_jpeg(self, nbytes: int, index: int) -> bool:
         """Whether sample ``index``, an image of ``nbytes`` raw bytes (``H * W * 3``, after
@@ -504,6 +505,34 @@ class RGBImageField(Field):
 # ffload's fields that ffcv has no type for are stored under FFCV's BytesField type id and layout;
 # their description is JSON in the argument block (zeros for ffcv's BytesField, which ignores it).
 _EXTENSION_MAGIC = b"ffload-field:"
+
+
+def _argument_json(binary: np.ndarray, magic: bytes | None, owner: str) -> dict:
+    """The JSON object an argument block holds after ``magic`` (then NUL padding), or ``{}`` for an
+    all-zero block (ffcv's, for every type but NDArrayField). ``magic`` None: the type has no
+    arguments, only zeros are valid.
+
+    Raises:
+        FieldError: anything else (the type id was changed: the block is another type's, e.g.
+            ``ffload-rgb:`` under FloatField), naming ``owner`` and the block's first bytes.
+    """
+    raw = bytes(binary)
+    text, _, rest = raw.partition(b"\0")
+    if not text:
+        if rest.strip(b"\0"):
+            raise FieldError(f"{owner}'s argument block is not empty ({raw[:40]!r}...): another field type's "
+                             "arguments (corrupt field type)")
+        return {}
+    if magic is None or not text.startswith(magic) or rest.strip(b"\0"):
+        raise FieldError(f"{owner}'s argument block holds {text[:40]!r}: another field type's arguments "
+                         "(corrupt field type)")
+    try:
+        args = json.loads(text[len(magic):].decode("ascii"))
+    except ValueError as e:
+        raise FieldError(f"corrupt {owner} arguments {text[:80]!r}: {e}") from e
+    if not isinstance(args, dict):
+        raise FieldError(f"corrupt {owner} arguments {text[:80]!r}: not a JSON object")
+    return args
 
 
 class BytesExtensionField(BytesField):
@@ -841,6 +870,30 @@ def image_sizes(column: np.ndarray, distinct: bool = True) -> np.ndarray:
         return np.array([[heights[0], widths[0]]], dtype=np.int64)
     keys = np.unique(heights << 16 | widths)  # both < 2**16 (uint16 metadata)
     return np.stack([keys >> 16, keys & 0xFFFF], axis=1)
+
+
+def differing_sizes(column: np.ndarray, indices: np.ndarray) -> tuple[int, int] | None:
+    """Two samples of ``indices`` whose images differ in size, from their metadata (no payload read).
+
+    Args:
+        column: ``(N,)`` :class:`RGBImageField` metadata records; indices: ``(M,)`` ints into it.
+
+    Returns:
+        ``(a, b)``: ``a`` the first of ``indices``, ``b`` the first whose ``(height, width)`` is not
+        ``a``'s; None when all of them have one size (or ``indices`` is empty).
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    if indices.size == 0:
+        return None
+    heights, widths = column["height"][indices], column["width"][indices]
+    other = np.flatnonzero((heights != heights[0]) | (widths != widths[0]))
+    return None if other.size == 0 else (int(indices[0]), int(indices[other[0]]))
+
+
+def describe_size_mismatch(column: np.ndarray, pair: tuple[int, int]) -> str:
+    """``'sample a is WxH pixels, sample b WxH'`` for a pair of :func:`differing_sizes`."""
+    (a, b), h, w = pair, column["height"], column["width"]
+    return f"sample {a} is {int(w[a])}x{int(h[a])} pixels, sample {b} {int(w[b])}x{int(h[b])}"
 
 
 def resize_to_max_resolution(image: np.ndarray, max_resolution: int | None) -> np.ndarray:

@@ -94,6 +94,7 @@ import numpy as np
 from .fields import FIELD_CLASSES, Field, named_metadata_dtype
 from .lmdb_pages import check_tree
 from .origins import ORIGINS_KEY, OriginLog
+from .schema import Schema, Value, check_document, check_field_specs
 from .view import DatasetView, check_field_values, dataset_error
 from .writer import DatasetWriter
 
@@ -256,8 +257,32 @@ def _get_inside(path: str, txn, key: bytes, base: int | None, data_size: int):
     return value
 
 
-def _read_meta(path: str, raw) -> dict:
-    """The metadata record ``raw`` (the value of ``META_KEY``, or None), parsed and checked."""
+META_SCHEMA: Schema = {
+    "format": Value((str,), choices=(FORMAT_NAME,)),
+    "version": Value((int,), choices=READABLE_VERSIONS),
+    "num_samples": Value((int,), low=0),
+    "fields": Value((list,), non_empty=True),
+    "record_dtype": Value((str, list, dict)),
+    "record_size": Value((int,), low=1),
+    "info": Value((dict,), required=False),
+}
+"""What each key of the metadata record holds (the module docstring's schema): :func:`_read_meta` checks it."""
+
+
+def _record_dtype(value) -> np.dtype:
+    """The numpy dtype of a ``record_dtype`` JSON value (the module docstring's ``to_dtype``); ValueError,
+    TypeError or KeyError for a value that describes none."""
+    if isinstance(value, str):
+        return np.dtype(value)
+    if isinstance(value, list):
+        return np.dtype([(name, _record_dtype(sub)) for name, sub in value])
+    return np.dtype({**value, "formats": [_record_dtype(f) for f in value["formats"]]})
+
+
+def _read_meta(path: str, raw) -> tuple[dict, dict[str, Field], np.dtype]:
+    """The metadata record ``raw`` (the value of ``META_KEY``, or None), parsed and checked, every value's
+    JSON type and range (:data:`META_SCHEMA`, the fields' descriptors and arguments) and the record layout
+    it states against its fields': ``(record, fields, record dtype)``. Raises DatasetError naming the cause."""
     if raw is None:
         raise dataset_error(path, f"an LMDB database without ffload's metadata record ({META_KEY!r}): "
                           "not written by ffload")
@@ -265,12 +290,23 @@ def _read_meta(path: str, raw) -> dict:
         meta = json.loads(bytes(raw).decode("utf8"))
     except ValueError as e:
         raise dataset_error(path, f"corrupt metadata record: {e}") from e
-    if meta.get("format") != FORMAT_NAME:
-        raise dataset_error(path, f"metadata record names format {meta.get('format')!r}, not {FORMAT_NAME!r}")
-    if meta.get("version") not in READABLE_VERSIONS:
-        raise dataset_error(path, f"unsupported ffload LMDB version {meta.get('version')!r} (this ffload "
+    check_document(path, meta, {"format": META_SCHEMA["format"]}, "metadata record")  # what it is, first
+    version = meta.get("version")
+    if type(version) is not int or version not in READABLE_VERSIONS:
+        raise dataset_error(path, f"unsupported ffload LMDB version {version!r} (this ffload "
                           f"reads versions {', '.join(map(str, READABLE_VERSIONS))})")
-    return meta
+    check_document(path, meta, META_SCHEMA, "metadata record")
+    fields = fields_from_specs(path, meta, "metadata record")
+    rec_dtype = named_metadata_dtype(fields)
+    try:
+        stated = _record_dtype(meta["record_dtype"])
+    except (ValueError, TypeError, KeyError) as e:
+        raise dataset_error(path, f"metadata record: 'record_dtype' describes no record ({e})") from e
+    if meta["record_size"] != rec_dtype.itemsize or stated.itemsize != rec_dtype.itemsize:
+        raise dataset_error(path, f"metadata record: record_size {meta['record_size']} and record_dtype "
+                                  f"({stated.itemsize} bytes) do not match its fields' {rec_dtype.itemsize}-byte "
+                                  "record: corrupt layout")
+    return meta, fields, rec_dtype
 
 
 def field_specs(fields: dict[str, Field]) -> list[dict]:
@@ -280,29 +316,40 @@ def field_specs(fields: dict[str, Field]) -> list[dict]:
             for n, f in fields.items()]
 
 
-def fields_from_specs(path: str, meta: dict) -> dict[str, Field]:
-    """The fields described by ``meta["fields"]`` (:func:`field_specs`); DatasetError naming
-    ``path`` and the field when one is invalid."""
-    return _fields_from_meta(path, meta)
+def fields_from_specs(path: str, meta: dict, what: str = "manifest") -> dict[str, Field]:
+    """The fields described by ``meta["fields"]`` (:func:`field_specs`), ``meta`` being ``what`` (the
+    metadata record, a manifest): each descriptor checked (:func:`.schema.check_field_specs`), then its
+    arguments by the field's constructor, and each argument given must read back as the same JSON value
+    (``"12"`` for ``max_resolution``, ``true`` for a count, are refused rather than converted).
 
-
-def _fields_from_meta(path: str, meta: dict) -> dict[str, Field]:
+    Raises:
+        DatasetError: naming ``path``, the field and the cause.
+    """
     fields = {}
-    specs = meta.get("fields")
-    if not isinstance(specs, list) or not specs:
-        raise dataset_error(path, "metadata record lists no fields")
-    for k, spec in enumerate(specs):
-        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or spec["name"] in fields:
-            raise dataset_error(path, f"metadata record: field {k} has no (unique) name")
-        cls = FIELD_CLASSES.get(spec.get("type"))
-        if cls is None:
-            raise dataset_error(path, f"unknown field type {spec.get('type')!r}")
+    for spec in check_field_specs(path, meta.get("fields"), what):
+        name, args = spec["name"], spec.get("arguments", {})
         try:
-            fields[spec["name"]] = cls.from_arguments(spec.get("arguments") or {})
+            field = FIELD_CLASSES[spec["type"]].from_arguments(args)
         except (TypeError, ValueError, KeyError) as e:
-            raise dataset_error(path, f"field {spec['name']!r}: invalid arguments "
-                                      f"{spec.get('arguments')!r} ({e})") from e
+            raise dataset_error(path, f"{what}: field {name!r}: invalid arguments {args!r} ({e})") from e
+        kept = field.arguments()
+        changed = [key for key in args if key in kept and not _same_json(args[key], kept[key])]
+        if changed:
+            raise dataset_error(path, f"{what}: field {name!r}: argument {changed[0]!r} is {args[changed[0]]!r}, "
+                                      f"a {spec['type']} stores {kept[changed[0]]!r}")
+        fields[name] = field
     return fields
+
+
+def _same_json(a, b) -> bool:
+    """``a == b`` with the same JSON types throughout (``1 != True``, ``1 != 1.0``, ``"1" != 1``)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_json(a[k], b[k]) for k in a)
+    return a == b
 
 
 def _lmdb_map_base(data_path: str, probe: int) -> int | None:
@@ -356,17 +403,8 @@ def open_lmdb(path: str) -> DatasetView:
         probe = txn.get(META_KEY)
         base = None if probe is None else _lmdb_map_base(data_path, _address(probe))
         data_size = os.path.getsize(data_path)
-        meta = _read_meta(path, _get_inside(path, txn, META_KEY, base, data_size))
-        fields = _fields_from_meta(path, meta)
-        info = meta.get("info", {})
-        if not isinstance(info, dict):
-            raise dataset_error(path, f"metadata record: info is a JSON {type(info).__name__}, not an object")
-        n = meta.get("num_samples")
-        if not isinstance(n, int) or n < 0:
-            raise dataset_error(path, f"metadata record: invalid num_samples {n!r}")
-        rec_dtype = named_metadata_dtype(fields)
-        if int(meta.get("record_size", -1)) != rec_dtype.itemsize:
-            raise dataset_error(path, "metadata record_size does not match its fields")
+        meta, fields, rec_dtype = _read_meta(path, _get_inside(path, txn, META_KEY, base, data_size))
+        info, n = meta.get("info", {}), meta["num_samples"]
         records = _records_table(path, txn, meta, n, rec_dtype.itemsize, base, data_size)
         located = None if records is None or base is None else _placed_values(path, txn, n, base, data_size)
         offsets, lengths = _scan_values(path, txn, n, base) if located is None else located

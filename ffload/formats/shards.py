@@ -56,6 +56,7 @@ from .beton import (
 from .fields import Field, metadata_dtype
 from .lmdb_format import field_specs, fields_from_specs
 from .origins import BLOCK_HEAD
+from .schema import Schema, Value, check_document
 from .shardio import ShardedRemote, ShardLayout
 from .view import DatasetView, dataset_error
 from .writer import DatasetWriter
@@ -321,35 +322,51 @@ def is_sharded(path: str) -> bool:
     return os.path.basename(os.path.normpath(path)) == MANIFEST and os.path.isfile(path)
 
 
+MANIFEST_SCHEMA: Schema = {
+    "format": Value((str,), choices=(FORMAT_NAME,)),
+    "version": Value((int,), choices=(VERSION,)),
+    "num_samples": Value((int,), low=0),
+    "fields": Value((list,), non_empty=True),
+    "info": Value((dict,), required=False),
+    "shards": Value((list,)),
+}
+"""What each key of the manifest holds (the module docstring): :func:`_load_manifest` checks it."""
+
+SHARD_SCHEMA: Schema = {
+    "path": Value((str,), non_empty=True),
+    "num_samples": Value((int,), low=0),
+    "bytes": Value((int,), low=0),
+    "sha256": Value((str,)),
+}
+"""What each entry of the manifest's ``shards`` array holds."""
+
+
 def _load_manifest(where: str, raw: bytes) -> dict:
-    """The manifest's JSON object, its top-level shape checked; DatasetError naming the cause."""
+    """The manifest's JSON object, every value's JSON type and range checked (:data:`MANIFEST_SCHEMA`,
+    :data:`SHARD_SCHEMA`, the fields by :func:`.lmdb_format.fields_from_specs` when the caller builds them);
+    DatasetError naming the cause."""
     try:
         manifest = json.loads(raw.decode("utf8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise dataset_error(where, f"not a sharded dataset manifest: not UTF-8 JSON ({e})") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise dataset_error(where, f"not a sharded dataset manifest (its \"format\" is not {FORMAT_NAME!r})")
-    if manifest.get("version") != VERSION:
+    if type(manifest.get("version")) is not int or manifest["version"] != VERSION:
         raise dataset_error(where, f"unsupported sharded dataset version {manifest.get('version')!r} "
                                    f"(this ffload reads version {VERSION})")
-    shards, n = manifest.get("shards"), manifest.get("num_samples")
-    if not isinstance(shards, list) or not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise dataset_error(where, "manifest lacks its \"shards\" list or \"num_samples\"")
+    check_document(where, manifest, MANIFEST_SCHEMA, "manifest")
+    shards, n = manifest["shards"], manifest["num_samples"]
     for k, entry in enumerate(shards):
-        ok = (isinstance(entry, dict) and isinstance(entry.get("path"), str)
-              and all(isinstance(entry.get(key), int) and not isinstance(entry.get(key), bool)
-                      and entry[key] >= 0 for key in ("num_samples", "bytes"))
-              and isinstance(entry.get("sha256"), str))
-        if not ok:
-            raise dataset_error(where, f"manifest entry of shard {k} needs path, num_samples, bytes, sha256")
+        check_document(where, entry, SHARD_SCHEMA, f"manifest: shard {k}")
         name = entry["path"]
-        if not name or name.startswith("/") or ".." in name.split("/") or "\\" in name:
+        if name.startswith("/") or ".." in name.split("/") or "\\" in name:
             raise dataset_error(where, f"shard {k}: path {name!r} must be relative to the manifest's directory")
+        if not re.fullmatch("[0-9a-f]{64}", entry["sha256"]):
+            raise dataset_error(where, f"manifest: shard {k}: 'sha256' is {entry['sha256'][:70]!r}, expected 64 "
+                                       "lowercase hexadecimal digits")
     if sum(entry["num_samples"] for entry in shards) != n:
         raise dataset_error(where, f"manifest says {n} samples but its shards add up to "
                                    f"{sum(e['num_samples'] for e in shards)}")
-    if not isinstance(manifest.get("info", {}), dict):
-        raise dataset_error(where, "manifest \"info\" is not a JSON object")
     return manifest
 
 

@@ -56,6 +56,10 @@ class DatasetView:
         shards: for a sharded dataset (``format == 'shards'``, :mod:`.shards`), the
             :class:`~.shardio.ShardLayout` of its shards in the virtual data region the offsets
             index (``data_path`` is then None); None otherwise.
+        selection: ``(M,) int64`` dataset indices, the only samples that will be read through
+            this view (a Loader's ``indices``, one sample to decode alone), or None for all.
+            The arrays above still hold every sample (batches index them by dataset index);
+            a pipeline's declare-time checks look at :meth:`selected` only.
     """
 
     path: str
@@ -73,6 +77,14 @@ class DatasetView:
     info: dict = field(default_factory=dict)
     remote: object | None = None
     shards: object | None = None
+    selection: np.ndarray | None = None
+
+    def selected(self) -> np.ndarray:
+        """``(M,) int64``: the dataset indices that will be read, :attr:`selection` or every sample
+        ``0..N-1``."""
+        if self.selection is None:
+            return np.arange(self.num_samples, dtype=np.int64)
+        return np.asarray(self.selection, dtype=np.int64)
 
     @property
     def sample_pages(self) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..formats import image_sizes
+from ..errors import FormatError
 from ..formats.fields import (
     IMAGE_HEADER,
     BytesField,
@@ -23,6 +23,8 @@ from ..formats.fields import (
     RaggedArrayField,
     RGBImageField,
     cast_values,
+    describe_size_mismatch,
+    differing_sizes,
 )
 from . import jpeg
 from .crops import center_crop_boxes, random_resized_crop_boxes
@@ -106,9 +108,10 @@ class _RGBDecoder(Decoder):
     def declare(self, spec, field, view):
         self._check_field(field, view)
         jpeg.warn_if_fallback()
-        return self._declare(view.metadata[self.field_name])
+        return self._declare(view)
 
-    def _declare(self, column) -> Spec:
+    def _declare(self, view) -> Spec:
+        """The output spec, from the field's metadata of the samples ``view.selected()``."""
         raise NotImplementedError
 
     def _boxes(self, ctx: BatchContext, heights, widths, out) -> None:
@@ -133,10 +136,12 @@ class _RGBDecoder(Decoder):
             where = f"field '{self.field_name}', sample {s}"
             if code == jpeg.BAD_SIZE:
                 h, w = int(column["height"][s]), int(column["width"][s])
-                raise ValueError(f"{where}: JPEG decodes to {detail}, metadata says {w}x{h}")
-            if code == jpeg.OUTSIDE:
-                raise ValueError(f"{where}: {detail}")
-            raise ValueError(f"{where}: corrupt JPEG ({int(ctx.sizes[s])} bytes): {detail}")
+                cause = f"{where}: JPEG decodes to {detail}, metadata says {w}x{h}"
+            elif code == jpeg.OUTSIDE:
+                cause = f"{where}: {detail}"
+            else:
+                cause = f"{where}: corrupt JPEG ({int(ctx.sizes[s])} bytes): {detail}"
+            raise FormatError(cause, field=self.field_name, sample=s)
         if self.publish is not None:
             sizes = np.stack([column["height"][indices], column["width"][indices]], axis=1)
             Geometry.publish(ctx, self.publish, boxes, sizes, out.shape[1:3], flips)
@@ -159,24 +164,26 @@ class SimpleRGBImageDecoder(_RGBDecoder):
             both. Applies to full-scale (8/8) decodes; the OpenCV fallback ignores it.
 
     Raises:
-        TypeError (declare): the field is not an RGBImageField, or images differ in size (use
+        TypeError (declare): the field is not an RGBImageField, or the images to be read
+            (``view.selected()``: a Loader's ``indices``) differ in size, naming two of them (use
             :class:`CenterCropRGBImageDecoder` / :class:`RandomResizedCropRGBImageDecoder`).
-        ValueError (call): a JPEG payload is corrupt (libjpeg-turbo's message) or decodes to a
-            size other than its metadata; the message names the field and sample.
+        FormatError (call; a ValueError): a JPEG payload is corrupt (libjpeg-turbo's message) or
+            its header declares a size other than its metadata (refused before decoding, so no
+            buffer is sized from it); the message names the field and sample.
     """
 
-    def _declare(self, column):
-        name = self.field_name
-        if len(column) == 0:
+    def _declare(self, view):
+        name, column, selected = self.field_name, view.metadata[self.field_name], view.selected()
+        if len(selected) == 0:
             raise ValueError(f"field '{name}': the dataset has no samples")
-        sizes = image_sizes(column)
-        if len(sizes) > 1:
-            (h_min, w_min), (h_max, w_max) = sizes.min(axis=0), sizes.max(axis=0)
+        pair = differing_sizes(column, selected)
+        if pair is not None:
             raise TypeError(
-                f"SimpleRGBImageDecoder needs images of one size, field '{name}' has heights "
-                f"{h_min}..{h_max} and widths {w_min}..{w_max}; use "
+                f"SimpleRGBImageDecoder needs images of one size, field '{name}' has several "
+                f"({describe_size_mismatch(column, pair)}); use "
                 "CenterCropRGBImageDecoder or RandomResizedCropRGBImageDecoder instead")
-        self.shape = (int(sizes[0][0]), int(sizes[0][1]), 3)
+        first = int(selected[0])
+        self.shape = (int(column["height"][first]), int(column["width"][first]), 3)
         return Spec(self.shape, np.dtype(np.uint8))
 
     def _boxes(self, ctx, heights, widths, out):
@@ -202,7 +209,7 @@ class _ResizedCropRGBImageDecoder(_RGBDecoder):
         super().__init__(fast_dct)
         self.output_size = _output_size(output_size)
 
-    def _declare(self, column):
+    def _declare(self, view):
         return Spec(self.output_size + (3,), np.dtype(np.uint8))
 
 
@@ -226,7 +233,7 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
     Raises:
         TypeError (declare): the field is not an RGBImageField.
-        ValueError: bad arguments; (call) a corrupt JPEG (libjpeg-turbo's message), naming the
+        ValueError: bad arguments; (call, FormatError) a corrupt JPEG (libjpeg-turbo's message), naming the
             field and sample.
     """
 
@@ -263,7 +270,7 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
     Raises:
         TypeError (declare): the field is not an RGBImageField.
-        ValueError: bad arguments; (call) a corrupt JPEG (libjpeg-turbo's message), naming the
+        ValueError: bad arguments; (call, FormatError) a corrupt JPEG (libjpeg-turbo's message), naming the
             field and sample.
     """
 
@@ -312,7 +319,7 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
     Raises:
         TypeError (declare): the field is not an RGBImageField.
-        ValueError: a non-positive size; (call) a corrupt JPEG (libjpeg-turbo's message), naming
+        ValueError: a non-positive size; (call, FormatError) a corrupt JPEG (libjpeg-turbo's message), naming
             the field and sample.
     """
 
@@ -408,7 +415,8 @@ class NDArrayDecoder(Decoder):
 
 class BytesDecoder(Decoder):
     """Decode a BytesField or JSONField: per sample ``(max_size,) uint8``, the payload followed
-    by zeros; ``max_size`` is the largest payload of the dataset (FFCV's ``BytesDecoder``, which
+    by zeros; ``max_size`` is the largest payload of the samples to be read (``view.selected()``:
+    the dataset, or a Loader's ``indices``; FFCV's ``BytesDecoder``, which
     leaves the padding unspecified). Use ``JSONField.unpack`` to parse JSON rows.
 
     Raises:
@@ -419,7 +427,7 @@ class BytesDecoder(Decoder):
 
     def declare(self, spec, field, view):
         name = self._check_field(field, view)
-        sizes = view.sizes[name]
+        sizes = view.sizes[name][view.selected()]
         self.max_size = int(sizes.max()) if len(sizes) else 0
         return Spec((self.max_size,), np.dtype(np.uint8))
 
@@ -470,8 +478,8 @@ class RaggedArrayDecoder(Decoder):
     (torch's ``pad_sequence`` layout, batch first; FFCV has no such decoder.)
 
     Args:
-        max_length: ``K_max`` in rows. ``None``: the dataset's largest ``K``, read from the
-            metadata at declare (one batch shape for every epoch). An int: samples with more rows
+        max_length: ``K_max`` in rows. ``None``: the largest ``K`` of the samples to be read
+            (``view.selected()``: the dataset, or a Loader's ``indices``), from the sizes at declare (one batch shape for every epoch). An int: samples with more rows
             keep their first ``max_length`` rows (the rest are dropped; the lengths decoder then
             reports ``min(K, max_length)``), and ``K_max = max_length`` even if no sample is that long.
         fill: the padding value, cast to the field's dtype (e.g. ``-1`` for label lists).
@@ -493,7 +501,7 @@ class RaggedArrayDecoder(Decoder):
 
     def declare(self, spec, field, view):
         name = self._check_field(field, view)
-        lengths = field.lengths(view.sizes[name])
+        lengths = field.lengths(view.sizes[name][view.selected()])
         rows = self.max_length if self.max_length is not None else int(lengths.max()) if lengths.size else 0
         fill = cast_values(np.array(self.fill), field.dtype, f"fill {self.fill!r}")
         row = np.full(field.inner_shape, fill, dtype=field.dtype)
@@ -572,13 +580,14 @@ class ImageArrayDecoder(Decoder):
     (uint8, uint16 or float32), exactly the stored pixels and channel count (grayscale stays one
     channel), one compiled gather per batch. The counterpart of :class:`SimpleRGBImageDecoder`
     for any channel count and depth. PNG-compressed fields are decoded first (OpenCV, in the
-    worker thread: :func:`.png.batch_payloads`), then gathered alike; their size is sample 0's,
-    and a sample of another size is an error when its batch is decoded.
+    worker thread: :func:`.png.batch_payloads`), then gathered alike; their size is the first
+    sample's to be read (``view.selected()``: sample 0, or a Loader's first index), and a sample
+    of another size is an error when its batch is decoded.
 
     Raises:
-        TypeError (declare): the field is not an ImageArrayField, or its raw payloads differ in
-            size (images of several sizes).
-        ValueError: (declare) no samples, or sample 0's header disagrees with its size (or its
+        TypeError (declare): the field is not an ImageArrayField, or the raw payloads to be read
+            differ in size (images of several sizes).
+        ValueError: (declare) no samples, or that first sample's header disagrees with its size (or its
             PNG is corrupt); (call) a sample whose image is not the dataset's size, or a corrupt
             PNG, naming the field and sample.
     """
@@ -588,19 +597,20 @@ class ImageArrayDecoder(Decoder):
 
     def declare(self, spec, field, view):
         name = self._check_field(field, view)
-        sizes = view.sizes[name]
-        if len(sizes) == 0:
+        selected, sizes = view.selected(), view.sizes[name]
+        if len(selected) == 0:
             raise ValueError(f"field '{name}': the dataset has no samples")
-        other = np.flatnonzero(sizes != sizes[0]) if field.compression == "raw" else np.zeros(0)
+        first = int(selected[0])
+        other = np.flatnonzero(sizes[selected] != sizes[first]) if field.compression == "raw" else np.zeros(0)
         if other.size:
-            s = int(other[0])
+            s = int(selected[other[0]])
             raise TypeError(f"ImageArrayDecoder needs images of one size; field '{name}': sample {s} "
-                            f"is {int(sizes[s])} bytes, sample 0 {int(sizes[0])}; use "
+                            f"is {int(sizes[s])} bytes, sample {first} {int(sizes[first])}; use "
                             "CenterCropImageArrayDecoder or RandomCropImageArrayDecoder")
         try:
-            self.shape = field.to_array(view.payload(name, 0)).shape
+            self.shape = field.to_array(view.payload(name, first)).shape
         except FieldError as e:
-            raise ValueError(f"field '{name}', sample 0: {e}") from e
+            raise ValueError(f"field '{name}', sample {first}: {e}") from e
         self.nbytes = self.shape[0] * self.shape[1] * field.pixel_bytes
         self.field = field
         return Spec(self.shape, field.dtype)

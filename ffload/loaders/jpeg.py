@@ -390,21 +390,28 @@ def _decode_rows_opencv(indices, heights, widths, ptrs, sizes, region, boxes, fl
                         status, info):
     """The fallback for the :data:`PENDING` rows (JPEGs): ``cv2.imdecode`` at 1/k, k = 8 / M
     (:func:`scale_numerator`, the compiled path's factor), then the compiled resize of the box's
-    exact area (fractional edges in the reduced image). Returns -1 or the failing row, as
-    :func:`decode_rows`."""
+    exact area (fractional edges in the reduced image). A frame header (:func:`frame_size`)
+    declaring another size than the metadata's is :data:`BAD_SIZE` before anything is decoded (a
+    hostile header would make OpenCV allocate its size), as in the compiled path. Returns -1 or
+    the failing row, as :func:`decode_rows`."""
     flags = {1: cv2.IMREAD_COLOR_RGB, 2: cv2.IMREAD_REDUCED_COLOR_2}
     row = out_h * out_w * 3
     for b in np.flatnonzero(status == PENDING).tolist():
         s = int(indices[b])
         k = 8 // scale_numerator(boxes[b, 2], boxes[b, 3], out_h, out_w)
         p, n = int(ptrs[s]), int(sizes[s])
+        h, w = int(heights[s]), int(widths[s])
+        fh, fw = frame_size(region, p, n)
+        if fh >= 0 and (fh, fw) != (h, w):  # refused before OpenCV allocates the frame header's size
+            info[:] = fw, fh
+            status[b] = BAD_SIZE
+            return b
         image = cv2.imdecode(region[p:p + n], flags[k])
         if image is None:
             status[b] = FAILED
             return b
         if k > 1:
             image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-        h, w = int(heights[s]), int(widths[s])
         if image.shape[:2] != (-(-h // k), -(-w // k)):
             info[:] = image.shape[1] * k, image.shape[0] * k
             status[b] = BAD_SIZE

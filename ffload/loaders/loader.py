@@ -6,6 +6,7 @@ batches that do not depend on ``num_workers``.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -86,7 +87,9 @@ class Loader:
             ``torch.utils.data.DistributedSampler`` (same order on every rank, rank ``r`` takes
             ``order[r::world_size]``); the process group must be initialised first.
         seed: non-negative int; fixes the epoch orders and every per-sample random choice.
-        indices: ``(M,)`` dataset indices to visit (a subset, in this order for ``'sequential'``).
+        indices: ``(M,)`` dataset indices to visit (a subset, in this order for ``'sequential'``); the
+            pipelines are declared on these samples only (e.g. one image size among them is enough
+            for ``SimpleRGBImageDecoder``).
         batches_ahead: batches prepared in advance (>= 0). The loader keeps
             ``max(batches_ahead, num_workers)`` batches in flight so that every worker is busy.
         pin_memory: place the inputs of ``ToTensor`` in pinned memory (fast asynchronous copies
@@ -177,7 +180,9 @@ class Loader:
         self.indices = _check_indices(indices, self.view)
         # buffers hold a batch: no more rows than an epoch has samples
         rows = max(1, min(self.batch_size, self._samples_per_rank()))
-        self._pipelines = build_pipelines(self.view, pipelines, rows, custom_field_mapper)
+        # the pipelines' declare-time checks (one image size, the largest payload) see only what will be read
+        declared_on = self.view if indices is None else dataclasses.replace(self.view, selection=self.indices)
+        self._pipelines = build_pipelines(declared_on, pipelines, rows, custom_field_mapper)
         self.field_names: list[str] = [p.name for p in self._pipelines]
         self._read_fields = list(dict.fromkeys(p.source for p in self._pipelines))  # each field read once
         self._device = cuda_device(self._pipelines)

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..formats import image_sizes
 from ..formats.fields import (
     BytesField,
     FloatField,
@@ -25,6 +24,8 @@ from ..formats.fields import (
     NDArrayField,
     RaggedArrayField,
     RGBImageField,
+    describe_size_mismatch,
+    differing_sizes,
 )
 from .decoders import (
     BytesDecoder,
@@ -73,8 +74,8 @@ _DEFAULT_DECODERS = [(RGBImageField, SimpleRGBImageDecoder), (IntField, IntDecod
 def default_pipeline(name: str, field, view) -> list[Operation]:
     """The pipeline used for a field missing from ``pipelines`` (FFCV: default decoder + ToTensor).
 
-    ``RGBImageField`` -> ``[SimpleRGBImageDecoder(), ToTensor()]`` (all images must share one
-    size), ``IntField``/``FloatField``/``NDArrayField``/``BytesField``/``JSONField`` -> their
+    ``RGBImageField`` -> ``[SimpleRGBImageDecoder(), ToTensor()]`` (all images read, those of
+    ``view.selected()``, must share one size), ``IntField``/``FloatField``/``NDArrayField``/``BytesField``/``JSONField`` -> their
     decoder + ``ToTensor()``, ``RaggedArrayField`` -> ``RaggedArrayDecoder()`` (padded rows; the
     lengths need a second view, see there), ``ImageArrayField`` -> ``ImageArrayDecoder()`` (one size).
 
@@ -82,13 +83,12 @@ def default_pipeline(name: str, field, view) -> list[Operation]:
         TypeError: images of several sizes (a crop decoder is needed; the same error type as
             ``SimpleRGBImageDecoder`` raises for them), or no default for the field's type.
     """
-    if isinstance(field, RGBImageField) and view.num_samples:
-        sizes = image_sizes(view.metadata[name])
-        if len(sizes) > 1:
-            (h_min, w_min), (h_max, w_max) = sizes.min(axis=0), sizes.max(axis=0)
+    if isinstance(field, RGBImageField):
+        pair = differing_sizes(view.metadata[name], view.selected())
+        if pair is not None:
             raise TypeError(
-                f"field {name!r} of {view.path} holds images of several sizes (height "
-                f"{h_min}..{h_max}, width {w_min}..{w_max} pixels), "
+                f"field {name!r} of {view.path} holds images of several sizes "
+                f"({describe_size_mismatch(view.metadata[name], pair)}), "
                 f"so batches need a crop: pass e.g. pipelines={{{name!r}: "
                 f"[CenterCropRGBImageDecoder((224, 224), ratio=224 / 256), ToTensor()]}} or "
                 f"RandomResizedCropRGBImageDecoder((224, 224))")

@@ -35,7 +35,7 @@ def _patch_header(raw: bytearray, name: str, value: int) -> bytearray:
     ("num_samples", 10**9, "truncated or corrupt"),
     ("alloc_table_ptr", 10**12, "truncated or corrupt"),
     ("page_size", 3 << 20, "corrupt header"),
-    ("num_fields", 300, "(truncated|duplicate field name)"),
+    ("num_fields", 300, "(truncated|duplicate field name|corrupt field descriptor)"),
 ])
 def test_header_fields_inconsistent_with_the_file_size_are_refused(tmp_path, name, value, cause):
     path = tmp_path / "d.beton"
