@@ -208,22 +208,24 @@ class Guard:
     """
 
     def __init__(self, entry: int, start: int, end: int):
-        self._entry, self.start, self.end = entry, start, end
+        self.start, self.end = start, end
+        self._words: int | None = _HEADER + _ENTRY * entry  # its entry's first word in the table
+        self._table = _table  # held: __del__ of a mapping may run after module teardown
 
     def faulted(self) -> int | None:
         """The offset from ``start`` of the first read that found no file data under it (the file
         shrank; the rest of the mapping now reads zeros), or None when none did."""
-        if self._entry is None:
+        if self._words is None:
             return None
-        address = _table[_HEADER + _ENTRY * self._entry + 3]
+        address = self._table[self._words + 3]
         return None if address == 0 else address - self.start
 
     def close(self) -> None:
-        """Unregister the range (call before unmapping it). Idempotent."""
-        with _lock:
-            if self._entry is not None:
-                _table[_HEADER + _ENTRY * self._entry + 2] = 0
-                self._entry = None
+        """Unregister the range (call before unmapping it): one store disarms the entry, which
+        :func:`register` may then reuse. Idempotent."""
+        if self._words is not None:
+            self._table[self._words + 2] = 0
+            self._words = None
 
 
 def register(start: int, length: int) -> Guard | None:
