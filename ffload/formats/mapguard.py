@@ -58,9 +58,15 @@ guarded at once; past that a mapping is made unguarded (the previous behaviour) 
 
 Scope: Linux on x86-64 and aarch64 (the ``siginfo_t`` layout and ``MAP_FIXED`` value assumed).
 Elsewhere :func:`register` returns ``None`` and a truncation under a reader still kills it with
-SIGBUS, as before. Mappings made by other libraries are not guarded: py-lmdb's own mapping of
-``data.mdb`` is read only while a dataset is opened (the loader reads ffload's own mapping of the
-file, which is guarded).
+SIGBUS, as before (the size check before each batch narrows the window to one batch's reads).
+
+What is guarded: every :class:`~.shardio.FileMapping` (a ``.beton``'s or ``data.mdb``'s data
+region, a sharded dataset's shards: ``DatasetView.open_region()``), which the loader, ``verify``,
+``inspect`` and ``export`` read; and py-lmdb's own map of ``data.mdb`` while a database is
+opened (:func:`~.lmdb_format.open_lmdb` registers it once the first record's address tells where
+it is; LMDB's first lookup, of the metadata record, comes before that and stays unguarded). After
+the open nothing reads LMDB's map; if it was zeroed, it stays so while the process's shared
+environment of that database lives (a still-short file is refused at the next open).
 """
 from __future__ import annotations
 
@@ -235,8 +241,8 @@ def register(start: int, length: int) -> Guard | None:
 
     Returns:
         The :class:`Guard` (close it before unmapping), or None where the guard cannot work
-        (not :data:`SUPPORTED`, numba or the C symbols missing, :data:`MAX_RANGES` guards open;
-        logged once or each time): the mapping then behaves as an unguarded one.
+        (not :data:`SUPPORTED`, the handler could not be compiled or installed, or
+        :data:`MAX_RANGES` guards open; logged once): the mapping then behaves as an unguarded one.
     """
     if not SUPPORTED or length <= 0:
         return None
@@ -247,8 +253,10 @@ def register(start: int, length: int) -> Guard | None:
         used = _table[0]
         entry = next((i for i in range(used) if _table[_HEADER + _ENTRY * i + 2] == 0), used)
         if entry >= MAX_RANGES:
-            logger.warning("more than %d mapped files are open: the one at %#x is not guarded against SIGBUS",
-                           MAX_RANGES, start)
+            if not _state.get("full"):
+                _state["full"] = True
+                logger.warning("more than %d mapped files are open at once: the next ones are not guarded "
+                               "against SIGBUS (a file truncated while it is read kills the process)", MAX_RANGES)
             return None
         base = _HEADER + _ENTRY * entry
         _table[base], _table[base + 1], _table[base + 3] = start, end, 0
