@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 
 from .formats import DatasetView, RGBImageField, image_sizes
+from .formats.shardio import check_mapping
 
 MAX_PIPELINES = 8  # pipelines (with their buffers) a SampleDecoder keeps, one per image size
 
@@ -79,7 +80,9 @@ class SampleDecoder:
         pipeline, buffers, _ = self._pipeline(int(indices[0]), len(indices))
         ctx = BatchContext(indices, np.zeros(len(indices), dtype=np.uint64), self.region, self._column,
                            self._ptrs, self._sizes, 0)
-        return pipeline.run(buffers, ctx)
+        out = pipeline.run(buffers, ctx)
+        check_mapping(self.region)  # a file that shrank while it was read: its lost bytes read as zeros
+        return out
 
     def __call__(self, index: int) -> np.ndarray:
         """Decode sample ``index``: the pipeline's output for it (its own copy), e.g.
@@ -88,13 +91,16 @@ class SampleDecoder:
         Raises:
             ValueError (or what the decoder raises): the sample does not decode; the message
             names the field and the sample.
+            FormatError: the data file shrank while it was read (named; see
+                :func:`ffload.formats.shardio.check_mapping`).
         """
         return self._run(np.array([index], dtype=np.int64))[0].numpy().copy()  # default pipelines end in ToTensor
 
     def failures(self, indices) -> list[tuple[int, Exception]]:
         """Decode ``indices`` (any order) in batches of one image size, and each sample of a
         failing batch alone. Returns ``(sample index, exception)`` for every sample that does
-        not decode, in the order decoded."""
+        not decode, in the order decoded. Raises FormatError when the data file shrank while it
+        was read (its lost bytes would make every later sample look bad)."""
         failed = []
         for group in self._size_groups(np.asarray(indices, dtype=np.int64)):
             for start in range(0, len(group), self.batch_size):
@@ -102,6 +108,7 @@ class SampleDecoder:
                 try:
                     self._run(batch)
                 except Exception:  # find the bad samples as the Loader does: one at a time
+                    check_mapping(self.region)  # unless the file shrank under us: that is not theirs
                     for j in range(len(batch)):
                         try:
                             self._run(batch[j:j + 1])

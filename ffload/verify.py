@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .formats import DatasetView
 from .formats.fields import ImageArrayField, JSONField, RGBImageField
+from .formats.shardio import check_mapping
 from .samples import SampleDecoder
 
 
@@ -50,6 +51,7 @@ def _check_range(view: DatasetView, start: int, stop: int, region) -> list[tuple
         for i, e in failed:
             cause = str(e).removeprefix(f"field '{name}', sample {i}: ")  # the CLI names both
             problems.append((i, name, cause if isinstance(e, ValueError) else f"{type(e).__name__}: {cause}"))
+    check_mapping(region)  # the file shrank while it was read: its lost bytes read as zeros
     return problems
 
 
@@ -77,6 +79,7 @@ def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = Fal
 
     Raises:
         StorageError: a remote page could not be read (the object and range named).
+        FormatError: the data file shrank while it was read (named; not a bad sample).
     """
     n = view.num_samples
     workers = num_workers or os.cpu_count() or 1

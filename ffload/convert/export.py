@@ -45,6 +45,7 @@ from ..formats.fields import (
     RGBImageField,
 )
 from ..formats.origins import dataset_origins, origin_key
+from ..formats.shardio import check_mapping
 from .sources import SourceError
 
 
@@ -128,6 +129,7 @@ def export_webdataset(view: DatasetView, pattern: str, maxcount: int = 100_000, 
     Raises:
         ValueError: ``pattern`` without one ``%d``-style field, or non-positive limits.
         OSError: the output cannot be written (no shard of this run is left behind).
+        FormatError: the dataset's data file shrank while it was read (named; likewise nothing left).
     """
     try:
         first = pattern % 0
@@ -147,6 +149,7 @@ def export_webdataset(view: DatasetView, pattern: str, maxcount: int = 100_000, 
 
     def close():
         tar.close()
+        check_mapping(region)  # the dataset shrank while it was read: no shard of zeros
         final = pattern % len(written)
         os.replace(tmp, final)
         written.append(final)

@@ -95,6 +95,7 @@ from .fields import FIELD_CLASSES, Field, named_metadata_dtype
 from .lmdb_pages import check_tree
 from .origins import ORIGINS_KEY, OriginLog
 from .schema import Schema, Value, check_document, check_field_specs
+from .shardio import shrank
 from .view import DatasetView, check_field_values, dataset_error
 from .writer import DatasetWriter
 
@@ -382,7 +383,9 @@ def open_lmdb(path: str) -> DatasetView:
 
     Raises:
         DatasetError: not an LMDB environment, no/invalid metadata record, missing or malformed
-            sample records.
+            sample records, or ``data.mdb`` shrank while it was read (from the first record
+            found on: LMDB's own map is guarded against SIGBUS, :mod:`.mapguard`, once its
+            address is known).
     """
     import lmdb
 
@@ -399,10 +402,15 @@ def open_lmdb(path: str) -> DatasetView:
     # of this snapshot, so a process writing to the database meanwhile cannot change the bytes
     # the offsets below point at (with lock=False, on read-only media, nobody can write anyway).
     txn = env.begin(buffers=True)
+    guard, data_size = None, 0
     try:
         probe = txn.get(META_KEY)
         base = None if probe is None else _lmdb_map_base(data_path, _address(probe))
         data_size = os.path.getsize(data_path)
+        if base is not None:  # LMDB's own map of data.mdb: a read past a shrunk end reads zeros
+            from . import mapguard  # numba: imported when a database is first opened
+
+            guard = mapguard.register(base, int(env.info()["map_size"]))
         meta, fields, rec_dtype = _read_meta(path, _get_inside(path, txn, META_KEY, base, data_size))
         info, n = meta.get("info", {}), meta["num_samples"]
         records = _records_table(path, txn, meta, n, rec_dtype.itemsize, base, data_size)
@@ -419,18 +427,35 @@ def open_lmdb(path: str) -> DatasetView:
         else:
             view = _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, None, records)
         view.info = info
+        _check_guard(guard, data_path, data_size)
     except BaseException as e:
         txn.abort()
         _release_env(env_key)
+        _check_guard(guard, data_path, data_size)  # the file shrank under LMDB: that explains e
         if isinstance(e, lmdb.Error):
             raise dataset_error(path, f"corrupt LMDB database ({type(e).__name__}: {e})") from e
         raise
+    finally:
+        if guard is not None:
+            guard.close()  # after the open, only ffload's own mapping of data.mdb is read
     if base is None:  # everything was copied: the snapshot is not needed
         txn.abort()
         _release_env(env_key)
     else:
         view.snapshot = _Snapshot(env_key, env, txn)
     return view
+
+
+def _check_guard(guard, data_path: str, data_size: int) -> None:
+    """Raise FormatError (:func:`~.shardio.shrank`) when a read of LMDB's map under ``guard``
+    (:mod:`.mapguard`; None: unguarded) found no data: ``data.mdb`` shrank while it was opened.
+    The rest of that map reads zeros while the process's environment lives (see
+    :func:`_open_env`); a later open of the file is refused by :func:`~.lmdb_pages.check_tree`
+    while it is short."""
+    offset = None if guard is None else guard.faulted()
+    if offset is not None:
+        now = os.path.getsize(data_path) if os.path.exists(data_path) else None
+        raise shrank(data_path, data_size, now, offset)
 
 
 def _scan_values(path: str, txn, n: int, base: int | None) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,10 @@ as they index a single ``.beton``. Three ways in:
   shares the bytes as for a single mapped file. The reservation is ``PROT_READ``, not
   ``PROT_NONE``: no payload lies in the gaps between shards, but a stray read there (a slice
   across two shards, a checksum of the whole region) then reads zeros (the kernel's shared zero
-  page: no memory committed) instead of killing the process with SIGSEGV.
+  page: no memory committed) instead of killing the process with SIGSEGV. The same
+  :class:`FileMapping` maps a single data file (:func:`map_file`, at base 0), and guards every
+  such range against a file truncated while it is read (:mod:`.mapguard`: SIGBUS becomes the
+  error :func:`check_mapping` raises, naming the file; see :func:`shrank`).
 * :class:`ShardFiles` (``os_cache=False``: the process cache and the page pool): ``preadv`` at a
   global offset, dispatched to (the shard's descriptor, the offset in the shard), never across a
   shard's end in one call: a read that reaches the end returns short, and the caller's loop (as
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, FormatError
 
 _MAP_FIXED = 0x10  # <asm-generic/mman-common.h> (x86-64, arm64)
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
@@ -96,9 +99,11 @@ def _libc():
     return libc
 
 
-class ShardMapping:
-    """Every shard of a :class:`ShardLayout` mapped read-only into one contiguous address range
-    (see the module docstring). :meth:`array` hands out the ``(data_size,) uint8`` view.
+class FileMapping:
+    """Files mapped read-only into one contiguous address range, file ``k`` at byte ``bases[k]``
+    (the shards of a sharded dataset, or one data file at 0), guarded against SIGBUS
+    (:mod:`.mapguard`): a file that shrinks while the range is read makes :meth:`check` raise
+    instead of killing the process. :meth:`array` hands out the ``(data_size,) uint8`` view.
 
     Lifetime: an array handed out keeps the mapping alive (it is the array's base), and the range
     is unmapped (``munmap``) when the last of them and this object are gone, as ``np.memmap``
@@ -106,36 +111,42 @@ class ShardMapping:
     mapping), so that no array can ever point at unmapped memory.
 
     Args:
-        layout: the shards.
+        paths: the files; bases: ``(K,) int`` byte offset of each in the range (multiples of
+            ``mmap.PAGESIZE``, ascending); sizes: ``(K,) int`` bytes of each to map.
 
     Raises:
         ConfigurationError: not Linux (``MAP_FIXED`` placement is used as Linux defines it).
-        OSError: the range cannot be reserved, or a shard cannot be opened or mapped (the shard
-            file and ``strerror`` named).
+        OSError: the range cannot be reserved, or a file cannot be opened or mapped (the file
+            and ``strerror`` named).
     """
 
-    def __init__(self, layout: ShardLayout):
+    def __init__(self, paths: list[str], bases, sizes):
         if not sys.platform.startswith("linux"):
             raise ConfigurationError("os_cache=True over a sharded dataset maps its shards with Linux's mmap "
                                      "semantics; use os_cache=False here")
-        self.layout, self.size = layout, layout.data_size
+        self.paths, self.bases, self.sizes = list(paths), [int(b) for b in bases], [int(n) for n in sizes]
+        self.size = self.bases[-1] + self.sizes[-1] if self.paths else 0
         self._length = max(mmap.PAGESIZE, -(-self.size // mmap.PAGESIZE) * mmap.PAGESIZE)
         self._libc = _libc()
         self._exported = False
+        self._guard = None
         addr = self._libc.mmap(None, self._length, mmap.PROT_READ,
                                mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
         if addr in (None, _MAP_FAILED):
             err = ctypes.get_errno()
-            raise OSError(err, f"cannot reserve {self._length} bytes of address space for the shards of "
-                               f"{os.path.dirname(layout.paths[0]) if layout.paths else '?'} ({os.strerror(err)})")
+            raise OSError(err, f"cannot reserve {self._length} bytes of address space for "
+                               f"{self.paths[0] if len(self.paths) == 1 else _folder(self.paths)} ({os.strerror(err)})")
         self.address = addr
         try:
-            for path, base, size in zip(layout.paths, layout.bases.tolist(), layout.sizes.tolist()):
+            for path, base, size in zip(self.paths, self.bases, self.sizes):
                 if size:
                     self._map_one(path, base, size)
         except BaseException:
             self._unmap()
             raise
+        from . import mapguard  # numba: imported when a file is first mapped
+
+        self._guard = mapguard.register(self.address, self._length)
 
     def _map_one(self, path: str, base: int, size: int) -> None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -143,7 +154,7 @@ class ShardMapping:
             got = self._libc.mmap(self.address + base, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
             if got in (None, _MAP_FAILED) or got != self.address + base:
                 err = ctypes.get_errno()
-                raise OSError(err, f"{path}: cannot map the shard at offset {base} of the dataset "
+                raise OSError(err, f"{path}: cannot map {'the shard' if base else 'it'} at offset {base} "
                                    f"({os.strerror(err)})", path)
         finally:
             os.close(fd)  # the mapping keeps the file
@@ -151,7 +162,7 @@ class ShardMapping:
     @property
     def __array_interface__(self) -> dict:
         if self.address is None:
-            raise ValueError("the shard mapping is closed")
+            raise ValueError("the file mapping is closed")
         return {"shape": (self.size,), "typestr": "|u1", "data": (self.address, True), "version": 3}
 
     def array(self) -> np.ndarray:
@@ -159,12 +170,26 @@ class ShardMapping:
         self._exported = True
         return np.asarray(self)
 
+    def check(self) -> None:
+        """Raise FormatError when a read of the range found no file data under it since it was
+        mapped: a file shrank while it was being read, and the rest of the mapping, from the
+        faulting page on, now reads zeros (:mod:`.mapguard`); the message names the file that
+        holds the faulting byte, its size as mapped and its size now. Unguarded mappings (not
+        Linux x86-64/aarch64, see :mod:`.mapguard`) never raise here."""
+        offset = None if self._guard is None else self._guard.faulted()
+        if offset is not None:
+            k = max(0, int(np.searchsorted(self.bases, offset, side="right")) - 1)
+            raise shrank(self.paths[k], self.sizes[k], _size_now(self.paths[k]), offset - self.bases[k])
+
     def close(self) -> None:
         """Unmap now when no :meth:`array` was handed out; else leave it to the arrays' end."""
         if not self._exported:
             self._unmap()
 
     def _unmap(self) -> None:
+        if getattr(self, "_guard", None) is not None:
+            self._guard.close()  # before the range can be reused by another mapping
+            self._guard = None
         if getattr(self, "address", None) is not None:
             self._libc.munmap(self.address, self._length)
             self.address = None
@@ -173,10 +198,59 @@ class ShardMapping:
         self._unmap()
 
 
+def _folder(paths: list[str]) -> str:
+    return os.path.dirname(paths[0]) if paths else "?"
+
+
+def _size_now(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
+def shrank(path: str, was: int, now: int | None, at: int | None = None) -> FormatError:
+    """The error for a data file that shrank under a reader: ``FormatError("<path>: the file shrank
+    from <was> to <now> bytes while it was being read ...")``; ``now`` None: the file is gone;
+    ``at``: the offset (in the file) of a read that found no data."""
+    if now is None:
+        what = f"the file was truncated and removed while it was being read (it held {was} bytes)"
+    elif now < was:
+        what = f"the file shrank from {was} to {now} bytes while it was being read"
+    else:
+        what = f"the file was truncated while it was being read (it held {was} bytes, now {now})"
+    where = "" if at is None else f"; reading byte {at} found no data"
+    return FormatError(f"{path}: {what}{where}", path=path,
+                       hint="the dataset changed under the reader: reopen it once it is complete")
+
+
 def map_shards(layout: ShardLayout) -> np.ndarray:
     """The ``(data_size,) uint8`` read-only array over every shard mapped contiguously (see
-    :class:`ShardMapping`, whose errors it raises)."""
-    return ShardMapping(layout).array()
+    :class:`FileMapping`, whose errors it raises)."""
+    return FileMapping(layout.paths, layout.bases, layout.sizes).array()
+
+
+def map_file(path: str, size: int) -> np.ndarray:
+    """The first ``size`` bytes of ``path`` as a read-only ``(size,) uint8`` array: a guarded
+    :class:`FileMapping` on Linux, an ``np.memmap`` (unguarded) elsewhere.
+
+    Raises:
+        OSError: the file cannot be opened or mapped (named).
+    """
+    if not sys.platform.startswith("linux"):
+        return np.memmap(path, dtype=np.uint8, mode="r", shape=(size,))
+    return FileMapping([path], [0], [size]).array()
+
+
+def check_mapping(region) -> None:
+    """Raise FormatError when ``region`` (an array from :func:`map_file` or :func:`map_shards`, or a
+    view of one) was read past the end of a file that shrank (see :meth:`FileMapping.check`);
+    nothing for any other array."""
+    base = region
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, FileMapping):
+        base.check()
 
 
 def _clip(views: list[memoryview], n: int) -> list[memoryview]:
@@ -209,12 +283,11 @@ class LocalFile:
         return os.preadv(self._fd, buffers, offset)
 
     def check_size(self, shards=None) -> None:
-        """Raise OSError naming the file when it holds fewer than ``data_size`` bytes now (one
-        ``fstat``; ``shards`` unused: the interface of :meth:`ShardFiles.check_size`)."""
+        """Raise FormatError naming the file when it holds fewer than ``data_size`` bytes now (one
+        ``fstat``, :func:`shrank`; ``shards`` unused: the interface of :meth:`ShardFiles.check_size`)."""
         size = os.fstat(self._fd).st_size
         if size < self.data_size:
-            raise OSError(f"{self.path} was truncated while in use ({size} of {self.data_size} bytes): "
-                          "reading it would fault; the dataset changed under the loader")
+            raise shrank(self.path, self.data_size, size)
 
     def close(self) -> None:
         """Close the descriptor. Idempotent."""
@@ -292,16 +365,15 @@ class ShardFiles:
         return ends
 
     def check_size(self, shards=None) -> None:
-        """Raise OSError naming the shard when one of ``shards`` (shard numbers, e.g.
+        """Raise FormatError naming the shard when one of ``shards`` (shard numbers, e.g.
         :meth:`shards_of` a batch; None: every shard) holds fewer bytes than the manifest gives
-        (one ``fstat`` per shard)."""
+        (one ``fstat`` per shard, :func:`shrank`)."""
         fds, wants = self._fds, self._sizes
         for k in range(len(wants)) if shards is None else shards.tolist():
             fd = fds.get(k)
             size, want = os.fstat(self._fd(k) if fd is None else fd).st_size, wants[k]
             if size < want:
-                raise OSError(f"{self.layout.paths[k]} was truncated while in use ({size} of {want} bytes): "
-                              "reading it would fault; the dataset changed under the loader")
+                raise shrank(self.layout.paths[k], want, size)
 
     def close(self) -> None:
         """Close the shards' descriptors. Idempotent."""

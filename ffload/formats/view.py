@@ -8,7 +8,7 @@ import numpy as np
 from ..errors import ConfigurationError, DatasetError
 from ..system import path_bytes
 from .fields import Field
-from .shardio import map_shards
+from .shardio import map_file, map_shards
 
 
 def dataset_error(path: str, cause: str) -> DatasetError:
@@ -97,12 +97,15 @@ class DatasetView:
 
     def open_region(self) -> np.ndarray:
         """A read-only ``uint8`` 1-D view of the data file, memory-mapped so that the OS page
-        cache serves it (several processes share one copy), or the in-memory payloads. For a
-        sharded dataset every shard mapped into one contiguous range
-        (:func:`~.shardio.map_shards`).
+        cache serves it (several processes share one copy; :func:`~.shardio.map_file`), or the
+        in-memory payloads. For a sharded dataset every shard mapped into one contiguous range
+        (:func:`~.shardio.map_shards`). A mapped file that shrinks while it is read does not kill
+        the process (SIGBUS) on Linux: the lost bytes read as zeros and
+        :func:`~.shardio.check_mapping` of the region raises FormatError naming the file; readers
+        call it before they hand on what they read.
 
         Raises:
-            OSError: a shard cannot be mapped (named).
+            OSError: the file or a shard cannot be mapped (named).
             ConfigurationError: a remote dataset (its payloads are read through ``ffload.Loader``'s
                 page cache, not mapped).
         """
@@ -115,7 +118,7 @@ class DatasetView:
             return self.memory
         if self.data_size == 0:
             return np.zeros(0, dtype=np.uint8)
-        return np.memmap(self.data_path, dtype=np.uint8, mode="r", shape=(self.data_size,))
+        return map_file(self.data_path, self.data_size)
 
     def payload(self, name: str, index: int, region: np.ndarray | None = None) -> np.ndarray:
         """The raw payload bytes of field ``name`` of sample ``index`` (a view when possible)."""

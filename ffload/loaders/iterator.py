@@ -41,7 +41,7 @@ class BatchRunner:
     Args:
         pipelines: the enabled :class:`~.pipeline.FieldPipeline` list (output order).
         memory: the memory manager (``region``, ``ptrs``, ``prepare(indices, batch) -> lease``,
-            ``release(lease)``).
+            ``release(lease)``, ``check(indices)`` after a batch's reads).
         view: the :class:`ffload.formats.DatasetView`.
         seed: the loader's seed (per-sample seeds come from :func:`~.rng.sample_seeds`).
         num_workers: threads.
@@ -128,8 +128,7 @@ class BatchRunner:
             seeds = sample_seeds(self.seed, epoch, indices)
             lease = self.memory.prepare(indices, batch)
         except Exception as e:
-            raise LoaderError(f"epoch {epoch}, batch {batch} (samples {_describe(indices)}): "
-                              f"{type(e).__name__}: {e}", epoch, batch) from e
+            raise self._failed(e, indices, epoch, batch) from e
         out = []
         shared: dict = {}  # what a field's pipeline publishes for later ones (crop boxes, flips)
         try:
@@ -138,10 +137,26 @@ class BatchRunner:
                 try:
                     out.append(p.run(bufs, ctx))
                 except Exception as e:
+                    self._check_reads(indices, epoch, batch)  # a file that shrank explains it best
                     raise self._explain(e, p, bufs, ctx, batch) from e
+            self._check_reads(indices, epoch, batch)  # before the batch is handed on
         finally:
             self.memory.release(lease)  # the decoders have copied the payloads out
         return tuple(out)
+
+    def _check_reads(self, indices, epoch, batch) -> None:
+        """Raise LoaderError when the batch's reads hit a file that shrank meanwhile (its bytes read
+        as zeros: ``memory.check``; see :class:`~.memory.OSCacheMemory`)."""
+        try:
+            self.memory.check(indices)
+        except Exception as e:
+            raise self._failed(e, indices, epoch, batch) from e
+
+    @staticmethod
+    def _failed(error, indices, epoch, batch) -> LoaderError:
+        """The LoaderError for reading the batch's payloads (not one field's decoding)."""
+        return LoaderError(f"epoch {epoch}, batch {batch} (samples {_describe(indices)}): "
+                           f"{type(error).__name__}: {error}", epoch, batch)
 
     def _explain(self, error, pipeline, buffers, ctx, batch) -> LoaderError:
         """Find the failing sample by re-running the field on each sample alone."""

@@ -1,6 +1,6 @@
 """Memory managers: the ``uint8`` region the decoders read payloads from (FFCV's ``os_cache``).
 
-* :class:`OSCacheMemory` (``os_cache=True``): a read-only ``np.memmap`` of the data file; the
+* :class:`OSCacheMemory` (``os_cache=True``): a read-only memory map of the data file; the
   kernel's page cache serves (and shares across processes) the bytes.
 * :class:`ProcessCacheMemory` (``os_cache=False``): a private, **bounded** cache. The region is an
   anonymous mapping as long as the data file, reserved with ``MAP_NORESERVE`` (address space
@@ -27,7 +27,8 @@ Both managers expose ``region`` (``(data_size,) uint8``) and ``ptrs`` (field nam
 uint64`` offsets of the payloads in ``region``: here ``DatasetView.ptrs``; the page pool of
 :mod:`.pagepool` translates them into its slots), and
 ``prepare(indices, batch) -> lease`` / ``release(lease)``, which a worker calls around the batch
-it computes (the lease pins the batch's blocks until the decoders are done with them), and
+it computes (the lease pins the batch's blocks until the decoders are done with them),
+``check(indices)``, which it calls after the batch's reads (a file that shrank meanwhile), and
 ``schedule(batches)``, which the loader calls at the start of each epoch: the process cache
 then evicts the blocks whose next scheduled use is furthest, never-again first (Belady's rule),
 so that in QUASI_RANDOM order each page is read once per epoch.
@@ -42,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from ..formats.shardio import open_data_files
+from ..formats.shardio import check_mapping, open_data_files
 from ..system import available_memory
 
 CACHE_BLOCK = 1 << 16
@@ -273,12 +274,16 @@ class OSCacheMemory:
     """``os_cache=True``: the data file memory-mapped read-only (``view.open_region()``).
 
     A mapped file that another process truncates raises SIGBUS in whoever touches the lost pages,
-    which would kill the training process. Before each batch's reads :meth:`prepare` checks the
-    file's size (one ``fstat``) and refuses a shrunk file with an error naming it, so a dataset
-    truncated or rewritten in place between batches ends the epoch with a :class:`LoaderError`.
-    The window left is a truncation *during* one batch's reads (milliseconds); closing it would
-    need a read lease (``F_SETLEASE``) that holds the truncating process back until the workers
-    stop: not done. ffload's own writers never truncate in place (they replace files atomically).
+    which would kill the training process. Two checks make it an error instead: before each
+    batch's reads :meth:`prepare` checks the file's size (one ``fstat``) and refuses a file that
+    shrank, so a dataset truncated between batches is never touched; a truncation *during* a
+    batch's reads is caught by the mapping's SIGBUS guard (:mod:`ffload.formats.mapguard`: the
+    lost pages read as zeros and the mapping is marked), and :meth:`check`, which the worker calls
+    after the batch's reads and before the batch is handed on, raises. Either way the epoch ends
+    with a :class:`LoaderError` whose cause names the file and how it shrank, and no zero byte
+    reaches the user. Where the guard is not available (not Linux x86-64/aarch64) the
+    during-a-batch window (milliseconds) still kills the process. ffload's own writers never
+    truncate in place (they replace files atomically).
 
     Args:
         view: the :class:`ffload.formats.DatasetView`.
@@ -293,9 +298,18 @@ class OSCacheMemory:
     def prepare(self, indices: np.ndarray, batch: int | None = None) -> None:
         """Check that the file (for a sharded dataset: the shards the batch's payloads lie in)
         still holds the mapped bytes (the page cache faults them in as the decoders read them).
-        Raises OSError naming the file when it shrank."""
+        Raises FormatError naming the file when it shrank."""
         if self._files is not None:
             self._files.check_size(self._files.shards_of(indices) if self._sharded else None)
+
+    def check(self, indices: np.ndarray) -> None:
+        """After the reads of a batch of samples ``indices`` (``(B,) int64``): raise FormatError
+        naming the file when a read found no data (the file shrank during the reads; what was read
+        there is zeros) or the file is shorter now than the mapped bytes (:meth:`prepare`)."""
+        region = self.region
+        if region is not None:
+            check_mapping(region)
+        self.prepare(indices)
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """Nothing to do (see :meth:`prepare`)."""
@@ -317,6 +331,10 @@ class _FileBackedCache:
     :meth:`close`."""
 
     _file = None
+
+    def check(self, indices: np.ndarray) -> None:
+        """Nothing to check after a batch's reads: they were ``preadv`` calls into the cache, which
+        raise when the file ends early (see :meth:`OSCacheMemory.check`)."""
 
     def close(self) -> None:
         """Close the file(s); the memory is freed once no batch references it."""

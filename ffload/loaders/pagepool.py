@@ -85,7 +85,7 @@ class PagePoolMemory:
     overhang)`` page slots.
 
     Same interface as :class:`~.memory.ProcessCacheMemory` (``region``, ``ptrs``, ``prepare``,
-    ``release``, ``schedule``, ``close``, the counters). Workers claim slots under a lock, read
+    ``release``, ``check``, ``schedule``, ``close``, the counters). Workers claim slots under a lock, read
     their pages in parallel outside it, and wait for pages another worker (or the read-ahead) is
     reading, or for a slot when every slot holds a page of a batch in progress.
 
@@ -166,6 +166,11 @@ class PagePoolMemory:
     def cache_file_bytes(self) -> int:
         """Bytes of disk the cache file has allocated (``st_blocks * 512``; 0 without one)."""
         return os.fstat(self._cache_fd).st_blocks * 512 if self._cache_fd is not None else 0
+
+    def check(self, indices: np.ndarray) -> None:
+        """Nothing to check after a batch's reads: pages were read into the pool (a source that
+        ends early raises), and a remote pool's cache file is unlinked, out of other processes'
+        reach (see :meth:`~.memory.OSCacheMemory.check`)."""
 
     def close(self) -> None:
         """Stop the source (its requests), close the files; the memory is freed once no batch

@@ -54,7 +54,7 @@ import threading
 import numpy as np
 from numba import njit
 
-from ..formats.shardio import ShardLayout, ShardMapping
+from ..formats.shardio import FileMapping, ShardLayout
 from .cextern import extern, process_symbol
 from .memory import batch_blocks
 
@@ -88,7 +88,7 @@ class ReadAhead:
     Args:
         path: the data file (``DatasetView.data_path``), or a sharded dataset's
             :class:`~ffload.formats.shardio.ShardLayout` (``DatasetView.shards``), whose shards
-            it maps into one range (:class:`~ffload.formats.shardio.ShardMapping`).
+            it maps into one range (:class:`~ffload.formats.shardio.FileMapping`).
         data_size: bytes of the data region (``DatasetView.data_size``); no range reaches past it.
         columns: ``[(ptrs, sizes), ...]`` of the decoded fields (see ``memory.payload_columns``).
         limit: bytes of pages requested beyond the batch being decoded (>= 0; 0 disables).
@@ -113,7 +113,7 @@ class ReadAhead:
         self.unit = int(unit)
         self._columns = columns
         if isinstance(path, ShardLayout):  # a sharded dataset: its own contiguous mapping of the shards
-            self._map = ShardMapping(path)
+            self._map = FileMapping(path.paths, path.bases, path.sizes)
             self._address = self._map.address
         else:
             with open(path, "rb") as f:
