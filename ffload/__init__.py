@@ -12,6 +12,6 @@ __all__ = ["Loader", "OrderOption", "__version__"]
 
 def __getattr__(name):
     if name in ("Loader", "OrderOption"):
-        from . import loaders
+        from ffload import loaders
         return getattr(loaders, name)
     raise AttributeError(f"module 'ffload' has no attribute {name!r}")

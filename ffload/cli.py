@@ -12,10 +12,10 @@ import sys
 
 import click
 
-from .commands import DEBUG_KEY, FfloadGroup, terminate_like_ctrl_c
-from .convert.sources.detect import SOURCE_KINDS
-from .errors import FormatError
-from .limits import DEFAULT_MAX_PIXELS
+from ffload.commands import DEBUG_KEY, FfloadGroup, terminate_like_ctrl_c
+from ffload.convert.sources.detect import SOURCE_KINDS
+from ffload.errors import FormatError
+from ffload.limits import DEFAULT_MAX_PIXELS
 
 
 def _human(n: float) -> str:
@@ -156,14 +156,14 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
     --shard-size, DST is a directory of .beton shards and a manifest. SRC (an ImageFolder) and DST
     (.beton, or a sharded prefix) may be s3:// URLs: DST is uploaded once complete.
     """
-    from .convert import convert_dataset
-    from .convert.passthrough import REASONS
-    from .convert.sources import detect_source
+    from ffload.convert import convert_dataset
+    from ffload.convert.passthrough import REASONS
+    from ffload.convert.sources import detect_source
 
     if ray_address is not None and engine != "ray":
         raise click.UsageError("--address is the Ray cluster of --engine ray; add --engine ray")
     if shard_size is not None:  # refuse a bad size or DST before listing SRC
-        from .formats.shards import check_shard_size_arguments
+        from ffload.formats.shards import check_shard_size_arguments
         check_shard_size_arguments(dst, shard_size, resume)
     source = detect_source(src, kind=None if source_kind == "auto" else source_kind, split=split,
                            max_pixels=max_pixels, storage_options=storage_options)
@@ -217,8 +217,8 @@ def inspect(path, as_json, grid, grid_count, samples, max_pixels, storage_option
     only its header and tables are read (a few range requests), and --grid reads the pages of the
     samples drawn.
     """
-    from .describe import sample_origins, save_grid, summarize
-    from .formats import open_dataset
+    from ffload.describe import sample_origins, save_grid, summarize
+    from ffload.formats import open_dataset
 
     view = open_dataset(path, max_pixels=max_pixels, storage_options=storage_options)
     info = summarize(view)
@@ -295,10 +295,10 @@ def verify(path, num_workers, quiet, max_pixels, storage_options, cache_dir, max
     ($FFLOAD_CACHE_DIR, ~/.cache/ffload). Exits with status 1 when a sample is bad, naming each
     one and the cause.
     """
-    from .formats import open_dataset
-    from .formats.shards import check_checksums
-    from .system import available_cpus
-    from .verify import verify_dataset
+    from ffload.formats import open_dataset
+    from ffload.formats.shards import check_checksums
+    from ffload.system import available_cpus
+    from ffload.verify import verify_dataset
 
     view = open_dataset(path, max_pixels=max_pixels, storage_options=storage_options)
     corrupt = check_checksums(view)  # a sharded dataset: every shard against its manifest's sha256
@@ -331,8 +331,8 @@ def verify(path, num_workers, quiet, max_pixels, storage_options, cache_dir, max
 def export(path, pattern, maxcount, maxsize, quiet):
     """Write PATH (.beton or LMDB) as WebDataset shards named PATTERN % shard_number, e.g.
     'out/train-%06d.tar' (stored JPEGs as they are, raw images as PNG, labels as .cls)."""
-    from .convert.export import export_webdataset
-    from .formats import open_dataset
+    from ffload.convert.export import export_webdataset
+    from ffload.formats import open_dataset
 
     shards = export_webdataset(open_dataset(path), pattern, maxcount=maxcount, maxsize=maxsize, progress=not quiet)
     click.echo(f"{path}: {len(shards)} shard(s), {shards[0]} .. {shards[-1]}")

@@ -23,7 +23,7 @@ import traceback
 
 import click
 
-from .errors import FfloadError
+from ffload.errors import FfloadError
 
 __all__ = ["FfloadCommand", "FfloadGroup", "DEBUG_KEY", "Terminated", "error_line", "terminate_like_ctrl_c"]
 

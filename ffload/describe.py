@@ -6,10 +6,10 @@ import contextlib
 import cv2
 import numpy as np
 
-from .errors import ConfigurationError, FormatError
-from .formats import DatasetView, image_sizes
-from .formats.fields import JPG, IntField, RGBImageField
-from .formats.origins import dataset_origins
+from ffload.errors import ConfigurationError, FormatError
+from ffload.formats import DatasetView, image_sizes
+from ffload.formats.fields.base import JPG, IntField, RGBImageField
+from ffload.formats.origins import dataset_origins
 
 
 def _stats(x: np.ndarray) -> dict:
@@ -102,9 +102,9 @@ def sample_origins(view: DatasetView, indices) -> list[dict]:
 
 def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, thumb: int = 96) -> int:
     """Write a PNG grid of ``count`` evenly spaced samples' images with their labels, decoded
-    by the Loader's default pipeline (:class:`ffload.samples.SampleDecoder`) and shrunk to at
+    by the Loader's default pipeline (:class:`ffload.loaders.samples.SampleDecoder`) and shrunk to at
     most ``thumb`` pixels a side (INTER_AREA). A remote ``.beton``'s samples are read through
-    the Loader's page pool (:class:`ffload.pagedsamples.PagedSamples`: the pages they are in).
+    the Loader's page pool (:class:`ffload.loaders.pagedsamples.PagedSamples`: the pages they are in).
 
     Returns the number of images drawn.
 
@@ -117,7 +117,7 @@ def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, t
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .samples import SampleDecoder  # imports the loaders (torch): only for a grid
+    from ffload.loaders.samples import SampleDecoder  # imports the loaders (torch): only for a grid
 
     img_field = next((n for n, f in view.fields.items() if isinstance(f, RGBImageField)), None)
     if img_field is None:
@@ -137,7 +137,7 @@ def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, t
             def decode(k: int) -> np.ndarray:
                 return one(int(idx[k]))
         else:  # a remote .beton: each sample's pages through the Loader's page pool
-            from .pagedsamples import PagedSamples
+            from ffload.loaders.pagedsamples import PagedSamples
 
             paged = stack.enter_context(PagedSamples(view, [np.array([i], np.int64) for i in idx]))
             one = SampleDecoder(paged.view, img_field, paged.region)

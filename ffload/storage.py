@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigurationError, StorageError
+from ffload.errors import ConfigurationError, StorageError
 
 __all__ = ["is_remote", "open_filesystem", "RetryPolicy", "RemoteObject", "upload_file", "remote_exists",
            "classify_error", "storage_call", "install_hint", "default_cache_dir"]

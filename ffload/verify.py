@@ -1,11 +1,11 @@
 """Check that every sample of a dataset decodes: what `ffload verify` runs before a long training.
 
-Images are decoded by the Loader's own default pipeline (:class:`ffload.samples.SampleDecoder`:
+Images are decoded by the Loader's own default pipeline (:class:`ffload.loaders.samples.SampleDecoder`:
 batches of one image size, one-sample batches to name each bad sample), so verify exercises
 exactly the decoder that training runs; JSON payloads are parsed, ImageArrayField headers checked
 against their payload sizes and PNG-compressed ImageArrayFields decoded (their depth and channels
 checked against the field's). A dataset on object storage is read through the Loader's page
-pool (:mod:`ffload.pagedsamples`).
+pool (:mod:`ffload.loaders.pagedsamples`).
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from .formats import DatasetView
-from .formats.fields import ImageArrayField, JSONField, RGBImageField
-from .formats.shardio import check_mapping
-from .samples import SampleDecoder
+from ffload.formats import DatasetView
+from ffload.formats.fields.base import ImageArrayField, JSONField, RGBImageField
+from ffload.formats.shardio import check_mapping
+from ffload.loaders.samples import SampleDecoder
 
 
 def _parse_json(raw: bytes) -> None:
@@ -58,12 +58,12 @@ def _check_range(view: DatasetView, start: int, stop: int, region) -> list[tuple
 def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = False,
                    cache_dir: str | None = None, max_requests: int | None = None) -> list[tuple[int, str, str]]:
     """Decode every image of ``view`` with the Loader's default decoder (see
-    :mod:`ffload.samples`) and parse every JSON payload; offsets and sizes were already
+    :mod:`ffload.loaders.samples`) and parse every JSON payload; offsets and sizes were already
     validated when it was opened. Goes on after a bad sample: every bad one is reported.
 
     A remote ``.beton`` (``view.remote``: opened from an ``s3://`` / ``https://`` URL) is read
     as the Loader reads it: whole pages by range GETs into a page pool
-    (:class:`ffload.pagedsamples.PagedSamples`), samples in file order in batches of a few
+    (:class:`ffload.loaders.pagedsamples.PagedSamples`), samples in file order in batches of a few
     pages, so that each page is fetched once.
 
     Args:
@@ -92,7 +92,7 @@ def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = Fal
             def check(k: int) -> list[tuple[int, str, str]]:
                 return _check_range(view, *bounds[k], region)
         else:
-            from .pagedsamples import PagedSamples, page_batches  # imports the loaders
+            from ffload.loaders.pagedsamples import PagedSamples, page_batches  # imports the loaders
 
             batches = page_batches(view, chunk)
             bounds = [(int(b[0]), int(b[-1]) + 1) for b in batches]  # consecutive samples

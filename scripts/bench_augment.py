@@ -23,7 +23,7 @@ peer; ffload decodes the centre square only (its rows up to the square's last, i
 ``ffload_rst`` reads ``photos_rst.beton``: the same images re-encoded by ffload at the same
 quality with a restart marker per MCU (``ffload convert --reencode --jpeg-restart-interval 1``),
 so that its decoders entropy-decode only the centre square's restart segments
-(:mod:`ffload.loaders.restarts`); ``decode_ceiling_rst`` is the full decode of those bytes. The
+(:mod:`ffload.codecs.restarts`); ``decode_ceiling_rst`` is the full decode of those bytes. The
 peers keep reading the original files: this is the comparison a user who converts with
 ``--reencode`` gets (second-generation JPEGs, bytes per image of both files in the report).
 """

@@ -36,7 +36,7 @@ Then a per-image profile of the compiled path (one thread, in this process, CPU 
 scaled and cropped decode, resize (with the fused flip), the whole compiled call, and the process
 CPU time per image of a one-worker Loader (the compiled call plus everything around it); and the
 cost of a whole-image decode at each DCT scaling factor M/8 relative to 8/8 (what
-``ffload.loaders.jpeg`` chooses its factors by).
+``ffload.codecs.jpeg`` chooses its factors by).
 """
 from __future__ import annotations
 
@@ -152,10 +152,10 @@ def profile(path: str, restart_path: str, n: int = 512) -> dict:
     whole compiled call, and the full-size decode."""
     from numba import njit
 
+    from ffload.codecs import jpeg, restarts
+    from ffload.codecs import turbojpeg as tj
     from ffload.formats import open_dataset
-    from ffload.loaders import jpeg, restarts
-    from ffload.loaders import turbojpeg as tj
-    from ffload.loaders.crops import random_resized_crop_boxes
+    from ffload.loaders.decoders.crops import random_resized_crop_boxes
     from ffload.loaders.rng import op_salt, sample_seeds
 
     @njit(nogil=True)
@@ -316,7 +316,7 @@ def main() -> None:
                     help="also run ffload with fast_dct=True: libjpeg-turbo's fast IDCT, which ffcv 1.0.2 uses")
     args = ap.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
-    from ffload.loaders import jpeg
+    from ffload.codecs import jpeg
 
     paths = prepare(args.data, args.cifar_samples, args.photo_samples)
     md = [f"# bench_jpeg: ffload (JPEG backend: {jpeg.backend()}) vs ffcv 1.0.2", "",

@@ -13,7 +13,7 @@
    (``O_DIRECT``, 1, 4 and 16 in flight, one thread each) and sequential 8 MiB reads.
 3. Optional (``--readahead-probe``): how fast random samples are read through a memory map with
    no prefetch, ``posix_fadvise(WILLNEED)``, ``madvise(MADV_WILLNEED)`` or ``preadv`` from 16
-   threads issued first (the choice documented in ``ffload/loaders/readahead.py``).
+   threads issued first (the choice documented in ``ffload/loaders/memory/readahead.py``).
    ``--cache-probe``: ffload's ``os_cache=False`` cache alone (``prepare``/``release`` of the
    QUASI_RANDOM batches, no decoding), page pool vs block cache, twice each, cold each time.
 4. ffload and ffcv, each in RANDOM and QUASI_RANDOM x ``os_cache`` True/False, each in a fresh
@@ -151,8 +151,8 @@ def cache_probe(path: str, kind: str, limit: int, batch_size: int, workers: int,
     import concurrent.futures
 
     import ffload
-    from ffload.loaders.memory import ProcessCacheMemory
-    from ffload.loaders.pagepool import PagePoolMemory
+    from ffload.loaders.memory.os_cache import ProcessCacheMemory
+    from ffload.loaders.memory.pagepool import PagePoolMemory
 
     with ffload.Loader(path, batch_size=batch_size, order="quasi_random", read_ahead=0) as loader:
         order, view = loader.epoch_order(0), loader.view

@@ -81,7 +81,7 @@ def pipelines(kind: str) -> dict:
         RandomResizedCropRGBImageDecoder,
         ToTensor,
     )
-    from ffload.loaders.targets import BoxCountDecoder, FollowBoxes, MaskDecoder, TransformBoxes
+    from ffload.loaders.decoders.targets import BoxCountDecoder, FollowBoxes, MaskDecoder, TransformBoxes
 
     image = [RandomResizedCropRGBImageDecoder((CROP, CROP)), RandomHorizontalFlip(), ToTensor()]
     if kind == "image":

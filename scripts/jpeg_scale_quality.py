@@ -3,13 +3,13 @@
     python scripts/jpeg_scale_quality.py                       # the benchmark photos, ~15 s
     python scripts/jpeg_scale_quality.py --folder /data/imagenet/val --max-images 2000
 
-The resized-crop decoders (``ffload.loaders.jpeg``) may decode a JPEG at DCT scale M/8 and resize
+The resized-crop decoders (``ffload.codecs.jpeg``) may decode a JPEG at DCT scale M/8 and resize
 the crop from there instead of from a full-size decode. This script measures what that costs in
 pixels, to choose the rule: for every JPEG of ``--folder`` (default: the ImageNet-sized photo set
 of ``ffload.bench.datasets``, film grain included, built there once) and every ratio ``r`` of
 ``--ratios``, the centred square box of side ``c`` (the shorter side) is resized to
 ``floor(c / r)`` pixels twice with the same compiled resize
-(``ffload.loaders.resize.resize_rgb``, the decoders' interpolation rule): from a full-size
+(``ffload.codecs.resize.resize_rgb``, the decoders' interpolation rule): from a full-size
 TurboJPEG decode, and from a decode at M/8 with the box's edges times M/8, as the decoders map
 them. Both decodes are of the whole image, where the decoders decode the box's region only (its
 chroma upsampling differs on the region's border: a few levels on a pixel or two). The table
@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 from ffload.bench import write_results  # noqa: E402
 from ffload.bench.datasets import build_photo_jpegs  # noqa: E402
-from ffload.loaders import jpeg  # noqa: E402
-from ffload.loaders.resize import interpolation, resize_rgb, scratch_size  # noqa: E402
+from ffload.codecs import jpeg  # noqa: E402
+from ffload.codecs.resize import interpolation, resize_rgb, scratch_size  # noqa: E402
 
 DEFAULT_FOLDER, DEFAULT_IMAGES = "runs/bench_augment_data/photos512", 512
 
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/jpeg_scale_quality")
     args = ap.parse_args()
     if jpeg.backend() != "turbojpeg":
-        sys.exit("needs the TurboJPEG library (ffload.loaders.jpeg.backend() is 'opencv')")
+        sys.exit("needs the TurboJPEG library (ffload.codecs.jpeg.backend() is 'opencv')")
     factors = [int(m) for m in args.factors.split(",")]
     ratios = [float(r) for r in args.ratios.split(",")]
     if not all(1 <= m <= 8 for m in factors) or not all(r > 0 for r in ratios):

@@ -1,4 +1,4 @@
-"""torchvision-style augmentations (ffload.loaders.augment) against independent references on real
+"""torchvision-style augmentations (ffload.loaders.transforms.augment) against independent references on real
 photos, with the parameters each operation drew: OpenCV and PIL for colour and blur,
 ``scipy.ndimage.map_coordinates`` (exact float bilinear) for the warps, and geometric identities
 for the matrices. torchvision itself does not import with the CPU torch of our machines."""
@@ -17,7 +17,8 @@ from test_transforms import context, run
 import ffload
 from ffload.formats import IntField, RGBImageField, write_dataset
 from ffload.loaders import SimpleRGBImageDecoder, ToTensor
-from ffload.loaders.augment import (
+from ffload.loaders.rng import seed_state, uniform
+from ffload.loaders.transforms.augment import (
     ColorJitter,
     GaussianBlur,
     RandomAffine,
@@ -29,7 +30,6 @@ from ffload.loaders.augment import (
     RandomVerticalFlip,
     _warp_rgb,
 )
-from ffload.loaders.rng import seed_state, uniform
 
 H, W = 48, 55  # the photos' size
 
@@ -37,7 +37,7 @@ H, W = 48, 55  # the photos' size
 @pytest.fixture(scope="module")
 def photos():
     """(16, H, W, 3) uint8 crops of real photos (astronaut, coffee, chelsea); W = 55 is not a
-    multiple of 4, so the RGB kernels' 4-pixel shuffles (:mod:`ffload.loaders.simd`) leave a
+    multiple of 4, so the RGB kernels' 4-pixel shuffles (:mod:`ffload._jit.simd`) leave a
     per-pixel tail in every row."""
     sources = [data.astronaut(), data.coffee(), data.chelsea()]
     return np.stack([sources[k % 3][9 * k:9 * k + H, 13 * k:13 * k + W] for k in range(16)])

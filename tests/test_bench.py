@@ -36,11 +36,11 @@ from ffload.bench import (
 )
 from ffload.bench.ceiling import DECODERS, default_decoder, load_jpeg_payloads, measure_decode_ceiling
 from ffload.bench.worker import BOOTSTRAP
+from ffload.codecs import jpeg
 from ffload.convert import convert_dataset
 from ffload.convert.demo_data import digits_images
 from ffload.convert.sources import ArraySource, ImageFolderSource
 from ffload.formats import open_dataset
-from ffload.loaders import jpeg
 
 N_RAW = 300
 

@@ -147,7 +147,7 @@ def test_affine_boxes_enclose_the_warped_rectangle(tmp_path, warp):
 
 def flip_draws(seeds, salt):
     """``(B,) bool``: the samples RandomHorizontalFlip(0.5) of that salt mirrors (its own rule)."""
-    from ffload.loaders.decoders import flip_draws as draws
+    from ffload.loaders.decoders.rgb import flip_draws as draws
     out = np.empty(len(seeds), np.bool_)
     draws(seeds, salt, 0.5, out)
     return out

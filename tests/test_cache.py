@@ -15,7 +15,7 @@ import pytest
 
 import ffload
 from ffload.formats import BytesField, NDArrayField, open_dataset, write_dataset
-from ffload.loaders.memory import (
+from ffload.loaders.memory.os_cache import (
     _NEVER,
     CACHE_BLOCK,
     EpochSchedule,
@@ -25,8 +25,8 @@ from ffload.loaders.memory import (
     payload_columns,
     sorted_unique,
 )
-from ffload.loaders.pagepool import PagePoolMemory
-from ffload.loaders.readahead import ADVISE_PAGE, ReadAhead, advise_runs, unit_runs
+from ffload.loaders.memory.pagepool import PagePoolMemory
+from ffload.loaders.memory.readahead import ADVISE_PAGE, ReadAhead, advise_runs, unit_runs
 
 N, SAMPLE = 240, 30_000  # 7.2 MB of payloads, about 5x the cache limit below
 LIMIT = 24 * CACHE_BLOCK  # 1.5 MiB: one batch of 8 samples needs at most 16 blocks
@@ -287,7 +287,7 @@ def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared()
 def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
     import types
 
-    from ffload.loaders.memory import EVICT_SLACK
+    from ffload.loaders.memory.os_cache import EVICT_SLACK
 
     sample = 64 << 10  # 20 block-aligned samples of 64 KiB: 8 KiB blocks, 8 per sample
     data = tmp_path / "data.bin"
@@ -320,7 +320,7 @@ def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
 
 
 def test_cache_block_follows_the_payload_size_and_bounds_the_block_count():
-    from ffload.loaders.memory import MAX_CACHE_BLOCKS, MIN_CACHE_BLOCK
+    from ffload.loaders.memory.os_cache import MAX_CACHE_BLOCKS, MIN_CACHE_BLOCK
 
     def column(size, n=100, stride=None, offset=0):
         starts = np.arange(n, dtype=np.uint64) * np.uint64(stride or size) + np.uint64(offset)

@@ -17,7 +17,7 @@ from ffload.cli import main
 from ffload.convert import ConvertError, convert_dataset
 from ffload.convert.sources import ArraySource, ImageFolderSource, IndexableSource, SourceError
 from ffload.formats import open_dataset
-from ffload.samples import decode_image
+from ffload.loaders.samples import decode_image
 
 
 @pytest.fixture(scope="module")
@@ -346,7 +346,7 @@ def test_verify_finds_corrupt_jpeg(tmp_path, digits_folder, suffix):
 
 def test_verify_decodes_with_the_loaders_decoder_and_lists_every_bad_sample(tmp_path, monkeypatch):
     from ffload.formats import JSONField, RGBImageField, write_dataset
-    from ffload.loaders.decoders import SimpleRGBImageDecoder
+    from ffload.loaders.decoders.rgb import SimpleRGBImageDecoder
     from ffload.verify import verify_dataset
 
     rng = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""Decoders (ffload.loaders.decoders) and crop geometry (ffload.loaders.crops).
+"""Decoders (ffload.loaders.decoders.rgb) and crop geometry (ffload.loaders.decoders.crops).
 
 Datasets are written with ffload.formats from real photos (scikit-image, scikit-learn); decoded
 pixels are compared with OpenCV reference decodes of the same payloads.
@@ -14,6 +14,7 @@ import pytest
 from skimage import data
 from sklearn.datasets import load_sample_images
 
+from ffload.codecs.jpeg import scale_numerator
 from ffload.formats import (
     BytesField,
     FloatField,
@@ -24,8 +25,8 @@ from ffload.formats import (
     open_dataset,
     write_dataset,
 )
-from ffload.loaders.crops import center_crop_boxes, random_resized_crop_boxes
-from ffload.loaders.decoders import (
+from ffload.loaders.decoders.crops import center_crop_boxes, random_resized_crop_boxes
+from ffload.loaders.decoders.rgb import (
     BytesDecoder,
     CenterCropRGBImageDecoder,
     FloatDecoder,
@@ -35,8 +36,7 @@ from ffload.loaders.decoders import (
     ResizeRGBImageDecoder,
     SimpleRGBImageDecoder,
 )
-from ffload.loaders.jpeg import scale_numerator
-from ffload.loaders.operation import BatchContext
+from ffload.loaders.pipeline.operation import BatchContext
 from ffload.loaders.rng import op_salt, sample_seeds
 
 

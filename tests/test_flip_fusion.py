@@ -7,15 +7,15 @@ import pytest
 from skimage import data
 
 from ffload.formats import RGBImageField
-from ffload.loaders.decoders import (
+from ffload.loaders.decoders.rgb import (
     CenterCropRGBImageDecoder,
     RandomResizedCropRGBImageDecoder,
     SimpleRGBImageDecoder,
 )
-from ffload.loaders.operation import BatchContext
-from ffload.loaders.pipeline import FieldPipeline
+from ffload.loaders.pipeline.build import FieldPipeline
+from ffload.loaders.pipeline.operation import BatchContext
 from ffload.loaders.rng import sample_seeds
-from ffload.loaders.transforms import RandomHorizontalFlip, RandomTranslate
+from ffload.loaders.transforms.base import RandomHorizontalFlip, RandomTranslate
 from tests.test_decoders import write
 
 

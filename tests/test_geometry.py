@@ -1,4 +1,4 @@
-"""Boxes and masks transformed with their image's geometry (ffload.loaders.geometry / targets):
+"""Boxes and masks transformed with their image's geometry (ffload.loaders.pipeline.geometry / targets):
 exact boxes for hand-built crops, resizes and flips; an image's rectangle, its mask and its box
 agreeing after RandomResizedCrop + flips; the checks made when the loader is built."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ffload.loaders import (
     ResizeRGBImageDecoder,
     TransformBoxes,
 )
-from ffload.loaders.targets import transform_boxes
+from ffload.loaders.decoders.targets import transform_boxes
 
 FIELDS = {"image": RGBImageField("raw"), "boxes": RaggedArrayField("float32", (4,)),
           "mask": ImageArrayField("uint8", 1), "index": IntField()}

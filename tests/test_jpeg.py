@@ -1,4 +1,4 @@
-"""The compiled JPEG path (ffload.loaders.jpeg, .turbojpeg, .resize) on real photos.
+"""The compiled JPEG path (ffload.codecs.jpeg, .turbojpeg, .resize) on real photos.
 
 References are OpenCV's: ``cv2.imdecode`` (libjpeg-turbo, full size) then ``cv2.resize`` of the
 same crop box (INTER_AREA when shrinking, INTER_LINEAR when enlarging).
@@ -15,15 +15,15 @@ from skimage import data
 from sklearn.datasets import load_sample_images
 
 from ffload.bench.datasets import GRAIN_SIGMA
+from ffload.codecs import jpeg, turbojpeg
+from ffload.codecs.resize import interpolation, resize_rgb, scratch_size
 from ffload.formats import RGBImageField
-from ffload.loaders import jpeg, turbojpeg
-from ffload.loaders.crops import random_resized_crop_boxes
-from ffload.loaders.decoders import (
+from ffload.loaders.decoders.crops import random_resized_crop_boxes
+from ffload.loaders.decoders.rgb import (
     CenterCropRGBImageDecoder,
     RandomResizedCropRGBImageDecoder,
     SimpleRGBImageDecoder,
 )
-from ffload.loaders.resize import interpolation, resize_rgb, scratch_size
 from ffload.loaders.rng import sample_seeds
 from tests.test_decoders import decode, payload, reference_resize, write
 

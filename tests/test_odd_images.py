@@ -20,7 +20,7 @@ from ffload.convert.images import decode_image_bytes  # noqa: E402
 from ffload.convert.passthrough import inspect_jpeg  # noqa: E402
 from ffload.errors import ImageBombError, ImageDecodeError, ImageUnsupportedError  # noqa: E402
 from ffload.formats import open_dataset  # noqa: E402
-from ffload.samples import decode_image  # noqa: E402
+from ffload.loaders.samples import decode_image  # noqa: E402
 
 ERRORS = {UNSUPPORTED: ImageUnsupportedError, BOMB: ImageBombError}
 

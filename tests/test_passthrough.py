@@ -11,13 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from ffload.cli import main
+from ffload.codecs import turbojpeg as tj
 from ffload.convert import ConvertError, convert_dataset
 from ffload.convert.passthrough import decode_problem, inspect_jpeg, read_jpeg_header, strip_jpeg_metadata
 from ffload.convert.sources import ArraySource, ImageFolderSource
 from ffload.formats import open_dataset
-from ffload.formats.fields import JPG, RAW
-from ffload.loaders import turbojpeg as tj
-from ffload.samples import decode_image
+from ffload.formats.fields.base import JPG, RAW
+from ffload.loaders.samples import decode_image
 
 
 @pytest.fixture(scope="module")

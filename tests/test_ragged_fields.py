@@ -21,7 +21,7 @@ from ffload.formats import (
     write_dataset,
 )
 from ffload.formats.beton import FIELD_DESC_TYPE, HEADER_TYPE
-from ffload.formats.fields import ARG_SIZE
+from ffload.formats.fields.base import ARG_SIZE
 from ffload.loaders import (
     CenterCropImageArrayDecoder,
     ImageArrayDecoder,

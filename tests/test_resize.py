@@ -1,4 +1,4 @@
-"""The compiled resize (ffload.loaders.resize) against cv2.resize of the same crop, cut out."""
+"""The compiled resize (ffload.codecs.resize) against cv2.resize of the same crop, cut out."""
 from __future__ import annotations
 
 import ctypes
@@ -10,8 +10,8 @@ import pytest
 from numba import njit
 from skimage import data
 
-from ffload.loaders.resize import AREA, LINEAR, interpolation, resize_rgb, scratch_size
-from ffload.loaders.simd import narrow_rgb, transpose8_u16, transpose16_u8, widen_rgb
+from ffload._jit.simd import narrow_rgb, transpose8_u16, transpose16_u8, widen_rgb
+from ffload.codecs.resize import AREA, LINEAR, interpolation, resize_rgb, scratch_size
 
 
 @pytest.mark.parametrize("box,out,mode", [

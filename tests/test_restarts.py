@@ -1,4 +1,4 @@
-"""Crops decoded from a JPEG's restart segments (ffload.loaders.restarts through jpeg.decode_rows)
+"""Crops decoded from a JPEG's restart segments (ffload.codecs.restarts through jpeg.decode_rows)
 on real photos: the same pixels as the usual path and as a full decode, only the box's segments
 read, and anything unusual left to the usual path."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ import cv2
 import numpy as np
 import pytest
 
+from ffload.codecs import jpeg, restarts
+from ffload.codecs.resize import scratch_size
 from ffload.formats import RGBImageField
-from ffload.loaders import jpeg, restarts
-from ffload.loaders.decoders import RandomResizedCropRGBImageDecoder
-from ffload.loaders.resize import scratch_size
+from ffload.loaders.decoders.rgb import RandomResizedCropRGBImageDecoder
 from tests import test_jpeg
 from tests.test_decoders import decode, write
 

@@ -1,4 +1,4 @@
-"""Transforms (ffload.loaders.transforms) and torch-stage operations (ffload.loaders.torch_ops),
+"""Transforms (ffload.loaders.transforms.base) and torch-stage operations (ffload.loaders.transforms.torch_ops),
 checked against numpy references that draw from the same per-sample generators."""
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from skimage import data
 
 from ffload.errors import ConfigurationError
 from ffload.formats import IntField, RGBImageField
-from ffload.loaders.operation import BatchContext, Spec
+from ffload.loaders.pipeline.operation import BatchContext, Spec
 from ffload.loaders.rng import randint, sample_seeds, seed_state, uniform
-from ffload.loaders.torch_ops import Convert, Squeeze, ToDevice, ToTensor, ToTorchImage
-from ffload.loaders.transforms import Cutout, NormalizeImage, RandomHorizontalFlip, RandomTranslate
+from ffload.loaders.transforms.base import Cutout, NormalizeImage, RandomHorizontalFlip, RandomTranslate
+from ffload.loaders.transforms.torch_ops import Convert, Squeeze, ToDevice, ToTensor, ToTorchImage
 
 FIELD = RGBImageField()
 VIEW = types.SimpleNamespace(fields={"image": FIELD, "mask": RGBImageField(), "label": IntField()})

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .measurement import EpochRecord, epoch_record, median_after_warmup
+from ffload.bench.measurement import EpochRecord, epoch_record, median_after_warmup
 
 Decoder = Callable[[object], object]
 """``decode(payload (n,) uint8 JPEG bytes) -> (H, W, 3) uint8 RGB array, or None when the
@@ -33,7 +33,7 @@ def opencv_decoder() -> Decoder:
 
 def turbojpeg_decoder() -> Decoder:
     """libjpeg-turbo's TurboJPEG 3 API, the library ffload's loaders call
-    (:mod:`ffload.loaders.turbojpeg`): ``tj3DecompressHeader`` then ``tj3Decompress8`` to RGB at
+    (:mod:`ffload.codecs.turbojpeg`): ``tj3DecompressHeader`` then ``tj3Decompress8`` to RGB at
     full size, default settings (accurate integer IDCT, fancy upsampling), one handle and one
     reused output buffer per thread (ctypes releases the GIL). It returns a view of that buffer,
     valid until the thread's next call; warnings count as failures, as in the loaders. At least
@@ -48,7 +48,7 @@ def turbojpeg_decoder() -> Decoder:
 
     import numpy as np
 
-    from ffload.loaders import jpeg
+    from ffload.codecs import jpeg
 
     if jpeg.backend() != "turbojpeg":
         raise RuntimeError("no TurboJPEG 3 library (pip install turbojpeg==0.0.2)")
@@ -76,7 +76,7 @@ DECODERS: dict[str, Callable[[], Decoder]] = {"opencv": opencv_decoder, "turbojp
 def available_decoders() -> list[str]:
     """The names of :data:`DECODERS` usable here, fastest first (``turbojpeg`` needs the
     TurboJPEG 3 library)."""
-    from ffload.loaders import turbojpeg as tj
+    from ffload.codecs import turbojpeg as tj
 
     return (["turbojpeg"] if tj.library() is not None else []) + ["opencv"]
 
@@ -161,7 +161,7 @@ def load_jpeg_payloads(path: str, image_field: str, num_samples: int | None = No
     import numpy as np
 
     from ffload.formats import open_dataset
-    from ffload.formats.fields import JPG
+    from ffload.formats.fields.base import JPG
 
     view = open_dataset(path)
     region = view.open_region()

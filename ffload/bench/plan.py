@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 
-from ..errors import ConfigurationError
-from .config import PIPELINES, BenchConfig
+from ffload.bench.config import PIPELINES, BenchConfig
+from ffload.errors import ConfigurationError
 
 
 def describe_dataset(path: str) -> dict:
@@ -25,7 +25,7 @@ def describe_dataset(path: str) -> dict:
     import numpy as np
 
     from ffload.formats import open_dataset
-    from ffload.formats.fields import JPG, IntField, RGBImageField, image_sizes
+    from ffload.formats.fields.base import JPG, IntField, RGBImageField, image_sizes
 
     view = open_dataset(path)
     images = [n for n, f in view.fields.items() if isinstance(f, RGBImageField)]

@@ -6,7 +6,7 @@ so that ``ffload.convert.sources`` (listing a source) does not import numba or O
 """
 from __future__ import annotations
 
-from ..lazy import lazy_getattr
+from ffload.lazy import lazy_getattr
 
 _MODULES = dict.fromkeys(["convert_dataset", "ConvertReport", "ConvertError", "image_fields"], "convert")
 

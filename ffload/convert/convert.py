@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigurationError, ConvertError
-from ..formats import dataset_writer, format_for_path
-from ..formats.fields import Field, IntField, RGBImageField
-from ..formats.shards import MANIFEST, check_shard_size_arguments
-from ..limits import DEFAULT_MAX_PIXELS
-from ..storage import is_remote
-from ..system import available_cpus, path_bytes
-from .encode import SampleEncoder, encoded_chunks
-from .provenance import left_out_origin, origin_room, source_origins
+from ffload.convert.encode import SampleEncoder, encoded_chunks
+from ffload.convert.provenance import left_out_origin, origin_room, source_origins
+from ffload.errors import ConfigurationError, ConvertError
+from ffload.formats import dataset_writer, format_for_path
+from ffload.formats.fields.base import Field, IntField, RGBImageField
+from ffload.formats.shards import MANIFEST, check_shard_size_arguments
+from ffload.limits import DEFAULT_MAX_PIXELS
+from ffload.storage import is_remote
+from ffload.system import available_cpus, path_bytes
 
 _SHARD_URL: contextvars.ContextVar[str | None] = contextvars.ContextVar("shard_url", default=None)
 """Set by :func:`_convert_to_remote_shards` for a Ray conversion: the URL prefix its tasks upload
@@ -107,7 +107,7 @@ def _open_journal(dst: str, fields: dict[str, Field], source, arguments: dict, r
     """``(ConversionJournal, the interrupted run's journal or None)`` for a ``.beton`` conversion;
     without ``resume`` (or with nothing to resume) an earlier run's files are removed. Raises
     ConfigurationError as :meth:`ConversionJournal.load` does, leaving the files in place."""
-    from .journal import ConversionJournal, source_fingerprint
+    from ffload.convert.journal import ConversionJournal, source_fingerprint
 
     journal = ConversionJournal(dst, fields, len(source), arguments, source_fingerprint(source), checkpoint_seconds)
     try:
@@ -206,14 +206,14 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
         SourceError / ConfigurationError: the source or the arguments are invalid (before any
             writing); both are ``ValueError`` subclasses (:mod:`ffload.errors`).
     """
-    from .sources import detect_source
+    from ffload.convert.sources import detect_source
 
     if on_error not in ("fail", "skip"):
         raise ConfigurationError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
     if engine not in ("local", "ray"):
         raise ConfigurationError(f"engine must be 'local' or 'ray', got {engine!r}")
     if engine == "ray":
-        from .ray_engine import import_ray
+        from ffload.convert.ray_engine import import_ray
         import_ray()  # the install hint before any writing
     if is_remote(dst):
         arguments = {name: value for name, value in locals().items() if name in _PARAMETERS}
@@ -291,7 +291,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                 outcomes.update(done)
 
             if engine == "ray" and fmt == "shards":  # tasks write the shards; the manifest here
-                from .ray_shards import ray_written_shards
+                from ffload.convert.ray_shards import ray_written_shards
                 url = _SHARD_URL.get()
                 results = ray_written_shards(encoder, list(fields), writer.shard_size, writer.page_size, writer.info,
                                              label_pos, folder=writer.path, url=url,
@@ -308,7 +308,7 @@ def convert_dataset(source, dst: str, write_mode: str = "raw", max_resolution: i
                     results.close()
             else:
                 if engine == "ray":
-                    from .ray_engine import ray_encoded_chunks
+                    from ffload.convert.ray_engine import ray_encoded_chunks
                     chunks = ray_encoded_chunks(encoder, chunk_size, start=start, address=ray_address)
                 else:
                     chunks = encoded_chunks(encoder, workers, chunk_size, start=start)
@@ -358,7 +358,7 @@ def remote_staging_dir(dst: str) -> str:
     killed conversion can be resumed (``--resume``)."""
     import hashlib
 
-    from ..storage import default_cache_dir
+    from ffload.storage import default_cache_dir
 
     key = hashlib.sha256(dst.encode("utf8")).hexdigest()[:24]
     return os.path.join(default_cache_dir(), "convert", key)
@@ -377,7 +377,7 @@ def _convert_to_remote(dst: str, arguments: dict) -> ConvertReport:
     import posixpath
     import shutil
 
-    from ..storage import remote_exists, upload_file
+    from ffload.storage import remote_exists, upload_file
 
     options = arguments["storage_options"]
     if arguments["shard_size"] is not None:
@@ -422,7 +422,7 @@ def _convert_to_remote_shards(dst: str, arguments: dict) -> ConvertReport:
     import tempfile
     import uuid
 
-    from ..storage import upload_file
+    from ffload.storage import upload_file
 
     options, prefix = arguments["storage_options"], dst.rstrip("/")
     check_shard_size_arguments(prefix, arguments["shard_size"], arguments["resume"])
@@ -469,7 +469,7 @@ def _remote_manifest_shards(prefix: str, options: dict | None) -> list[str] | No
     parsed: nothing of it will be deleted), or None when there is no manifest."""
     import json
 
-    from ..storage import RemoteObject, remote_exists
+    from ffload.storage import RemoteObject, remote_exists
 
     where = f"{prefix}/{MANIFEST}"
     if not remote_exists(where, options):
@@ -485,7 +485,7 @@ def _remote_manifest_shards(prefix: str, options: dict | None) -> list[str] | No
 def _remote_listing(url: str, options: dict | None, strip: str, skip: set[str]) -> list[str]:
     """The URLs of the objects under ``url`` whose path after ``strip`` is not in ``skip``
     (best effort: empty when the listing fails)."""
-    from ..storage import open_filesystem
+    from ffload.storage import open_filesystem
 
     try:
         fs, path = open_filesystem(url, options)
@@ -499,7 +499,7 @@ def _remote_listing(url: str, options: dict | None, strip: str, skip: set[str]) 
 def _remove_remote(urls: list[str], options: dict | None, recursive: bool = False) -> None:
     """Delete the objects at ``urls`` (with ``recursive``, everything under those prefixes), best
     effort: cleanup that fails (the store unreachable) leaves objects no manifest names."""
-    from ..storage import open_filesystem
+    from ffload.storage import open_filesystem
 
     if not urls:
         return

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..formats.fields import JPG, Field, IntField, RGBImageField, metadata_dtype
-from ..limits import DEFAULT_MAX_PIXELS
-from ..system import available_cpus
-from .images import check_pixels, decode_image_bytes
-from .passthrough import decode_problem, inspect_jpeg, strip_jpeg_metadata
+from ffload.convert.images import check_pixels, decode_image_bytes
+from ffload.convert.passthrough import decode_problem, inspect_jpeg, strip_jpeg_metadata
+from ffload.formats.fields.base import JPG, Field, IntField, RGBImageField, metadata_dtype
+from ffload.limits import DEFAULT_MAX_PIXELS
+from ffload.system import available_cpus
 
 SLAB_BYTES = 32 << 20  # shared memory per chunk in flight
 SLABS_PER_WORKER = 3  # chunks in flight per worker (keeps workers busy while the parent writes)

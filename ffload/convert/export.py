@@ -33,8 +33,9 @@ from collections.abc import Iterator
 import cv2
 import numpy as np
 
-from ..formats import DatasetView
-from ..formats.fields import (
+from ffload.convert.sources import SourceError
+from ffload.formats import DatasetView
+from ffload.formats.fields.base import (
     JPG,
     BytesExtensionField,
     BytesField,
@@ -44,9 +45,8 @@ from ..formats.fields import (
     NDArrayField,
     RGBImageField,
 )
-from ..formats.origins import dataset_origins, origin_key
-from ..formats.shardio import check_mapping
-from .sources import SourceError
+from ffload.formats.origins import dataset_origins, origin_key
+from ffload.formats.shardio import check_mapping
 
 
 def _members(view: DatasetView, i: int, region, image_name: str | None) -> Iterator[tuple[str, bytes]]:

@@ -62,8 +62,8 @@ import warnings
 import cv2
 import numpy as np
 
-from ..errors import ImageBombError, ImageDecodeError, ImageUnsupportedError
-from ..limits import DEFAULT_MAX_PIXELS
+from ffload.errors import ImageBombError, ImageDecodeError, ImageUnsupportedError
+from ffload.limits import DEFAULT_MAX_PIXELS
 
 __all__ = ["IMAGE_EXTENSIONS", "DEFAULT_MAX_PIXELS", "ImageBombError", "ImageDecodeError", "ImageUnsupportedError",
            "has_image_extension", "load_image", "read_image_file", "decode_image_bytes", "header_size",

@@ -36,10 +36,10 @@ import time
 
 import numpy as np
 
-from ..errors import ConfigurationError
-from ..formats.atomic import _fsync_dir
-from ..formats.beton import ALLOC_TYPE, DEFAULT_PAGE_SIZE, BetonWriter
-from ..formats.fields import Field, metadata_dtype
+from ffload.errors import ConfigurationError
+from ffload.formats.atomic import _fsync_dir
+from ffload.formats.beton import ALLOC_TYPE, DEFAULT_PAGE_SIZE, BetonWriter
+from ffload.formats.fields.base import Field, metadata_dtype
 
 __all__ = ["ConversionJournal", "source_fingerprint"]
 

@@ -10,7 +10,7 @@ A JPEG passes through (:func:`inspect_jpeg` returns no reason) when all of these
 * it is complete: marker segments well formed up to the first scan, an end-of-image marker after it;
 * its frame is 8-bit Huffman-coded baseline (SOF0), extended sequential (SOF1) or progressive (SOF2), with
   3 components (YCbCr, or RGB per an Adobe APP14 marker) and a height in the frame header (no DNL);
-* TurboJPEG (the loader's decoder, :mod:`ffload.loaders.turbojpeg`) reads the header and finds the same size,
+* TurboJPEG (the loader's decoder, :mod:`ffload.codecs.turbojpeg`) reads the header and finds the same size,
   where that library is present;
 * no EXIF orientation is to be applied: no Exif APP1, or one whose IFD0 Orientation tag is absent or 1, and
   Pillow finds none either (:func:`~ffload.convert.images.jpeg_orientation`: it also reads XMP
@@ -18,7 +18,7 @@ A JPEG passes through (:func:`inspect_jpeg` returns no reason) when all of these
   :mod:`ffload.convert.images`;
 * its longer side is within ``max_resolution`` (no resize);
 * the write mode stores it as JPEG (``jpg`` always; ``smart`` / ``proportion`` by FFCV's rule, decided by the
-  caller with :meth:`~ffload.formats.fields.RGBImageField.stores_jpeg`); otherwise it is decoded and stored raw.
+  caller with :meth:`~ffload.formats.fields.base.RGBImageField.stores_jpeg`); otherwise it is decoded and stored raw.
 
 The stored JPEG keeps the source's quality: ``jpeg_quality`` applies only to images that are re-encoded.
 ``strip_jpeg_metadata`` removes the metadata segments APP1-APP13, APP15 (Exif, XMP, ICC, IPTC ...) and COM,
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..limits import DEFAULT_MAX_PIXELS
-from ..loaders import turbojpeg as tj
+from ffload.codecs import turbojpeg as tj
+from ffload.limits import DEFAULT_MAX_PIXELS
 
 __all__ = ["REASONS", "JpegHeader", "inspect_jpeg", "strip_jpeg_metadata", "decode_problem"]
 
@@ -174,7 +174,7 @@ def inspect_jpeg(data: bytes, max_resolution: int | None) -> tuple[JpegHeader | 
     if max_resolution is not None and max(header.width, header.height) > max_resolution:
         return header, "max_resolution"
     if tj.library() is not None:
-        from ..loaders.jpeg import header_size
+        from ffload.codecs.jpeg import header_size
 
         if header_size(np.frombuffer(data, np.uint8))[0] != (header.width, header.height):
             return header, "jpeg_header"
@@ -183,7 +183,7 @@ def inspect_jpeg(data: bytes, max_resolution: int | None) -> tuple[JpegHeader | 
 
 def _pillow_orientation(data: bytes) -> int:
     """:func:`~ffload.convert.images.jpeg_orientation`, 0 when Pillow cannot read the header."""
-    from .images import jpeg_orientation
+    from ffload.convert.images import jpeg_orientation
 
     try:
         return jpeg_orientation(data)
@@ -219,11 +219,11 @@ def decode_problem(data: bytes, header: JpegHeader, name: str,
     """
     lib = tj.library()
     if lib is None:
-        from .images import decode_image_bytes
+        from ffload.convert.images import decode_image_bytes
 
         shape = decode_image_bytes(data, name, max_pixels).shape
         return None if shape[:2] == (header.height, header.width) else f"decoded to {shape[1]}x{shape[0]}"
-    from ..loaders.jpeg import decode_whole, header_size
+    from ffload.codecs.jpeg import decode_whole, header_size
 
     buf = np.frombuffer(data, np.uint8)
     size, message = header_size(buf)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..formats.origins import BLOCK_HEAD
+from ffload.formats.origins import BLOCK_HEAD
 
 __all__ = ["source_origins", "origin_room", "left_out_origin"]
 

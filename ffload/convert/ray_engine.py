@@ -24,9 +24,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import ConfigurationError
-from ..formats.fields import metadata_dtype
-from .encode import EncodedChunk, SampleEncoder, _ChunkSizer, encode_chunk
+from ffload.convert.encode import EncodedChunk, SampleEncoder, _ChunkSizer, encode_chunk
+from ffload.errors import ConfigurationError
+from ffload.formats.fields.base import metadata_dtype
 
 INSTALL_HINT = "engine='ray' needs Ray: pip install 'ffload[ray]' (or pip install ray)"
 CHUNKS_PER_CPU = 2  # chunks in flight per cluster CPU (default max_in_flight)

@@ -52,11 +52,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..formats.atomic import _pid_alive
-from ..formats.shards import ShardFiles
-from .encode import SampleEncoder, _ChunkSizer, encode_chunk
-from .provenance import source_origins
-from .ray_engine import MAX_RETRIES, failure_errors, joined_cluster, task_result
+from ffload.convert.encode import SampleEncoder, _ChunkSizer, encode_chunk
+from ffload.convert.provenance import source_origins
+from ffload.convert.ray_engine import MAX_RETRIES, failure_errors, joined_cluster, task_result
+from ffload.formats.atomic import _pid_alive
+from ffload.formats.shards import ShardFiles
 
 SHARD_FILL = 0.95  # a task's planned payload, as a fraction of the shard size
 PROBE_SAMPLES = 8  # samples the driver encodes to estimate the bytes per sample
@@ -146,7 +146,7 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
     Raises:
         OSError: a local write failed. StorageError: an upload failed (after its retries).
     """
-    from ..storage import upload_file
+    from ffload.storage import upload_file
 
     fields = encoder.fields
     origin_of = source_origins(encoder.source)[1]

@@ -11,12 +11,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import ConfigurationError
-from ..limits import DEFAULT_MAX_PIXELS
-from ..storage import is_remote
-from .atomic import dataset_writer, format_for_path
-from .beton import open_beton
-from .fields import (
+from ffload.errors import ConfigurationError
+from ffload.formats.atomic import dataset_writer, format_for_path
+from ffload.formats.beton import open_beton
+from ffload.formats.fields.base import (
     BytesField,
     Field,
     FieldError,
@@ -29,9 +27,11 @@ from .fields import (
     RGBImageField,
     image_sizes,
 )
-from .lmdb_format import open_lmdb
-from .shards import is_sharded, manifest_location, open_sharded
-from .view import DatasetError, DatasetView
+from ffload.formats.lmdb_format import open_lmdb
+from ffload.formats.shards import is_sharded, manifest_location, open_sharded
+from ffload.formats.view import DatasetError, DatasetView
+from ffload.limits import DEFAULT_MAX_PIXELS
+from ffload.storage import is_remote
 
 LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_meta.mm_magic (0xBEEFC0DE) after the 16-byte page header
 
@@ -100,14 +100,14 @@ def _refuse_remote_lmdb(url: str) -> ConfigurationError:
 
 def _open_remote(url: str, storage_options: dict | None) -> DatasetView:
     """The view of a remote ``.beton`` (see :func:`open_dataset`)."""
-    from ..storage import RemoteObject
+    from ffload.storage import RemoteObject
 
     if url.rstrip("/").endswith((".lmdb", "/data.mdb")):
         raise _refuse_remote_lmdb(url)
     if url.rstrip("/").endswith("/manifest.json") or url.endswith("/"):
         return open_sharded(url, storage_options)
     if not url.endswith(".beton"):  # a prefix holding a manifest, or an object
-        from ..storage import remote_exists
+        from ffload.storage import remote_exists
         if remote_exists(manifest_location(url, True)[0], storage_options):
             return open_sharded(url, storage_options)
     remote = RemoteObject(url, storage_options)

@@ -36,12 +36,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from ..errors import ConfigurationError, DatasetBusyError
-from .beton import DEFAULT_PAGE_SIZE, BetonWriter
-from .fields import Field
-from .lmdb_format import LMDBWriter
-from .shards import ShardedWriter, check_destination
-from .writer import DatasetWriter
+from ffload.errors import ConfigurationError, DatasetBusyError
+from ffload.formats.beton import DEFAULT_PAGE_SIZE, BetonWriter
+from ffload.formats.fields.base import Field
+from ffload.formats.lmdb_format import LMDBWriter
+from ffload.formats.shards import ShardedWriter, check_destination
+from ffload.formats.writer import DatasetWriter
 
 logger = logging.getLogger(__name__)
 

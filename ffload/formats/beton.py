@@ -35,11 +35,11 @@ import os
 
 import numpy as np
 
-from ..errors import ConfigurationError, FieldError
-from .fields import FIELD_TYPES, Field, metadata_dtype, named_metadata_dtype
-from .origins import OriginLog
-from .view import DatasetView, check_field_values, dataset_error
-from .writer import DatasetWriter
+from ffload.errors import ConfigurationError, FieldError
+from ffload.formats.fields.base import FIELD_TYPES, Field, metadata_dtype, named_metadata_dtype
+from ffload.formats.origins import OriginLog
+from ffload.formats.view import DatasetView, check_field_values, dataset_error
+from ffload.formats.writer import DatasetWriter
 
 VERSION = 2
 HEADER_TYPE = np.dtype([("version", "<u2"), ("num_fields", "<u2"), ("page_size", "<u4"),

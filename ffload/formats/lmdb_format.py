@@ -91,13 +91,13 @@ import warnings
 
 import numpy as np
 
-from .fields import FIELD_CLASSES, Field, named_metadata_dtype
-from .lmdb_pages import check_tree
-from .origins import ORIGINS_KEY, OriginLog
-from .schema import Schema, Value, check_document, check_field_specs
-from .shardio import shrank
-from .view import DatasetView, check_field_values, dataset_error
-from .writer import DatasetWriter
+from ffload.formats.fields.base import FIELD_CLASSES, Field, named_metadata_dtype
+from ffload.formats.lmdb_pages import check_tree
+from ffload.formats.origins import ORIGINS_KEY, OriginLog
+from ffload.formats.schema import Schema, Value, check_document, check_field_specs
+from ffload.formats.shardio import shrank
+from ffload.formats.view import DatasetView, check_field_values, dataset_error
+from ffload.formats.writer import DatasetWriter
 
 META_KEY = b"__ffload__"
 RECORDS_KEY = b"__ffload_records__"
@@ -408,7 +408,7 @@ def open_lmdb(path: str) -> DatasetView:
         base = None if probe is None else _lmdb_map_base(data_path, _address(probe))
         data_size = os.path.getsize(data_path)
         if base is not None:  # LMDB's own map of data.mdb: a read past a shrunk end reads zeros
-            from . import mapguard  # numba: imported when a database is first opened
+            from ffload.formats import mapguard  # numba: imported when a database is first opened
 
             guard = mapguard.register(base, int(env.info()["map_size"]))
         meta, fields, rec_dtype = _read_meta(path, _get_inside(path, txn, META_KEY, base, data_size))

@@ -31,7 +31,7 @@ import os
 
 import numpy as np
 
-from .view import dataset_error
+from ffload.formats.view import dataset_error
 
 _HEADER = 16
 _MAGIC = 0xBEEFC0DE

@@ -34,7 +34,7 @@ The handler. A ``numba.cfunc`` of C signature ``void (int, siginfo_t *, void *)`
 faulting thread (a nogil worker or the main thread alike) and uses no Python object, no lock and
 no allocation: it reads ``si_code`` (offset 8) and ``si_addr`` (offset 16 of ``siginfo_t`` on
 64-bit Linux), scans the range table below and calls ``mmap``, ``sigaction`` and ``raise`` from
-the C library (by symbol name, :mod:`ffload.loaders.cextern`, so numba caches the compiled
+the C library (by symbol name, :mod:`ffload._jit.cextern`, so numba caches the compiled
 handler on disk). Faults outside every registered range, and a SIGBUS sent by ``kill``/``raise``
 (``si_code <= 0``), go to the handler that was installed before this one: the handler puts that
 disposition back and returns (a fault re-runs its instruction and reaches the previous handler
@@ -85,7 +85,7 @@ from llvmlite import ir
 from numba import carray, cfunc, types
 from numba.extending import intrinsic
 
-from ..loaders.cextern import extern, process_symbol
+from ffload._jit.cextern import extern, process_symbol
 
 logger = logging.getLogger(__name__)
 

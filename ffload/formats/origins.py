@@ -33,7 +33,7 @@ from array import array
 
 import numpy as np
 
-from .view import DatasetView, dataset_error
+from ffload.formats.view import DatasetView, dataset_error
 
 __all__ = ["ORIGIN_MAGIC", "ORIGINS_KEY", "BLOCK_HEAD", "OriginLog", "OriginBlock", "Origins", "dataset_origins",
            "origin_fields", "origin_key"]
@@ -291,8 +291,8 @@ def _shard_source(view: DatasetView, k: int):
 def _beton_block(path: str, source) -> OriginBlock | None:
     """The origin block of the ``.beton`` at ``path`` (read through ``source``, None: the local
     file): after the metadata table and the info block."""
-    from .beton import FIELD_DESC_TYPE, HEADER_TYPE, INFO_MAGIC, LocalBytes, read_header
-    from .fields import FIELD_TYPES, metadata_dtype
+    from ffload.formats.beton import FIELD_DESC_TYPE, HEADER_TYPE, INFO_MAGIC, LocalBytes, read_header
+    from ffload.formats.fields.base import FIELD_TYPES, metadata_dtype
 
     source = LocalBytes(path) if source is None else source
     header = read_header(path, source)
@@ -310,7 +310,7 @@ def _beton_block(path: str, source) -> OriginBlock | None:
 
 def _lmdb_block(path: str) -> OriginBlock | None:
     """The origin block stored under :data:`ORIGINS_KEY` in the LMDB database at ``path``."""
-    from .lmdb_format import _open_env, _release_env
+    from ffload.formats.lmdb_format import _open_env, _release_env
 
     env, key = _open_env(path)
     try:

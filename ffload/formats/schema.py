@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .fields import FIELD_CLASSES
-from .view import dataset_error
+from ffload.formats.fields.base import FIELD_CLASSES
+from ffload.formats.view import dataset_error
 
 __all__ = ["Value", "Schema", "MAX_COUNT", "check_document", "check_field_specs", "FIELD_SPEC"]
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigurationError, FormatError
+from ffload.errors import ConfigurationError, FormatError
 
 _MAP_FIXED = 0x10  # <asm-generic/mman-common.h> (x86-64, arm64)
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
@@ -144,7 +144,7 @@ class FileMapping:
         except BaseException:
             self._unmap()
             raise
-        from . import mapguard  # numba: imported when a file is first mapped
+        from ffload.formats import mapguard  # numba: imported when a file is first mapped
 
         self._guard = mapguard.register(self.address, self._length)
 

@@ -43,8 +43,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import ConfigurationError
-from .beton import (
+from ffload.errors import ConfigurationError
+from ffload.formats.beton import (
     DEFAULT_PAGE_SIZE,
     FIELD_DESC_TYPE,
     HEADER_TYPE,
@@ -53,13 +53,13 @@ from .beton import (
     check_page_size,
     open_beton,
 )
-from .fields import Field, metadata_dtype
-from .lmdb_format import field_specs, fields_from_specs
-from .origins import BLOCK_HEAD
-from .schema import Schema, Value, check_document
-from .shardio import ShardedRemote, ShardLayout
-from .view import DatasetView, dataset_error
-from .writer import DatasetWriter
+from ffload.formats.fields.base import Field, metadata_dtype
+from ffload.formats.lmdb_format import field_specs, fields_from_specs
+from ffload.formats.origins import BLOCK_HEAD
+from ffload.formats.schema import Schema, Value, check_document
+from ffload.formats.shardio import ShardedRemote, ShardLayout
+from ffload.formats.view import DatasetView, dataset_error
+from ffload.formats.writer import DatasetWriter
 
 FORMAT_NAME = "ffload-shards"
 VERSION = 1
@@ -373,10 +373,10 @@ def _load_manifest(where: str, raw: bytes) -> dict:
 def _open_shard(where: str, entry: dict, path: str, remote_options) -> tuple[DatasetView, object]:
     """One shard's view (and its RemoteObject, for a URL); DatasetError naming the shard file
     when it is missing, of another size than the manifest's, or not a .beton."""
-    from ..storage import RemoteObject, is_remote
+    from ffload.storage import RemoteObject, is_remote
 
     if is_remote(path):
-        from ..errors import StorageError
+        from ffload.errors import StorageError
 
         try:
             source = RemoteObject(path, remote_options)
@@ -414,7 +414,7 @@ def open_sharded(path: str, storage_options: dict | None = None) -> DatasetView:
             manifest's (the shard file named).
         StorageError: the manifest object cannot be read.
     """
-    from ..storage import RemoteObject, is_remote
+    from ffload.storage import RemoteObject, is_remote
 
     remote = is_remote(path)
     where, root = manifest_location(path, remote)

@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigurationError, DatasetError
-from ..system import path_bytes
-from .fields import Field
-from .shardio import map_file, map_shards
+from ffload.errors import ConfigurationError, DatasetError
+from ffload.formats.fields.base import Field
+from ffload.formats.shardio import map_file, map_shards
+from ffload.system import path_bytes
 
 
 def dataset_error(path: str, cause: str) -> DatasetError:
@@ -51,7 +51,7 @@ class DatasetView:
             indexed by label, when the source had them); ``{}`` when none (e.g. ffcv's files).
         remote: for a ``.beton`` on object storage (``path`` is its URL), the
             :class:`ffload.storage.RemoteObject` its payloads are read from (by the Loader's page
-            cache, :mod:`ffload.loaders.pagepool`); ``data_path`` and ``memory`` are then None.
+            cache, :mod:`ffload.loaders.memory.pagepool`); ``data_path`` and ``memory`` are then None.
             For a remote sharded dataset, a :class:`~.shardio.ShardedRemote` (same interface).
         shards: for a sharded dataset (``format == 'shards'``, :mod:`.shards`), the
             :class:`~.shardio.ShardLayout` of its shards in the virtual data region the offsets

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import ConfigurationError
-from .fields import Field
+from ffload.errors import ConfigurationError
+from ffload.formats.fields.base import Field
 
 
 def encode_info(info: dict) -> bytes:

@@ -5,24 +5,24 @@ imported from its submodule on first use).
 """
 from __future__ import annotations
 
-from ..lazy import lazy_getattr
+from ffload.lazy import lazy_getattr
 
 _MODULES = {  # public name -> the submodule defining it; imported on first use (torch, numba)
     **dict.fromkeys(["ColorJitter", "GaussianBlur", "RandomAffine", "RandomCrop", "RandomErasing",
-                     "RandomGrayscale", "RandomPerspective", "RandomRotation", "RandomVerticalFlip"], "augment"),
+                     "RandomGrayscale", "RandomPerspective", "RandomRotation", "RandomVerticalFlip"], "transforms.augment"),
     **dict.fromkeys(["BytesDecoder", "CenterCropImageArrayDecoder", "CenterCropRGBImageDecoder", "FloatDecoder",
                      "ImageArrayDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder", "RaggedLengthDecoder",
                      "RandomCropImageArrayDecoder", "RandomResizedCropRGBImageDecoder", "ResizeRGBImageDecoder",
                      "SimpleRGBImageDecoder"],
-                    "decoders"),
+                    "decoders.rgb"),
     **dict.fromkeys(["EpochIterator", "LoaderError"], "iterator"),
     "Loader": "loader",
-    **dict.fromkeys(["BatchContext", "Operation", "Spec"], "operation"),
+    **dict.fromkeys(["BatchContext", "Operation", "Spec"], "pipeline.operation"),
     "OrderOption": "orders",
-    **dict.fromkeys(["Convert", "Squeeze", "ToDevice", "ToTensor", "ToTorchImage"], "torch_ops"),
-    **dict.fromkeys(["Cutout", "NormalizeImage", "RandomHorizontalFlip", "RandomTranslate"], "transforms"),
-    "PythonTransform": "user",
-    **dict.fromkeys(["BoxCountDecoder", "FollowBoxes", "MaskDecoder", "TransformBoxes"], "targets"),
+    **dict.fromkeys(["Convert", "Squeeze", "ToDevice", "ToTensor", "ToTorchImage"], "transforms.torch_ops"),
+    **dict.fromkeys(["Cutout", "NormalizeImage", "RandomHorizontalFlip", "RandomTranslate"], "transforms.base"),
+    "PythonTransform": "transforms.python",
+    **dict.fromkeys(["BoxCountDecoder", "FollowBoxes", "MaskDecoder", "TransformBoxes"], "decoders.targets"),
 }
 
 

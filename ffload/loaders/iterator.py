@@ -29,10 +29,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..errors import LoaderClosedError, LoaderError
-from .geometry import shared_rows
-from .operation import BatchContext
-from .rng import sample_seeds
+from ffload.errors import LoaderClosedError, LoaderError
+from ffload.loaders.pipeline.geometry import shared_rows
+from ffload.loaders.pipeline.operation import BatchContext
+from ffload.loaders.rng import sample_seeds
 
 
 class BatchRunner:

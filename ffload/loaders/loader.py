@@ -18,20 +18,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ConfigurationError, LoaderClosedError
-from ..formats import open_dataset
-from ..formats.shardio import open_data_files
-from ..limits import DEFAULT_MAX_PIXELS
-from ..storage import default_cache_dir, is_remote
-from ..system import available_cpus, available_memory
-from . import readahead
-from .iterator import BatchRunner, EpochIterator
-from .memory import OSCacheMemory, ProcessCacheMemory, default_cache_limit, payload_columns, sorted_unique
-from .orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
-from .pagepool import PagePoolMemory, page_pool_fits
-from .pagesource import DEFAULT_LOCAL_REQUESTS, DEFAULT_MAX_REQUESTS, FilePages, RemotePages
-from .pipeline import build_pipelines, cuda_device
-from .readahead import ADVISE_PAGE, DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
+from ffload.errors import ConfigurationError, LoaderClosedError
+from ffload.formats import open_dataset
+from ffload.formats.shardio import open_data_files
+from ffload.limits import DEFAULT_MAX_PIXELS
+from ffload.loaders.iterator import BatchRunner, EpochIterator
+from ffload.loaders.memory import readahead
+from ffload.loaders.memory.os_cache import (
+    OSCacheMemory,
+    ProcessCacheMemory,
+    default_cache_limit,
+    payload_columns,
+    sorted_unique,
+)
+from ffload.loaders.memory.pagepool import PagePoolMemory, page_pool_fits
+from ffload.loaders.memory.pagesource import DEFAULT_LOCAL_REQUESTS, DEFAULT_MAX_REQUESTS, FilePages, RemotePages
+from ffload.loaders.memory.readahead import ADVISE_PAGE, DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
+from ffload.loaders.orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
+from ffload.loaders.pipeline.build import build_pipelines, cuda_device
+from ffload.storage import default_cache_dir, is_remote
+from ffload.system import available_cpus, available_memory
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +67,7 @@ class Loader:
             fsspec protocol; ``pip install 'ffload[s3]'`` / ``[http]`` / ``[gcs]``). A remote dataset is read in whole pages (the
             ``.beton`` page size) with range GETs, at most ``max_requests`` at once, into a page
             pool backed by a sparse cache file in ``cache_dir`` of at most ``cache_limit`` bytes
-            (:mod:`ffload.loaders.pagepool`), ahead of need in the epoch's order; pages that stay
+            (:mod:`ffload.loaders.memory.pagepool`), ahead of need in the epoch's order; pages that stay
             in the pool serve later epochs without a request. ``os_cache`` does not apply, and
             ``cache_limit`` must hold ``min(batch_size, pages)`` pages. GETs are retried on
             transient errors (:mod:`ffload.storage`); a permanent one (missing object, denied
@@ -75,9 +81,9 @@ class Loader:
             :mod:`ffload.loaders.orders`.
         os_cache: True: memory-map the file (the OS page cache serves and shares it); False: read
             the blocks each batch needs into a private process cache of at most ``cache_limit``
-            bytes (see :mod:`ffload.loaders.memory`; in QUASI_RANDOM order a fixed pool of page
+            bytes (see :mod:`ffload.loaders.memory.os_cache`; in QUASI_RANDOM order a fixed pool of page
             slots when ``cache_limit`` holds ``batch_size`` pages, see
-            :mod:`ffload.loaders.pagepool`).
+            :mod:`ffload.loaders.memory.pagepool`).
         pipelines: field name -> list of operations (decoder first), ``None`` to disable a field;
             unlisted fields get the default pipeline (decoder + ``ToTensor``). Images of several
             sizes have no default (pass a crop decoder).
@@ -100,7 +106,7 @@ class Loader:
             One batch must fit: the loader checks at open.
         read_ahead: bytes of the next batches' payload pages requested from the kernel ahead of
             the batch being decoded (``madvise(MADV_WILLNEED)`` from an IO thread, see
-            :mod:`ffload.loaders.readahead`); ``None``: 512 MiB; 0 disables it.
+            :mod:`ffload.loaders.memory.readahead`); ``None``: 512 MiB; 0 disables it.
         custom_field_mapper: extra output name -> the field it decodes again, with its own
             pipeline in ``pipelines`` (FFCV's argument): several augmented views of one sample from
             one read (SimCLR, DINO multi-crop). Views follow the fields in the batch tuple.

@@ -223,8 +223,8 @@ def test_the_loader_refuses_a_jpeg_whose_header_disagrees_with_its_metadata(tmp_
     never hands it to ``cv2.imdecode`` (which would allocate 60000x60000x3 bytes); the good samples load."""
     import threading
 
+    from ffload.codecs import jpeg
     from ffload.errors import LoaderError
-    from ffload.loaders import jpeg
 
     path = str(tmp_path / "d.beton")
     _dataset_with_a_jpeg_declaring(path, 60000, 60000)

@@ -90,8 +90,8 @@ import ffload
 from ffload.convert.export import export_webdataset
 from ffload.errors import FormatError, LoaderError
 from ffload.formats import open_dataset
-from ffload.loaders.memory import OSCacheMemory
-from ffload.samples import SampleDecoder
+from ffload.loaders.memory.os_cache import OSCacheMemory
+from ffload.loaders.samples import SampleDecoder
 from ffload.verify import verify_dataset
 
 root = sys.argv[1]

@@ -18,20 +18,20 @@ Every image goes through :mod:`ffload.convert.images`, so ``src[i][0]`` is alway
 """
 from __future__ import annotations
 
-from .arrays import ArraySource, IndexableSource
-from .base import Source, SourceError, check_index
-from .cifar import (
-                    CIFARSource,
-                    cifar_variant,
-                    find_cifar_folder,
-                    is_cifar_folder,
-                    missing_cifar_files,
-                    read_cifar_pickle,
+from ffload.convert.sources.arrays import ArraySource, IndexableSource
+from ffload.convert.sources.base import Source, SourceError, check_index
+from ffload.convert.sources.cifar import (
+           CIFARSource,
+           cifar_variant,
+           find_cifar_folder,
+           is_cifar_folder,
+           missing_cifar_files,
+           read_cifar_pickle,
 )
-from .detect import SOURCE_KINDS, SourceKind, detect_kind, detect_source
-from .hf import HFSource
-from .imagefolder import ImageFolderSource
-from .webdataset import WebDatasetSource
+from ffload.convert.sources.detect import SOURCE_KINDS, SourceKind, detect_kind, detect_source
+from ffload.convert.sources.hf import HFSource
+from ffload.convert.sources.imagefolder import ImageFolderSource
+from ffload.convert.sources.webdataset import WebDatasetSource
 
 __all__ = ["Source", "SourceError", "check_index", "ImageFolderSource", "CIFARSource", "ArraySource",
            "IndexableSource", "WebDatasetSource", "HFSource", "SourceKind", "SOURCE_KINDS", "detect_kind", "detect_source", "is_cifar_folder",

@@ -7,8 +7,8 @@ import operator
 
 import numpy as np
 
-from ..images import to_rgb_uint8
-from .base import SourceError, check_index
+from ffload.convert.images import to_rgb_uint8
+from ffload.convert.sources.base import SourceError, check_index
 
 __all__ = ["ArraySource", "IndexableSource"]
 

@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ...errors import SourceError
+from ffload.errors import SourceError
 
 __all__ = ["Source", "SourceError", "check_index"]
 

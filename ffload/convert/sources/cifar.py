@@ -23,7 +23,7 @@ import pickle
 
 import numpy as np
 
-from .base import SourceError, check_index
+from ffload.convert.sources.base import SourceError, check_index
 
 __all__ = ["CIFARSource", "is_cifar_folder", "cifar_variant", "find_cifar_folder", "missing_cifar_files",
            "read_cifar_pickle"]

@@ -14,14 +14,14 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...errors import ConfigurationError
-from ...storage import is_remote
-from ..images import DEFAULT_MAX_PIXELS
-from .base import Source, SourceError
-from .cifar import TORCHVISION_FOLDERS, CIFARSource, cifar_variant
-from .hf import HFSource, looks_like_hf
-from .imagefolder import ImageFolderSource
-from .webdataset import WebDatasetSource, looks_like_webdataset
+from ffload.convert.images import DEFAULT_MAX_PIXELS
+from ffload.convert.sources.base import Source, SourceError
+from ffload.convert.sources.cifar import TORCHVISION_FOLDERS, CIFARSource, cifar_variant
+from ffload.convert.sources.hf import HFSource, looks_like_hf
+from ffload.convert.sources.imagefolder import ImageFolderSource
+from ffload.convert.sources.webdataset import WebDatasetSource, looks_like_webdataset
+from ffload.errors import ConfigurationError
+from ffload.storage import is_remote
 
 __all__ = ["SourceKind", "SOURCE_KINDS", "detect_kind", "detect_source"]
 
@@ -149,7 +149,7 @@ def detect_source(path: str | os.PathLike, kind: str | None = None, split: str |
 def _open_remote(url: str, kind: str | None, split: str | None, max_pixels: int | None,
                  storage_options: dict | None) -> Source:
     """An ImageFolder on object storage (the one kind read remotely); ConfigurationError for others."""
-    from .remote import RemoteImageFolderSource
+    from ffload.convert.sources.remote import RemoteImageFolderSource
 
     if kind not in (None, "imagefolder"):
         raise ConfigurationError(f"{url}: only ImageFolder sources (root/<class>/<image>) can be read from object "

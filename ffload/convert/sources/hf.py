@@ -19,8 +19,8 @@ import os
 
 import numpy as np
 
-from ..images import DEFAULT_MAX_PIXELS, decode_image_bytes
-from .base import SourceError, check_index
+from ffload.convert.images import DEFAULT_MAX_PIXELS, decode_image_bytes
+from ffload.convert.sources.base import SourceError, check_index
 
 
 def _datasets():

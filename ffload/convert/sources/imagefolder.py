@@ -8,8 +8,8 @@ import stat
 
 import numpy as np
 
-from ..images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, has_image_extension, load_image, read_image_file
-from .base import SourceError, check_index
+from ffload.convert.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, has_image_extension, load_image, read_image_file
+from ffload.convert.sources.base import SourceError, check_index
 
 __all__ = ["ImageFolderSource"]
 

@@ -24,9 +24,9 @@ import posixpath
 
 import numpy as np
 
-from ...storage import RetryPolicy, open_filesystem, storage_call
-from ..images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, decode_image_bytes, has_image_extension
-from .base import SourceError, check_index
+from ffload.convert.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, decode_image_bytes, has_image_extension
+from ffload.convert.sources.base import SourceError, check_index
+from ffload.storage import RetryPolicy, open_filesystem, storage_call
 
 __all__ = ["RemoteImageFolderSource"]
 

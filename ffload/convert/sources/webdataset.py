@@ -45,8 +45,8 @@ import zlib
 
 import numpy as np
 
-from ..images import DEFAULT_MAX_PIXELS, decode_image_bytes
-from .base import SourceError, check_index
+from ffload.convert.images import DEFAULT_MAX_PIXELS, decode_image_bytes
+from ffload.convert.sources.base import SourceError, check_index
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")

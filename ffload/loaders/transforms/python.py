@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from .decoders import field_name
-from .operation import Operation, Spec
-from .rng import op_salt, seed_state
+from ffload.loaders.decoders.rgb import field_name
+from ffload.loaders.pipeline.operation import Operation, Spec
+from ffload.loaders.rng import op_salt, seed_state
 
 INPUTS = ("numpy", "tensor", "pil")
 

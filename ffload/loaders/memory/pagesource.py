@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from ..formats.shardio import LocalFile
+from ffload.formats.shardio import LocalFile
 
 _RUN = 64
 """Pages read by one ``preadv`` at most (its buffer count stays far below ``IOV_MAX``)."""

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 from numba import njit
 
-from ..errors import ConfigurationError
-from .decoders import field_name, flat_view, flip_draws
-from .operation import Operation, Spec
-from .rng import op_salt, randint, seed_state, uniform
-from .torch_ops import numpy_dtype, torch_dtype
+from ffload.errors import ConfigurationError
+from ffload.loaders.decoders.rgb import field_name, flat_view, flip_draws
+from ffload.loaders.pipeline.operation import Operation, Spec
+from ffload.loaders.rng import op_salt, randint, seed_state, uniform
+from ffload.loaders.transforms.torch_ops import numpy_dtype, torch_dtype
 
 
 def _bits(array: np.ndarray) -> np.ndarray:

@@ -83,7 +83,7 @@ class BatchContext:
             what a pipeline publishes for pipelines that run after it (an image's crop boxes
             and flips, :class:`~.geometry.Geometry`, under ``("geometry", name)``; a box
             transform's kept counts under ``("count", name)``). Values are per-sample arrays of
-            ``B`` rows (or objects with ``rows(j)``); see :mod:`ffload.loaders.geometry`.
+            ``B`` rows (or objects with ``rows(j)``); see :mod:`ffload.loaders.pipeline.geometry`.
     """
 
     indices: np.ndarray
@@ -154,7 +154,7 @@ class Operation:
 
         Args:
             spec: the previous operation's output (``None`` for a decoder).
-            field: the :class:`ffload.formats.fields.Field` this pipeline decodes.
+            field: the :class:`ffload.formats.fields.base.Field` this pipeline decodes.
             view: the :class:`ffload.formats.DatasetView` (metadata, sizes) of the dataset.
 
         Raises:

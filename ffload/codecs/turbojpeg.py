@@ -20,7 +20,7 @@ Candidates checked on this project's machines (Debian 12, CPython 3.11, x86_64):
 
 When no TurboJPEG 3 library loads (e.g. a machine without the wheel and without a registry),
 :func:`library` returns ``None`` and the decoders fall back to OpenCV (see
-:mod:`ffload.loaders.jpeg`), with a warning.
+:mod:`ffload.codecs.jpeg`), with a warning.
 
 Calling convention
 ------------------
@@ -34,7 +34,7 @@ one and two integer registers, packed little-endian, so they are declared here a
 From numba
 ----------
 Compiled code calls the library through :data:`NUMBA`: one ``@intrinsic`` per function
-(:func:`ffload.loaders.cextern.extern`) that calls the C symbol (``tj3Get`` ...) by name, the
+(:func:`ffload._jit.cextern.extern`) that calls the C symbol (``tj3Get`` ...) by name, the
 library having been made visible to LLVM's symbol resolution
 (``llvmlite.binding.load_library_permanently``) when it was loaded. The callers can so be cached
 on disk (``cache=True``): a new process loads the cached code and LLVM binds the symbols to the
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from llvmlite import binding as llvm_binding
 from numba import njit
 
-from .cextern import extern
+from ffload._jit.cextern import extern
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ NUMBA = {name: extern(name, ret, args) for name, (ret, args) in {
     "tj3Decompress8": ("i", "ppppii"),
     "tj3GetErrorCode": ("i", "p"),
 }.items()}
-"""The functions :mod:`ffload.loaders.jpeg` calls from compiled code, by ``turbojpeg.h`` name
+"""The functions :mod:`ffload.codecs.jpeg` calls from compiled code, by ``turbojpeg.h`` name
 (C types as in :data:`_SIGNATURES`). Call :func:`library` first: without the library the symbols
 do not resolve."""
 

@@ -54,9 +54,9 @@ import threading
 import numpy as np
 from numba import njit
 
-from ..formats.shardio import FileMapping, ShardLayout
-from .cextern import extern, process_symbol
-from .memory import batch_blocks
+from ffload._jit.cextern import extern, process_symbol
+from ffload.formats.shardio import FileMapping, ShardLayout
+from ffload.loaders.memory.os_cache import batch_blocks
 
 AVAILABLE = process_symbol("madvise")
 """Whether the C library's ``madvise`` was found (POSIX systems); without it the loader runs

@@ -10,7 +10,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .rng import randint, seed_state, uniform_range
+from ffload.loaders.rng import randint, seed_state, uniform_range
 
 
 @njit(nogil=True, cache=True)

@@ -1,10 +1,10 @@
 """Payloads of a remote ``.beton`` for code that decodes samples outside a Loader.
 
-``ffload verify`` and ``ffload inspect --grid`` decode samples with :class:`ffload.samples.SampleDecoder`,
+``ffload verify`` and ``ffload inspect --grid`` decode samples with :class:`ffload.loaders.samples.SampleDecoder`,
 which reads payloads from a data region (``view.open_region()``, a memory map of a local file). A
 ``.beton`` on object storage (``s3://``, ``https://``) has no such region: :class:`PagedSamples`
-gives one, the Loader's own: the page pool (:class:`~ffload.loaders.pagepool.PagePoolMemory`)
-filled by whole-page range GETs (:class:`~ffload.loaders.pagesource.RemotePages`, retried by
+gives one, the Loader's own: the page pool (:class:`~ffload.loaders.memory.pagepool.PagePoolMemory`)
+filled by whole-page range GETs (:class:`~ffload.loaders.memory.pagesource.RemotePages`, retried by
 :mod:`ffload.storage`), built as the Loader builds it. Samples are visited in *batches* given in
 advance (the pool's schedule: a page is evicted when its next use is furthest, so batches in file
 order get each page once); while a batch is held (:meth:`PagedSamples.holding`), ``view.ptrs``
@@ -18,9 +18,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .formats import DatasetView
-from .loaders.memory import batch_blocks, payload_columns
-from .loaders.pagesource import DEFAULT_MAX_REQUESTS
+from ffload.formats import DatasetView
+from ffload.loaders.memory.os_cache import batch_blocks, payload_columns
+from ffload.loaders.memory.pagesource import DEFAULT_MAX_REQUESTS
 
 
 def page_batches(view: DatasetView, max_samples: int, max_pages: int = 4) -> list[np.ndarray]:
@@ -62,7 +62,7 @@ class PagedSamples:
 
     def __init__(self, view: DatasetView, batches: Sequence[np.ndarray], threads: int = 1,
                  cache_dir: str | None = None, max_requests: int | None = None):
-        from .loaders.loader import _remote_pool  # the Loader's construction (checks, cache file)
+        from ffload.loaders.loader import _remote_pool  # the Loader's construction (checks, cache file)
 
         if view.remote is None:
             raise ValueError(f"{view.path}: not a remote dataset (map it with view.open_region())")

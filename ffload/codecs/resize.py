@@ -41,7 +41,7 @@ import math
 import numpy as np
 from numba import njit
 
-from .simd import transpose8_u16, transpose16_u8, weigh_u8, weighted_sum_u16
+from ffload._jit.simd import transpose8_u16, transpose16_u8, weigh_u8, weighted_sum_u16
 
 AREA = 0
 LINEAR = 1

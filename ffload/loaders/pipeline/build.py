@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..formats.fields import (
+from ffload.formats.fields.base import (
     BytesField,
     FloatField,
     ImageArrayField,
@@ -27,7 +27,7 @@ from ..formats.fields import (
     describe_size_mismatch,
     differing_sizes,
 )
-from .decoders import (
+from ffload.loaders.decoders.rgb import (
     BytesDecoder,
     FloatDecoder,
     ImageArrayDecoder,
@@ -36,10 +36,10 @@ from .decoders import (
     RaggedArrayDecoder,
     SimpleRGBImageDecoder,
 )
-from .geometry import link, records
-from .operation import BatchContext, Operation, Spec
-from .rng import op_salt
-from .torch_ops import ToTensor
+from ffload.loaders.pipeline.geometry import link, records
+from ffload.loaders.pipeline.operation import BatchContext, Operation, Spec
+from ffload.loaders.rng import op_salt
+from ffload.loaders.transforms.torch_ops import ToTensor
 
 
 class ModuleOp(Operation):
@@ -105,7 +105,7 @@ class FieldPipeline:
     Attributes:
         name: the output name (the field's name, or a view's name from ``custom_field_mapper``).
         source: the dataset field it reads (``name`` unless it is a second view of a field).
-        field: its :class:`ffload.formats.fields.Field`.
+        field: its :class:`ffload.formats.fields.base.Field`.
         ops: the operations (``torch.nn.Module`` wrapped in :class:`ModuleOp`).
         specs: the output :class:`Spec` of each operation (``specs[-1]`` is the batch's).
         buffer_specs: per operation, the buffer :class:`Spec` of ``batch_size`` rows, or ``None``.

@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..errors import FormatError
-from ..formats.fields import (
+from ffload.codecs import jpeg
+from ffload.errors import FormatError
+from ffload.formats.fields.base import (
     IMAGE_HEADER,
     BytesField,
     FieldError,
@@ -26,12 +27,11 @@ from ..formats.fields import (
     describe_size_mismatch,
     differing_sizes,
 )
-from . import jpeg
-from .crops import center_crop_boxes, random_resized_crop_boxes
-from .geometry import Geometry
-from .operation import BatchContext, Operation, Spec
-from .png import batch_payloads
-from .rng import op_salt, randint, seed_state, uniform
+from ffload.loaders.decoders.crops import center_crop_boxes, random_resized_crop_boxes
+from ffload.loaders.decoders.png import batch_payloads
+from ffload.loaders.pipeline.geometry import Geometry
+from ffload.loaders.pipeline.operation import BatchContext, Operation, Spec
+from ffload.loaders.rng import op_salt, randint, seed_state, uniform
 
 
 def field_name(field, view) -> str:
@@ -217,10 +217,10 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     """Centre crop then resize, for images of any size (FFCV's ``CenterCropRGBImageDecoder``).
 
     The crop is the centred square of side ``int(ratio * min(H, W))`` (FFCV's
-    ``get_center_crop``), resized to ``output_size`` by :func:`ffload.loaders.resize.resize_rgb`
+    ``get_center_crop``), resized to ``output_size`` by :func:`ffload.codecs.resize.resize_rgb`
     (OpenCV's ``INTER_AREA`` when shrinking, ``INTER_LINEAR`` when enlarging). JPEGs are decoded
     by libjpeg-turbo, only the box's rows and iMCU columns, at half size when the box is at least
-    4x the output (see :mod:`ffload.loaders.jpeg`); a half-size decode lands on average within
+    4x the output (see :mod:`ffload.codecs.jpeg`); a half-size decode lands on average within
     2 grey levels (mean absolute difference) of a full decode + the same resize of the same box:
     1.7 on the benchmarks' grainy photos at 4x, up to ~3 for single images.
 
@@ -251,7 +251,7 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     """Random crop then resize, for images of any size (FFCV's
     ``RandomResizedCropRGBImageDecoder``, boxes drawn with torchvision's
-    ``RandomResizedCrop.get_params`` rule, see :func:`ffload.loaders.crops.random_resized_crop_boxes`).
+    ``RandomResizedCrop.get_params`` rule, see :func:`ffload.loaders.decoders.crops.random_resized_crop_boxes`).
 
     The box of each sample derives from ``ctx.seeds`` and :attr:`salt`. Resizing and JPEG
     reduction as in :class:`CenterCropRGBImageDecoder`.
@@ -300,12 +300,12 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     ``Resize((h, w))`` with a ``(height, width)`` size: both sides set, the aspect ratio is not
     kept; FFCV has no such decoder).
 
-    Interpolation is :func:`ffload.loaders.resize.resize_rgb`'s, chosen per image as
+    Interpolation is :func:`ffload.codecs.resize.resize_rgb`'s, chosen per image as
     :class:`CenterCropRGBImageDecoder` does: OpenCV's ``INTER_AREA`` when neither side grows (an
     area average, which is what torchvision's bilinear ``antialias=True`` approximates when
     shrinking), ``INTER_LINEAR`` (bilinear, half-pixel centres) when a side grows; within one
     grey level of ``cv2.resize`` with that interpolation on raw images. JPEGs are decoded by
-    libjpeg-turbo at half size when the box is at least 4x the output (:mod:`ffload.loaders.jpeg`),
+    libjpeg-turbo at half size when the box is at least 4x the output (:mod:`ffload.codecs.jpeg`),
     so they are close to, not equal to, a full decode + the same resize (on average within 2
     grey levels mean absolute difference, see :class:`CenterCropRGBImageDecoder`). Raw and JPEG
     samples alike, one compiled call per batch; a following

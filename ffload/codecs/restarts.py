@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .cextern import extern, process_symbol
+from ffload._jit.cextern import extern, process_symbol
 
 AVAILABLE = process_symbol("memchr")
 """Whether the C library's ``memchr`` was found (POSIX systems); without it :func:`segment_starts`

@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from .decoders import field_name
-from .operation import Operation, Spec
+from ffload.loaders.decoders.rgb import field_name
+from ffload.loaders.pipeline.operation import Operation, Spec
 
 
 def torch_dtype(dtype) -> torch.dtype:

@@ -25,7 +25,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from ..errors import ConfigurationError, FieldError
+from ffload.errors import ConfigurationError, FieldError
 
 MAX_PAYLOAD = 1 << 31  # bytes: a .beton page (uint32 page size) holds at most this much
 ARG_SIZE = 1024  # bytes of the per-field argument block in the .beton field descriptor
@@ -391,7 +391,7 @@ class RGBImageField(Field):
             ``None`` (default): one marker per MCU for images at least
             :data:`RESTART_MIN_SIDE` pixels on both sides, none for smaller ones. With markers
             whose interval divides the MCUs per row, crop decoders (``RandomResizedCrop``,
-            ``CenterCrop``) entropy-decode only the MCUs of the box (:mod:`ffload.loaders.restarts`);
+            ``CenterCrop``) entropy-decode only the MCUs of the box (:mod:`ffload.codecs.restarts`);
             the file is ~3 % larger and a whole-image decode ~5-7 % slower. Pixels are the same
             either way. ffcv reads such files (any JPEG decoder does). JPEGs passed through from
             the source (:mod:`ffload.convert.passthrough`) keep their own bytes.

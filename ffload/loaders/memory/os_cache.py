@@ -43,8 +43,8 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from ..formats.shardio import check_mapping, open_data_files
-from ..system import available_memory
+from ffload.formats.shardio import check_mapping, open_data_files
+from ffload.system import available_memory
 
 CACHE_BLOCK = 1 << 16
 """The largest process-cache block, bytes (64 KiB); see :func:`cache_block`."""

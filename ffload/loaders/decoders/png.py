@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.fields import IMAGE_HEADER, FieldError, ImageArrayField
-from .operation import BatchContext
+from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField
+from ffload.loaders.pipeline.operation import BatchContext
 
 
 def batch_payloads(field: ImageArrayField, ctx: BatchContext, name: str):

@@ -45,8 +45,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..formats.shardio import open_data_files
-from .memory import (
+from ffload.formats.shardio import open_data_files
+from ffload.loaders.memory.os_cache import (
     _MADV_POPULATE_WRITE,
     _MAP_NORESERVE,
     _NEVER,
@@ -54,7 +54,7 @@ from .memory import (
     batch_blocks,
     payload_columns,
 )
-from .pagesource import FilePages
+from ffload.loaders.memory.pagesource import FilePages
 
 
 def page_overhang(view, field_names: Sequence[str]) -> int:

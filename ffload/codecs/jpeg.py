@@ -44,7 +44,7 @@ Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
    those instead of every MCU above and beside the box; the pixels are the same.
 4. ``tj3Decompress8`` to RGB into a per-call scratch buffer (or straight into the output row when
    no resize, no flip and no column offset is needed), then
-   :func:`ffload.loaders.resize.resize_rgb` (or :func:`~ffload.loaders.resize.copy_rgb`).
+   :func:`ffload.codecs.resize.resize_rgb` (or :func:`~ffload.codecs.resize.copy_rgb`).
 
 Warnings rule: a libjpeg-turbo *warning* (e.g. "Premature end of JPEG file": truncated scan
 data) is an error like a fatal one: the sample is reported with libjpeg-turbo's message, as the
@@ -64,9 +64,9 @@ import cv2
 import numpy as np
 from numba import njit
 
-from . import restarts
-from . import turbojpeg as tj
-from .resize import copy_rgb, interpolation, resize_rgb, scratch_size
+from ffload.codecs import restarts
+from ffload.codecs import turbojpeg as tj
+from ffload.codecs.resize import copy_rgb, interpolation, resize_rgb, scratch_size
 
 OK = 0
 PENDING = 2
@@ -76,7 +76,7 @@ OUTSIDE = -3
 NO_FRAME = -4
 """Row status codes written by :func:`decode_rows`."""
 
-_RAW = 1  # the metadata's mode of raw images (ffload.formats.fields.RAW)
+_RAW = 1  # the metadata's mode of raw images (ffload.formats.fields.base.RAW)
 _MCU_WIDTH = np.array(tj.MCU_WIDTH, np.int64)
 
 _lib = tj.library()

@@ -2,7 +2,7 @@
 translations, affine warps).
 
 Four operations read what an image pipeline, or a box pipeline, publishes (see
-:mod:`ffload.loaders.geometry` for the mechanism and its checks), each one compiled kernel per
+:mod:`ffload.loaders.pipeline.geometry` for the mechanism and its checks), each one compiled kernel per
 batch:
 
 * :class:`TransformBoxes` (after :class:`~.decoders.RaggedArrayDecoder` on a ``(K, 4)``
@@ -31,12 +31,12 @@ import math
 import numpy as np
 from numba import njit
 
-from ..errors import ConfigurationError
-from ..formats.fields import IMAGE_HEADER, FieldError, ImageArrayField, RaggedArrayField, cast_values
-from .decoders import Decoder, _header, field_name, flat_view
-from .geometry import COUNT, GEOMETRY, KeptBoxes
-from .operation import Operation, Spec
-from .png import batch_payloads
+from ffload.errors import ConfigurationError
+from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField, RaggedArrayField, cast_values
+from ffload.loaders.decoders.png import batch_payloads
+from ffload.loaders.decoders.rgb import Decoder, _header, field_name, flat_view
+from ffload.loaders.pipeline.geometry import COUNT, GEOMETRY, KeptBoxes
+from ffload.loaders.pipeline.operation import Operation, Spec
 
 
 def _require_link(op, name: str, source: str) -> None:

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigurationError
-from .operation import Operation
+from ffload.errors import ConfigurationError
+from ffload.loaders.pipeline.operation import Operation
 
 GEOMETRY = "geometry"
 COUNT = "count"

@@ -25,11 +25,11 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from .decoders import flat_view
-from .operation import Operation, Spec
-from .rng import randint, seed_state, uniform, uniform_range
-from .simd import narrow_rgb, widen_rgb
-from .transforms import _bits, _FilledTransform, _NHWCTransform, _RandomFlip
+from ffload._jit.simd import narrow_rgb, widen_rgb
+from ffload.loaders.decoders.rgb import flat_view
+from ffload.loaders.pipeline.operation import Operation, Spec
+from ffload.loaders.rng import randint, seed_state, uniform, uniform_range
+from ffload.loaders.transforms.base import _bits, _FilledTransform, _NHWCTransform, _RandomFlip
 
 
 def _pair(value, name: str, center: float = 0.0, low: float | None = None) -> tuple[float, float]:

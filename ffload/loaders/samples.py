@@ -2,7 +2,7 @@
 
 ``ffload verify``, ``ffload inspect --grid`` and the tests decode samples here, and they run
 exactly what training runs: the field's default pipeline
-(:func:`ffload.loaders.pipeline.default_pipeline`, e.g. ``SimpleRGBImageDecoder`` + ``ToTensor``)
+(:func:`ffload.loaders.pipeline.build.default_pipeline`, e.g. ``SimpleRGBImageDecoder`` + ``ToTensor``)
 on batches of the dataset, and, when a batch fails, on one-sample batches to name each bad
 sample (as the Loader does before it raises ``LoaderError``). Whatever decoder the Loader uses
 by default, these use too.
@@ -17,8 +17,8 @@ import dataclasses
 
 import numpy as np
 
-from .formats import DatasetView, RGBImageField, image_sizes
-from .formats.shardio import check_mapping
+from ffload.formats import DatasetView, RGBImageField, image_sizes
+from ffload.formats.shardio import check_mapping
 
 MAX_PIPELINES = 8  # pipelines (with their buffers) a SampleDecoder keeps, one per image size
 
@@ -57,7 +57,7 @@ class SampleDecoder:
 
     def _pipeline(self, index: int, batch: int) -> tuple:
         """The pipeline (and buffers for ``batch`` samples) that decodes sample ``index``."""
-        from .loaders.pipeline import FieldPipeline, default_pipeline
+        from ffload.loaders.pipeline.build import FieldPipeline, default_pipeline
 
         declared_on, key = self.view, None
         if isinstance(self.field, RGBImageField):  # the default decoder needs images of one size
@@ -75,7 +75,7 @@ class SampleDecoder:
 
     def _run(self, indices: np.ndarray):
         """One pipeline run over ``indices`` (``(B,) int64``, one image size): the batch."""
-        from .loaders.operation import BatchContext
+        from ffload.loaders.pipeline.operation import BatchContext
 
         pipeline, buffers, _ = self._pipeline(int(indices[0]), len(indices))
         ctx = BatchContext(indices, np.zeros(len(indices), dtype=np.uint64), self.region, self._column,
