@@ -1,6 +1,7 @@
-"""Conversion speed: ffload's ``convert_dataset`` vs ffcv 1.0.2's ``DatasetWriter``, side by side.
+"""Conversion speed: ffload's ``convert_dataset`` vs ffcv 1.0.2's ``DatasetWriter``, side by side; and the cost of
+the decode rule (Pillow's pixels) against the decoders it replaced or follows.
 
-    python scripts/bench_convert.py [--folder DIR] [--workers 2] [--repeats 3] [--modes raw jpg]
+    python scripts/bench_convert.py [--folder DIR] [--workers 2] [--repeats 3] [--modes raw jpg] [--decode-rounds 3]
 
 Both convert the same ImageFolder with the same write mode, JPEG quality, max_resolution and
 number of worker processes, reading images through the same decoder (ffload's ImageFolderSource,
@@ -9,6 +10,11 @@ so the comparison is about encoding and writing, not about PIL vs OpenCV). Runs 
 end (process pool start to file closed) in a fresh subprocess, and the median is reported with
 the ratio ffcv_time / ffload_time (> 1: ffload is faster). Without --folder, a folder of real
 photos is built with ``ffload.convert.demo_data.build_photos_folder``.
+
+The decode table times, per file format of the folder, one thread decoding every file's bytes (already in memory)
+to ``(H, W, 3) uint8`` RGB: ffload's decoder of record (``ffload.convert.images.decode_image_bytes``), plain
+OpenCV (``cv2.imdecode`` + BGR->RGB, what conversions used before the rule), and Pillow as torchvision's
+``ImageFolder`` calls it (``exif_transpose(open(f)).convert("RGB")``), in interleaved rounds; medians and ratios.
 """
 from __future__ import annotations
 
@@ -58,6 +64,47 @@ def run_once(kind, folder, dst, mode, quality, workers, maxres):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def decode_rates(folder: str, rounds: int) -> list[dict]:
+    """Per format: img/s of ffload's decode rule, OpenCV and Pillow on the folder's files (see the docstring)."""
+    import io
+    import time
+
+    import cv2
+    import numpy as np
+    from PIL import Image, ImageOps
+
+    from ffload.convert.images import decode_image_bytes
+    from ffload.convert.sources import ImageFolderSource
+
+    def opencv(data, name):
+        return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)[..., ::-1]
+
+    def pillow(data, name):
+        return np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+
+    decoders = {"ffload": decode_image_bytes, "opencv": opencv, "pillow": pillow}
+    by_format: dict[str, list[tuple[str, bytes]]] = {}
+    for path, _ in ImageFolderSource(folder).samples:
+        with open(path, "rb") as f:
+            data = f.read()
+        fmt = "JPEG" if data[:2] == b"\xff\xd8" else "PNG" if data[:4] == b"\x89PNG" else "other"
+        by_format.setdefault(fmt, []).append((path, data))
+    rows = []
+    for fmt, files in sorted(by_format.items()):
+        times = {name: [] for name in decoders}
+        for _ in range(rounds):
+            for name, decode in decoders.items():
+                t0 = time.perf_counter()
+                for path, data in files:
+                    decode(data, path)
+                times[name].append(time.perf_counter() - t0)
+        rate = {name: len(files) / statistics.median(t) for name, t in times.items()}
+        rows.append({"format": fmt, "files": len(files), **{f"{k}_img_s": v for k, v in rate.items()},
+                     "ffload_vs_opencv": rate["ffload"] / rate["opencv"],
+                     "ffload_vs_pillow": rate["ffload"] / rate["pillow"], "runs": times})
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--folder", help="ImageFolder to convert (default: build the demo photos)")
@@ -67,6 +114,7 @@ def main():
     ap.add_argument("--quality", type=int, default=90)
     ap.add_argument("--max-resolution", type=int, default=None)
     ap.add_argument("--per-class", type=int, default=60, help="demo photos per class (without --folder)")
+    ap.add_argument("--decode-rounds", type=int, default=3, help="rounds of the decode table (0: none)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     try:
@@ -102,9 +150,18 @@ def main():
     for r in rows:
         print(f"| {r['mode']} | {r['ffload_s']:.2f} | {r['ffcv_s']:.2f} | {r['ffload_img_s']:.0f} | "
               f"{r['ffcv_img_s']:.0f} | {r['ratio']:.2f}x |")
+    decode = decode_rates(folder, args.decode_rounds) if args.decode_rounds > 0 else []
+    if decode:
+        print(f"\ndecoding the same files in one thread, median of {args.decode_rounds} interleaved rounds")
+        print("| format | files | ffload (decode rule) img/s | OpenCV img/s | Pillow img/s | ffload / OpenCV | "
+              "ffload / Pillow |")
+        print("|---|---|---|---|---|---|---|")
+        for r in decode:
+            print(f"| {r['format']} | {r['files']} | {r['ffload_img_s']:.0f} | {r['opencv_img_s']:.0f} | "
+                  f"{r['pillow_img_s']:.0f} | {r['ffload_vs_opencv']:.2f}x | {r['ffload_vs_pillow']:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"conditions": conditions, "rows": rows}, f, indent=2)
+            json.dump({"conditions": conditions, "rows": rows, "decode": decode}, f, indent=2)
     subprocess.run(["rm", "-rf", work])
 
 
