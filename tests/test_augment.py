@@ -1,7 +1,7 @@
-"""torchvision-style augmentations (ffload.loaders.transforms.augment) against independent references on real
-photos, with the parameters each operation drew: OpenCV and PIL for colour and blur,
-``scipy.ndimage.map_coordinates`` (exact float bilinear) for the warps, and geometric identities
-for the matrices. torchvision itself does not import with the CPU torch of our machines."""
+"""torchvision-style augmentations (ffload.loaders.transforms: flip, crop, erase, color, warp) against
+independent references on real photos, with the parameters each operation drew: OpenCV and PIL for
+colour and blur, ``scipy.ndimage.map_coordinates`` (exact float bilinear) for the warps, and
+geometric identities for the matrices. torchvision itself does not import with the CPU torch of our machines."""
 from __future__ import annotations
 
 import math
@@ -18,18 +18,11 @@ import ffload
 from ffload.formats import IntField, RGBImageField, write_dataset
 from ffload.loaders import SimpleRGBImageDecoder, ToTensor
 from ffload.loaders.rng import seed_state, uniform
-from ffload.loaders.transforms.augment import (
-    ColorJitter,
-    GaussianBlur,
-    RandomAffine,
-    RandomCrop,
-    RandomErasing,
-    RandomGrayscale,
-    RandomPerspective,
-    RandomRotation,
-    RandomVerticalFlip,
-    _warp_rgb,
-)
+from ffload.loaders.transforms.color import ColorJitter, GaussianBlur, RandomGrayscale
+from ffload.loaders.transforms.crop import RandomCrop
+from ffload.loaders.transforms.erase import RandomErasing
+from ffload.loaders.transforms.flip import RandomVerticalFlip
+from ffload.loaders.transforms.warp import RandomAffine, RandomPerspective, RandomRotation, _warp_rgb
 
 H, W = 48, 55  # the photos' size
 

@@ -15,7 +15,8 @@ from ffload.loaders.decoders.rgb import (
 from ffload.loaders.pipeline.build import FieldPipeline
 from ffload.loaders.pipeline.operation import BatchContext
 from ffload.loaders.rng import sample_seeds
-from ffload.loaders.transforms.base import RandomHorizontalFlip, RandomTranslate
+from ffload.loaders.transforms.crop import RandomTranslate
+from ffload.loaders.transforms.flip import RandomHorizontalFlip
 from tests.test_decoders import write
 
 

@@ -1,5 +1,5 @@
-"""Transforms (ffload.loaders.transforms.base) and torch-stage operations (ffload.loaders.transforms.torch_ops),
-checked against numpy references that draw from the same per-sample generators."""
+"""Transforms (ffload.loaders.transforms: flip, crop, erase, normalize) and torch-stage operations
+(ffload.loaders.transforms.torch_ops), checked against numpy references that draw from the same per-sample generators."""
 from __future__ import annotations
 
 import types
@@ -13,7 +13,10 @@ from ffload.errors import ConfigurationError
 from ffload.formats import IntField, RGBImageField
 from ffload.loaders.pipeline.operation import BatchContext, Spec
 from ffload.loaders.rng import randint, sample_seeds, seed_state, uniform
-from ffload.loaders.transforms.base import Cutout, NormalizeImage, RandomHorizontalFlip, RandomTranslate
+from ffload.loaders.transforms.crop import RandomTranslate
+from ffload.loaders.transforms.erase import Cutout
+from ffload.loaders.transforms.flip import RandomHorizontalFlip
+from ffload.loaders.transforms.normalize import NormalizeImage
 from ffload.loaders.transforms.torch_ops import Convert, Squeeze, ToDevice, ToTensor, ToTorchImage
 
 FIELD = RGBImageField()

@@ -49,8 +49,9 @@ src_stride`` and ``dst + r * dst_stride``; the 16 bytes at ``src`` and at ``dst`
 addresses are fine (the loads and stores are ``align 1``).
 
 numba's on-disk cache keys a function on its own source file: code cached with these intrinsics
-inlined (``cache=True`` in :mod:`.resize`, :mod:`.augment`) is not recompiled when only this file
-changes. A reinstall touches every file; while editing, clear the ``__pycache__/*.nb[ic]`` files.
+inlined (``cache=True`` in :mod:`ffload.codecs.resize`, :mod:`ffload.loaders.transforms.color`,
+:mod:`ffload.loaders.transforms.warp`) is not recompiled when only this file changes. A reinstall
+touches every file; while editing, clear the ``__pycache__/*.nb[ic]`` files.
 """
 from __future__ import annotations
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 from ffload.lazy import lazy_getattr
 
 _MODULES = {  # public name -> the submodule defining it; imported on first use (torch, numba)
-    **dict.fromkeys(["ColorJitter", "GaussianBlur", "RandomAffine", "RandomCrop", "RandomErasing",
-                     "RandomGrayscale", "RandomPerspective", "RandomRotation", "RandomVerticalFlip"], "transforms.augment"),
+    **dict.fromkeys(["RandomHorizontalFlip", "RandomVerticalFlip"], "transforms.flip"),
+    **dict.fromkeys(["RandomCrop", "RandomTranslate"], "transforms.crop"),
+    **dict.fromkeys(["Cutout", "RandomErasing"], "transforms.erase"),
+    **dict.fromkeys(["ColorJitter", "GaussianBlur", "RandomGrayscale"], "transforms.color"),
+    **dict.fromkeys(["RandomAffine", "RandomPerspective", "RandomRotation"], "transforms.warp"),
+    "NormalizeImage": "transforms.normalize",
     **dict.fromkeys(["BytesDecoder", "CenterCropImageArrayDecoder", "CenterCropRGBImageDecoder", "FloatDecoder",
                      "ImageArrayDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder", "RaggedLengthDecoder",
                      "RandomCropImageArrayDecoder", "RandomResizedCropRGBImageDecoder", "ResizeRGBImageDecoder",
@@ -20,7 +24,6 @@ _MODULES = {  # public name -> the submodule defining it; imported on first use 
     **dict.fromkeys(["BatchContext", "Operation", "Spec"], "pipeline.operation"),
     "OrderOption": "orders",
     **dict.fromkeys(["Convert", "Squeeze", "ToDevice", "ToTensor", "ToTorchImage"], "transforms.torch_ops"),
-    **dict.fromkeys(["Cutout", "NormalizeImage", "RandomHorizontalFlip", "RandomTranslate"], "transforms.base"),
     "PythonTransform": "transforms.python",
     **dict.fromkeys(["BoxCountDecoder", "FollowBoxes", "MaskDecoder", "TransformBoxes"], "decoders.targets"),
 }
