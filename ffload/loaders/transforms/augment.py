@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 from ffload._jit.simd import narrow_rgb, widen_rgb
-from ffload.loaders.decoders.rgb import flat_view
+from ffload.loaders.decoders.base import flat_view
 from ffload.loaders.pipeline.operation import Operation, Spec
 from ffload.loaders.rng import randint, seed_state, uniform, uniform_range
 from ffload.loaders.transforms.base import _bits, _FilledTransform, _NHWCTransform, _RandomFlip

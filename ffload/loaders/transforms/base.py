@@ -16,7 +16,8 @@ import torch
 from numba import njit
 
 from ffload.errors import ConfigurationError
-from ffload.loaders.decoders.rgb import field_name, flat_view, flip_draws
+from ffload.loaders.decoders.base import field_name, flat_view
+from ffload.loaders.decoders.rgb import flip_draws
 from ffload.loaders.pipeline.operation import Operation, Spec
 from ffload.loaders.rng import op_salt, randint, seed_state, uniform
 from ffload.loaders.transforms.torch_ops import numpy_dtype, torch_dtype
