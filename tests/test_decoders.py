@@ -1,4 +1,4 @@
-"""Decoders (ffload.loaders.decoders.rgb) and crop geometry (ffload.loaders.decoders.crops).
+"""Decoders (ffload.loaders.decoders.rgb, .basics) and crop geometry (ffload.loaders.decoders.crops).
 
 Datasets are written with ffload.formats from real photos (scikit-image, scikit-learn); decoded
 pixels are compared with OpenCV reference decodes of the same payloads.
@@ -25,13 +25,10 @@ from ffload.formats import (
     open_dataset,
     write_dataset,
 )
+from ffload.loaders.decoders.basics import BytesDecoder, FloatDecoder, IntDecoder, NDArrayDecoder
 from ffload.loaders.decoders.crops import center_crop_boxes, random_resized_crop_boxes
 from ffload.loaders.decoders.rgb import (
-    BytesDecoder,
     CenterCropRGBImageDecoder,
-    FloatDecoder,
-    IntDecoder,
-    NDArrayDecoder,
     RandomResizedCropRGBImageDecoder,
     ResizeRGBImageDecoder,
     SimpleRGBImageDecoder,

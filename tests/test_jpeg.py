@@ -348,7 +348,8 @@ def test_compiled_decoder_is_cached_on_disk_across_processes(tmp_path, photos):
     import sys
     path = str(tmp_path / "p.beton")
     write(path, {"image": RGBImageField("jpg", jpeg_quality=90)}, [(p,) for p in photos[:2]])
-    script = ("import json, sys; from ffload.loaders import Loader, RandomResizedCropRGBImageDecoder, jpeg; "
+    script = ("import json, sys; from ffload.codecs import jpeg; "
+              "from ffload.loaders import Loader, RandomResizedCropRGBImageDecoder; "
               "loader = Loader(sys.argv[1], batch_size=2, num_workers=1, pipelines={'image': "
               "[RandomResizedCropRGBImageDecoder((32, 32))]}); next(iter(loader)); loader.close(); "
               "s = jpeg.decode_rows.stats; print(json.dumps([len(s.cache_hits), len(s.cache_misses)]))")

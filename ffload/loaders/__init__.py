@@ -14,11 +14,12 @@ _MODULES = {  # public name -> the submodule defining it; imported on first use 
     **dict.fromkeys(["ColorJitter", "GaussianBlur", "RandomGrayscale"], "transforms.color"),
     **dict.fromkeys(["RandomAffine", "RandomPerspective", "RandomRotation"], "transforms.warp"),
     "NormalizeImage": "transforms.normalize",
-    **dict.fromkeys(["BytesDecoder", "CenterCropImageArrayDecoder", "CenterCropRGBImageDecoder", "FloatDecoder",
-                     "ImageArrayDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder", "RaggedLengthDecoder",
-                     "RandomCropImageArrayDecoder", "RandomResizedCropRGBImageDecoder", "ResizeRGBImageDecoder",
-                     "SimpleRGBImageDecoder"],
-                    "decoders.rgb"),
+    **dict.fromkeys(["BytesDecoder", "FloatDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder",
+                     "RaggedLengthDecoder"], "decoders.basics"),
+    **dict.fromkeys(["CenterCropRGBImageDecoder", "RandomResizedCropRGBImageDecoder", "ResizeRGBImageDecoder",
+                     "SimpleRGBImageDecoder"], "decoders.rgb"),
+    **dict.fromkeys(["CenterCropImageArrayDecoder", "ImageArrayDecoder", "RandomCropImageArrayDecoder"],
+                    "decoders.image_array"),
     **dict.fromkeys(["EpochIterator", "LoaderError"], "iterator"),
     "Loader": "loader",
     **dict.fromkeys(["BatchContext", "Operation", "Spec"], "pipeline.operation"),
@@ -31,12 +32,4 @@ _MODULES = {  # public name -> the submodule defining it; imported on first use 
 
 __getattr__ = lazy_getattr(__name__, _MODULES, globals())
 
-__all__ = ["Loader", "OrderOption", "LoaderError", "EpochIterator", "Operation", "Spec",
-           "BatchContext", "SimpleRGBImageDecoder", "CenterCropRGBImageDecoder",
-           "RandomResizedCropRGBImageDecoder", "IntDecoder", "FloatDecoder", "NDArrayDecoder",
-           "BytesDecoder", "RaggedArrayDecoder", "RaggedLengthDecoder", "ImageArrayDecoder",
-           "CenterCropImageArrayDecoder", "RandomCropImageArrayDecoder", "RandomHorizontalFlip", "RandomTranslate", "Cutout", "NormalizeImage",
-           "ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze", "RandomVerticalFlip", "RandomCrop",
-           "RandomAffine", "RandomRotation", "RandomPerspective", "ColorJitter", "RandomGrayscale", "GaussianBlur",
-           "RandomErasing", "PythonTransform", "ResizeRGBImageDecoder", "TransformBoxes", "BoxCountDecoder",
-           "FollowBoxes", "MaskDecoder"]
+__all__ = list(_MODULES)

@@ -1,4 +1,12 @@
-"""Crop geometry of the resized-crop decoders: one compiled kernel per batch.
+"""Where the decoders' crop boxes are drawn: RandomResizedCrop's random box, the centre crop, and
+the window of the ImageArrayField crops, each a compiled kernel (or kernel helper) per batch.
+
+Looking for "where is RandomResizedCrop's box drawn"? :func:`random_resized_crop_boxes`
+(torchvision's ``RandomResizedCrop.get_params`` rule, one draw stream per sample from
+``seed_state(seed, salt)``). :func:`center_crop_boxes` is FFCV's centre crop; :func:`crop_window`
+places the fixed-size window of ``CenterCropImageArrayDecoder`` / ``RandomCropImageArrayDecoder``
+(torchvision's ``CenterCrop`` / ``RandomCrop.get_params``). The decoders that use them are in
+:mod:`ffload.loaders.decoders.rgb` and :mod:`ffload.loaders.decoders.image_array`.
 
 Boxes are ``(B, 4) int64`` rows ``(top, left, height, width)`` in pixels of the stored image
 (torchvision's ``(i, j, h, w)``), always inside the image and at least 1 x 1.
@@ -84,3 +92,23 @@ def center_crop_boxes(indices, heights, widths, ratio, out):
         out[b, 1] = (width - side) // 2
         out[b, 2] = side
         out[b, 3] = side
+
+
+@njit(nogil=True, cache=True)
+def crop_window(height, width, out_h, out_w, seed, salt, random):
+    """The ``(top, left)`` (``int64`` each) of an ``out_h x out_w`` window of a ``height x width``
+    image (``out_h <= height``, ``out_w <= width``; compiled, call it from kernels).
+
+    Centred with torchvision's ``CenterCrop`` offsets, ``round((height - out_h) / 2)`` with halves
+    to even (likewise ``left``), or, with ``random``, ``(top, left)`` uniform in
+    ``{0..height - out_h} x {0..width - out_w}`` drawn in that order from ``seed_state(seed, salt)``
+    (torchvision's ``RandomCrop.get_params``); ``seed``, ``salt``: ``uint64``.
+    """
+    if random:
+        state = seed_state(seed, salt)
+        top, state = randint(state, height - out_h + 1)
+        left, state = randint(state, width - out_w + 1)
+        return top, left
+    top = (height - out_h) // 2 + ((height - out_h) % 2) * (((height - out_h) // 2) % 2)
+    left = (width - out_w) // 2 + ((width - out_w) % 2) * (((width - out_w) // 2) % 2)
+    return top, left

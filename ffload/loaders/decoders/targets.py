@@ -5,7 +5,7 @@ Four operations read what an image pipeline, or a box pipeline, publishes (see
 :mod:`ffload.loaders.pipeline.geometry` for the mechanism and its checks), each one compiled kernel per
 batch:
 
-* :class:`TransformBoxes` (after :class:`~.decoders.RaggedArrayDecoder` on a ``(K, 4)``
+* :class:`TransformBoxes` (after :class:`~ffload.loaders.decoders.basics.RaggedArrayDecoder` on a ``(K, 4)``
   RaggedArrayField of ``(x0, y0, x1, y1)`` boxes in stored-image pixels): crop, scale, flip,
   shift, warp (corners, enclosing box), clip to the output, drop the boxes left too small
   (torchvision v2's ``SanitizeBoundingBoxes`` rule), compact the kept ones to the front.
@@ -33,8 +33,8 @@ from numba import njit
 
 from ffload.errors import ConfigurationError
 from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField, RaggedArrayField, cast_values
-from ffload.loaders.decoders.png import batch_payloads
-from ffload.loaders.decoders.rgb import Decoder, _header, field_name, flat_view
+from ffload.loaders.decoders.base import Decoder, field_name, flat_view
+from ffload.loaders.decoders.image_payloads import batch_payloads, image_header
 from ffload.loaders.pipeline.geometry import COUNT, GEOMETRY, KeptBoxes
 from ffload.loaders.pipeline.operation import Operation, Spec
 
@@ -119,7 +119,7 @@ def transform_boxes(boxes, counts, crops, out_h, out_w, hflip, vflip, forward, d
 class TransformBoxes(Operation):
     """Apply an image pipeline's per-sample geometry to ``(K_max, 4)`` boxes, in place.
 
-    Input: the padded batch of :class:`~.decoders.RaggedArrayDecoder` on a RaggedArrayField of
+    Input: the padded batch of :class:`~ffload.loaders.decoders.basics.RaggedArrayDecoder` on a RaggedArrayField of
     ``inner_shape (4,)`` and a float dtype: per sample ``(K_max, 4)`` rows ``(x0, y0, x1, y1)``,
     pixels of the *stored* image the boxes belong to (torchvision's ``XYXY`` format, pixel
     edges: a box over columns 10..19 is ``x0 = 10, x1 = 20``). Output: the same array, boxes in
@@ -135,7 +135,7 @@ class TransformBoxes(Operation):
     sample is then :class:`BoxCountDecoder`'s, and :class:`FollowBoxes` drops the same rows of
     a per-box field (labels). With ``drop=False`` every box keeps its row (a box outside the
     image becomes a zero-area box on the border) and the count is the stored ``K``
-    (:class:`~.decoders.RaggedLengthDecoder`'s, or :class:`BoxCountDecoder`'s: the same).
+    (:class:`~ffload.loaders.decoders.basics.RaggedLengthDecoder`'s, or :class:`BoxCountDecoder`'s: the same).
     Boxes beyond ``max_length`` of the decoder are ignored.
 
     Args:
@@ -260,7 +260,7 @@ class FollowBoxes(Operation):
     Albumentations' ``BboxParams(label_fields=[...])`` and torchvision v2's
     ``SanitizeBoundingBoxes(labels_getter=...)``.
 
-    Input: the padded batch of :class:`~.decoders.RaggedArrayDecoder` on a RaggedArrayField (any
+    Input: the padded batch of :class:`~ffload.loaders.decoders.basics.RaggedArrayDecoder` on a RaggedArrayField (any
     dtype and inner shape), per sample ``(K_max, *inner_shape)`` with the same ``K_max`` as the
     boxes' decoder (give both the same ``max_length``). Output: the same array, in place: the rows
     of the kept boxes first, in stored order (row k pairs with output box k), then rows of
@@ -360,7 +360,7 @@ def sample_masks(indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, h
         n = np.int64(sizes[s])
         if p < 0 or n < header_bytes or p + n > region.shape[0]:
             return b
-        h, w = _header(region, p)
+        h, w = image_header(region, p)
         if n != header_bytes + h * w * pixel_bytes or h == 0 or w == 0:
             return b
         fy = h / image_sizes[b, 0]
@@ -409,7 +409,7 @@ class MaskDecoder(Decoder):
 
     The mask may be stored at the image's size (the usual case: exact pixel correspondence) or at
     another one (the crop is scaled proportionally), raw or PNG-compressed (decoded first, then
-    the same path: :func:`.png.batch_payloads`). A ``RandomTranslate`` or ``RandomAffine`` /
+    the same path: :func:`~ffload.loaders.decoders.image_payloads.batch_payloads`). A ``RandomTranslate`` or ``RandomAffine`` /
     ``RandomRotation`` of the image moves the mask the same way (nearest neighbour at the point
     the image's warp reads; ``fill`` where the image gets its fill). One compiled call per batch.
 

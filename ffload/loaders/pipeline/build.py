@@ -27,15 +27,15 @@ from ffload.formats.fields.base import (
     describe_size_mismatch,
     differing_sizes,
 )
-from ffload.loaders.decoders.rgb import (
+from ffload.loaders.decoders.basics import (
     BytesDecoder,
     FloatDecoder,
-    ImageArrayDecoder,
     IntDecoder,
     NDArrayDecoder,
     RaggedArrayDecoder,
-    SimpleRGBImageDecoder,
 )
+from ffload.loaders.decoders.image_array import ImageArrayDecoder
+from ffload.loaders.decoders.rgb import SimpleRGBImageDecoder
 from ffload.loaders.pipeline.geometry import link, records
 from ffload.loaders.pipeline.operation import BatchContext, Operation, Spec
 from ffload.loaders.rng import op_salt

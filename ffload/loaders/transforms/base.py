@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ffload.loaders.decoders.rgb import field_name
+from ffload.loaders.decoders.base import field_name
 from ffload.loaders.pipeline.operation import Operation
 from ffload.loaders.rng import op_salt
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ffload.loaders.decoders.rgb import field_name
+from ffload.loaders.decoders.base import field_name
 from ffload.loaders.pipeline.operation import Operation, Spec
 from ffload.loaders.rng import op_salt, seed_state
 

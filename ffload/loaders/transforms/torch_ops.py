@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ffload.loaders.decoders.rgb import field_name
+from ffload.loaders.decoders.base import field_name
 from ffload.loaders.pipeline.operation import Operation, Spec
 
 

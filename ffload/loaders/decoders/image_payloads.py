@@ -1,9 +1,11 @@
-"""PNG-compressed ``ImageArrayField`` payloads, decoded into the raw layout the kernels read.
+"""ImageArrayField payloads in the raw layout the kernels read: the header and the PNG staging.
 
-An ``ImageArrayField(compression="png")`` stores each sample as a PNG file. The decoders of
-ImageArrayFields (:class:`~.decoders.ImageArrayDecoder`, its crop decoders,
-:class:`~.targets.MaskDecoder`) read raw payloads, ``(height <u4, width <u4)`` + pixels, through
-``(indices, ptrs, sizes, region)``; :func:`batch_payloads` hands them the same four for either
+A raw ``ImageArrayField`` payload is a ``(height <u4, width <u4)`` header (``IMAGE_HEADER``) then
+the pixels, row-major; kernels read the header with :func:`image_header`. An
+``ImageArrayField(compression="png")`` stores each sample as a PNG file instead; the decoders of
+ImageArrayFields (:mod:`ffload.loaders.decoders.image_array`, and
+:class:`~ffload.loaders.decoders.targets.MaskDecoder`) read raw payloads through
+``(indices, ptrs, sizes, region)``, and :func:`batch_payloads` hands them the same four for either
 compression: the batch's own for raw fields, and for PNG fields a staging buffer holding each
 sample decoded (OpenCV's ``cv2.imdecode``, ``IMREAD_UNCHANGED``; it releases the GIL, so the
 loader's worker threads decode in parallel) in the raw layout. Every later step (crop, nearest
@@ -12,9 +14,23 @@ resample, flips) is then the raw path itself.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField
+from ffload.loaders.decoders.base import region_array
 from ffload.loaders.pipeline.operation import BatchContext
+
+
+@njit(nogil=True, cache=True)
+def image_header(region, p):
+    """The ``(height, width)`` (``int64`` each) of the raw ImageArrayField header at
+    ``region[p:p + 8]`` (``<u4`` each; compiled, call it from kernels)."""
+    h = np.int64(0)
+    w = np.int64(0)
+    for k in range(4):
+        h |= np.int64(region[p + k]) << (8 * k)
+        w |= np.int64(region[p + 4 + k]) << (8 * k)
+    return h, w
 
 
 def batch_payloads(field: ImageArrayField, ctx: BatchContext, name: str):
@@ -34,7 +50,7 @@ def batch_payloads(field: ImageArrayField, ctx: BatchContext, name: str):
             or whose payload lies outside the data region, naming the field and sample (the
             loader turns it into a :class:`~ffload.errors.LoaderError` with that sample).
     """
-    region = np.asarray(ctx.region)
+    region = region_array(ctx)
     if field.compression == "raw":
         return ctx.indices, ctx.ptrs, ctx.sizes, region
     images = []
