@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from ffload.loaders.decoders.rgb import flat_view
+from ffload.loaders.decoders.base import flat_view
 from ffload.loaders.pipeline.operation import Operation, Spec
 from ffload.loaders.rng import randint, seed_state
 from ffload.loaders.transforms.base import FilledTransform, bits

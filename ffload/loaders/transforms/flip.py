@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ffload.loaders.decoders.rgb import flat_view, flip_draws
+from ffload.loaders.decoders.base import flat_view
+from ffload.loaders.decoders.rgb import flip_draws
 from ffload.loaders.rng import seed_state, uniform
 from ffload.loaders.transforms.base import NHWCTransform, bits
 

@@ -11,7 +11,7 @@ import torch
 from numba import njit
 
 from ffload.errors import ConfigurationError
-from ffload.loaders.decoders.rgb import field_name, flat_view
+from ffload.loaders.decoders.base import field_name, flat_view
 from ffload.loaders.pipeline.operation import Operation, Spec
 from ffload.loaders.transforms.base import bits
 from ffload.loaders.transforms.torch_ops import numpy_dtype, torch_dtype
