@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from ffload.bench.ceiling import DECODERS, default_decoder
+from ffload.errors import ConfigurationError
 
 KINDS = {
     "ffload": "ffload Loader",
@@ -72,7 +73,7 @@ class BenchConfig:
             argument; ffcv 1.0.2 always does). ``ffload`` kind only.
 
     Raises:
-        ValueError: an unknown kind, pipeline or decoder, a non-positive count.
+        ffload.errors.ConfigurationError: an unknown kind, pipeline or decoder, a non-positive count.
     """
 
     kind: str
@@ -93,25 +94,25 @@ class BenchConfig:
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise ValueError(f"unknown loader kind {self.kind!r}; expected one of {', '.join(KINDS)}")
+            raise ConfigurationError(f"unknown loader kind {self.kind!r}; expected one of {', '.join(KINDS)}")
         if self.pipeline not in PIPELINES:
-            raise ValueError(f"unknown pipeline {self.pipeline!r}; expected one of {', '.join(PIPELINES)}")
+            raise ConfigurationError(f"unknown pipeline {self.pipeline!r}; expected one of {', '.join(PIPELINES)}")
         if self.decoder not in DECODERS:
-            raise ValueError(f"unknown decoder {self.decoder!r}; expected one of {', '.join(DECODERS)}")
+            raise ConfigurationError(f"unknown decoder {self.decoder!r}; expected one of {', '.join(DECODERS)}")
         for key in ("batch_size", "num_workers", "epochs", "size"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+                raise ConfigurationError(f"{key} must be an integer >= 1, got {value!r}")
         if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise ValueError(f"limit must be None or an integer >= 1, got {self.limit!r}")
+            raise ConfigurationError(f"limit must be None or an integer >= 1, got {self.limit!r}")
         if self.kind == "dataloader_arrays" and self.pipeline != "simple":
-            raise ValueError("dataloader_arrays holds images of one size: it runs the 'simple' pipeline only")
+            raise ConfigurationError("dataloader_arrays holds images of one size: it runs the 'simple' pipeline only")
         if self.kind == "dataloader_albumentations" and self.pipeline not in DEEPLAKE_PIPELINES:
-            raise ValueError(f"dataloader_albumentations runs the augmentation stacks only ({DEEPLAKE_PIPELINES})")
+            raise ConfigurationError(f"dataloader_albumentations runs the augmentation stacks only ({DEEPLAKE_PIPELINES})")
         if self.fast_dct and self.kind != "ffload":
-            raise ValueError(f"fast_dct is an option of ffload's decoders, not of {self.kind}")
+            raise ConfigurationError(f"fast_dct is an option of ffload's decoders, not of {self.kind}")
         if self.kind in ("ffcv", "dataloader_arrays") and self.pipeline in DEEPLAKE_PIPELINES:
-            raise ValueError(f"{self.kind} has no {self.pipeline} augmentation stack")
+            raise ConfigurationError(f"{self.kind} has no {self.pipeline} augmentation stack")
         object.__setattr__(self, "disabled_fields", tuple(self.disabled_fields))
         if not self.name:
             object.__setattr__(self, "name", self.kind)
@@ -128,9 +129,9 @@ class BenchConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> BenchConfig:
-        """Build from :meth:`to_dict`'s output. Raises ValueError on unknown keys."""
+        """Build from :meth:`to_dict`'s output. Raises ConfigurationError on unknown keys."""
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown BenchConfig keys: {', '.join(sorted(unknown))}")
+            raise ConfigurationError(f"unknown BenchConfig keys: {', '.join(sorted(unknown))}")
         return cls(**dict(d))

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from ffload.bench.config import BenchConfig
 from ffload.bench.worker import BOOTSTRAP, RESULT_TAG
+from ffload.errors import ConfigurationError
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(os.path.dirname(_PACKAGE_DIR))
@@ -64,10 +65,10 @@ def run_rounds(configs: Sequence[BenchConfig], repeats: int = 1, timeout: float 
     (ffload, ffcv, dataloader, ...) before round r + 1 starts.
 
     Returns the results of :func:`measure` in run order, each with ``round`` set;
-    ``on_result(result)`` is called after each one (progress). Raises ValueError if
+    ``on_result(result)`` is called after each one (progress). Raises ConfigurationError if
     ``repeats < 1``."""
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise ConfigurationError(f"repeats must be >= 1, got {repeats}")
     results = []
     for r in range(repeats):
         for cfg in configs:
