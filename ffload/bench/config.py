@@ -108,7 +108,8 @@ class BenchConfig:
         if self.kind == "dataloader_arrays" and self.pipeline != "simple":
             raise ConfigurationError("dataloader_arrays holds images of one size: it runs the 'simple' pipeline only")
         if self.kind == "dataloader_albumentations" and self.pipeline not in DEEPLAKE_PIPELINES:
-            raise ConfigurationError(f"dataloader_albumentations runs the augmentation stacks only ({DEEPLAKE_PIPELINES})")
+            raise ConfigurationError(f"dataloader_albumentations runs the augmentation stacks only "
+                                     f"({DEEPLAKE_PIPELINES})")
         if self.fast_dct and self.kind != "ffload":
             raise ConfigurationError(f"fast_dct is an option of ffload's decoders, not of {self.kind}")
         if self.kind in ("ffcv", "dataloader_arrays") and self.pipeline in DEEPLAKE_PIPELINES:

@@ -4,9 +4,9 @@ A pipeline is ``[decoder, transform, ...]`` (FFCV's convention, see :mod:`.opera
 loader construction :func:`build_pipelines` checks every chain (the first operation is a decoder
 for the field's type, each ``declare`` accepts its input) so that mistakes surface as a
 :class:`~ffload.errors.PipelineError` (a ``TypeError``: operations that do not fit) or
-:class:`~ffload.errors.ConfigurationError` (a ``ValueError``) naming the field before any batch runs. ``torch.nn.Module`` instances
-may follow :class:`ToTensor` (as in FFCV); they are applied to the batch tensor and assumed to keep
-its shape, dtype and device.
+:class:`~ffload.errors.ConfigurationError` (a ``ValueError``) naming the field before any batch
+runs. ``torch.nn.Module`` instances may follow :class:`ToTensor` (as in FFCV); they are applied to
+the batch tensor and assumed to keep its shape, dtype and device.
 """
 from __future__ import annotations
 
