@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ffload.bench.measurement import EpochRecord, epoch_record, median_after_warmup
-from ffload.errors import ConfigurationError, FormatError, UnavailableError
 
 Decoder = Callable[[object], object]
 """``decode(payload (n,) uint8 JPEG bytes) -> (H, W, 3) uint8 RGB array, or None when the
@@ -51,6 +50,7 @@ def turbojpeg_decoder() -> Decoder:
     import numpy as np
 
     from ffload.codecs import jpeg
+    from ffload.errors import UnavailableError
 
     if jpeg.backend() != "turbojpeg":
         raise UnavailableError("decoder 'turbojpeg' needs the TurboJPEG 3 library (pip install turbojpeg==0.0.2)")
@@ -123,6 +123,8 @@ def measure_decode_ceiling(payloads: Sequence, num_threads: int, passes: int, de
         ffload.errors.ConfigurationError: ``payloads`` is empty or a count is < 1.
         ffload.errors.FormatError: ``decode`` returns ``None`` (names the payload).
     """
+    from ffload.errors import ConfigurationError, FormatError  # here only: the bench worker runs without ffload
+
     if not payloads:
         raise ConfigurationError("payloads is empty: no payload to decode")
     if num_threads < 1 or passes < 1:
@@ -162,6 +164,7 @@ def load_jpeg_payloads(path: str, image_field: str, num_samples: int | None = No
     """
     import numpy as np
 
+    from ffload.errors import ConfigurationError
     from ffload.formats import open_dataset
     from ffload.formats.fields.base import JPG
 

@@ -5,7 +5,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
 from ffload.bench.ceiling import DECODERS, default_decoder
-from ffload.errors import ConfigurationError
 
 KINDS = {
     "ffload": "ffload Loader",
@@ -93,30 +92,38 @@ class BenchConfig:
     fast_dct: bool = False
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ConfigurationError(f"unknown loader kind {self.kind!r}; expected one of {', '.join(KINDS)}")
-        if self.pipeline not in PIPELINES:
-            raise ConfigurationError(f"unknown pipeline {self.pipeline!r}; expected one of {', '.join(PIPELINES)}")
-        if self.decoder not in DECODERS:
-            raise ConfigurationError(f"unknown decoder {self.decoder!r}; expected one of {', '.join(DECODERS)}")
-        for key in ("batch_size", "num_workers", "epochs", "size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{key} must be an integer >= 1, got {value!r}")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise ConfigurationError(f"limit must be None or an integer >= 1, got {self.limit!r}")
-        if self.kind == "dataloader_arrays" and self.pipeline != "simple":
-            raise ConfigurationError("dataloader_arrays holds images of one size: it runs the 'simple' pipeline only")
-        if self.kind == "dataloader_albumentations" and self.pipeline not in DEEPLAKE_PIPELINES:
-            raise ConfigurationError(f"dataloader_albumentations runs the augmentation stacks only "
-                                     f"({DEEPLAKE_PIPELINES})")
-        if self.fast_dct and self.kind != "ffload":
-            raise ConfigurationError(f"fast_dct is an option of ffload's decoders, not of {self.kind}")
-        if self.kind in ("ffcv", "dataloader_arrays") and self.pipeline in DEEPLAKE_PIPELINES:
-            raise ConfigurationError(f"{self.kind} has no {self.pipeline} augmentation stack")
+        problem = self._problem()
+        if problem is not None:
+            from ffload.errors import ConfigurationError  # here only: the bench worker runs without ffload
+
+            raise ConfigurationError(problem)
         object.__setattr__(self, "disabled_fields", tuple(self.disabled_fields))
         if not self.name:
             object.__setattr__(self, "name", self.kind)
+
+    def _problem(self) -> str | None:
+        # The first bad value, named with the cause, or None.
+        if self.kind not in KINDS:
+            return f"unknown loader kind {self.kind!r}; expected one of {', '.join(KINDS)}"
+        if self.pipeline not in PIPELINES:
+            return f"unknown pipeline {self.pipeline!r}; expected one of {', '.join(PIPELINES)}"
+        if self.decoder not in DECODERS:
+            return f"unknown decoder {self.decoder!r}; expected one of {', '.join(DECODERS)}"
+        for key in ("batch_size", "num_workers", "epochs", "size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return f"{key} must be an integer >= 1, got {value!r}"
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            return f"limit must be None or an integer >= 1, got {self.limit!r}"
+        if self.kind == "dataloader_arrays" and self.pipeline != "simple":
+            return "dataloader_arrays holds images of one size: it runs the 'simple' pipeline only"
+        if self.kind == "dataloader_albumentations" and self.pipeline not in DEEPLAKE_PIPELINES:
+            return f"dataloader_albumentations runs the augmentation stacks only ({DEEPLAKE_PIPELINES})"
+        if self.fast_dct and self.kind != "ffload":
+            return f"fast_dct is an option of ffload's decoders, not of {self.kind}"
+        if self.kind in ("ffcv", "dataloader_arrays") and self.pipeline in DEEPLAKE_PIPELINES:
+            return f"{self.kind} has no {self.pipeline} augmentation stack"
+        return None
 
     def num_samples(self, available: int) -> int:
         """How many of ``available`` samples the measurement visits (``limit`` applied)."""
@@ -134,5 +141,7 @@ class BenchConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
+            from ffload.errors import ConfigurationError  # here only: the bench worker runs without ffload
+
             raise ConfigurationError(f"unknown BenchConfig keys: {', '.join(sorted(unknown))}")
         return cls(**dict(d))

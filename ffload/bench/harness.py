@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 
 from ffload.bench.config import BenchConfig
 from ffload.bench.worker import BOOTSTRAP, RESULT_TAG
-from ffload.errors import ConfigurationError
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(os.path.dirname(_PACKAGE_DIR))
@@ -68,6 +67,8 @@ def run_rounds(configs: Sequence[BenchConfig], repeats: int = 1, timeout: float 
     ``on_result(result)`` is called after each one (progress). Raises ConfigurationError if
     ``repeats < 1``."""
     if repeats < 1:
+        from ffload.errors import ConfigurationError  # here only: the bench worker runs without ffload
+
         raise ConfigurationError(f"repeats must be >= 1, got {repeats}")
     results = []
     for r in range(repeats):

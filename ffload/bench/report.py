@@ -7,8 +7,6 @@ import os
 import textwrap
 from collections.abc import Mapping, Sequence
 
-from ffload.errors import ConfigurationError
-
 
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
@@ -73,6 +71,8 @@ def plot_throughput(rows: Sequence[dict], path: str, title: str = "") -> str:
         if r["img_s"] is not None:
             series.setdefault(r["name"], []).append((r["num_workers"], r["img_s"]))
     if not series:
+        from ffload.errors import ConfigurationError  # here only: the bench worker runs without ffload
+
         raise ConfigurationError(f"{path}: no successful measurement to plot (every row lacks img_s)")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     try:
