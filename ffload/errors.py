@@ -2,11 +2,14 @@
 
 Modelled on py-lmdb's ``lmdb.Error`` family: one root that carries structured context, one
 subclass per cause (each with a one-line docstring), and an optional hint appended to the
-message. A subclass also derives from ``ValueError`` or ``RuntimeError`` where the error did
-before this module existed, so ``except ValueError`` written against older ffload still works.
+message. A subclass also derives from ``ValueError``, ``TypeError`` or ``RuntimeError`` where the
+error did before this module existed, so ``except ValueError`` (or ``TypeError``, ``RuntimeError``)
+written against older ffload still works.
 
     FfloadError
     ├── ConfigurationError   (ValueError)   bad arguments: a constructor or option that cannot work
+    │   ├── PipelineError    (TypeError)    a pipeline whose operations do not fit its field or each other
+    │   └── UnavailableError (RuntimeError) an option that needs what this process lacks (CUDA, a library)
     ├── SourceError          (ValueError)   an input dataset that cannot be read as asked
     │   └── ImageDecodeError                one input image that cannot be decoded (corrupt)
     │       ├── ImageUnsupportedError       one valid image with a feature no decoder here reads
@@ -16,6 +19,7 @@ before this module existed, so ``except ValueError`` written against older ffloa
     ├── ConvertError         (RuntimeError) a conversion that stopped
     │   └── DatasetBusyError                an output another process is writing
     ├── LoaderError          (RuntimeError) a batch that failed while loading
+    ├── LoaderClosedError    (RuntimeError) a closed loader, or an epoch iterator it closed, was used
     ├── StorageError         (RuntimeError) a request to object storage (s3://) that failed
     └── RecipeError                         a training recipe's inputs, refused before training
 
@@ -25,9 +29,9 @@ This module imports nothing from ffload, so every module may import it.
 """
 from __future__ import annotations
 
-__all__ = ["FfloadError", "ConfigurationError", "SourceError", "ImageDecodeError", "ImageUnsupportedError",
-           "ImageBombError", "FormatError",
-           "DatasetError", "FieldError", "ConvertError", "DatasetBusyError", "LoaderError", "StorageError", "RecipeError"]
+__all__ = ["FfloadError", "ConfigurationError", "PipelineError", "UnavailableError", "SourceError",
+           "ImageDecodeError", "ImageUnsupportedError", "ImageBombError", "FormatError", "DatasetError", "FieldError",
+           "ConvertError", "DatasetBusyError", "LoaderError", "LoaderClosedError", "StorageError", "RecipeError"]
 
 
 class FfloadError(Exception):
@@ -52,6 +56,21 @@ class FfloadError(Exception):
 
 class ConfigurationError(FfloadError, ValueError):
     """Bad arguments: a constructor, function or option given values that cannot work."""
+
+
+class PipelineError(ConfigurationError, TypeError):
+    """A pipeline whose operations do not fit its field or each other.
+
+    A decoder for another field type, an operation given a stage, shape or dtype it does not take,
+    an item that is not an operation, ``pipelines`` that is not a dict of lists. Raised while the
+    ``Loader`` builds its pipelines (before any batch); the message names the field and the
+    operation. A ``TypeError`` too, as these were before this class existed."""
+
+
+class UnavailableError(ConfigurationError, RuntimeError):
+    """An option that needs what this process lacks (CUDA, a ``torch.distributed`` group, a library).
+
+    The message names the option and what it needs. A ``RuntimeError`` too, as these were before this class existed."""
 
 
 class SourceError(FfloadError, ValueError):
@@ -112,8 +131,10 @@ class LoaderError(FfloadError, RuntimeError):
 
 
 class LoaderClosedError(FfloadError, RuntimeError):
-    """A closed ``Loader``, or an epoch iterator closed by the loader (a newer ``iter()``,
-    ``load_state_dict``, ``close``), was used; the message says which and why."""
+    """A closed ``Loader``, or an epoch iterator that its loader closed, was used.
+
+    The loader closes an epoch iterator on a newer ``iter()``, ``load_state_dict`` or ``close``;
+    the message says which and why."""
 
 
 class StorageError(FfloadError, RuntimeError):

@@ -384,9 +384,11 @@ class RemoteObject:
 
     def read(self, start: int, stop: int) -> bytes:
         """Bytes ``[start, stop)`` of the object (one range GET, retried; ``0 <= start <= stop <=
-        size``). Raises StorageError naming the object and the range."""
+        size``). Raises StorageError naming the object and the range; ConfigurationError (naming them)
+        for a range outside the object."""
         if not 0 <= start <= stop <= self.size:
-            raise ValueError(f"{self.url}: range {start}..{stop} outside the object's {self.size} bytes")
+            raise ConfigurationError(f"{self.url}: range {start}..{stop} outside the object's {self.size} bytes",
+                                     path=self.url)
         if stop == start:
             return b""
 

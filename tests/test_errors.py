@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import re
 
 import click
 import numpy as np
@@ -20,8 +21,9 @@ from ffload.convert.sources import SOURCE_KINDS, ImageFolderSource, detect_kind
 from ffload.formats import write_dataset
 from ffload.formats.fields.base import IntField, NDArrayField, RGBImageField
 
-SPECIFIC = [errors.ConfigurationError, errors.SourceError, errors.ImageDecodeError, errors.FormatError,
-            errors.FieldError, errors.ConvertError, errors.LoaderError, errors.RecipeError]
+SPECIFIC = [errors.ConfigurationError, errors.PipelineError, errors.UnavailableError, errors.SourceError,
+            errors.ImageDecodeError, errors.FormatError, errors.FieldError, errors.ConvertError, errors.LoaderError,
+            errors.LoaderClosedError, errors.RecipeError]
 
 
 # ---- the hierarchy ----------------------------------------------------------------------------
@@ -37,9 +39,95 @@ def test_compatible_second_bases():
     for cls in (errors.ConfigurationError, errors.SourceError, errors.ImageDecodeError, errors.FormatError,
                 errors.FieldError):
         assert issubclass(cls, ValueError), cls
-    for cls in (errors.ConvertError, errors.LoaderError):
+    for cls in (errors.ConvertError, errors.LoaderError, errors.LoaderClosedError, errors.UnavailableError):
         assert issubclass(cls, RuntimeError), cls
+    assert issubclass(errors.PipelineError, TypeError)
     assert issubclass(errors.ImageDecodeError, errors.SourceError)
+    for cls in (errors.PipelineError, errors.UnavailableError):  # configuration errors of another old builtin
+        assert issubclass(cls, errors.ConfigurationError), cls
+
+
+def test_the_hierarchy_diagram_names_every_class():
+    diagram = errors.__doc__.split("FfloadError\n", 1)[1].split("\n\n", 1)[0]
+    named = {re.search(r"\w+Error", line).group() for line in diagram.splitlines()}
+    assert named == {name for name in errors.__all__ if name not in ("FfloadError", "DatasetError")}
+
+
+def _bench_config(**kw):
+    from ffload.bench.config import BenchConfig
+    args = dict(kind="ffload", path="x.beton", pipeline="simple", batch_size=4, num_workers=1, epochs=1)
+    return BenchConfig(**{**args, **kw})
+
+
+def _quasi_random(window_size):
+    from ffload.loaders.orders import QuasiRandom
+    return QuasiRandom(np.arange(4), 0, np.zeros(4, np.int64), window_size)
+
+
+def _resnet9(**kw):
+    from ffload.recipes.resnet9 import resnet9
+    return resnet9(**kw)
+
+
+def _lr_schedule(**kw):
+    from ffload.recipes.training import RecipeConfig, lr_schedule
+    return lr_schedule(RecipeConfig(**kw), 10)
+
+
+def _export(tmp_path, pattern, **kw):
+    from ffload.convert.export import export_webdataset
+    return export_webdataset(None, str(tmp_path / pattern), **kw)  # refused before the view is read
+
+
+def _parse_order(name):
+    from ffload.loaders.orders import parse_order
+    return parse_order(name)
+
+
+def _run_rounds(repeats):
+    from ffload.bench.harness import run_rounds
+    return run_rounds([], repeats=repeats)
+
+
+def _ceiling(payloads, threads=1):
+    from ffload.bench.ceiling import measure_decode_ceiling
+    return measure_decode_ceiling(payloads, threads, 1, lambda payload: None, names=["sample 2"])
+
+
+# (call with tmp_path, the specific class, a key part of the message): one configuration mistake each
+FUNCTION_ERRORS = [
+    pytest.param(lambda tmp: _parse_order("shuffle"), errors.ConfigurationError, "unknown order 'shuffle'",
+                 id="order-unknown"),
+    pytest.param(lambda tmp: _quasi_random(0), errors.ConfigurationError, "window_size must be >= 1, got 0",
+                 id="quasi_random-window"),
+    pytest.param(lambda tmp: _bench_config(kind="torch"), errors.ConfigurationError, "unknown loader kind 'torch'",
+                 id="bench-kind"),
+    pytest.param(lambda tmp: _bench_config(epochs=0), errors.ConfigurationError, "epochs must be an integer >= 1",
+                 id="bench-epochs"),
+    pytest.param(lambda tmp: _run_rounds(0), errors.ConfigurationError, "repeats must be >= 1, got 0",
+                 id="bench-repeats"),
+    pytest.param(lambda tmp: _ceiling([]), errors.ConfigurationError, "payloads is empty", id="ceiling-no-payload"),
+    pytest.param(lambda tmp: _ceiling([np.zeros(4, np.uint8)], threads=0), errors.ConfigurationError,
+                 "num_threads and passes must be >= 1", id="ceiling-threads"),
+    pytest.param(lambda tmp: _ceiling([np.zeros(4, np.uint8)]), errors.FormatError,
+                 "sample 2: the JPEG payload does not decode", id="ceiling-payload-does-not-decode"),
+    pytest.param(lambda tmp: _resnet9(width=0), errors.ConfigurationError, "resnet9 width must be > 0",
+                 id="resnet9-width"),
+    pytest.param(lambda tmp: _resnet9(num_classes=0), errors.ConfigurationError, "resnet9 num_classes must be >= 1",
+                 id="resnet9-classes"),
+    pytest.param(lambda tmp: _lr_schedule(epochs=4, lr_peak_epoch=30), errors.ConfigurationError,
+                 "lr_peak_epoch=30 puts the learning-rate peak", id="recipe-lr-peak"),
+    pytest.param(lambda tmp: _export(tmp, "shard.tar"), errors.ConfigurationError,
+                 "needs one %d-style field", id="export-pattern-without-field"),
+    pytest.param(lambda tmp: _export(tmp, "s-%d.tar", maxcount=0), errors.ConfigurationError,
+                 "limits must be >= 1", id="export-limits"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", FUNCTION_ERRORS)
+def test_function_arguments_are_configuration_errors(tmp_path, call, error, match):
+    with pytest.raises(error, match=match):
+        call(tmp_path)
 
 
 def test_old_names_are_the_new_classes():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import ffload
+from ffload.errors import ConfigurationError, FormatError, PipelineError, UnavailableError
 from ffload.formats import BytesField, FloatField, IntField, NDArrayField, RGBImageField, open_dataset, write_dataset
 from ffload.loaders import (
     CenterCropRGBImageDecoder,
@@ -387,51 +388,53 @@ def test_worker_exception_names_the_sample(tmp_path, digits):
 
 
 # ------------------------------------------------------- construction errors
-def test_construction_errors(dataset, tmp_path):
-    def make(**kw):
-        args = dict(batch_size=4, num_workers=1)
-        args.update(kw)
-        return ffload.Loader(dataset, **args)
+ALL_FIELDS = ("image", "label", "index", "weight", "vec")
+CONSTRUCTION_ERRORS = [  # (Loader keyword arguments, the specific class, a key part of the message)
+    pytest.param({"batch_size": 0}, ConfigurationError, "batch_size", id="batch_size-zero"),
+    pytest.param({"batch_size": -3}, ConfigurationError, "batch_size", id="batch_size-negative"),
+    pytest.param({"batch_size": 2.5}, ConfigurationError, "batch_size", id="batch_size-float"),
+    pytest.param({"num_workers": 0}, ConfigurationError, "num_workers", id="num_workers-zero"),
+    pytest.param({"order": "shuffle"}, ConfigurationError, "unknown order", id="order-unknown"),
+    pytest.param({"seed": -1}, ConfigurationError, "seed", id="seed-negative"),
+    pytest.param({"pipelines": lambda: {"labels": [IntDecoder(), ToTensor()]}}, ConfigurationError,
+                 "'labels'.*'label'", id="pipelines-unknown-field"),
+    pytest.param({"pipelines": lambda: {"label": [CenterCropRGBImageDecoder(4), ToTensor()]}}, PipelineError,
+                 "field 'label'.*IntField", id="decoder-for-another-field-type"),
+    pytest.param({"pipelines": lambda: {"image": [ToTensor()]}}, PipelineError,
+                 "field 'image'.*must start with a decoder", id="pipeline-without-decoder"),
+    pytest.param({"pipelines": lambda: {"image": [CenterCropRGBImageDecoder(4), CenterCropRGBImageDecoder(4)]}},
+                 PipelineError, "field 'image'.*only the first", id="two-decoders"),
+    pytest.param({"pipelines": lambda: {"image": [CenterCropRGBImageDecoder(4), "flip"]}}, PipelineError,
+                 "field 'image'.*not an ffload Operation", id="item-not-an-operation"),
+    pytest.param({"pipelines": lambda: {"image": [CenterCropRGBImageDecoder(4), ToTorchImage()]}}, PipelineError,
+                 "field 'image'.*ToTorchImage", id="operation-on-wrong-stage"),
+    pytest.param({"pipelines": lambda: {"label": []}}, ConfigurationError, "'label' is empty", id="pipeline-empty"),
+    pytest.param({"pipelines": lambda: dict.fromkeys(ALL_FIELDS)}, ConfigurationError, "disabled",
+                 id="every-field-disabled"),
+    pytest.param({"indices": [0, N]}, ConfigurationError, r"indices\[1\] = 101 is out of range",
+                 id="indices-past-the-end"),
+    pytest.param({"indices": [-1]}, ConfigurationError, "out of range", id="indices-negative"),
+    pytest.param({"indices": np.ones(N, bool)}, ConfigurationError, "boolean mask", id="indices-boolean-mask"),
+    pytest.param({"indices": []}, ConfigurationError, "empty", id="indices-empty"),
+    pytest.param({"distributed": True}, UnavailableError, "init_process_group",
+                 id="distributed-without-process-group"),
+    pytest.param({"pin_memory": True}, UnavailableError, "pin_memory=True needs CUDA", id="pin_memory-without-cuda",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
+]
 
-    for bs in (0, -3, 2.5):
-        with pytest.raises(ValueError, match="batch_size"):
-            make(batch_size=bs)
-    with pytest.raises(ValueError, match="num_workers"):
-        make(num_workers=0)
-    with pytest.raises(ValueError, match="unknown order"):
-        make(order="shuffle")
-    with pytest.raises(ValueError, match="seed"):
-        make(seed=-1)
-    with pytest.raises(ValueError, match="'labels'.*'label'"):
-        make(pipelines={"labels": [IntDecoder(), ToTensor()]})
-    with pytest.raises(TypeError, match="field 'label'.*IntField"):
-        make(pipelines={"label": [CenterCropRGBImageDecoder(4), ToTensor()]})
-    with pytest.raises(TypeError, match="field 'image'.*must start with a decoder"):
-        make(pipelines={"image": [ToTensor()]})
-    with pytest.raises(TypeError, match="field 'image'.*only the first"):
-        make(pipelines={"image": [CenterCropRGBImageDecoder(4), CenterCropRGBImageDecoder(4)]})
-    with pytest.raises(TypeError, match="field 'image'.*not an ffload Operation"):
-        make(pipelines={"image": [CenterCropRGBImageDecoder(4), "flip"]})
-    with pytest.raises(TypeError, match="field 'image'.*ToTorchImage"):
-        make(pipelines={"image": [CenterCropRGBImageDecoder(4), ToTorchImage()]})
-    with pytest.raises(ValueError, match="'label' is empty"):
-        make(pipelines={"label": []})
-    with pytest.raises(ValueError, match="disabled"):
-        make(pipelines={k: None for k in ("image", "label", "index", "weight", "vec")})
-    with pytest.raises(ValueError, match=r"indices\[1\] = 101 is out of range"):
-        make(indices=[0, N])
-    with pytest.raises(ValueError, match="out of range"):
-        make(indices=[-1])
-    with pytest.raises(ValueError, match="boolean mask"):
-        make(indices=np.ones(N, bool))
-    with pytest.raises(ValueError, match="empty"):
-        make(indices=[])
-    with pytest.raises(RuntimeError, match="init_process_group"):
-        make(distributed=True)
-    if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="pin_memory=True needs CUDA"):
-            make(pin_memory=True)
-    with pytest.raises(ValueError, match="no such file"):
+
+@pytest.mark.parametrize("kwargs,error,match", CONSTRUCTION_ERRORS)
+def test_construction_errors(dataset, kwargs, error, match):
+    """Each bad argument raises its specific class (a ValueError, TypeError or RuntimeError as
+    before) naming the parameter and the cause."""
+    args = dict(batch_size=4, num_workers=1)
+    args.update({k: v() if callable(v) else v for k, v in kwargs.items()})  # fresh operations per case
+    with pytest.raises(error, match=match):
+        ffload.Loader(dataset, **args)
+
+
+def test_a_missing_path_is_a_format_error(tmp_path):
+    with pytest.raises(FormatError, match="missing.beton: no such file"):
         ffload.Loader(tmp_path / "missing.beton", batch_size=4)
 
 

@@ -42,16 +42,18 @@ def turbojpeg_decoder() -> Decoder:
     710 us of one thread's CPU per ~430-pixel photo, and even (0.98-1.02x) as the ceiling.
 
     Raises:
-        RuntimeError: no TurboJPEG 3 library (:func:`available_decoders` then leaves it out).
+        ffload.errors.UnavailableError: no TurboJPEG 3 library (:func:`available_decoders` then leaves it
+            out).
     """
     import threading
 
     import numpy as np
 
     from ffload.codecs import jpeg
+    from ffload.errors import UnavailableError
 
     if jpeg.backend() != "turbojpeg":
-        raise RuntimeError("no TurboJPEG 3 library (pip install turbojpeg==0.0.2)")
+        raise UnavailableError("decoder 'turbojpeg' needs the TurboJPEG 3 library (pip install turbojpeg==0.0.2)")
     local = threading.local()
 
     def decode(payload):
@@ -118,26 +120,28 @@ def measure_decode_ceiling(payloads: Sequence, num_threads: int, passes: int, de
         names: one label per payload for error messages (default ``'payload <i>'``).
 
     Raises:
-        ValueError: ``payloads`` is empty, a count is < 1, or ``decode`` returns ``None``
-            (names the payload).
+        ffload.errors.ConfigurationError: ``payloads`` is empty or a count is < 1.
+        ffload.errors.FormatError: ``decode`` returns ``None`` (names the payload).
     """
+    from ffload.errors import ConfigurationError, FormatError  # here only: the bench worker runs without ffload
+
     if not payloads:
-        raise ValueError("no payload to decode")
+        raise ConfigurationError("payloads is empty: no payload to decode")
     if num_threads < 1 or passes < 1:
-        raise ValueError(f"num_threads and passes must be >= 1, got {num_threads} and {passes}")
+        raise ConfigurationError(f"num_threads and passes must be >= 1, got {num_threads} and {passes}")
     names = list(names) if names is not None else [f"payload {i}" for i in range(len(payloads))]
 
     def decode_share(start: int) -> None:
         for i in range(start, len(payloads), num_threads):
             if decode(payloads[i]) is None:
-                raise ValueError(f"{names[i]}: the JPEG payload does not decode")
+                raise FormatError(f"{names[i]}: the JPEG payload does not decode")
 
     single = []
     for p in range(passes):
         t0 = time.perf_counter()
         for i, payload in enumerate(payloads):
             if decode(payload) is None:
-                raise ValueError(f"{names[i]}: the JPEG payload does not decode")
+                raise FormatError(f"{names[i]}: the JPEG payload does not decode")
         single.append(epoch_record(p, time.perf_counter() - t0, len(payloads)))
     threads = []
     with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
@@ -156,10 +160,11 @@ def load_jpeg_payloads(path: str, image_field: str, num_samples: int | None = No
 
     Raises:
         ffload.formats.DatasetError: ``path`` is not a dataset.
-        ValueError: the field holds no JPEG sample.
+        ffload.errors.ConfigurationError: the field holds no JPEG sample.
     """
     import numpy as np
 
+    from ffload.errors import ConfigurationError
     from ffload.formats import open_dataset
     from ffload.formats.fields.base import JPG
 
@@ -168,8 +173,8 @@ def load_jpeg_payloads(path: str, image_field: str, num_samples: int | None = No
     n = view.num_samples if num_samples is None else min(num_samples, view.num_samples)
     indices = np.flatnonzero(view.metadata[image_field]["mode"][:n] == JPG).tolist()
     if not indices:
-        raise ValueError(f"{path}: field {image_field!r} has no JPEG samples; the decode ceiling applies to "
-                         "JPEG datasets")
+        raise ConfigurationError(f"{path}: field {image_field!r} has no JPEG samples; the decode ceiling applies "
+                                 "to JPEG datasets", path=path, field=image_field)
     payloads = [np.array(view.payload(image_field, i, region)) for i in indices]
     del region
     return indices, payloads

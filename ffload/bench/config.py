@@ -72,7 +72,7 @@ class BenchConfig:
             argument; ffcv 1.0.2 always does). ``ffload`` kind only.
 
     Raises:
-        ValueError: an unknown kind, pipeline or decoder, a non-positive count.
+        ffload.errors.ConfigurationError: an unknown kind, pipeline or decoder, a non-positive count.
     """
 
     kind: str
@@ -92,29 +92,38 @@ class BenchConfig:
     fast_dct: bool = False
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown loader kind {self.kind!r}; expected one of {', '.join(KINDS)}")
-        if self.pipeline not in PIPELINES:
-            raise ValueError(f"unknown pipeline {self.pipeline!r}; expected one of {', '.join(PIPELINES)}")
-        if self.decoder not in DECODERS:
-            raise ValueError(f"unknown decoder {self.decoder!r}; expected one of {', '.join(DECODERS)}")
-        for key in ("batch_size", "num_workers", "epochs", "size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise ValueError(f"limit must be None or an integer >= 1, got {self.limit!r}")
-        if self.kind == "dataloader_arrays" and self.pipeline != "simple":
-            raise ValueError("dataloader_arrays holds images of one size: it runs the 'simple' pipeline only")
-        if self.kind == "dataloader_albumentations" and self.pipeline not in DEEPLAKE_PIPELINES:
-            raise ValueError(f"dataloader_albumentations runs the augmentation stacks only ({DEEPLAKE_PIPELINES})")
-        if self.fast_dct and self.kind != "ffload":
-            raise ValueError(f"fast_dct is an option of ffload's decoders, not of {self.kind}")
-        if self.kind in ("ffcv", "dataloader_arrays") and self.pipeline in DEEPLAKE_PIPELINES:
-            raise ValueError(f"{self.kind} has no {self.pipeline} augmentation stack")
+        problem = self._problem()
+        if problem is not None:
+            from ffload.errors import ConfigurationError  # here only: the bench worker runs without ffload
+
+            raise ConfigurationError(problem)
         object.__setattr__(self, "disabled_fields", tuple(self.disabled_fields))
         if not self.name:
             object.__setattr__(self, "name", self.kind)
+
+    def _problem(self) -> str | None:
+        # The first bad value, named with the cause, or None.
+        if self.kind not in KINDS:
+            return f"unknown loader kind {self.kind!r}; expected one of {', '.join(KINDS)}"
+        if self.pipeline not in PIPELINES:
+            return f"unknown pipeline {self.pipeline!r}; expected one of {', '.join(PIPELINES)}"
+        if self.decoder not in DECODERS:
+            return f"unknown decoder {self.decoder!r}; expected one of {', '.join(DECODERS)}"
+        for key in ("batch_size", "num_workers", "epochs", "size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return f"{key} must be an integer >= 1, got {value!r}"
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            return f"limit must be None or an integer >= 1, got {self.limit!r}"
+        if self.kind == "dataloader_arrays" and self.pipeline != "simple":
+            return "dataloader_arrays holds images of one size: it runs the 'simple' pipeline only"
+        if self.kind == "dataloader_albumentations" and self.pipeline not in DEEPLAKE_PIPELINES:
+            return f"dataloader_albumentations runs the augmentation stacks only ({DEEPLAKE_PIPELINES})"
+        if self.fast_dct and self.kind != "ffload":
+            return f"fast_dct is an option of ffload's decoders, not of {self.kind}"
+        if self.kind in ("ffcv", "dataloader_arrays") and self.pipeline in DEEPLAKE_PIPELINES:
+            return f"{self.kind} has no {self.pipeline} augmentation stack"
+        return None
 
     def num_samples(self, available: int) -> int:
         """How many of ``available`` samples the measurement visits (``limit`` applied)."""
@@ -128,9 +137,11 @@ class BenchConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> BenchConfig:
-        """Build from :meth:`to_dict`'s output. Raises ValueError on unknown keys."""
+        """Build from :meth:`to_dict`'s output. Raises ConfigurationError on unknown keys."""
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown BenchConfig keys: {', '.join(sorted(unknown))}")
+            from ffload.errors import ConfigurationError  # here only: the bench worker runs without ffload
+
+            raise ConfigurationError(f"unknown BenchConfig keys: {', '.join(sorted(unknown))}")
         return cls(**dict(d))

@@ -64,10 +64,12 @@ def run_rounds(configs: Sequence[BenchConfig], repeats: int = 1, timeout: float 
     (ffload, ffcv, dataloader, ...) before round r + 1 starts.
 
     Returns the results of :func:`measure` in run order, each with ``round`` set;
-    ``on_result(result)`` is called after each one (progress). Raises ValueError if
+    ``on_result(result)`` is called after each one (progress). Raises ConfigurationError if
     ``repeats < 1``."""
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        from ffload.errors import ConfigurationError  # here only: the bench worker runs without ffload
+
+        raise ConfigurationError(f"repeats must be >= 1, got {repeats}")
     results = []
     for r in range(repeats):
         for cfg in configs:

@@ -59,7 +59,7 @@ def plot_throughput(rows: Sequence[dict], path: str, title: str = "") -> str:
         path: the PNG to write (its folder must exist).
         title: the plot title.
 
-    Returns ``path``. Raises ValueError when no row has a value, OSError when the file cannot
+    Returns ``path``. Raises ConfigurationError when no row has a value, OSError when the file cannot
     be written."""
     import matplotlib
 
@@ -71,7 +71,9 @@ def plot_throughput(rows: Sequence[dict], path: str, title: str = "") -> str:
         if r["img_s"] is not None:
             series.setdefault(r["name"], []).append((r["num_workers"], r["img_s"]))
     if not series:
-        raise ValueError("no successful measurement to plot")
+        from ffload.errors import ConfigurationError  # here only: the bench worker runs without ffload
+
+        raise ConfigurationError(f"{path}: no successful measurement to plot (every row lacks img_s)")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     try:
         for name, points in series.items():

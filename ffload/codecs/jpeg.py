@@ -67,6 +67,7 @@ from numba import njit
 from ffload.codecs import restarts
 from ffload.codecs import turbojpeg as tj
 from ffload.codecs.resize import copy_rgb, interpolation, resize_rgb, scratch_size
+from ffload.errors import ConfigurationError
 
 OK = 0
 PENDING = 2
@@ -445,7 +446,8 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast
     """
     batch = len(indices)
     if out.shape[0] != batch or out.shape[3:] != (3,) or not out.flags.c_contiguous:
-        raise ValueError(f"expected a C-contiguous ({batch}, H, W, 3) output, got {out.shape}")
+        raise ConfigurationError(f"decode_batch: out must be a C-contiguous ({batch}, H, W, 3) array, got "
+                                 f"{out.shape}")
     out_h, out_w = out.shape[1], out.shape[2]
     modes, heights, widths = metadata["mode"], metadata["height"], metadata["width"]
     h = heights[indices].astype(np.int64)

@@ -34,6 +34,7 @@ import cv2
 import numpy as np
 
 from ffload.convert.sources import SourceError
+from ffload.errors import ConfigurationError
 from ffload.formats import DatasetView
 from ffload.formats.fields.base import (
     JPG,
@@ -127,16 +128,16 @@ def export_webdataset(view: DatasetView, pattern: str, maxcount: int = 100_000, 
         The shard paths written, in order.
 
     Raises:
-        ValueError: ``pattern`` without one ``%d``-style field, or non-positive limits.
+        ffload.errors.ConfigurationError: ``pattern`` without one ``%d``-style field, or non-positive limits.
         OSError: the output cannot be written (no shard of this run is left behind).
         FormatError: the dataset's data file shrank while it was read (named; likewise nothing left).
     """
     try:
         first = pattern % 0
     except TypeError:
-        raise ValueError(f"pattern {pattern!r} needs one %d-style field for the shard number") from None
+        raise ConfigurationError(f"pattern {pattern!r} needs one %d-style field for the shard number") from None
     if first == pattern % 1 or maxcount < 1 or maxsize < 1:
-        raise ValueError(f"pattern {pattern!r} must vary with the shard number; limits must be >= 1")
+        raise ConfigurationError(f"pattern {pattern!r} must vary with the shard number; limits must be >= 1")
     os.makedirs(os.path.dirname(os.path.abspath(first)), exist_ok=True)
     image_name = next((n for n, f in view.fields.items() if isinstance(f, RGBImageField)), None)
     region = view.open_region()

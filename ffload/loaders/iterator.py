@@ -250,7 +250,8 @@ class EpochIterator:
         Raises:
             StopIteration: the epoch is over (or the iterator was closed).
             LoaderError: a worker failed (the iterator is closed first).
-            RuntimeError: the iterator was superseded by a newer ``iter(loader)``.
+            ffload.errors.LoaderClosedError: the iterator was closed by its loader (a newer
+                ``iter(loader)``, ``load_state_dict``, ``close``); the message says which.
         """
         if self._closed_reason is not None:
             raise LoaderClosedError(self._closed_reason)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ffload.errors import ConfigurationError, LoaderClosedError
+from ffload.errors import ConfigurationError, LoaderClosedError, UnavailableError
 from ffload.formats import open_dataset
 from ffload.formats.shardio import open_data_files
 from ffload.limits import DEFAULT_MAX_PIXELS
@@ -128,7 +128,8 @@ class Loader:
     Buffer reuse (as in FFCV, batches are views of reused buffers): a yielded batch stays valid
     while you handle it and the next one; requesting the batch after that may overwrite it.
     ``.clone()`` what you keep longer. One epoch iterator is live per loader: ``iter(loader)``
-    closes the previous one (further ``next()`` on it raises ``RuntimeError``).
+    closes the previous one (further ``next()`` on it raises
+    :class:`~ffload.errors.LoaderClosedError`, a ``RuntimeError``).
 
     Epochs: each ``iter(loader)`` starts the next epoch (0, 1, 2, ...), re-shuffled; see
     :meth:`state_dict` to resume mid-epoch. Per-sample seeds are
@@ -137,15 +138,15 @@ class Loader:
     Raises:
         ffload.formats.DatasetError: the path is not a dataset, or declares an image above
             ``max_pixels`` (naming the sample).
-        ValueError: bad ``batch_size``, ``num_workers``, ``order``, ``seed``, ``indices``
-            (out of range, not integers, empty), unknown field names in ``pipelines``; with
-            ``os_cache=False``, a batch that may need more than ``cache_limit`` bytes (both
-            named).
-        ffload.errors.ConfigurationError: the batch buffers (``batch_size`` rows, one slot per
-            batch ahead and per worker) need more bytes than the memory available (both named).
-        TypeError: a pipeline that does not fit its field (the message names the field).
-        RuntimeError: ``distributed=True`` without an initialised process group;
-            ``pin_memory=True`` without CUDA.
+        ffload.errors.ConfigurationError (a ``ValueError``): bad ``batch_size``, ``num_workers``,
+            ``order``, ``seed``, ``indices`` (out of range, not integers, empty), unknown field
+            names in ``pipelines``; with ``os_cache=False``, a batch that may need more than
+            ``cache_limit`` bytes (both named); the batch buffers (``batch_size`` rows, one slot
+            per batch ahead and per worker) need more bytes than the memory available (both named).
+        ffload.errors.PipelineError (a ``TypeError``): a pipeline that does not fit its field
+            (the message names the field and the operation).
+        ffload.errors.UnavailableError (a ``RuntimeError``): ``distributed=True`` without an
+            initialised process group; ``pin_memory=True`` without CUDA.
         ffload.errors.LoaderClosedError: ``iter()`` on a closed loader (and ``next()`` on an
             iterator whose loader was closed), saying so.
         LoaderError (while iterating): a sample failed to decode (names the sample and field).
@@ -195,7 +196,7 @@ class Loader:
         if pin_memory is None:
             pin_memory = self._device is not None and torch.cuda.is_available()
         elif pin_memory and not torch.cuda.is_available():
-            raise RuntimeError("pin_memory=True needs CUDA, which torch cannot use here")
+            raise UnavailableError("pin_memory=True needs CUDA, which torch cannot use here")
         self.pin_memory = bool(pin_memory)
 
         if self.order is OrderOption.QUASI_RANDOM:
@@ -445,8 +446,8 @@ def _distributed_rank():
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("distributed=True needs torch.distributed.init_process_group() to be "
-                           "called before the Loader is built")
+        raise UnavailableError("distributed=True needs torch.distributed.init_process_group() to be "
+                               "called before the Loader is built")
     return dist.get_rank(), dist.get_world_size()
 
 

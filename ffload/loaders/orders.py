@@ -23,6 +23,8 @@ import enum
 
 import numpy as np
 
+from ffload.errors import ConfigurationError
+
 
 class OrderOption(enum.Enum):
     """The traversal orders (FFCV's ``ffcv.loader.OrderOption`` names)."""
@@ -36,7 +38,7 @@ def parse_order(order: str | OrderOption) -> OrderOption:
     """Accept an :class:`OrderOption` or its name (``'random'``, ``'RANDOM'``, ...).
 
     Raises:
-        ValueError: unknown order name or type.
+        ffload.errors.ConfigurationError: unknown order name or type.
     """
     if isinstance(order, OrderOption):
         return order
@@ -46,7 +48,7 @@ def parse_order(order: str | OrderOption) -> OrderOption:
             if option.value == key:
                 return option
     choices = ", ".join(repr(o.value) for o in OrderOption)
-    raise ValueError(f"unknown order {order!r}; use one of {choices} or an ffload.OrderOption")
+    raise ConfigurationError(f"unknown order {order!r}; use one of {choices} or an ffload.OrderOption")
 
 
 class TraversalOrder:
@@ -102,12 +104,15 @@ class QuasiRandom(TraversalOrder):
         sample_pages: ``(N,) int64`` page of each dataset sample (``DatasetView.sample_pages``).
         window_size: samples per window, at least 1; the loader uses
             ``max(2 * batch_size * world_size, 4 * mean samples per page)``.
+
+    Raises:
+        ffload.errors.ConfigurationError: ``window_size < 1``.
     """
 
     def __init__(self, indices: np.ndarray, seed: int, sample_pages: np.ndarray, window_size: int):
         super().__init__(indices, seed)
         if window_size < 1:
-            raise ValueError(f"window_size must be >= 1, got {window_size}")
+            raise ConfigurationError(f"window_size must be >= 1, got {window_size}")
         self.window_size = int(window_size)
         pages = np.asarray(sample_pages, dtype=np.int64)[indices]
         no_page = pages < 0

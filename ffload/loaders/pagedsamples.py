@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ffload.errors import ConfigurationError
 from ffload.formats import DatasetView
 from ffload.loaders.memory.os_cache import batch_blocks, payload_columns
 from ffload.loaders.memory.pagesource import DEFAULT_MAX_REQUESTS
@@ -56,7 +57,7 @@ class PagedSamples:
         source: the page source (``source.requests``: GETs so far, the dataset's opening reads included).
 
     Raises:
-        ValueError: ``view`` is not remote. StorageError (from :meth:`holding`): a page could
+        ffload.errors.ConfigurationError: ``view`` is not remote. StorageError (from :meth:`holding`): a page could
         not be read.
     """
 
@@ -65,7 +66,7 @@ class PagedSamples:
         from ffload.loaders.loader import _remote_pool  # the Loader's construction (checks, cache file)
 
         if view.remote is None:
-            raise ValueError(f"{view.path}: not a remote dataset (map it with view.open_region())")
+            raise ConfigurationError(f"{view.path}: not a remote dataset (map it with view.open_region())")
         fields = [name for name in view.fields if name in view.ptrs]
         starts = [(p, np.minimum(s, 1)) for p, s in payload_columns(view, fields)]
         page = int(view.page_size)

@@ -58,6 +58,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import ffload
 from ffload.commands import FfloadCommand
+from ffload.errors import ConfigurationError
 from ffload.recipes.data import RecipeError, demo_folder, make_loaders, prepare_data
 from ffload.recipes.distributed import ProcessGroup, join_process_group
 from ffload.recipes.report import (
@@ -136,13 +137,13 @@ def run_recipe(data_dir: os.PathLike | None, out: os.PathLike, config: RecipeCon
         RecipeError: bad data folder, output folder or device, before any training;
             ``distributed`` without a process group or torchrun's environment, or a batch size
             not divisible by the world size.
-        ValueError: bad ``fmt`` or hyperparameters.
+        ffload.errors.ConfigurationError: bad ``fmt`` or hyperparameters.
     """
     start = time.perf_counter()
     if demo == (data_dir is not None):
         raise RecipeError("give exactly one of --data DIR and --demo")
     if config.epochs < 1 or config.batch_size < 1 or not config.width > 0:
-        raise ValueError(f"epochs and batch_size must be >= 1 and width > 0, got {config}")
+        raise ConfigurationError(f"epochs and batch_size must be >= 1 and width > 0, got {config}")
     dev = resolve_device(device)
     group = join_process_group(dev) if distributed else None
     try:

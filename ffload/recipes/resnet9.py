@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ffload.errors import ConfigurationError
+
 __all__ = ["resnet9", "Mul", "Residual", "conv_bn"]
 
 
@@ -68,12 +70,12 @@ def resnet9(num_classes: int = 10, width: float = 1.0) -> nn.Sequential:
     ``(B, num_classes)`` logits in the input's dtype (or the autocast dtype).
 
     Raises:
-        ValueError: ``width <= 0`` or ``num_classes < 1``.
+        ffload.errors.ConfigurationError: ``width <= 0`` or ``num_classes < 1``.
     """
     if not width > 0:
-        raise ValueError(f"resnet9 width must be > 0, got {width}")
+        raise ConfigurationError(f"resnet9 width must be > 0, got {width}")
     if num_classes < 1:
-        raise ValueError(f"resnet9 num_classes must be >= 1, got {num_classes}")
+        raise ConfigurationError(f"resnet9 num_classes must be >= 1, got {num_classes}")
     c1, c2, c3 = (max(1, round(c * width)) for c in (64, 128, 256))
     return nn.Sequential(
         conv_bn(3, c1, kernel_size=3, stride=1, padding=1),

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ffload.errors import ConfigurationError
 from ffload.recipes.data import RecipeError
 from ffload.recipes.distributed import broadcast_buffers, global_mean, global_sum
 from ffload.recipes.report import EpochStats
@@ -59,12 +60,12 @@ def lr_schedule(config: RecipeConfig, iters_per_epoch: int) -> np.ndarray:
     for runs of 24 epochs or more, the same fraction of the run for shorter ones.
 
     Raises:
-        ValueError: ``peak`` not in ``(0, epochs]``.
+        ffload.errors.ConfigurationError: ``peak`` not in ``(0, epochs]``.
     """
     peak_epoch = config.lr_peak_epoch * min(1.0, config.epochs / 24)
     if not 0 < peak_epoch <= config.epochs:
-        raise ValueError(f"lr_peak_epoch={config.lr_peak_epoch} puts the learning-rate peak at "
-                         f"epoch {peak_epoch:g}, outside (0, epochs={config.epochs}]")
+        raise ConfigurationError(f"lr_peak_epoch={config.lr_peak_epoch} puts the learning-rate peak at "
+                                 f"epoch {peak_epoch:g}, outside (0, epochs={config.epochs}]")
     total = config.epochs * iters_per_epoch
     return np.interp(np.arange(total), [0, peak_epoch * iters_per_epoch, total], [0.0, 1.0, 0.0])
 
@@ -158,13 +159,13 @@ def train_model(model: nn.Module, train_loader, test_loader, config: RecipeConfi
         every step (floats, in order).
 
     Raises:
-        ValueError: the training loader yields no batch per epoch (fewer samples than
+        ffload.errors.ConfigurationError: the training loader yields no batch per epoch (fewer samples than
             ``batch_size``).
     """
     iters = len(train_loader)
     if iters == 0:
-        raise ValueError(f"the training set has fewer samples than batch_size="
-                         f"{config.batch_size}: no full batch per epoch")
+        raise ConfigurationError(f"the training set has fewer samples than batch_size="
+                                 f"{config.batch_size}: no full batch per epoch")
     schedule = lr_schedule(config, iters)
     opt = torch.optim.SGD(model.parameters(), lr=config.lr * config.batch_size / 512,
                           momentum=config.momentum, nesterov=config.nesterov,

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ffload.convert.sources import ImageFolderSource
+from ffload.convert.sources import ImageFolderSource, SourceError
 
 __all__ = ["ImageFolderDataset", "EpochSampler", "VanillaLoader", "write_image_folder",
            "augment"]
@@ -206,7 +206,7 @@ def write_image_folder(source, root: os.PathLike, num_classes: int) -> int:
         the number of images written.
 
     Raises:
-        ValueError: a label outside ``[0, num_classes)`` (names the sample).
+        ffload.convert.sources.SourceError: a label outside ``[0, num_classes)`` (names the sample).
         OSError: a file cannot be written.
     """
     from PIL import Image
@@ -220,7 +220,7 @@ def write_image_folder(source, root: os.PathLike, num_classes: int) -> int:
         image, label = source[i]
         label = int(label)
         if not 0 <= label < num_classes:
-            raise ValueError(f"sample {i}: label {label} outside [0, {num_classes})")
+            raise SourceError(f"sample {i}: label {label} outside [0, {num_classes})")
         Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).save(
             root / f"{label:0{digits}d}" / f"{i:0{index_digits}d}.png")
     return len(source)

@@ -3,9 +3,10 @@
 A pipeline is ``[decoder, transform, ...]`` (FFCV's convention, see :mod:`.operation`). At
 loader construction :func:`build_pipelines` checks every chain (the first operation is a decoder
 for the field's type, each ``declare`` accepts its input) so that mistakes surface as a
-``TypeError``/``ValueError`` naming the field before any batch runs. ``torch.nn.Module`` instances
-may follow :class:`ToTensor` (as in FFCV); they are applied to the batch tensor and assumed to keep
-its shape, dtype and device.
+:class:`~ffload.errors.PipelineError` (a ``TypeError``: operations that do not fit) or
+:class:`~ffload.errors.ConfigurationError` (a ``ValueError``) naming the field before any batch
+runs. ``torch.nn.Module`` instances may follow :class:`ToTensor` (as in FFCV); they are applied to
+the batch tensor and assumed to keep its shape, dtype and device.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from ffload.errors import ConfigurationError, PipelineError
 from ffload.formats.fields.base import (
     BytesField,
     FloatField,
@@ -54,7 +56,7 @@ class ModuleOp(Operation):
 
     def declare(self, spec, field, view):
         if spec is None or not spec.on_torch:
-            raise TypeError(f"torch module {type(self.module).__name__} must come after ToTensor "
+            raise PipelineError(f"torch module {type(self.module).__name__} must come after ToTensor "
                             f"(it receives a numpy batch here)")
         return spec
 
@@ -80,13 +82,14 @@ def default_pipeline(name: str, field, view) -> list[Operation]:
     lengths need a second view, see there), ``ImageArrayField`` -> ``ImageArrayDecoder()`` (one size).
 
     Raises:
-        TypeError: images of several sizes (a crop decoder is needed; the same error type as
-            ``SimpleRGBImageDecoder`` raises for them), or no default for the field's type.
+        ffload.errors.PipelineError: images of several sizes (a crop decoder is needed; the same
+            class as ``SimpleRGBImageDecoder`` raises for them once the pipeline is built), or no
+            default for the field's type.
     """
     if isinstance(field, RGBImageField):
         pair = differing_sizes(view.metadata[name], view.selected())
         if pair is not None:
-            raise TypeError(
+            raise PipelineError(
                 f"field {name!r} of {view.path} holds images of several sizes "
                 f"({describe_size_mismatch(view.metadata[name], pair)}), "
                 f"so batches need a crop: pass e.g. pipelines={{{name!r}: "
@@ -95,7 +98,7 @@ def default_pipeline(name: str, field, view) -> list[Operation]:
     for field_type, decoder in _DEFAULT_DECODERS:
         if isinstance(field, field_type):
             return [decoder(), ToTensor()]
-    raise TypeError(f"field {name!r} has type {type(field).__name__}, which has no default "
+    raise PipelineError(f"field {name!r} has type {type(field).__name__}, which has no default "
                     f"pipeline; pass pipelines={{{name!r}: [decoder, ...]}}")
 
 
@@ -131,11 +134,11 @@ class FieldPipeline:
         for i, op in enumerate(ops):
             try:
                 spec = op.declare(spec, field, view)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"pipeline of field {name!r}, operation {i} "
-                              f"({type(op).__name__}): {e}") from e
+            except (TypeError, ValueError) as e:  # a plain TypeError here is an operation that does not fit
+                error = PipelineError if type(e) is TypeError else type(e)
+                raise error(f"pipeline of field {name!r}, operation {i} ({type(op).__name__}): {e}") from e
             if not isinstance(spec, Spec):
-                raise TypeError(f"pipeline of field {name!r}: {type(op).__name__}.declare returned "
+                raise PipelineError(f"pipeline of field {name!r}: {type(op).__name__}.declare returned "
                                 f"{type(spec).__name__}, not a Spec")
             if hasattr(op, "salt"):  # two identical random ops in one pipeline draw independently,
                 # and so do two views of one field (their output names differ)
@@ -166,15 +169,15 @@ class FieldPipeline:
     def _check_decoder(self) -> None:
         first = self.ops[0]
         if not first.is_decoder:
-            raise TypeError(f"pipeline of field {self.name!r} must start with a decoder, got "
+            raise PipelineError(f"pipeline of field {self.name!r} must start with a decoder, got "
                             f"{type(first).__name__}")
         if not isinstance(self.field, tuple(first.field_types)):
             kinds = ", ".join(t.__name__ for t in first.field_types) or "no field type"
-            raise TypeError(f"field {self.name!r} is a {type(self.field).__name__}, but "
+            raise PipelineError(f"field {self.name!r} is a {type(self.field).__name__}, but "
                             f"{type(first).__name__} decodes {kinds}")
         for i, op in enumerate(self.ops[1:], start=1):
             if op.is_decoder:
-                raise TypeError(f"pipeline of field {self.name!r}: operation {i} "
+                raise PipelineError(f"pipeline of field {self.name!r}: operation {i} "
                                 f"({type(op).__name__}) is a decoder; only the first may be")
 
     @property
@@ -229,21 +232,24 @@ def build_pipelines(view, pipelines: Mapping[str, Sequence | None] | None,
         The enabled fields' :class:`FieldPipeline`, in the dataset's field order.
 
     Raises:
-        ValueError: unknown field names, an empty pipeline, every field disabled.
-        TypeError: a pipeline that is not a list of operations, or fails validation.
+        ffload.errors.ConfigurationError: unknown field names, a bad ``custom_field_mapper``, an
+            empty pipeline, every field disabled.
+        ffload.errors.PipelineError: a pipeline that is not a list of operations, or an operation
+            that does not fit its input (an operation's plain ``TypeError`` becomes one; its other
+            errors keep their class), each naming the field and operation.
     """
     pipelines = {} if pipelines is None else pipelines
     if not isinstance(pipelines, Mapping):
-        raise TypeError(f"pipelines must be a dict of field name -> list of operations, got "
+        raise PipelineError(f"pipelines must be a dict of field name -> list of operations, got "
                         f"{type(pipelines).__name__}")
     mapper = dict(custom_field_mapper or {})
     for out, src in mapper.items():
         if out in view.fields or src not in view.fields or out not in pipelines or pipelines[out] is None:
-            raise ValueError(f"custom_field_mapper {out!r} -> {src!r}: the view needs a new name, an existing "
+            raise ConfigurationError(f"custom_field_mapper {out!r} -> {src!r}: the view needs a new name, an existing "
                              f"field ({', '.join(map(repr, view.fields))}) and a pipeline in pipelines[{out!r}]")
     unknown = [k for k in pipelines if k not in view.fields and k not in mapper]
     if unknown:
-        raise ValueError(f"pipelines names unknown field(s) {', '.join(map(repr, unknown))}; "
+        raise ConfigurationError(f"pipelines names unknown field(s) {', '.join(map(repr, unknown))}; "
                          f"{view.path} has fields {', '.join(map(repr, view.fields))}")
     built: list[FieldPipeline] = []
     enabled = [n for n in view.fields if not (n in pipelines and pipelines[n] is None)] + list(mapper)
@@ -258,16 +264,16 @@ def build_pipelines(view, pipelines: Mapping[str, Sequence | None] | None,
         built.append(FieldPipeline(out, view.fields[src], _as_operations(out, pipelines[out]), view, batch_size,
                                    source=src, upstream={p.name: p for p in built}, later=enabled[len(built) + 1:]))
     if not built:
-        raise ValueError(f"every field of {view.path} is disabled in pipelines; enable at least one")
+        raise ConfigurationError(f"every field of {view.path} is disabled in pipelines; enable at least one")
     return built
 
 
 def _as_operations(name: str, ops) -> list[Operation]:
     if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
-        raise TypeError(f"pipeline of field {name!r} must be a list of operations (or None), got "
+        raise PipelineError(f"pipeline of field {name!r} must be a list of operations (or None), got "
                         f"{type(ops).__name__}")
     if not ops:
-        raise ValueError(f"pipeline of field {name!r} is empty; pass None to disable the field")
+        raise ConfigurationError(f"pipeline of field {name!r} is empty; pass None to disable the field")
     out: list[Operation] = []
     for i, op in enumerate(ops):
         if isinstance(op, Operation):
@@ -275,7 +281,7 @@ def _as_operations(name: str, ops) -> list[Operation]:
         elif isinstance(op, torch.nn.Module):
             out.append(ModuleOp(op))
         else:
-            raise TypeError(f"pipeline of field {name!r}: item {i} is {op!r}, not an ffload "
+            raise PipelineError(f"pipeline of field {name!r}: item {i} is {op!r}, not an ffload "
                             f"Operation or a torch.nn.Module")
     return out
 
@@ -284,7 +290,8 @@ def cuda_device(pipelines: Sequence[FieldPipeline]) -> torch.device | None:
     """The CUDA device the batches end on (the first pipeline whose output is on CUDA), or None.
 
     Raises:
-        ValueError: fields end on different CUDA devices (one loader feeds one device).
+        ffload.errors.ConfigurationError: fields end on different CUDA devices (one loader feeds
+            one device).
     """
     devices = set()
     for p in pipelines:
@@ -293,6 +300,6 @@ def cuda_device(pipelines: Sequence[FieldPipeline]) -> torch.device | None:
             devices.add(device if device.index is not None
                         else torch.device("cuda", torch.cuda.current_device()))
     if len(devices) > 1:
-        raise ValueError(f"fields end on several CUDA devices {sorted(map(str, devices))}; "
+        raise ConfigurationError(f"fields end on several CUDA devices {sorted(map(str, devices))}; "
                          f"one loader feeds one device")
     return devices.pop() if devices else None

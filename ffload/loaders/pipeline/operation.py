@@ -102,8 +102,10 @@ class Operation:
 
     ``declare(spec, field, view) -> Spec`` — once, when the loader is built
         Check the input (``spec`` is ``None`` for a decoder, else the previous stage's output)
-        and return this stage's per-sample output :class:`Spec`. Raise ``TypeError`` /
-        ``ValueError`` for an input it cannot handle; the pipeline prefixes the field and stage.
+        and return this stage's per-sample output :class:`Spec`. Raise
+        :class:`~ffload.errors.PipelineError` (a ``TypeError``) for an input it cannot handle,
+        :class:`~ffload.errors.ConfigurationError` for a bad option, a ``FormatError`` for a
+        bad dataset; the pipeline prefixes the field and stage.
         Anything the stage computes once (tables, salts) is set on ``self`` here.
     ``buffer_spec(spec_out, batch_size) -> Spec | None`` — optional
         The output buffer it needs per in-flight batch slot. Default: ``(batch_size,) +
@@ -158,7 +160,8 @@ class Operation:
             view: the :class:`ffload.formats.DatasetView` (metadata, sizes) of the dataset.
 
         Raises:
-            TypeError / ValueError: the operation cannot run on that input, naming the field.
+            ffload.errors.PipelineError: the operation cannot run on that input, naming the field
+                (a plain ``TypeError`` raised here becomes one when the pipeline is built).
         """
         raise NotImplementedError
 
