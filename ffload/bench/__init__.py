@@ -40,18 +40,18 @@ crop boxes), ``measurement`` (result types, clocks, RSS), ``baselines`` (every p
 """
 from __future__ import annotations
 
-from ffload.bench.baselines import ArrayImages, PILImageFolder
-from ffload.bench.ceiling import DECODERS, measure_decode_ceiling
-from ffload.bench.cli import bench_command
-from ffload.bench.conditions import format_conditions, measurement_conditions
-from ffload.bench.config import CENTER_RATIO, DEFAULT_BATCH_SIZE, KINDS, PIPELINES, BenchConfig
-from ffload.bench.harness import measure, run_rounds
-from ffload.bench.measurement import Measurement
-from ffload.bench.pipelines import center_box, rrc_box
-from ffload.bench.plan import choose_pipeline, describe_dataset, ffcv_available, plan_configs
-from ffload.bench.report import format_ratios, format_rows, plot_throughput, write_results
-from ffload.bench.runners import run_worker
-from ffload.bench.summary import RATIO_PAIRS, compute_ratios, summarize
+from .baselines import ArrayImages, PILImageFolder
+from .ceiling import DECODERS, measure_decode_ceiling
+from .cli import bench_command
+from .conditions import format_conditions, measurement_conditions
+from .config import CENTER_RATIO, DEFAULT_BATCH_SIZE, KINDS, PIPELINES, BenchConfig
+from .harness import measure, run_rounds
+from .measurement import Measurement
+from .pipelines import center_box, rrc_box
+from .plan import choose_pipeline, describe_dataset, ffcv_available, plan_configs
+from .report import format_ratios, format_rows, plot_throughput, write_results
+from .runners import run_worker
+from .summary import RATIO_PAIRS, compute_ratios, summarize
 
 __all__ = ["ArrayImages", "BenchConfig", "CENTER_RATIO", "DECODERS", "DEFAULT_BATCH_SIZE", "KINDS", "Measurement",
            "PILImageFolder", "PIPELINES", "RATIO_PAIRS", "bench_command", "center_box", "choose_pipeline",

@@ -1,7 +1,7 @@
 """``python -m ffload.bench PATH``: the ``ffload bench`` command."""
 from __future__ import annotations
 
-from ffload.bench.cli import bench_command
+from .cli import bench_command
 
 if __name__ == "__main__":
     bench_command()

@@ -18,9 +18,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ffload.bench.config import DEEPLAKE_PARAMS, DEEPLAKE_PIPELINES, BenchConfig
-from ffload.bench.measurement import LoaderSetup
-from ffload.bench.pipelines import build_pipelines, center_box, rrc_box
+from .config import DEEPLAKE_PARAMS, DEEPLAKE_PIPELINES, BenchConfig
+from .measurement import LoaderSetup
+from .pipelines import build_pipelines, center_box, rrc_box
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ffload.bench.measurement import EpochRecord, epoch_record, median_after_warmup
+from .measurement import EpochRecord, epoch_record, median_after_warmup
 
 Decoder = Callable[[object], object]
 """``decode(payload (n,) uint8 JPEG bytes) -> (H, W, 3) uint8 RGB array, or None when the

@@ -5,13 +5,14 @@ import json
 
 import click
 
-from ffload.bench.conditions import format_conditions, measurement_conditions
-from ffload.bench.config import DEFAULT_BATCH_SIZE, PIPELINES
-from ffload.bench.harness import run_rounds
-from ffload.bench.plan import choose_pipeline, describe_dataset, plan_configs
-from ffload.bench.report import format_ratios, format_rows, plot_throughput
-from ffload.bench.summary import RATIO_PAIRS, compute_ratios, summarize
 from ffload.commands import FfloadCommand
+
+from .conditions import format_conditions, measurement_conditions
+from .config import DEFAULT_BATCH_SIZE, PIPELINES
+from .harness import run_rounds
+from .plan import choose_pipeline, describe_dataset, plan_configs
+from .report import format_ratios, format_rows, plot_throughput
+from .summary import RATIO_PAIRS, compute_ratios, summarize
 
 
 def _parse_workers(text: str) -> list[int]:

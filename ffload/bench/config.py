@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
-from ffload.bench.ceiling import DECODERS, default_decoder
+from .ceiling import DECODERS, default_decoder
 
 KINDS = {
     "ffload": "ffload Loader",

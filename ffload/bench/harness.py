@@ -10,8 +10,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from ffload.bench.config import BenchConfig
-from ffload.bench.worker import BOOTSTRAP, RESULT_TAG
+from .config import BenchConfig
+from .worker import BOOTSTRAP, RESULT_TAG
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(os.path.dirname(_PACKAGE_DIR))

@@ -6,7 +6,7 @@ import math
 import random
 from collections.abc import Mapping
 
-from ffload.bench.config import CENTER_RATIO, DEEPLAKE_PARAMS, DEEPLAKE_PIPELINES, BenchConfig
+from .config import CENTER_RATIO, DEEPLAKE_PARAMS, DEEPLAKE_PIPELINES, BenchConfig
 
 
 def build_pipelines(cfg: BenchConfig, ops: Mapping) -> dict:

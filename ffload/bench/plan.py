@@ -6,8 +6,9 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 
-from ffload.bench.config import PIPELINES, BenchConfig
 from ffload.errors import ConfigurationError
+
+from .config import PIPELINES, BenchConfig
 
 
 def describe_dataset(path: str) -> dict:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 
-from ffload.bench.baselines import BASELINES
-from ffload.bench.ceiling import DECODERS, load_jpeg_payloads, measure_decode_ceiling
-from ffload.bench.config import BenchConfig
-from ffload.bench.measurement import LoaderSetup, Measurement, median_after_warmup, peak_rss_mb, time_epochs
-from ffload.bench.pipelines import build_pipelines
+from .baselines import BASELINES
+from .ceiling import DECODERS, load_jpeg_payloads, measure_decode_ceiling
+from .config import BenchConfig
+from .measurement import LoaderSetup, Measurement, median_after_warmup, peak_rss_mb, time_epochs
+from .pipelines import build_pipelines
 
 
 def run_ffload(cfg: BenchConfig) -> LoaderSetup:

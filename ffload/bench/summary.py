@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from ffload.bench.config import KINDS
+from .config import KINDS
 
 RATIO_PAIRS = [("ffload", kind) for kind in KINDS if kind != "ffload"]
 """``ffload bench``'s ratios: ffload over each peer and over the measured decode ceiling."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ffload.bench.config import BenchConfig
-from ffload.bench.runners import run_worker
+from .config import BenchConfig
+from .runners import run_worker
 
 RESULT_TAG = "FFLOAD_BENCH_RESULT "
 """Prefix of the stdout line that carries the result's JSON."""
