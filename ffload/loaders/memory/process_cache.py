@@ -67,6 +67,7 @@ DEFAULT_CACHE_FRACTION = 4
 :data:`MAX_DEFAULT_CACHE_LIMIT`."""
 
 MAX_DEFAULT_CACHE_LIMIT = 8 << 30
+"""The largest default ``cache_limit``, bytes (8 GiB)."""
 
 
 def default_cache_limit() -> int:
