@@ -151,8 +151,8 @@ def cache_probe(path: str, kind: str, limit: int, batch_size: int, workers: int,
     import concurrent.futures
 
     import ffload
-    from ffload.loaders.memory.os_cache import ProcessCacheMemory
     from ffload.loaders.memory.pagepool import PagePoolMemory
+    from ffload.loaders.memory.process_cache import ProcessCacheMemory
 
     with ffload.Loader(path, batch_size=batch_size, order="quasi_random", read_ahead=0) as loader:
         order, view = loader.epoch_order(0), loader.view

@@ -14,19 +14,15 @@ import numpy as np
 import pytest
 
 import ffload
+from ffload.errors import ConfigurationError
 from ffload.formats import BytesField, NDArrayField, open_dataset, write_dataset
-from ffload.loaders.memory.os_cache import (
-    _NEVER,
-    CACHE_BLOCK,
-    EpochSchedule,
-    ProcessCacheMemory,
-    batch_blocks,
-    cache_block,
-    payload_columns,
-    sorted_unique,
-)
+from ffload.loaders.memory.base import MemoryManager
+from ffload.loaders.memory.os_cache import OSCacheMemory
 from ffload.loaders.memory.pagepool import PagePoolMemory
+from ffload.loaders.memory.process_cache import CACHE_BLOCK, ProcessCacheMemory, cache_block
 from ffload.loaders.memory.readahead import ADVISE_PAGE, ReadAhead, advise_runs, unit_runs
+from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
+from ffload.loaders.pagedsamples import PagedSamples
 
 N, SAMPLE = 240, 30_000  # 7.2 MB of payloads, about 5x the cache limit below
 LIMIT = 24 * CACHE_BLOCK  # 1.5 MiB: one batch of 8 samples needs at most 16 blocks
@@ -159,6 +155,50 @@ def test_batch_larger_than_the_cache_fails_at_open(stamped_dataset):
         loader(stamped_dataset, os_cache=False, cache_limit=0)
 
 
+
+def test_every_memory_manager_has_the_hooks_the_loader_calls(stamped_dataset):
+    """The three managers satisfy MemoryManager (region, ptrs, schedule, prepare, check, release,
+    close); an object lacking one hook does not."""
+    view = open_dataset(stamped_dataset)
+    managers = [OSCacheMemory(view), ProcessCacheMemory(view, ["blob"], LIMIT, 8),
+                PagePoolMemory(view, ["blob"], 256 << 20, 8)]
+    try:
+        for memory in managers:
+            assert isinstance(memory, MemoryManager), type(memory).__name__
+            memory.schedule([np.arange(8, dtype=np.int64)])
+            lease = memory.prepare(np.arange(8, dtype=np.int64), 0)
+            memory.check(np.arange(8, dtype=np.int64))
+            ptr = int(memory.ptrs["blob"][3])
+            assert memory.region[ptr:ptr + 8].view(np.int64)[0] == 3  # sample 3's stamp, read through the hooks
+            memory.release(lease)
+    finally:
+        for memory in managers:
+            memory.close()
+
+    class NoCheck:
+        region, ptrs = None, {}
+
+        def schedule(self, batches, start=0): ...
+        def prepare(self, indices, batch=None): ...
+        def release(self, lease): ...
+        def close(self): ...
+    assert not isinstance(NoCheck(), MemoryManager)
+
+
+@pytest.mark.parametrize("cause", ["batch_over_cache_limit", "pool_too_small", "read_ahead_unit", "paged_local"])
+def test_memory_configuration_mistakes_raise_configuration_error(stamped_dataset, cause):
+    view = open_dataset(stamped_dataset)
+    with pytest.raises(ConfigurationError, match=str(view.path) if cause != "read_ahead_unit" else "unit"):
+        if cause == "batch_over_cache_limit":
+            ProcessCacheMemory(view, ["blob"], CACHE_BLOCK, 8)
+        elif cause == "pool_too_small":
+            PagePoolMemory(view, ["blob"], 1 << 20, 8)
+        elif cause == "read_ahead_unit":
+            ReadAhead(view.data_path, view.data_size, payload_columns(view, ["blob"]), 1 << 20, unit=ADVISE_PAGE + 1)
+        else:
+            PagedSamples(view, [np.arange(8, dtype=np.int64)])
+
+
 def test_a_waiting_batch_gets_room_when_others_release(stamped_dataset):
     """Two batches that cannot be resident together: the second waits for the first's release."""
     view = open_dataset(stamped_dataset)
@@ -268,9 +308,9 @@ def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared()
     units = np.arange(int(ptrs[-1] + sizes[-1]) // unit + 3, dtype=np.int64)  # and past the end
 
     def expected(low):
-        return [min((b for b in users.get(u, ()) if b >= low), default=_NEVER) for u in units]
+        return [min((b for b in users.get(u, ()) if b >= low), default=NEVER) for u in units]
 
-    assert schedule.next_use(units, None).tolist() == [_NEVER] * units.size  # outside the epoch
+    assert schedule.next_use(units, None).tolist() == [NEVER] * units.size  # outside the epoch
     assert schedule.next_use(units, 3).tolist() == expected(0)  # nothing prepared yet: from batch 0
     for b in (0, 1, 3):
         schedule.prepared(b)  # batch 2 is still to come: next use counts from it
@@ -281,13 +321,13 @@ def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared()
     schedule.set(batches[::-1], 9)  # a new epoch, resumed at its last batch
     reversed_users = {u: {len(batches) - 1 - b for b in bs} for u, bs in users.items()}
     assert schedule.next_use(units, 9).tolist() == [
-        min((b for b in reversed_users.get(u, ()) if b >= 9), default=_NEVER) for u in units]
+        min((b for b in reversed_users.get(u, ()) if b >= 9), default=NEVER) for u in units]
 
 
 def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
     import types
 
-    from ffload.loaders.memory.os_cache import EVICT_SLACK
+    from ffload.loaders.memory.process_cache import EVICT_SLACK
 
     sample = 64 << 10  # 20 block-aligned samples of 64 KiB: 8 KiB blocks, 8 per sample
     data = tmp_path / "data.bin"
@@ -320,7 +360,7 @@ def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
 
 
 def test_cache_block_follows_the_payload_size_and_bounds_the_block_count():
-    from ffload.loaders.memory.os_cache import MAX_CACHE_BLOCKS, MIN_CACHE_BLOCK
+    from ffload.loaders.memory.process_cache import MAX_CACHE_BLOCKS, MIN_CACHE_BLOCK
 
     def column(size, n=100, stride=None, offset=0):
         starts = np.arange(n, dtype=np.uint64) * np.uint64(stride or size) + np.uint64(offset)

@@ -24,7 +24,8 @@ from ffload.loaders import (
     ToTensor,
     ToTorchImage,
 )
-from ffload.loaders.memory.os_cache import ProcessCacheMemory, pages_spanned
+from ffload.loaders.memory.process_cache import ProcessCacheMemory
+from ffload.loaders.memory.schedule import pages_spanned
 
 N = 101  # not a multiple of any batch size used below
 

@@ -142,10 +142,10 @@ def test_storage_options_reach_the_filesystem(remote, monkeypatch):
 
 
 def test_verify_url_cache_dir_and_max_requests(remote, tmp_path, monkeypatch):
-    import ffload.loaders.loader as loader_module
+    import ffload.loaders.pagedsamples as pagedsamples_module
     pools = []
-    real = loader_module._remote_pool
-    monkeypatch.setattr(loader_module, "_remote_pool", lambda *args: pools.append(args) or real(*args))
+    real = pagedsamples_module.remote_page_pool
+    monkeypatch.setattr(pagedsamples_module, "remote_page_pool", lambda *args: pools.append(args) or real(*args))
     blocked = tmp_path / "a-file"
     blocked.write_bytes(b"")
     result = _cli("verify", remote.url("good.beton"), "--quiet", "--cache-dir", str(blocked / "cache"))

@@ -141,8 +141,9 @@ CACHES = {"os": (True, None),  # the shards mapped into one range
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("cache", list(CACHES))
 def test_sharded_loader_yields_the_unsharded_batches(converted, order, cache):
-    from ffload.loaders.memory.os_cache import OSCacheMemory, ProcessCacheMemory
+    from ffload.loaders.memory.os_cache import OSCacheMemory
     from ffload.loaders.memory.pagepool import PagePoolMemory
+    from ffload.loaders.memory.process_cache import ProcessCacheMemory
     one, sharded, images, _ = converted
     os_cache, limit = CACHES[cache]
     with ffload.Loader(sharded, batch_size=16, num_workers=1, order=order, os_cache=os_cache,
@@ -479,8 +480,8 @@ def test_sharded_read_ahead_advises_inside_the_shards(converted, unit):
     """The read-ahead over the shards' one address range: the kernel takes every call (a run
     of 16-page units may reach into the reserved gap after a shard) and the runs asked for hold
     every payload of the batch."""
-    from ffload.loaders.memory.os_cache import batch_blocks, payload_columns
     from ffload.loaders.memory.readahead import ADVISE_PAGE, ReadAhead
+    from ffload.loaders.memory.schedule import batch_blocks, payload_columns
     _, sharded, _, _ = converted
     view = open_dataset(sharded)
     columns = payload_columns(view, ["image"])

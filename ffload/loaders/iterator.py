@@ -40,8 +40,9 @@ class BatchRunner:
 
     Args:
         pipelines: the enabled :class:`~.pipeline.FieldPipeline` list (output order).
-        memory: the memory manager (``region``, ``ptrs``, ``prepare(indices, batch) -> lease``,
-            ``release(lease)``, ``check(indices)`` after a batch's reads).
+        memory: the memory manager (:class:`~ffload.loaders.memory.base.MemoryManager`: ``region``,
+            ``ptrs``, ``prepare(indices, batch) -> lease``, ``release(lease)``, ``check(indices)``
+            after a batch's reads).
         view: the :class:`ffload.formats.DatasetView`.
         seed: the loader's seed (per-sample seeds come from :func:`~.rng.sample_seeds`).
         num_workers: threads.
@@ -146,7 +147,7 @@ class BatchRunner:
 
     def _check_reads(self, indices, epoch, batch) -> None:
         """Raise LoaderError when the batch's reads hit a file that shrank meanwhile (its bytes read
-        as zeros: ``memory.check``; see :class:`~.memory.OSCacheMemory`)."""
+        as zeros: ``memory.check``; see :class:`~ffload.loaders.memory.os_cache.OSCacheMemory`)."""
         try:
             self.memory.check(indices)
         except Exception as e:

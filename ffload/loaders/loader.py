@@ -24,19 +24,15 @@ from ffload.formats.shardio import open_data_files
 from ffload.limits import DEFAULT_MAX_PIXELS
 from ffload.loaders.iterator import BatchRunner, EpochIterator
 from ffload.loaders.memory import readahead
-from ffload.loaders.memory.os_cache import (
-    OSCacheMemory,
-    ProcessCacheMemory,
-    default_cache_limit,
-    payload_columns,
-    sorted_unique,
-)
-from ffload.loaders.memory.pagepool import PagePoolMemory, page_pool_fits
-from ffload.loaders.memory.pagesource import DEFAULT_LOCAL_REQUESTS, DEFAULT_MAX_REQUESTS, FilePages, RemotePages
+from ffload.loaders.memory.os_cache import OSCacheMemory
+from ffload.loaders.memory.pagepool import PagePoolMemory, page_pool_fits, remote_page_pool
+from ffload.loaders.memory.pagesource import DEFAULT_LOCAL_REQUESTS, DEFAULT_MAX_REQUESTS, FilePages
+from ffload.loaders.memory.process_cache import ProcessCacheMemory, default_cache_limit
 from ffload.loaders.memory.readahead import ADVISE_PAGE, DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
+from ffload.loaders.memory.schedule import payload_columns, sorted_unique
 from ffload.loaders.orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
 from ffload.loaders.pipeline.build import build_pipelines, cuda_device
-from ffload.storage import default_cache_dir, is_remote
+from ffload.storage import is_remote
 from ffload.system import available_cpus, available_memory
 
 logger = logging.getLogger(__name__)
@@ -81,7 +77,7 @@ class Loader:
             :mod:`ffload.loaders.orders`.
         os_cache: True: memory-map the file (the OS page cache serves and shares it); False: read
             the blocks each batch needs into a private process cache of at most ``cache_limit``
-            bytes (see :mod:`ffload.loaders.memory.os_cache`; in QUASI_RANDOM order a fixed pool of page
+            bytes (see :mod:`ffload.loaders.memory.process_cache`; in QUASI_RANDOM order a fixed pool of page
             slots when ``cache_limit`` holds ``batch_size`` pages, see
             :mod:`ffload.loaders.memory.pagepool`).
         pipelines: field name -> list of operations (decoder first), ``None`` to disable a field;
@@ -214,8 +210,8 @@ class Loader:
                            else _check_int("read_ahead", read_ahead, 0))
         self._memory = None
         if self.remote:
-            self._memory = _remote_pool(self.view, self._read_fields, self.cache_limit, rows, cache_dir,
-                                        max_requests)
+            self._memory = remote_page_pool(self.view, self._read_fields, self.cache_limit, rows, cache_dir,
+                                            max_requests)
         elif not self.os_cache and self._local_files():  # checks that a batch fits
             # whole .beton pages hold whole samples; LMDB records straddle its nominal pages
             quasi = self.order is OrderOption.QUASI_RANDOM
@@ -401,26 +397,6 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({self.path!r}, batch_size={self.batch_size}, num_workers="
                 f"{self.num_workers}, order={self.order.value!r}, fields={self.field_names})")
-
-
-def _remote_pool(view, fields, cache_limit: int, rows: int, cache_dir, max_requests: int) -> PagePoolMemory:
-    """The page pool of a remote ``.beton`` (whole pages by range GETs into a cache file).
-    Raises ConfigurationError when ``cache_limit`` cannot hold a batch's pages (both named)."""
-    if not page_pool_fits(view, fields, cache_limit, rows):
-        pages = -(-int(view.data_size) // int(view.page_size))
-        need = min(rows, pages) * int(view.page_size)
-        raise ConfigurationError(
-            f"{view.path}: cache_limit={cache_limit} bytes cannot hold the pages one batch may need: a remote "
-            f".beton is cached in whole pages of {view.page_size} bytes and a batch of {rows} samples may touch "
-            f"{min(rows, pages)} of them ({need} bytes)", path=view.path,
-            hint=f"raise cache_limit to at least {need} or lower batch_size")
-    cache_dir = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
-    source = RemotePages(view.remote, view.data_size, view.page_size, max_requests)
-    try:
-        return PagePoolMemory(view, fields, cache_limit, rows, source=source, cache_dir=cache_dir)
-    except BaseException:
-        source.close()
-        raise
 
 
 def _check_buffer_memory(pipelines, slots: int, batch_size: int, batches_ahead: int) -> None:

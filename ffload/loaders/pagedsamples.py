@@ -19,9 +19,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ffload.errors import ConfigurationError
-from ffload.formats import DatasetView
-from ffload.loaders.memory.os_cache import batch_blocks, payload_columns
+from ffload.formats.view import DatasetView
+from ffload.loaders.memory.pagepool import remote_page_pool
 from ffload.loaders.memory.pagesource import DEFAULT_MAX_REQUESTS
+from ffload.loaders.memory.schedule import batch_blocks, payload_columns
 
 
 def page_batches(view: DatasetView, max_samples: int, max_pages: int = 4) -> list[np.ndarray]:
@@ -57,14 +58,12 @@ class PagedSamples:
         source: the page source (``source.requests``: GETs so far, the dataset's opening reads included).
 
     Raises:
-        ffload.errors.ConfigurationError: ``view`` is not remote. StorageError (from :meth:`holding`): a page could
-        not be read.
+        ConfigurationError: ``view`` is not remote (a ValueError). StorageError (from
+        :meth:`holding`): a page could not be read.
     """
 
     def __init__(self, view: DatasetView, batches: Sequence[np.ndarray], threads: int = 1,
                  cache_dir: str | None = None, max_requests: int | None = None):
-        from ffload.loaders.loader import _remote_pool  # the Loader's construction (checks, cache file)
-
         if view.remote is None:
             raise ConfigurationError(f"{view.path}: not a remote dataset (map it with view.open_region())")
         fields = [name for name in view.fields if name in view.ptrs]
@@ -74,8 +73,8 @@ class PagedSamples:
         most = max((batch_blocks(starts, b, page).size for b in batches), default=1)
         slots = max(1, min(pages, most * (max(1, threads) + 1)))
         self._batches = list(batches)
-        self._pool = _remote_pool(view, fields, slots * page, max(1, most), cache_dir,
-                                  DEFAULT_MAX_REQUESTS if max_requests is None else max_requests)
+        self._pool = remote_page_pool(view, fields, slots * page, max(1, most), cache_dir,
+                                      DEFAULT_MAX_REQUESTS if max_requests is None else max_requests)
         self._pool.schedule(self._batches)
         self.view = dataclasses.replace(view, ptrs={**view.ptrs, **self._pool.ptrs})
         self.region = self._pool.region

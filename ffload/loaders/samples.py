@@ -17,8 +17,9 @@ import dataclasses
 
 import numpy as np
 
-from ffload.formats import DatasetView, RGBImageField, image_sizes
+from ffload.formats import RGBImageField, image_sizes
 from ffload.formats.shardio import check_mapping
+from ffload.formats.view import DatasetView
 
 MAX_PIPELINES = 8  # pipelines (with their buffers) a SampleDecoder keeps, one per image size
 

@@ -5,8 +5,8 @@ FFCV's ``ProcessCacheManager`` design: a fixed pool of ``cache_limit // page_siz
 allocated once, on the first use of each slot (``MADV_POPULATE_WRITE``: one call, not one fault
 per 4 KiB page), and reused for the rest of the loader's life: a new page overwrites an evicted
 one in place. No page fault and no ``MADV_DONTNEED`` per read, where the block cache of
-:class:`~.memory.ProcessCacheMemory` pays a first-touch fault for every block it reads (about
-5 us per 4 KiB on the 2-core VM of issue 10) because eviction gives the memory back.
+:class:`~ffload.loaders.memory.process_cache.ProcessCacheMemory` pays a first-touch fault for
+every block it reads because eviction gives the memory back.
 
 A payload lives in the slot of the page it starts in, as one contiguous range: a ``.beton``
 sample's payloads never straddle a page (FFCV's format); an LMDB record may run past the end of
@@ -16,7 +16,7 @@ its nominal page (``data.mdb`` has no pages of that size), so each slot also hol
 decoders index instead of ``DatasetView.ptrs`` (entries are written when a batch is prepared and
 stay valid while the batch holds its pages). Consecutive missing pages are read with one
 ``os.preadv`` into their (scattered) slots (one read per page with an overhang). Eviction follows the epoch's schedule
-(:class:`~.memory.EpochSchedule`: furthest next use first), so each page is read once per epoch
+(:class:`~ffload.loaders.memory.schedule.EpochSchedule`: furthest next use first), so each page is read once per epoch
 when the pool holds the pages of the batches in flight.
 
 In QUASI_RANDOM order the loader uses the pool when :func:`page_pool_fits`: it holds at least
@@ -38,23 +38,18 @@ from __future__ import annotations
 
 import mmap
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Sequence
 
 import numpy as np
 
+from ffload.errors import ConfigurationError
 from ffload.formats.shardio import open_data_files
-from ffload.loaders.memory.os_cache import (
-    _MADV_POPULATE_WRITE,
-    _MAP_NORESERVE,
-    _NEVER,
-    EpochSchedule,
-    batch_blocks,
-    payload_columns,
-)
-from ffload.loaders.memory.pagesource import FilePages
+from ffload.loaders.memory.anonymous import CAN_POPULATE, MAP_NORESERVE, populate
+from ffload.loaders.memory.pagesource import FilePages, RemotePages
+from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns
+from ffload.storage import default_cache_dir
 
 
 def page_overhang(view, field_names: Sequence[str]) -> int:
@@ -84,8 +79,8 @@ class PagePoolMemory:
     """``os_cache=False`` (and remote datasets): a fixed pool of ``cache_limit // (page_size +
     overhang)`` page slots.
 
-    Same interface as :class:`~.memory.ProcessCacheMemory` (``region``, ``ptrs``, ``prepare``,
-    ``release``, ``check``, ``schedule``, ``close``, the counters). Workers claim slots under a lock, read
+    Same interface as :class:`~ffload.loaders.memory.process_cache.ProcessCacheMemory` (the hooks
+    of :class:`~ffload.loaders.memory.base.MemoryManager`, the counters), plus :meth:`prefetch`. Workers claim slots under a lock, read
     their pages in parallel outside it, and wait for pages another worker (or the read-ahead) is
     reading, or for a slot when every slot holds a page of a batch in progress.
 
@@ -107,7 +102,8 @@ class PagePoolMemory:
         source: the page source (``source.requests``: GETs issued, for a remote one).
 
     Raises:
-        ValueError: the view does not fit the pool (see :func:`page_pool_fits`).
+        ConfigurationError: the view does not fit the pool (see :func:`page_pool_fits`; a
+            ValueError).
         OSError: the data file or the cache file cannot be opened, or the pool cannot be mapped
             (named).
     """
@@ -118,7 +114,7 @@ class PagePoolMemory:
     def __init__(self, view, field_names: Sequence[str], cache_limit: int, batch_size: int,
                  source=None, cache_dir: str | None = None):
         if not page_pool_fits(view, field_names, cache_limit, batch_size):
-            raise ValueError(f"{view.path}: cache_limit={cache_limit} holds fewer than "
+            raise ConfigurationError(f"{view.path}: cache_limit={cache_limit} holds fewer than "
                              f"{batch_size} pages of {view.page_size} bytes")
         self.path, self.page = view.data_path or view.path, int(view.page_size)
         self.stride = self.page + page_overhang(view, field_names)  # bytes per slot
@@ -143,7 +139,7 @@ class PagePoolMemory:
         self._schedule = EpochSchedule(self._starts, self.page)
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
-        self._populate = sys.platform.startswith("linux")
+        self._populate = CAN_POPULATE
         self.source = self._source = source if source is not None else FilePages(open_data_files(view),
                                                                                   self.data_size, self.page)
 
@@ -151,7 +147,7 @@ class PagePoolMemory:
         """The slots' memory: anonymous, or a sparse cache file in ``cache_dir`` mapped shared."""
         try:
             if cache_dir is None:
-                return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+                return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
             os.makedirs(cache_dir, exist_ok=True)
             fd, name = tempfile.mkstemp(prefix=f"ffload-pages-{os.getpid()}-", suffix=".cache", dir=cache_dir)
             os.unlink(name)  # lives while mapped and open: a crash leaves nothing behind
@@ -170,7 +166,7 @@ class PagePoolMemory:
     def check(self, indices: np.ndarray) -> None:
         """Nothing to check after a batch's reads: pages were read into the pool (a source that
         ends early raises), and a remote pool's cache file is unlinked, out of other processes'
-        reach (see :meth:`~.memory.OSCacheMemory.check`)."""
+        reach (see :meth:`~ffload.loaders.memory.os_cache.OSCacheMemory.check`)."""
 
     def close(self) -> None:
         """Stop the source (its requests), close the files; the memory is freed once no batch
@@ -253,14 +249,14 @@ class PagePoolMemory:
             return None
         held = self._page_in[candidates]
         next_use = self._schedule.next_use(np.maximum(held, 0), batch)
-        next_use[held < 0] = _NEVER
+        next_use[held < 0] = NEVER
         if later_only:
             later = next_use > batch
             candidates, held, next_use = candidates[later], held[later], next_use[later]
             if candidates.size < count:
                 return None
         # allocated slots whose page no scheduled batch needs, then fresh ones, then the rest
-        kind = np.where(self._allocated[candidates], np.where(next_use == _NEVER, 0, 2), 1)
+        kind = np.where(self._allocated[candidates], np.where(next_use == NEVER, 0, 2), 1)
         rank = np.lexsort((self._last_use[candidates], -next_use, kind))
         return candidates[rank[:count]]
 
@@ -325,11 +321,8 @@ class PagePoolMemory:
         """Populate the memory of slots used for the first time (one call per slot)."""
         fresh = slots[~self._allocated[slots]]
         for s in fresh:
-            if self._populate:
-                try:
-                    self._buffer.madvise(_MADV_POPULATE_WRITE, int(s) * self.stride, self.stride)
-                except OSError:  # kernel < 5.14: the read faults the pages in
-                    self._populate = False
+            if self._populate:  # else the read faults the pages in
+                self._populate = populate(self._buffer, int(s) * self.stride, self.stride)
         if fresh.size:
             with self._cond:
                 self._allocated[fresh] = True
@@ -350,3 +343,38 @@ class PagePoolMemory:
         with self._cond:
             self._pins[lease] -= 1
             self._cond.notify_all()
+
+
+def remote_page_pool(view, fields: Sequence[str], cache_limit: int, rows: int, cache_dir: str | os.PathLike | None,
+                     max_requests: int) -> PagePoolMemory:
+    """The page pool of a remote ``.beton``: whole pages by range GETs
+    (:class:`~ffload.loaders.memory.pagesource.RemotePages`) into a cache file, as the Loader and
+    :class:`ffload.loaders.pagedsamples.PagedSamples` build it.
+
+    Args:
+        view: the remote :class:`ffload.formats.DatasetView` (``view.remote`` set).
+        fields: the fields whose payloads are decoded.
+        cache_limit: bytes the pool may occupy at most.
+        rows: the largest batch, samples.
+        cache_dir: the cache file's folder (``None``: :func:`ffload.storage.default_cache_dir`).
+        max_requests: range GETs in flight at most (>= 1).
+
+    Raises:
+        ConfigurationError: ``cache_limit`` cannot hold a batch's pages (both named).
+        OSError: the cache file cannot be created or mapped (named).
+    """
+    if not page_pool_fits(view, fields, cache_limit, rows):
+        pages = -(-int(view.data_size) // int(view.page_size))
+        need = min(rows, pages) * int(view.page_size)
+        raise ConfigurationError(
+            f"{view.path}: cache_limit={cache_limit} bytes cannot hold the pages one batch may need: a remote "
+            f".beton is cached in whole pages of {view.page_size} bytes and a batch of {rows} samples may touch "
+            f"{min(rows, pages)} of them ({need} bytes)", path=view.path,
+            hint=f"raise cache_limit to at least {need} or lower batch_size")
+    cache_dir = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
+    source = RemotePages(view.remote, view.data_size, view.page_size, max_requests)
+    try:
+        return PagePoolMemory(view, fields, cache_limit, rows, source=source, cache_dir=cache_dir)
+    except BaseException:
+        source.close()
+        raise

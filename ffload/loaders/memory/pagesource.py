@@ -4,8 +4,8 @@ A page source fills slots of the pool with whole ``.beton`` pages. Two kinds:
 
 * :class:`FilePages`: the data file on a local disk, ``os.preadv`` straight into the slots
   (one call per run of consecutive pages), and page by page from ``max_requests`` threads for
-  the read-ahead (one sequential stream per page, several pages in flight: a single stream of
-  8 MiB reads got 438 MiB/s from this project's VM disk, which serves far more in parallel).
+  the read-ahead (one sequential stream per page, several pages in flight: a disk serves far
+  more in parallel than one stream of large reads gets).
 * :class:`RemotePages`: a ``.beton`` on object storage (:class:`ffload.storage.RemoteObject`),
   one range GET per page (the whole page, clipped to the data), at most ``max_requests`` GETs in
   flight for the whole loader (a thread pool of that size serves both the workers' reads and the
@@ -36,10 +36,8 @@ DEFAULT_MAX_REQUESTS = 8
 
 DEFAULT_LOCAL_REQUESTS = 32
 """Page reads in flight at most from a local file through the page pool (``os_cache=False``,
-QUASI_RANDOM). ``scripts/bench_scale.py``'s 29.9 GiB ``.beton``, cold, 2 workers, 8 MiB pages
-(25 s each, same session): 8 reads in flight 4310 img/s, 16: 5189-5313, 32: 5791-5920, the
-rate ffcv 1.0.2's process cache reached in the same conditions (5924): a virtual disk, like a
-cloud volume, serves many requests in flight better than few."""
+QUASI_RANDOM): a virtual disk, like a cloud volume, serves many requests in flight better than
+few (the measurements that chose 32: ``docs/developer-notes.md``)."""
 
 
 class FilePages:

@@ -6,31 +6,26 @@ read-only shared mapping of the data file for every run of units that the batch'
 span: the byte ranges ``[ptr, ptr + size)`` of the decoded fields, rounded out to units and
 clipped to the data region, so nothing outside the payloads' units is ever requested. The unit
 is what the batch will read: the kernel's page (``mmap.PAGESIZE``, 4 KiB) when the decoders
-touch the mapped file (``os_cache=True``), the process cache's block (:func:`~.memory.cache_block`, 4-64 KiB)
-when it reads whole blocks (``os_cache=False``, RANDOM order). With pages there, each payload not aligned to
-a block would leave the ends of its first and last blocks unrequested, and the block read would
-wait on the disk for them: two synchronous small reads per sample (LMDB values, which start 40
-bytes into a page, loaded at 0.37x the ``.beton`` rate that way, whose raw samples happen to be
-block-aligned). It stays at most ``limit`` bytes (plus one batch) ahead of the batch being
-decoded, so read-ahead cannot flood the page cache. The mapping itself costs no memory: WILLNEED
-fills the page cache without mapping pages into the process.
+touch the mapped file (``os_cache=True``), the process cache's block
+(:func:`~ffload.loaders.memory.process_cache.cache_block`, 4-64 KiB) when it reads whole blocks
+(``os_cache=False``, RANDOM order). With pages there, each payload not aligned to a block would
+leave the ends of its first and last blocks unrequested, and the block read would wait on the
+disk for them: two synchronous small reads per sample. It stays at most ``limit`` bytes (plus
+one batch) ahead of the batch being decoded, so read-ahead cannot flood the page cache. The
+mapping itself costs no memory: WILLNEED fills the page cache without mapping pages into the
+process.
 
 Per batch, the IO thread computes the runs with NumPy and issues the ``madvise`` calls from one
 compiled call that does not hold the GIL (:func:`advise_runs`, through the C library's symbol,
-:mod:`.cextern`). The Python loop it replaces made one call per run (hundreds per batch of small
-random samples) holding the GIL that the decoding workers need between their compiled calls. In a
-diagnostic run on warm CIFAR-sized JPEGs (not a benchmark), loading with that loop was 15-40 %
-slower than with read-ahead off; with the compiled call the two were within the run-to-run noise.
+:mod:`ffload._jit.cextern`): a Python loop would make one call per run (hundreds per batch of
+small random samples) holding the GIL that the decoding workers need between their compiled
+calls.
 
-Why ``madvise``: ``scripts/bench_scale.py --readahead-probe`` reads 2000 random 192 KiB samples
-of a cold ``.beton`` through a memory map after prefetching them with each candidate (prefetch
-and reads both timed, same run, 2-core VM, virtio SSD). 28.5 GiB file (> RAM): no prefetch
-28 MiB/s (one synchronous fault per page), ``posix_fadvise(WILLNEED)`` 514,
-``madvise(MADV_WILLNEED)`` 1380, ``os.preadv`` from 16 threads 755 (the disk: 617 MiB/s with 16
-random O_DIRECT reads in flight). 4 GiB file: 86, 822, 1610, 962. WILLNEED only *submits* the reads and returns, so one thread
-keeps many requests in flight, and the madvise path lets the block layer merge neighbours;
-``preadv`` waits for each read (one thread per request in flight) and copies every byte once
-more. io_uring has no well-kept Python wheel to rely on.
+Why ``madvise``: WILLNEED only *submits* the reads and returns, so one thread keeps many requests
+in flight, and the block layer merges neighbours; ``posix_fadvise(WILLNEED)`` reached a fraction
+of its rate, and ``os.preadv`` from threads waits for each read (one thread per request in
+flight) and copies every byte once more. io_uring has no well-kept Python wheel to rely on. The
+measurements (``scripts/bench_scale.py --readahead-probe``) are in ``docs/developer-notes.md``.
 
 The same read-ahead serves ``os_cache=False`` in RANDOM order: the block cache's ``preadv``
 then copies from the page cache instead of waiting on the disk.
@@ -38,11 +33,9 @@ then copies from the page cache instead of waiting on the disk.
 The page pool (QUASI_RANDOM with ``os_cache=False``, and every ``.beton`` on object storage) has
 its own, :class:`PagePoolReadAhead`: it walks the schedule the same way (same thread, same bound)
 and asks the pool to fetch each batch's missing pages in the background
-(:meth:`~.pagepool.PagePoolMemory.prefetch`: whole pages, several in flight: ``preadv`` threads
-for a local file, range GETs for an object); when the pool has no slot to spare yet, it waits for
-the batches in progress to move on and asks again. On the 28.5 GiB file of
-``scripts/bench_scale.py`` (cold, 2 workers), the madvise read-ahead in front of the pool gave
-604 MiB/s where ffcv's process cache, which reads pages ahead from its own threads, gave 958.
+(:meth:`~ffload.loaders.memory.pagepool.PagePoolMemory.prefetch`: whole pages, several in flight:
+``preadv`` threads for a local file, range GETs for an object); when the pool has no slot to
+spare yet, it waits for the batches in progress to move on and asks again.
 """
 from __future__ import annotations
 
@@ -55,8 +48,9 @@ import numpy as np
 from numba import njit
 
 from ffload._jit.cextern import extern, process_symbol
+from ffload.errors import ConfigurationError
 from ffload.formats.shardio import FileMapping, ShardLayout
-from ffload.loaders.memory.os_cache import batch_blocks
+from ffload.loaders.memory.schedule import batch_blocks
 
 AVAILABLE = process_symbol("madvise")
 """Whether the C library's ``madvise`` was found (POSIX systems); without it the loader runs
@@ -90,7 +84,7 @@ class ReadAhead:
             :class:`~ffload.formats.shardio.ShardLayout` (``DatasetView.shards``), whose shards
             it maps into one range (:class:`~ffload.formats.shardio.FileMapping`).
         data_size: bytes of the data region (``DatasetView.data_size``); no range reaches past it.
-        columns: ``[(ptrs, sizes), ...]`` of the decoded fields (see ``memory.payload_columns``).
+        columns: ``[(ptrs, sizes), ...]`` of the decoded fields (:func:`~ffload.loaders.memory.schedule.payload_columns`).
         limit: bytes of pages requested beyond the batch being decoded (>= 0; 0 disables).
         unit: granularity of the requested ranges, bytes (a multiple of :data:`ADVISE_PAGE`):
             the unit the batch itself will read (see the module docstring).
@@ -102,13 +96,14 @@ class ReadAhead:
         max_bytes_ahead: the most bytes ever outstanding ahead (``<= limit`` + one batch).
 
     Raises:
+        ConfigurationError: ``unit`` is not a multiple of :data:`ADVISE_PAGE` (a ValueError).
         OSError: the data file cannot be opened.
     """
 
     def __init__(self, path, data_size: int, columns, limit: int, record: bool = False,
                  unit: int = ADVISE_PAGE):
         if unit < ADVISE_PAGE or unit % ADVISE_PAGE:
-            raise ValueError(f"unit must be a multiple of {ADVISE_PAGE} bytes, got {unit}")
+            raise ConfigurationError(f"unit must be a multiple of {ADVISE_PAGE} bytes, got {unit}")
         self.data_size = int(data_size)
         self.unit = int(unit)
         self._columns = columns

@@ -1,0 +1,360 @@
+"""``os_cache=False``: a private, bounded block cache of the data file (FFCV's process cache).
+
+:class:`ProcessCacheMemory`'s ``region`` is an anonymous mapping as long as the data file,
+reserved with ``MAP_NORESERVE`` (address space only: no memory is committed for it), so that the
+decoders index it with the dataset's own offsets. Only the blocks (:func:`cache_block`: 4-64 KiB)
+that batches need are filled (with ``os.preadv``, one call per run of consecutive blocks) and the
+resident blocks never add up to more than ``cache_limit`` bytes: before reading, the cache frees
+blocks that no batch in progress needs, those whose next use in the epoch is furthest first
+(:class:`~ffload.loaders.memory.schedule.EpochSchedule`; ``madvise(MADV_DONTNEED)`` returns their
+memory to the kernel), and a batch waits while the blocks pinned by the other batches in progress
+leave no room. In QUASI_RANDOM order a ``.beton`` batch reads the whole pages it touches when only
+blocks no later batch needs have to make room for them. Transparent huge pages are disabled on
+the mapping so that a resident block costs its own size in RSS, not 2 MiB.
+
+In QUASI_RANDOM order consecutive batches read the same few pages, so with a limit of a few
+batches each block is read once per epoch; in RANDOM order only the blocks that hold the batch's
+samples are read (16 KiB blocks for 192 KiB samples: at most 224 KiB read for one), never whole
+``.beton`` pages. LMDB's ``data.mdb`` goes through the same mechanism: its records are byte
+ranges of that file like ``.beton`` payloads. So does a sharded dataset (``ffload.formats.shards``):
+its offsets are read through :class:`ffload.formats.shardio.ShardFiles`, which sends each read to
+the shard holding it. The hooks it implements are those of
+:class:`~ffload.loaders.memory.base.MemoryManager`.
+"""
+from __future__ import annotations
+
+import mmap
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from ffload.errors import ConfigurationError
+from ffload.formats.shardio import open_data_files
+from ffload.loaders.memory.anonymous import CAN_POPULATE, MAP_NORESERVE, populate
+from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
+from ffload.system import available_memory
+
+CACHE_BLOCK = 1 << 16
+"""The largest process-cache block, bytes (64 KiB); see :func:`cache_block`."""
+
+MIN_CACHE_BLOCK = mmap.PAGESIZE
+"""The smallest process-cache block, bytes: the kernel's page (4 KiB)."""
+
+MAX_CACHE_BLOCKS = 1 << 23
+"""At most this many blocks per data file: the cache keeps about 22 bytes of state per block
+(flags, pins, last use, and the epoch schedule's index and uses: 176 MiB at most), so very
+large files get larger blocks."""
+
+BLOCK_FRACTION = 8
+"""A block is at most this fraction of the mean payload (see :func:`cache_block`)."""
+
+BLOCK_TOLERANCE = 1 / 64
+"""A larger block is taken only if it reads at most this fraction more bytes than 4 KiB blocks
+(see :func:`cache_block`)."""
+
+BLOCK_SAMPLE = 4096
+""":func:`cache_block` counts the bytes read on at most this many payloads."""
+
+EVICT_SLACK = 1 / 16
+"""When the process cache must make room, it frees up to this fraction of ``cache_limit`` more than
+the batch needs, in blocks no later batch of the epoch uses (never one that would be read again):
+choosing the blocks to evict scans every resident block (their next uses, a sort), which is costly
+with millions of resident blocks; the slack makes it once per several batches."""
+
+DEFAULT_CACHE_FRACTION = 4
+"""The default ``cache_limit`` is the available memory divided by this, at most
+:data:`MAX_DEFAULT_CACHE_LIMIT`."""
+
+MAX_DEFAULT_CACHE_LIMIT = 8 << 30
+"""The largest default ``cache_limit``, bytes (8 GiB)."""
+
+
+def default_cache_limit() -> int:
+    """The default ``cache_limit`` in bytes: a quarter of the available memory
+    (``MemAvailable``), at most 8 GiB and at least 256 MiB."""
+    return int(max(256 << 20, min(MAX_DEFAULT_CACHE_LIMIT,
+                                  available_memory() // DEFAULT_CACHE_FRACTION)))
+
+
+def cache_block(columns, data_size: int) -> int:
+    """The process cache's block, bytes: the unit it reads, accounts and evicts.
+
+    A payload rarely starts or ends on a block boundary, so a sample costs its bytes plus the
+    ends of its first and last blocks. The block is the largest power of two within
+    ``[MIN_CACHE_BLOCK, CACHE_BLOCK]``, no larger than the mean payload over
+    :data:`BLOCK_FRACTION`, that reads at most :data:`BLOCK_TOLERANCE` more bytes than 4 KiB
+    blocks would (counted on up to :data:`BLOCK_SAMPLE` payloads spread over the file); then
+    raised until the file has at most :data:`MAX_CACHE_BLOCKS` blocks. 192 KiB raw samples in a
+    ``.beton`` (block-aligned): 16 KiB; the same samples in LMDB, whose values start 40 bytes
+    into a 4 KiB page: 4 KiB (49 pages each; 16 KiB blocks would read 13 blocks, 8% more);
+    110 KB ImageNet JPEGs: 4 KiB; CIFAR's 3 KiB: 4 KiB.
+
+    Args:
+        columns: ``[(ptrs, sizes), ...]`` of the decoded fields (:func:`payload_columns`).
+        data_size: bytes of the data file.
+    """
+    ptrs = np.concatenate([p for p, _ in columns]) if columns else np.zeros(0, np.uint64)
+    sizes = np.concatenate([s for _, s in columns]) if columns else np.zeros(0, np.uint64)
+    keep = sizes > 0
+    ptrs, sizes = ptrs[keep].astype(np.int64), sizes[keep].astype(np.int64)
+    if not sizes.size:  # nothing to read
+        return CACHE_BLOCK
+    mean = float(sizes.mean())
+    pick = np.linspace(0, sizes.size - 1, min(sizes.size, BLOCK_SAMPLE)).astype(np.int64)
+    ptrs, ends = ptrs[pick], ptrs[pick] + sizes[pick]
+
+    def bytes_read(b: int) -> int:
+        return int(((ends - 1) // b - ptrs // b + 1).sum()) * b
+
+    least = bytes_read(MIN_CACHE_BLOCK)
+    block = MIN_CACHE_BLOCK
+    while (block * 2 <= min(CACHE_BLOCK, mean / BLOCK_FRACTION)
+           and bytes_read(block * 2) <= least * (1 + BLOCK_TOLERANCE)):
+        block *= 2
+    while block < CACHE_BLOCK and -(-int(data_size) // block) > MAX_CACHE_BLOCKS:
+        block *= 2
+    return block
+
+
+def worst_batch_bytes(columns, batch_size: int, block: int) -> int:
+    """An upper bound (bytes) on the cache one batch of ``batch_size`` samples can need: the
+    ``batch_size`` largest per-sample block spans added up (what a RANDOM batch may draw)."""
+    if not columns:
+        return 0
+    spans = 0
+    for ptrs, sizes in columns:
+        p = ptrs.astype(np.int64)
+        end = p + sizes.astype(np.int64)
+        spans = spans + np.where(sizes > 0, (end - 1) // block - p // block + 1, 0)
+    k = min(batch_size, len(spans))
+    return int(np.partition(spans, len(spans) - k)[len(spans) - k:].sum()) * block
+
+
+class _FileBackedCache:
+    """What the process caches share: the data file (or shards) they read by offset, ``_file``
+    (:func:`ffload.formats.shardio.open_data_files`), and the ``region`` they serve, released by
+    :meth:`close`."""
+
+    _file = None
+
+    def check(self, indices: np.ndarray) -> None:
+        """Nothing to check after a batch's reads: they were ``preadv`` calls into the cache, which
+        raise when the file ends early (see :meth:`OSCacheMemory.check`)."""
+
+    def close(self) -> None:
+        """Close the file(s); the memory is freed once no batch references it."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.region = None
+
+
+class ProcessCacheMemory(_FileBackedCache):
+    """``os_cache=False``: a private cache of at most ``cache_limit`` resident bytes.
+
+    :meth:`prepare` pins the blocks (:func:`cache_block` bytes) that the batch's payloads span
+    (the given fields only) and reads the missing ones: workers claim blocks under a lock, read
+    them in parallel outside it, and wait for blocks claimed by another worker; when the blocks
+    would exceed the limit, unpinned blocks are evicted (furthest next use in the epoch's
+    :meth:`schedule` first, then least recently used), or the worker waits for other batches to
+    :meth:`release` theirs.
+
+    Args:
+        view: the :class:`ffload.formats.DatasetView`.
+        field_names: the fields whose payloads the loader decodes (fields without a payload are
+            ignored).
+        cache_limit: bytes the resident blocks may occupy at most (``None``:
+            :func:`default_cache_limit`).
+        batch_size: the largest batch the loader asks for, to check at open that one fits.
+        whole_pages: read every block of the ``view.page_size`` pages a batch touches, when
+            they fit without evicting blocks of the batch (the loader sets it in QUASI_RANDOM
+            order, where the next batches draw from the same pages: one large read per page
+            instead of many small ones).
+
+    Attributes:
+        resident_bytes: bytes of blocks currently resident or being read.
+        peak_resident_bytes: the most ``resident_bytes`` has ever been (``<= cache_limit``).
+        bytes_read: bytes read from the file so far.
+
+    Raises:
+        ConfigurationError: one batch may need more than ``cache_limit`` bytes (both named; a
+            ValueError).
+        OSError: the data file cannot be opened or mapped (named in the message).
+    """
+
+    def __init__(self, view, field_names: Sequence[str], cache_limit: int | None = None,
+                 batch_size: int = 1, whole_pages: bool = False):
+        self.path, self.ptrs = view.data_path or view.path, view.ptrs
+        self.data_size = int(view.data_size)
+        self.cache_limit = default_cache_limit() if cache_limit is None else int(cache_limit)
+        self._payloads = payload_columns(view, field_names)
+        self.block = cache_block(self._payloads, self.data_size)
+        self.blocks_per_page = max(1, int(view.page_size) // self.block) if whole_pages else 1
+        need = worst_batch_bytes(self._payloads, batch_size, self.block)
+        if need > self.cache_limit:
+            raise ConfigurationError(
+                f"{view.path}: a batch of {batch_size} samples may need {need} bytes of process "
+                f"cache ({self.block}-byte blocks), more than cache_limit={self.cache_limit} "
+                f"bytes; raise cache_limit, lower batch_size, or use os_cache=True")
+        if self.data_size:
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE
+            try:
+                self._buffer = mmap.mmap(-1, self.data_size, flags=flags)
+            except OSError as e:
+                raise OSError(e.errno, f"{self.path}: cannot reserve {self.data_size} bytes of "
+                                       f"address space for the process cache ({e.strerror}; "
+                                       f"vm.overcommit_memory=2?); use os_cache=True") from e
+            if hasattr(mmap, "MADV_NOHUGEPAGE"):
+                self._buffer.madvise(mmap.MADV_NOHUGEPAGE)
+            self.region = np.frombuffer(self._buffer, dtype=np.uint8)
+        else:
+            self._buffer = None
+            self.region = np.empty(0, dtype=np.uint8)
+        blocks = -(-self.data_size // self.block)
+        self._resident = np.zeros(blocks, dtype=bool)  # filled, or being read
+        self._loading = np.zeros(blocks, dtype=bool)
+        self._pins = np.zeros(blocks, dtype=np.int32)
+        self._last_use = np.zeros(blocks, dtype=np.int64)
+        self._tick = 0
+        self._schedule = EpochSchedule(self._payloads, self.block)
+        self._cond = threading.Condition()
+        self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
+        self._populate = CAN_POPULATE
+        self._file = open_data_files(view)
+
+    def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
+        """The epoch's batches (each ``(B,) int64`` sample ids), of which ``start`` onwards will
+        be prepared: eviction then frees the blocks whose next use is furthest (never used again
+        first), instead of the least recently used (see :class:`EpochSchedule`)."""
+        with self._cond:
+            self._schedule.set(batches, start)
+
+    def prepare(self, indices: np.ndarray, batch: int | None = None) -> np.ndarray:
+        """Make the blocks spanned by the payloads of samples ``indices`` (``(B,) int64``)
+        resident and pin them; returns the lease to pass to :meth:`release` once the batch has
+        been decoded. ``batch``: its number in the :meth:`schedule` (for eviction).
+
+        Raises:
+            OSError: a read failed or the file is shorter than ``data_size`` (truncated).
+        """
+        blocks = batch_blocks(self._payloads, indices, self.block)
+        with self._cond:
+            while True:
+                if self._loading[blocks].any():  # another worker is reading some of them
+                    self._cond.wait()
+                    continue
+                mine = blocks[~self._resident[blocks]]
+                extra = self._rest_of_pages(mine)
+                if extra.size and self._make_room((mine.size + extra.size) * self.block, blocks,
+                                                  batch, dead_only=True):
+                    mine = np.union1d(mine, extra)
+                    break
+                if self._make_room(mine.size * self.block, blocks, batch):
+                    break
+                self._cond.wait()  # every other block is pinned by a batch in progress
+            self._pins[blocks] += 1
+            self._schedule.prepared(batch)
+            self._tick += 1
+            self._last_use[blocks] = self._tick
+            self._resident[mine] = self._loading[mine] = True
+            self.resident_bytes += mine.size * self.block
+            self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+        try:
+            nread = self._read_blocks(mine)  # outside the lock: workers read in parallel
+        except BaseException:
+            with self._cond:
+                self._resident[mine] = self._loading[mine] = False
+                self.resident_bytes -= mine.size * self.block
+                self._pins[blocks] -= 1
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._loading[mine] = False
+            self.bytes_read += nread
+            self._cond.notify_all()
+        return blocks
+
+    def _rest_of_pages(self, blocks: np.ndarray) -> np.ndarray:
+        """The blocks, neither resident nor in ``blocks``, of the pages ``blocks`` fall in
+        (empty unless ``whole_pages``). Holds the lock."""
+        if self.blocks_per_page == 1 or blocks.size == 0:
+            return blocks[:0]
+        pages = sorted_unique(blocks // self.blocks_per_page)
+        every = (pages[:, None] * self.blocks_per_page + np.arange(self.blocks_per_page)).ravel()
+        every = every[every < self._resident.size]
+        every = every[~self._resident[every]]
+        return np.setdiff1d(every, blocks, assume_unique=True)
+
+    def release(self, lease: np.ndarray) -> None:
+        """Unpin the blocks of a batch (the lease :meth:`prepare` returned); they stay resident
+        until the room is needed."""
+        with self._cond:
+            self._pins[lease] -= 1
+            self._cond.notify_all()
+
+    def _make_room(self, nbytes: int, keep: np.ndarray, batch: int | None,
+                   dead_only: bool = False) -> bool:
+        """Evict unpinned blocks (the furthest next use after ``batch`` first, then the least
+        recently used; never ``keep``; with ``dead_only``, only blocks the schedule never uses
+        again) until ``nbytes`` more fit under the limit, plus up to :data:`EVICT_SLACK` of it
+        in blocks the schedule never uses again; False (nothing evicted) when they cannot. Holds
+        the lock."""
+        excess = self.resident_bytes + nbytes - self.cache_limit
+        if excess <= 0:
+            return True
+        free = self._resident & ~self._loading & (self._pins == 0)
+        free[keep] = False
+        candidates = np.flatnonzero(free)
+        count = -(-excess // self.block)
+        if candidates.size < count:
+            return False
+        next_use = self._schedule.next_use(candidates, batch)
+        if dead_only:
+            dead = next_use == NEVER
+            candidates, next_use = candidates[dead], next_use[dead]
+            if candidates.size < count:
+                return False
+        dead = int(np.count_nonzero(next_use == NEVER))  # the slack: blocks never needed again only
+        count = max(count, min(dead, count + int(self.cache_limit * EVICT_SLACK) // self.block))
+        if candidates.size > count:
+            rank = np.lexsort((self._last_use[candidates], -next_use))
+            candidates = np.sort(candidates[rank[:count]])
+        self._evict(candidates)
+        return True
+
+    def _evict(self, blocks: np.ndarray) -> None:
+        breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+        for run in np.split(blocks, breaks):
+            start = int(run[0]) * self.block
+            length = min(self.data_size, (int(run[-1]) + 1) * self.block) - start
+            self._buffer.madvise(mmap.MADV_DONTNEED, start, length)
+        self._resident[blocks] = False
+        self.resident_bytes -= blocks.size * self.block
+
+    def _read_blocks(self, blocks: np.ndarray) -> int:
+        """Read ``blocks`` (sorted block numbers), one call per run of consecutive blocks;
+        returns the bytes read."""
+        if blocks.size == 0:
+            return 0
+        total = 0
+        breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
+        for run in np.split(blocks, breaks):
+            start = int(run[0]) * self.block
+            stop = min((int(run[-1]) + 1) * self.block, self.data_size)
+            self._read(start, stop)
+            total += stop - start
+        return total
+
+    def _read(self, start: int, stop: int) -> None:
+        if self._populate:  # one call allocates the run's pages, cheaper than faulting them one by one in preadv
+            self._populate = populate(self._buffer, start, stop - start)
+        with memoryview(self._buffer) as whole:
+            done = 0
+            while start + done < stop:
+                n = self._file.preadv([whole[start + done:stop]], start + done)
+                if n == 0:
+                    raise OSError(f"{self.path}: file ends at byte {start + done}, expected "
+                                  f"{self.data_size} bytes (truncated?)")
+                done += n
+
