@@ -14,6 +14,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from ffload.errors import FormatError
 from ffload.formats import DatasetView
 from ffload.formats.fields.base import ImageArrayField, JSONField, RGBImageField
 from ffload.formats.shardio import check_mapping
@@ -22,7 +23,7 @@ from ffload.loaders.samples import SampleDecoder
 
 def _parse_json(raw: bytes) -> None:
     if not raw.endswith(b"\0"):
-        raise ValueError("JSON payload lacks its NUL terminator")
+        raise FormatError("JSON payload lacks its NUL terminator")
     json.loads(raw[:-1].decode("utf8"))
 
 

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import ffload.convert
+import ffload.convert.demo_data
 import ffload.verify
 from ffload import errors
 from ffload.cli import main
@@ -128,6 +129,69 @@ FUNCTION_ERRORS = [
 def test_function_arguments_are_configuration_errors(tmp_path, call, error, match):
     with pytest.raises(error, match=match):
         call(tmp_path)
+
+
+def _declare(op, spec_args, field=None):
+    """``op.declare`` on a one-field view (``field`` named 'x'), a ``Spec(*spec_args)`` input or ``None``."""
+    from types import SimpleNamespace
+
+    from ffload.loaders.pipeline.operation import Spec
+    field = IntField() if field is None else field
+    return op.declare(None if spec_args is None else Spec(*spec_args), field, SimpleNamespace(fields={"x": field}))
+
+
+def _op(name, *args, **kw):
+    import ffload.loaders.decoders
+    import ffload.loaders.transforms
+    module = ffload.loaders.transforms if hasattr(ffload.loaders.transforms, name) else ffload.loaders.decoders
+    return getattr(module, name)(*args, **kw)
+
+
+def _torch_spec(*shape):
+    import torch
+    return (shape, torch.uint8, True)
+
+
+# (call, the specific class, a key part of the message): transforms, decoders, demo data, verify
+PIPELINE_ERRORS = [
+    pytest.param(lambda: _op("RandomHorizontalFlip", 2.0), errors.ConfigurationError, "flip_prob must be in",
+                 id="flip-prob"),
+    pytest.param(lambda: _op("ColorJitter", hue=0.7), errors.ConfigurationError, "hue must lie in", id="jitter-hue"),
+    pytest.param(lambda: _op("PythonTransform", abs, (1,), input_type="x"), errors.ConfigurationError,
+                 "input_type must be one of", id="python-input-type"),
+    pytest.param(lambda: _op("RandomResizedCropRGBImageDecoder", 32, scale=(0, 1)), errors.ConfigurationError,
+                 "scale must be", id="rrc-scale"),
+    pytest.param(lambda: _op("RaggedArrayDecoder", max_length=-1), errors.ConfigurationError,
+                 "max_length must be >= 0", id="ragged-max-length"),
+    pytest.param(lambda: _declare(_op("Squeeze", 1), ((3,), np.uint8)), errors.ConfigurationError,
+                 "must name size-1", id="squeeze-dims"),
+    pytest.param(lambda: ffload.convert.demo_data.digits_images(4), errors.ConfigurationError,
+                 "size must be >= 8", id="demo-size"),
+    pytest.param(lambda: _declare(_op("RandomHorizontalFlip"), ((), np.int64)), errors.PipelineError,
+                 "field 'x'.*works on numpy \\(H, W, C\\)", id="flip-on-labels"),
+    pytest.param(lambda: _declare(_op("GaussianBlur", 5), ((8, 8, 3), np.float32)), errors.PipelineError,
+                 "needs uint8 images", id="blur-float"),
+    pytest.param(lambda: _declare(_op("ToTensor"), _torch_spec(4, 4, 3)), errors.PipelineError,
+                 "needs a numpy array", id="to-tensor-twice"),
+    pytest.param(lambda: _declare(_op("IntDecoder"), None, RGBImageField("raw")), errors.PipelineError,
+                 "IntDecoder decodes IntField fields; field 'x' is a RGBImageField", id="decoder-field-type"),
+    pytest.param(lambda: ffload.verify._parse_json(b"{}"), errors.FormatError, "lacks its NUL terminator",
+                 id="verify-json"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", PIPELINE_ERRORS)
+def test_pipeline_and_decoder_errors_name_their_class(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_to_device_without_cuda_is_unavailable():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(errors.UnavailableError, match="CUDA is not available"):
+        _declare(_op("ToDevice", "cuda:0"), _torch_spec(4, 4, 3))
 
 
 def test_old_names_are_the_new_classes():

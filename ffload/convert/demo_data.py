@@ -18,6 +18,8 @@ import os
 import cv2
 import numpy as np
 
+from ffload.errors import ConfigurationError
+
 __all__ = ["digits_images", "build_digits_folder", "build_photos_folder", "PHOTO_CLASSES"]
 
 logger = logging.getLogger(__name__)
@@ -63,10 +65,10 @@ def digits_images(size: int = 32) -> tuple[np.ndarray, np.ndarray]:
     Returns:
         ``(images (1797, size, size, 3) uint8 RGB, labels (1797,) int64)`` in ``load_digits()`` order.
     Raises:
-        ImportError: scikit-learn missing. ValueError: ``size < 8``.
+        ImportError: scikit-learn missing. ConfigurationError: ``size < 8``.
     """
     if size < 8:
-        raise ValueError(f"size must be >= 8 pixels, got {size}")
+        raise ConfigurationError(f"size must be >= 8 pixels, got {size}")
     datasets = _require("sklearn.datasets", "scikit-learn")
     digits = datasets.load_digits()
     small = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)
@@ -90,10 +92,11 @@ def build_digits_folder(root: str | os.PathLike, size: int = 32, test_fraction: 
         ``{'root', 'size', 'num_train', 'num_test', 'train_per_class': {digit: n}, 'test_per_class': {...}}``
         (digits as ``str``).
     Raises:
-        ImportError: scikit-learn missing. FileExistsError: ``root`` not empty. ValueError: bad ``test_fraction``.
+        ImportError: scikit-learn missing. FileExistsError: ``root`` not empty. ConfigurationError: bad
+        ``test_fraction``.
     """
     if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
+        raise ConfigurationError(f"test_fraction must be in [0, 1), got {test_fraction}")
     images, labels = digits_images(size)
     root = _prepare_root(root)
     summary = {"root": root, "size": size, "train_per_class": {}, "test_per_class": {}}
@@ -165,10 +168,10 @@ def build_photos_folder(root: str | os.PathLike, n_per_class: int = 20, seed: in
         ``{'root', 'classes': [...], 'per_class': {class: n}, 'num_images', 'num_jpeg', 'num_png'}``.
     Raises:
         ImportError: scikit-image or scikit-learn missing. FileExistsError: ``root`` not empty.
-        ValueError: ``n_per_class < 1``.
+        ConfigurationError: ``n_per_class < 1``.
     """
     if n_per_class < 1:
-        raise ValueError(f"n_per_class must be >= 1, got {n_per_class}")
+        raise ConfigurationError(f"n_per_class must be >= 1, got {n_per_class}")
     photos = _load_photos()
     root = _prepare_root(root)
     summary = {"root": root, "classes": list(PHOTO_CLASSES), "per_class": {}, "num_jpeg": 0, "num_png": 0}

@@ -162,7 +162,7 @@ class FileMapping:
     @property
     def __array_interface__(self) -> dict:
         if self.address is None:
-            raise ValueError("the file mapping is closed")
+            raise ConfigurationError("the file mapping is closed")
         return {"shape": (self.size,), "typestr": "|u1", "data": (self.address, True), "version": 3}
 
     def array(self) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ffload.errors import ConfigurationError, PipelineError
 from ffload.loaders.pipeline.operation import BatchContext, Operation
 
 
@@ -29,12 +30,12 @@ class Decoder(Operation):
     is_decoder = True
 
     def _check_field(self, field, view) -> str:
-        """Return the field's name; raise TypeError if this decoder cannot decode it."""
+        """Return the field's name; raise PipelineError if this decoder cannot decode it."""
         name = field_name(field, view)
         if not isinstance(field, self.field_types):
             accepted = " or ".join(t.__name__ for t in self.field_types)
-            raise TypeError(f"{type(self).__name__} decodes {accepted} fields; field '{name}' is "
-                            f"a {type(field).__name__}")
+            raise PipelineError(f"{type(self).__name__} decodes {accepted} fields; field '{name}' is "
+                                f"a {type(field).__name__}")
         self.field_name = name
         return name
 
@@ -48,9 +49,9 @@ def region_array(ctx: BatchContext) -> np.ndarray:
 def flat_view(array: np.ndarray) -> np.ndarray:
     """A 1-D view of a C-contiguous array, for kernels that write through it.
 
-    Raises ValueError for other layouts (a reshaped copy would silently drop the writes)."""
+    Raises ConfigurationError for other layouts (a reshaped copy would silently drop the writes)."""
     if not array.flags.c_contiguous:
-        raise ValueError(f"expected a C-contiguous batch buffer, got strides {array.strides}")
+        raise ConfigurationError(f"expected a C-contiguous batch buffer, got strides {array.strides}")
     return array.reshape(-1)
 
 
@@ -68,10 +69,10 @@ def copy_bytes(src, src_start, dst, dst_start, n):
 def output_size_pair(output_size) -> tuple[int, int]:
     """A crop decoder's ``output_size`` argument as ``(height, width)`` pixels (an int is a square).
 
-    Raises ValueError: a side below 1."""
+    Raises ConfigurationError: a side below 1."""
     if isinstance(output_size, (int, np.integer)):
         output_size = (output_size, output_size)
     h, w = (int(v) for v in output_size)
     if h < 1 or w < 1:
-        raise ValueError(f"output_size must be positive, got {output_size}")
+        raise ConfigurationError(f"output_size must be positive, got {output_size}")
     return h, w

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ffload.errors import ConfigurationError, FormatError
 from ffload.formats.fields.base import (
     BytesField,
     FloatField,
@@ -40,7 +41,7 @@ class _MetadataDecoder(Decoder):
 class IntDecoder(_MetadataDecoder):
     """Decode an IntField: per sample ``() int64`` (FFCV's ``IntDecoder``).
 
-    Raises TypeError at declare for another field type."""
+    Raises PipelineError at declare for another field type."""
 
     field_types = (IntField,)
     dtype = np.dtype(np.int64)
@@ -49,7 +50,7 @@ class IntDecoder(_MetadataDecoder):
 class FloatDecoder(_MetadataDecoder):
     """Decode a FloatField: per sample ``() float64`` (FFCV's ``FloatDecoder``).
 
-    Raises TypeError at declare for another field type."""
+    Raises PipelineError at declare for another field type."""
 
     field_types = (FloatField,)
     dtype = np.dtype(np.float64)
@@ -78,8 +79,8 @@ class NDArrayDecoder(Decoder):
     gathered by one kernel per batch (FFCV's ``NDArrayDecoder``).
 
     Raises:
-        TypeError (declare): the field is not an NDArrayField.
-        ValueError (declare): a payload's size differs from ``prod(shape) * itemsize``.
+        PipelineError (declare): the field is not an NDArrayField.
+        FormatError (declare): a payload's size differs from ``prod(shape) * itemsize``.
     """
 
     field_types = (NDArrayField,)
@@ -91,8 +92,8 @@ class NDArrayDecoder(Decoder):
         bad = np.flatnonzero(view.sizes[name] != self.nbytes)
         if bad.size:
             s = int(bad[0])
-            raise ValueError(f"field '{name}', sample {s}: payload is {int(view.sizes[name][s])} "
-                             f"bytes, expected {self.nbytes}")
+            raise FormatError(f"field '{name}', sample {s}: payload is {int(view.sizes[name][s])} "
+                              f"bytes, expected {self.nbytes}")
         return Spec(tuple(field.shape), self.dtype)
 
     def __call__(self, src, dst, ctx):
@@ -101,8 +102,8 @@ class NDArrayDecoder(Decoder):
         flat = flat_view(out).view(np.uint8)
         bad = _gather_payloads(ctx.indices, ctx.ptrs, ctx.sizes, region_array(ctx), flat, self.nbytes)
         if bad >= 0:
-            raise ValueError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload "
-                             "lies outside the data region")
+            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload "
+                              "lies outside the data region")
         return out
 
 
@@ -113,7 +114,7 @@ class BytesDecoder(Decoder):
     leaves the padding unspecified). Use ``JSONField.unpack`` to parse JSON rows.
 
     Raises:
-        TypeError (declare): the field is neither a BytesField nor a JSONField.
+        PipelineError (declare): the field is neither a BytesField nor a JSONField.
     """
 
     field_types = (BytesField, JSONField)
@@ -129,8 +130,8 @@ class BytesDecoder(Decoder):
         bad = _gather_payloads(ctx.indices, ctx.ptrs, ctx.sizes, region_array(ctx), flat_view(out),
                                self.max_size)
         if bad >= 0:
-            raise ValueError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload is "
-                             f"longer than {self.max_size} bytes or outside the data region")
+            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload is "
+                              f"longer than {self.max_size} bytes or outside the data region")
         return out
 
 
@@ -155,7 +156,7 @@ def _gather_clipped(indices, ptrs, sizes, region, dst, width, pad):
 
 def _max_length(max_length) -> int | None:
     if max_length is not None and int(max_length) < 0:
-        raise ValueError(f"max_length must be >= 0 or None, got {max_length}")
+        raise ConfigurationError(f"max_length must be >= 0 or None, got {max_length}")
     return None if max_length is None else int(max_length)
 
 
@@ -181,9 +182,10 @@ class RaggedArrayDecoder(Decoder):
     sample sets the size of every batch: pass ``max_length`` to bound it.
 
     Raises:
-        TypeError (declare): the field is not a RaggedArrayField.
-        ValueError: a negative ``max_length``, a ``fill`` the dtype cannot hold; (call) a payload
-            outside the data region, naming the field and sample.
+        PipelineError (declare): the field is not a RaggedArrayField.
+        ConfigurationError: a negative ``max_length``. FieldError (declare): a ``fill`` the dtype
+            cannot hold. FormatError (call): a payload outside the data region, naming the field
+            and sample.
     """
 
     field_types = (RaggedArrayField,)
@@ -207,8 +209,8 @@ class RaggedArrayDecoder(Decoder):
         bad = _gather_clipped(ctx.indices, ctx.ptrs, ctx.sizes, region_array(ctx), flat_view(out).view(np.uint8),
                               self.width, self.pad)
         if bad >= 0:
-            raise ValueError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload lies "
-                             "outside the data region")
+            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload lies "
+                              "outside the data region")
         return out
 
 
@@ -218,8 +220,8 @@ class RaggedLengthDecoder(Decoder):
     Reads only the metadata (``K = size // row_bytes``), never the payload.
 
     Raises:
-        TypeError (declare): the field is not a RaggedArrayField.
-        ValueError: a negative ``max_length``.
+        PipelineError (declare): the field is not a RaggedArrayField.
+        ConfigurationError: a negative ``max_length``.
     """
 
     field_types = (RaggedArrayField,)

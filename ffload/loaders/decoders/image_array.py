@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ffload.errors import FormatError, PipelineError
 from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField
 from ffload.loaders.decoders.base import Decoder, copy_bytes, flat_view, output_size_pair
 from ffload.loaders.decoders.crops import crop_window
@@ -45,9 +46,9 @@ class ImageArrayDecoder(Decoder):
     of another size is an error when its batch is decoded.
 
     Raises:
-        TypeError (declare): the field is not an ImageArrayField, or the raw payloads to be read
+        PipelineError (declare): the field is not an ImageArrayField, or the raw payloads to be read
             differ in size (images of several sizes).
-        ValueError: (declare) no samples, or that first sample's header disagrees with its size (or its
+        FormatError: (declare) no samples, or that first sample's header disagrees with its size (or its
             PNG is corrupt); (call) a sample whose image is not the dataset's size, or a corrupt
             PNG, naming the field and sample.
     """
@@ -59,18 +60,18 @@ class ImageArrayDecoder(Decoder):
         name = self._check_field(field, view)
         selected, sizes = view.selected(), view.sizes[name]
         if len(selected) == 0:
-            raise ValueError(f"field '{name}': the dataset has no samples")
+            raise FormatError(f"field '{name}': the dataset has no samples")
         first = int(selected[0])
         other = np.flatnonzero(sizes[selected] != sizes[first]) if field.compression == "raw" else np.zeros(0)
         if other.size:
             s = int(selected[other[0]])
-            raise TypeError(f"ImageArrayDecoder needs images of one size; field '{name}': sample {s} "
-                            f"is {int(sizes[s])} bytes, sample {first} {int(sizes[first])}; use "
-                            "CenterCropImageArrayDecoder or RandomCropImageArrayDecoder")
+            raise PipelineError(f"ImageArrayDecoder needs images of one size; field '{name}': sample {s} "
+                                f"is {int(sizes[s])} bytes, sample {first} {int(sizes[first])}; use "
+                                "CenterCropImageArrayDecoder or RandomCropImageArrayDecoder")
         try:
             self.shape = field.to_array(view.payload(name, first)).shape
         except FieldError as e:
-            raise ValueError(f"field '{name}', sample {first}: {e}") from e
+            raise FormatError(f"field '{name}', sample {first}: {e}") from e
         self.nbytes = self.shape[0] * self.shape[1] * field.pixel_bytes
         self.field = field
         return Spec(self.shape, field.dtype)
@@ -83,8 +84,8 @@ class ImageArrayDecoder(Decoder):
                              height, width, self.nbytes, IMAGE_HEADER.itemsize)
         if bad >= 0:
             s = int(ctx.indices[bad])
-            raise ValueError(f"field '{self.field_name}', sample {s}: not a {width}x{height} image of "
-                             f"{self.nbytes} pixel bytes (corrupt header or payload outside the data region)")
+            raise FormatError(f"field '{self.field_name}', sample {s}: not a {width}x{height} image of "
+                              f"{self.nbytes} pixel bytes (corrupt header or payload outside the data region)")
         if self.publish is not None:
             whole = np.tile(np.array([0, 0, height, width], np.int64), (len(out), 1))
             Geometry.publish(ctx, self.publish, whole, whole[:, 2:], (height, width))
@@ -154,7 +155,7 @@ class _CropImageArrayDecoder(Decoder):
         if bad >= 0:
             where = f"field '{self.field_name}', sample {int(ctx.indices[bad])}"
             if h < 0:
-                raise ValueError(f"{where}: header and payload size disagree (corrupt image)")
+                raise FormatError(f"{where}: header and payload size disagree (corrupt image)")
             raise ValueError(f"{where}: the {w}x{h} image is smaller than the {out_w}x{out_h} crop")
         if self.publish is not None:
             Geometry.publish(ctx, self.publish, boxes, image_sizes, self.output_size)
@@ -170,9 +171,10 @@ class CenterCropImageArrayDecoder(_CropImageArrayDecoder):
         output_size: ``(height, width)`` or an int (square), pixels.
 
     Raises:
-        TypeError (declare): the field is not an ImageArrayField.
-        ValueError: a non-positive size; (call) an image smaller than the window (torchvision
-            would pad it) or a corrupt header, naming the field and sample.
+        PipelineError (declare): the field is not an ImageArrayField.
+        ConfigurationError: a non-positive size. ValueError (call): an image smaller than the
+            window (torchvision would pad it). FormatError (call): a corrupt header. Both
+            name the field and sample.
     """
 
 
@@ -186,9 +188,9 @@ class RandomCropImageArrayDecoder(_CropImageArrayDecoder):
         output_size: ``(height, width)`` or an int (square), pixels.
 
     Raises:
-        TypeError (declare): the field is not an ImageArrayField.
-        ValueError: a non-positive size; (call) an image smaller than the window or a corrupt
-            header, naming the field and sample.
+        PipelineError (declare): the field is not an ImageArrayField.
+        ConfigurationError: a non-positive size. ValueError (call): an image smaller than the
+            window. FormatError (call): a corrupt header. Both name the field and sample.
     """
 
     random = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ffload.errors import FormatError
 from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField
 from ffload.loaders.decoders.base import region_array
 from ffload.loaders.pipeline.operation import BatchContext
@@ -46,7 +47,7 @@ def batch_payloads(field: ImageArrayField, ctx: BatchContext, name: str):
         sample ``ctx.indices[b]``).
 
     Raises:
-        ValueError: a PNG that is corrupt, of another depth or channel count than the field's,
+        FormatError: a PNG that is corrupt, of another depth or channel count than the field's,
             or whose payload lies outside the data region, naming the field and sample (the
             loader turns it into a :class:`~ffload.errors.LoaderError` with that sample).
     """
@@ -57,11 +58,11 @@ def batch_payloads(field: ImageArrayField, ctx: BatchContext, name: str):
     for s in ctx.indices:
         p, n = int(ctx.ptrs[s]), int(ctx.sizes[s])
         if p < 0 or p + n > region.shape[0]:
-            raise ValueError(f"field '{name}', sample {int(s)}: payload lies outside the data region")
+            raise FormatError(f"field '{name}', sample {int(s)}: payload lies outside the data region")
         try:
             images.append(field.decode_png(region[p:p + n]))
         except FieldError as e:
-            raise ValueError(f"field '{name}', sample {int(s)}: {e}") from e
+            raise FormatError(f"field '{name}', sample {int(s)}: {e}") from e
     sizes = np.array([IMAGE_HEADER.itemsize + im.nbytes for im in images], np.uint64)
     ptrs = np.zeros(len(images), np.uint64)
     np.cumsum(sizes[:-1], out=ptrs[1:])

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from ffload.codecs import jpeg
-from ffload.errors import FormatError
+from ffload.errors import ConfigurationError, FormatError, PipelineError
 from ffload.formats.fields.base import RGBImageField, describe_size_mismatch, differing_sizes
 from ffload.loaders.decoders.base import Decoder, flat_view, output_size_pair, region_array
 from ffload.loaders.decoders.crops import center_crop_boxes, random_resized_crop_boxes
@@ -107,10 +107,10 @@ class SimpleRGBImageDecoder(_RGBDecoder):
             both. Applies to full-scale (8/8) decodes; the OpenCV fallback ignores it.
 
     Raises:
-        TypeError (declare): the field is not an RGBImageField, or the images to be read
+        PipelineError (declare): the field is not an RGBImageField, or the images to be read
             (``view.selected()``: a Loader's ``indices``) differ in size, naming two of them (use
             :class:`CenterCropRGBImageDecoder` / :class:`RandomResizedCropRGBImageDecoder`).
-        FormatError (call; a ValueError): a JPEG payload is corrupt (libjpeg-turbo's message) or
+        FormatError (call): a JPEG payload is corrupt (libjpeg-turbo's message) or
             its header declares a size other than its metadata (refused before decoding, so no
             buffer is sized from it); the message names the field and sample.
     """
@@ -118,10 +118,10 @@ class SimpleRGBImageDecoder(_RGBDecoder):
     def _declare(self, view):
         name, column, selected = self.field_name, view.metadata[self.field_name], view.selected()
         if len(selected) == 0:
-            raise ValueError(f"field '{name}': the dataset has no samples")
+            raise FormatError(f"field '{name}': the dataset has no samples")
         pair = differing_sizes(column, selected)
         if pair is not None:
-            raise TypeError(
+            raise PipelineError(
                 f"SimpleRGBImageDecoder needs images of one size, field '{name}' has several "
                 f"({describe_size_mismatch(column, pair)}); use "
                 "CenterCropRGBImageDecoder or RandomResizedCropRGBImageDecoder instead")
@@ -166,16 +166,16 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        TypeError (declare): the field is not an RGBImageField.
-        ValueError: bad arguments; (call, FormatError) a corrupt JPEG (libjpeg-turbo's message), naming the
-            field and sample.
+        PipelineError (declare): the field is not an RGBImageField.
+        ConfigurationError: bad arguments. FormatError (call): a corrupt JPEG (libjpeg-turbo's
+            message), naming the field and sample.
     """
 
     def __init__(self, output_size: int | tuple[int, int], ratio: float = 224 / 256,
                  fast_dct: bool = False):
         super().__init__(output_size, fast_dct)
         if not 0 < ratio <= 1:
-            raise ValueError(f"ratio must be in (0, 1], got {ratio}")
+            raise ConfigurationError(f"ratio must be in (0, 1], got {ratio}")
         self.ratio = float(ratio)
 
     def _boxes(self, ctx, heights, widths, out):
@@ -204,9 +204,9 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        TypeError (declare): the field is not an RGBImageField.
-        ValueError: bad arguments; (call, FormatError) a corrupt JPEG (libjpeg-turbo's message), naming the
-            field and sample.
+        PipelineError (declare): the field is not an RGBImageField.
+        ConfigurationError: bad arguments. FormatError (call): a corrupt JPEG (libjpeg-turbo's
+            message), naming the field and sample.
     """
 
     def __init__(self, output_size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
@@ -215,9 +215,9 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
         scale = tuple(float(v) for v in scale)
         ratio = tuple(float(v) for v in ratio)
         if len(scale) != 2 or not 0 < scale[0] <= scale[1]:
-            raise ValueError(f"scale must be (min, max) with 0 < min <= max, got {scale}")
+            raise ConfigurationError(f"scale must be (min, max) with 0 < min <= max, got {scale}")
         if len(ratio) != 2 or not 0 < ratio[0] <= ratio[1]:
-            raise ValueError(f"ratio must be (min, max) with 0 < min <= max, got {ratio}")
+            raise ConfigurationError(f"ratio must be (min, max) with 0 < min <= max, got {ratio}")
         self.scale, self.ratio = scale, ratio
 
     def declare(self, spec, field, view):
@@ -253,9 +253,9 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        TypeError (declare): the field is not an RGBImageField.
-        ValueError: a non-positive size; (call, FormatError) a corrupt JPEG (libjpeg-turbo's message), naming
-            the field and sample.
+        PipelineError (declare): the field is not an RGBImageField.
+        ConfigurationError: a non-positive size. FormatError (call): a corrupt JPEG (libjpeg-turbo's
+            message), naming the field and sample.
     """
 
     def _boxes(self, ctx, heights, widths, out):

@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ffload.errors import ConfigurationError
+from ffload.errors import ConfigurationError, FormatError, PipelineError
 from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField, RaggedArrayField, cast_values
 from ffload.loaders.decoders.base import Decoder, field_name, flat_view
 from ffload.loaders.decoders.image_payloads import batch_payloads, image_header
@@ -148,7 +148,7 @@ class TransformBoxes(Operation):
     Raises:
         ConfigurationError: bad arguments; (loader construction) the image pipeline is missing,
             runs later, or moves pixels in a way it does not record (:func:`.geometry.link`); (declare) not linked by a loader.
-        TypeError (declare): the input is not a numpy ``(K, 4)`` float batch of a RaggedArrayField.
+        PipelineError (declare): the input is not a numpy ``(K, 4)`` float batch of a RaggedArrayField.
     """
 
     publishes_count = True
@@ -168,9 +168,9 @@ class TransformBoxes(Operation):
         name = field_name(field, view)
         if not isinstance(field, RaggedArrayField) or field.inner_shape != (4,) or spec is None or spec.on_torch \
                 or len(spec.shape) != 2 or spec.shape[1] != 4 or np.dtype(spec.dtype).kind != "f":
-            raise TypeError(f"TransformBoxes (field '{name}') needs the numpy (K, 4) float batch of "
-                            f"RaggedArrayDecoder on a RaggedArrayField(float, (4,)), got {spec} of "
-                            f"{type(field).__name__}")
+            raise PipelineError(f"TransformBoxes (field '{name}') needs the numpy (K, 4) float batch of "
+                                f"RaggedArrayDecoder on a RaggedArrayField(float, (4,)), got {spec} of "
+                                f"{type(field).__name__}")
         self.row_bytes = np.uint64(field.row_bytes)
         _require_link(self, name, self.image)
         return spec
@@ -201,7 +201,7 @@ class BoxCountDecoder(Decoder):
     Raises:
         ConfigurationError: ``boxes`` not a name; (loader construction) that pipeline is missing,
             runs later, or has no TransformBoxes; (declare) not linked by a loader.
-        TypeError (declare): the field is not a RaggedArrayField.
+        PipelineError (declare): the field is not a RaggedArrayField.
     """
 
     field_types = (RaggedArrayField,)
@@ -276,8 +276,8 @@ class FollowBoxes(Operation):
         ConfigurationError: ``boxes`` not a name; (loader construction) that pipeline is missing,
             runs later, or has no TransformBoxes; (declare) not linked by a loader, or a ``K_max``
             other than the boxes'.
-        TypeError (declare): the input is not the numpy batch of a RaggedArrayField.
-        ValueError (call): a sample whose row count is not its boxes' count, naming the field and sample.
+        PipelineError (declare): the input is not the numpy batch of a RaggedArrayField.
+        FormatError (call): a sample whose row count is not its boxes' count, naming the field and sample.
     """
 
     def __init__(self, boxes: str, fill=0):
@@ -295,8 +295,8 @@ class FollowBoxes(Operation):
         name = field_name(field, view)
         if not isinstance(field, RaggedArrayField) or spec is None or spec.on_torch \
                 or tuple(spec.shape[1:]) != field.inner_shape:
-            raise TypeError(f"FollowBoxes (field '{name}') needs the numpy batch of RaggedArrayDecoder on a "
-                            f"RaggedArrayField, got {spec} of {type(field).__name__}")
+            raise PipelineError(f"FollowBoxes (field '{name}') needs the numpy batch of RaggedArrayDecoder on a "
+                                f"RaggedArrayField, got {spec} of {type(field).__name__}")
         _require_link(self, name, self.boxes)
         if spec.shape[0] != self.box_rows:
             raise ConfigurationError(f"FollowBoxes (field '{name}'): {spec.shape[0]} rows per sample, but the boxes "
@@ -318,9 +318,9 @@ class FollowBoxes(Operation):
         bad = keep_rows(flat_view(src).view(np.uint8), len(src), k_max, self.row_bytes, lengths, record.stored,
                         record.counts, record.kept, self.pad)
         if bad >= 0:
-            raise ValueError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: {int(lengths[bad])} rows, "
-                             f"but its boxes (pipeline {self.boxes!r}) have {int(record.stored[bad])}: the rows "
-                             f"cannot be paired")
+            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: {int(lengths[bad])} rows, "
+                              f"but its boxes (pipeline {self.boxes!r}) have {int(record.stored[bad])}: the rows "
+                              f"cannot be paired")
         return src
 
 
@@ -423,8 +423,8 @@ class MaskDecoder(Decoder):
         ConfigurationError: ``image`` not a name, a ``fill`` the mask dtype cannot hold; (loader
             construction) the image pipeline is missing, runs later, or moves pixels in a way it
             does not record; (declare) not linked by a loader.
-        TypeError (declare): the field is not an ImageArrayField.
-        ValueError (call): a corrupt mask payload (raw or PNG), naming the field and sample.
+        PipelineError (declare): the field is not an ImageArrayField.
+        FormatError (call): a corrupt mask payload (raw or PNG), naming the field and sample.
     """
 
     field_types = (ImageArrayField,)
@@ -460,6 +460,6 @@ class MaskDecoder(Decoder):
                            out_h, out_w, self.pixel_bytes, IMAGE_HEADER.itemsize, geometry.boxes, geometry.sizes,
                            geometry.hflip, geometry.vflip, geometry.inverse, self.fill_bytes)
         if bad >= 0:
-            raise ValueError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: the mask's header and payload "
-                             "size disagree, or the payload lies outside the data region (corrupt image)")
+            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: the mask's header and "
+                              "payload size disagree, or the payload lies outside the data region (corrupt image)")
         return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ffload.errors import ConfigurationError, PipelineError
 from ffload.loaders.decoders.base import field_name
 from ffload.loaders.pipeline.operation import Operation
 from ffload.loaders.rng import op_salt
@@ -31,18 +32,18 @@ def range_pair(value, name: str, center: float = 0.0, low: float | None = None) 
     minimum clipped at ``low``), a pair is taken as it is.
 
     Raises:
-        ValueError: a negative number, or not a number nor an ordered pair (the message names ``name``).
+        ConfigurationError: a negative number, or not a number nor an ordered pair (the message names ``name``).
     """
     if isinstance(value, (int, float)):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0 when a single number, got {value}")
+            raise ConfigurationError(f"{name} must be >= 0 when a single number, got {value}")
         lo, hi = center - float(value), center + float(value)
         if low is not None:
             lo = max(lo, low)
         return lo, hi
     values = tuple(float(v) for v in value)
     if len(values) != 2 or values[0] > values[1]:
-        raise ValueError(f"{name} must be a number or a (min, max) pair, got {value}")
+        raise ConfigurationError(f"{name} must be a number or a (min, max) pair, got {value}")
     return values
 
 
@@ -56,14 +57,14 @@ class NHWCTransform(Operation):
         field_name: the field (or view) it runs on, set at declare, for messages.
 
     Raises:
-        TypeError (declare): input not numpy (H, W, C).
+        PipelineError (declare): input not numpy (H, W, C).
     """
 
     def declare(self, spec, field, view):
         name = field_name(field, view)
         if spec is None or spec.on_torch or len(spec.shape) != 3:
-            raise TypeError(f"{type(self).__name__} (field '{name}') works on numpy (H, W, C) "
-                            f"images before ToTensor, got {spec}")
+            raise PipelineError(f"{type(self).__name__} (field '{name}') works on numpy (H, W, C) "
+                                f"images before ToTensor, got {spec}")
         self.salt = op_salt(type(self).__name__, name)
         self.field_name = name
         return spec
@@ -76,14 +77,14 @@ class NHWCTransform(Operation):
         fill = np.asarray(fill, dtype=np.float64).reshape(-1)
         channels = spec.shape[2]
         if fill.size != channels:
-            raise ValueError(f"{type(self).__name__} (field '{self.field_name}'): fill has "
-                             f"{fill.size} values for {channels} channels")
+            raise ConfigurationError(f"{type(self).__name__} (field '{self.field_name}'): fill has "
+                                     f"{fill.size} values for {channels} channels")
         dtype = np.dtype(spec.dtype)
         if dtype.kind in "ui":
             info = np.iinfo(dtype)
             if fill.min() < info.min or fill.max() > info.max or np.any(fill != np.round(fill)):
-                raise ValueError(f"{type(self).__name__} (field '{self.field_name}'): fill "
-                                 f"{fill.tolist()} is not representable as {dtype}")
+                raise ConfigurationError(f"{type(self).__name__} (field '{self.field_name}'): fill "
+                                         f"{fill.tolist()} is not representable as {dtype}")
         return bits(fill.astype(dtype))
 
 
@@ -94,8 +95,8 @@ class FilledTransform(NHWCTransform):
         fill_bits: ``(C,)`` the fill as unsigned bits of the image dtype (:func:`bits`), set at declare.
 
     Raises:
-        ValueError (declare): the fill has not ``C`` values, or is not representable in the image
-            dtype. TypeError (declare): input not numpy (H, W, C).
+        ConfigurationError (declare): the fill has not ``C`` values, or is not representable in the image
+            dtype. PipelineError (declare): input not numpy (H, W, C).
     """
 
     def declare(self, spec, field, view):

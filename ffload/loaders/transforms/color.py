@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit
 
 from ffload._jit.simd import narrow_rgb, widen_rgb
+from ffload.errors import ConfigurationError, PipelineError
 from ffload.loaders.rng import randint, seed_state, uniform, uniform_range
 from ffload.loaders.transforms.base import NHWCTransform, range_pair
 
@@ -26,8 +27,8 @@ class _RGBTransform(NHWCTransform):
     def declare(self, spec, field, view):
         spec = super().declare(spec, field, view)
         if np.dtype(spec.dtype) != np.uint8 or spec.shape[2] != 3:
-            raise TypeError(f"{type(self).__name__} (field '{self.field_name}') needs (H, W, 3) uint8 RGB "
-                            f"images, got {spec}")
+            raise PipelineError(f"{type(self).__name__} (field '{self.field_name}') needs (H, W, 3) uint8 RGB "
+                                f"images, got {spec}")
         return spec
 
 
@@ -57,14 +58,14 @@ class RandomGrayscale(_RGBTransform):
     three channels) with probability ``p``, in place (torchvision's ``RandomGrayscale``).
 
     Raises:
-        ValueError: ``p`` outside [0, 1]. TypeError (declare): input not ``(H, W, 3) uint8``.
+        ConfigurationError: ``p`` outside [0, 1]. PipelineError (declare): input not ``(H, W, 3) uint8``.
     """
 
     keeps_geometry = True
 
     def __init__(self, p: float = 0.1):
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"p must be in [0, 1], got {p}")
+            raise ConfigurationError(f"p must be in [0, 1], got {p}")
         self.p = float(p)
 
     def __call__(self, src, dst, ctx):
@@ -242,7 +243,7 @@ class ColorJitter(_RGBTransform):
     2 saturation, 3 hue) then the four factors.
 
     Raises:
-        ValueError: a negative factor, hue outside [-0.5, 0.5]. TypeError (declare): input not
+        ConfigurationError: a negative factor, hue outside [-0.5, 0.5]. PipelineError (declare): input not
             ``(H, W, 3) uint8``.
     """
 
@@ -252,7 +253,7 @@ class ColorJitter(_RGBTransform):
         self.ranges = np.array([range_pair(brightness, "brightness", 1.0, 0.0), range_pair(contrast, "contrast", 1.0, 0.0),
                                 range_pair(saturation, "saturation", 1.0, 0.0), range_pair(hue, "hue")], dtype=np.float64)
         if not -0.5 <= self.ranges[3, 0] <= self.ranges[3, 1] <= 0.5:
-            raise ValueError(f"hue must lie in [-0.5, 0.5], got {hue}")
+            raise ConfigurationError(f"hue must lie in [-0.5, 0.5], got {hue}")
         self.enabled = np.array([brightness != 0, contrast != 0, saturation != 0, hue != 0])
 
     def params(self, seeds: np.ndarray) -> np.ndarray:
@@ -323,26 +324,26 @@ class GaussianBlur(NHWCTransform):
     height in float32 with reflect padding (OpenCV's BORDER_REFLECT_101), rounded to uint8.
 
     Raises:
-        ValueError: ``kernel_size`` even or < 1, or smaller than half the image; sigma not > 0.
-        TypeError (declare): input not numpy ``(H, W, C) uint8``.
+        ConfigurationError: ``kernel_size`` even or < 1; sigma not > 0. PipelineError (declare):
+            input not numpy ``(H, W, C) uint8``, or not larger than half the kernel.
     """
 
     keeps_geometry = True
 
     def __init__(self, kernel_size: int, sigma: float | Sequence[float] = (0.1, 2.0)):
         if int(kernel_size) < 1 or int(kernel_size) % 2 == 0:
-            raise ValueError(f"kernel_size must be an odd integer >= 1, got {kernel_size}")
+            raise ConfigurationError(f"kernel_size must be an odd integer >= 1, got {kernel_size}")
         self.kernel_size = int(kernel_size)
         lo, hi = (float(sigma), float(sigma)) if isinstance(sigma, (int, float)) else range_pair(sigma, "sigma")
         if lo <= 0:
-            raise ValueError(f"sigma must be > 0, got {sigma}")
+            raise ConfigurationError(f"sigma must be > 0, got {sigma}")
         self.sigma = (lo, hi)
 
     def declare(self, spec, field, view):
         spec = super().declare(spec, field, view)
         if np.dtype(spec.dtype) != np.uint8 or self.kernel_size // 2 >= min(spec.shape[:2]):
-            raise TypeError(f"GaussianBlur({self.kernel_size}) (field '{self.field_name}') needs uint8 images "
-                            f"larger than half the kernel, got {spec}")
+            raise PipelineError(f"GaussianBlur({self.kernel_size}) (field '{self.field_name}') needs uint8 images "
+                                f"larger than half the kernel, got {spec}")
         return spec
 
     def __call__(self, src, dst, ctx):

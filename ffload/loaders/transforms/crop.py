@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from ffload.errors import ConfigurationError, PipelineError
 from ffload.loaders.decoders.base import flat_view
 from ffload.loaders.pipeline.operation import Operation, Spec
 from ffload.loaders.rng import randint, seed_state
@@ -80,12 +81,12 @@ class RandomTranslate(FilledTransform):
         fill: per-channel colour (``C`` values representable in the image dtype).
 
     Raises:
-        ValueError: negative padding, bad fill. TypeError (declare): input not numpy (H, W, C).
+        ConfigurationError: negative padding, bad fill. PipelineError (declare): input not numpy (H, W, C).
     """
 
     def __init__(self, padding: int, fill: Sequence[float] = (0, 0, 0)):
         if int(padding) < 0:
-            raise ValueError(f"padding must be >= 0, got {padding}")
+            raise ConfigurationError(f"padding must be >= 0, got {padding}")
         self.padding = int(padding)
         self.fill = tuple(fill)
 
@@ -137,7 +138,7 @@ class RandomCrop(FilledTransform):
     uniform over the positions inside the padded image.
 
     Raises:
-        ValueError: non-positive size, negative padding, bad fill. TypeError (declare): input not
+        ConfigurationError: non-positive size, negative padding, bad fill. PipelineError (declare): input not
             numpy (H, W, C), or smaller than ``size`` without ``pad_if_needed``.
     """
 
@@ -145,7 +146,7 @@ class RandomCrop(FilledTransform):
                  fill: Sequence[float] = (0, 0, 0)):
         h, w = (int(size), int(size)) if isinstance(size, (int, np.integer)) else (int(size[0]), int(size[1]))
         if h < 1 or w < 1 or int(padding) < 0:
-            raise ValueError(f"size must be >= 1 and padding >= 0, got {size}, {padding}")
+            raise ConfigurationError(f"size must be >= 1 and padding >= 0, got {size}, {padding}")
         self.size = (h, w)
         self.padding = int(padding)
         self.pad_if_needed = bool(pad_if_needed)
@@ -159,8 +160,8 @@ class RandomCrop(FilledTransform):
         # torchvision pads both sides by the missing amount when pad_if_needed
         self._pads = (self.padding + extra_h, self.padding + extra_w)
         if height + 2 * extra_h < self.size[0] or width + 2 * extra_w < self.size[1]:
-            raise TypeError(f"RandomCrop{self.size} (field '{self.field_name}'): images of {spec.shape[:2]} "
-                            f"padded by {self.padding} are smaller than the crop; pass pad_if_needed=True")
+            raise PipelineError(f"RandomCrop{self.size} (field '{self.field_name}'): images of {spec.shape[:2]} "
+                                f"padded by {self.padding} are smaller than the crop; pass pad_if_needed=True")
         return Spec((*self.size, spec.shape[2]), spec.dtype)
 
     def buffer_spec(self, spec_out, batch_size):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from ffload.errors import ConfigurationError
 from ffload.loaders.rng import randint, seed_state, uniform, uniform_range
 from ffload.loaders.transforms.base import FilledTransform, bits, range_pair
 
@@ -41,14 +42,14 @@ class Cutout(FilledTransform):
         fill: per-channel colour (``C`` values representable in the image dtype).
 
     Raises:
-        ValueError: crop_size < 1, bad fill. TypeError (declare): input not numpy (H, W, C).
+        ConfigurationError: crop_size < 1, bad fill. PipelineError (declare): input not numpy (H, W, C).
     """
 
     keeps_geometry = True  # it paints, it moves nothing
 
     def __init__(self, crop_size: int, fill: Sequence[float] = (0, 0, 0)):
         if int(crop_size) < 1:
-            raise ValueError(f"crop_size must be >= 1, got {crop_size}")
+            raise ConfigurationError(f"crop_size must be >= 1, got {crop_size}")
         self.crop_size = int(crop_size)
         self.fill = tuple(fill)
 
@@ -103,7 +104,7 @@ class RandomErasing(FilledTransform):
     erased.
 
     Raises:
-        ValueError: ``p`` outside [0, 1], bad ranges or fill. TypeError (declare): input not
+        ConfigurationError: ``p`` outside [0, 1], bad ranges or fill. PipelineError (declare): input not
             numpy (H, W, C).
     """
 
@@ -111,12 +112,12 @@ class RandomErasing(FilledTransform):
 
     def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), fill: Sequence[float] = (0, 0, 0)):
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"p must be in [0, 1], got {p}")
+            raise ConfigurationError(f"p must be in [0, 1], got {p}")
         self.p = float(p)
         self.scale = np.array(range_pair(scale, "scale"), dtype=np.float64)
         lo, hi = range_pair(ratio, "ratio")
         if not 0 <= self.scale[0] <= self.scale[1] <= 1 or lo <= 0:
-            raise ValueError(f"scale must lie in [0, 1] and ratio be > 0, got {scale}, {ratio}")
+            raise ConfigurationError(f"scale must lie in [0, 1] and ratio be > 0, got {scale}, {ratio}")
         self.log_ratio = np.log(np.array([lo, hi], dtype=np.float64))
         self.fill = tuple(fill)
 

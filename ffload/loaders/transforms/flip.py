@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ffload.errors import ConfigurationError
 from ffload.loaders.decoders.base import flat_view
 from ffload.loaders.decoders.rgb import flip_draws
 from ffload.loaders.rng import seed_state, uniform
@@ -43,13 +44,13 @@ def _flip(flat, batch, height, width, channels, seeds, salt, prob):
 
 class _RandomFlip(NHWCTransform):
     """Base of the random flips: sample b flips when ``uniform(seed_state(seeds[b], salt)) <
-    flip_prob``. Raises ValueError for ``flip_prob`` outside [0, 1]."""
+    flip_prob``. Raises ConfigurationError for ``flip_prob`` outside [0, 1]."""
 
     axis = "hflip"  # the Geometry attribute it toggles
 
     def __init__(self, flip_prob: float = 0.5):
         if not 0.0 <= flip_prob <= 1.0:
-            raise ValueError(f"flip_prob must be in [0, 1], got {flip_prob}")
+            raise ConfigurationError(f"flip_prob must be in [0, 1], got {flip_prob}")
         self.flip_prob = float(flip_prob)
 
     def record_geometry(self, geometry, ctx):
@@ -72,7 +73,7 @@ class RandomHorizontalFlip(_RandomFlip):
     nothing (:attr:`fused`; the hook is described in :class:`~ffload.loaders.pipeline.operation.Operation`).
 
     Raises:
-        ValueError: ``flip_prob`` outside [0, 1]. TypeError (declare): input not numpy (H, W, C).
+        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not numpy (H, W, C).
     """
 
     fused = False
@@ -119,7 +120,7 @@ class RandomVerticalFlip(_RandomFlip):
     salt)) < flip_prob``.
 
     Raises:
-        ValueError: ``flip_prob`` outside [0, 1]. TypeError (declare): input not numpy (H, W, C).
+        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not numpy (H, W, C).
     """
 
     axis = "vflip"

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from ffload.errors import ConfigurationError
+from ffload.errors import ConfigurationError, PipelineError
 from ffload.loaders.decoders.base import field_name, flat_view
 from ffload.loaders.pipeline.operation import Operation, Spec
 from ffload.loaders.transforms.base import bits
@@ -83,8 +83,8 @@ class NormalizeImage(Operation):
             torch (``torch.bfloat16`` too, on the torch stage only).
 
     Raises:
-        ConfigurationError (a ValueError): mean/std lengths differ, a std is 0, dtype not
-            floating. TypeError (declare): input not uint8/int8/uint16/int16 or without a C-sized
+        ConfigurationError: mean/std lengths differ, a std is 0, dtype not
+            floating. PipelineError (declare): input not uint8/int8/uint16/int16 or without a C-sized
             axis, or a dtype numpy lacks on the numpy stage.
     """
 
@@ -107,17 +107,17 @@ class NormalizeImage(Operation):
         inputs = [torch_dtype(t) if spec is not None and spec.on_torch else np.dtype(t) for t in _NORMALIZE_INPUTS]
         if spec is None or spec.dtype not in inputs or len(spec.shape) != 3 or \
                 spec.shape[0 if spec.channels_first else 2] != channels:
-            raise TypeError(f"NormalizeImage (field '{name}') needs a uint8, int8, uint16 or int16 image with "
-                            f"{channels} channels, got {spec}")
+            raise PipelineError(f"NormalizeImage (field '{name}') needs a uint8, int8, uint16 or int16 image with "
+                                f"{channels} channels, got {spec}")
         self.on_torch = spec.on_torch
         if not spec.on_torch:
             if spec.shape[-1] != channels:
-                raise TypeError(f"NormalizeImage (field '{name}') needs numpy (H, W, {channels}) "
-                                f"images, got {spec}")
+                raise PipelineError(f"NormalizeImage (field '{name}') needs numpy (H, W, {channels}) "
+                                    f"images, got {spec}")
             try:
                 dtype = numpy_dtype(self.dtype)
             except TypeError as e:
-                raise TypeError(f"NormalizeImage (field '{name}'): {e}; use it after ToTensor") from e
+                raise PipelineError(f"NormalizeImage (field '{name}'): {e}; use it after ToTensor") from e
             levels = 1 << (8 * spec.dtype.itemsize)  # table row u holds the pixel whose bits are u
             values = np.arange(levels, dtype=f"u{spec.dtype.itemsize}").view(spec.dtype).astype(np.float64)
             table = ((values[:, None] - self.mean) / self.std).astype(dtype)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ffload.errors import ConfigurationError, PipelineError
 from ffload.loaders.decoders.base import field_name
 from ffload.loaders.pipeline.operation import Operation, Spec
 from ffload.loaders.rng import op_salt, seed_state
@@ -37,14 +38,14 @@ class PythonTransform(Operation):
             RGB/L image). ``y`` may be a numpy array, a tensor or a PIL image.
 
     Raises:
-        ValueError: an unknown ``input_type``. TypeError (declare): the input is already a torch
+        ConfigurationError: an unknown ``input_type``. PipelineError (declare): the input is already a torch
             batch. ValueError (call): ``fn`` returned a shape or dtype other than declared (the
             sample is named by the loader).
     """
 
     def __init__(self, fn: Callable, output_shape: Sequence[int], output_dtype=np.uint8, input_type: str = "numpy"):
         if input_type not in INPUTS:
-            raise ValueError(f"input_type must be one of {INPUTS}, got {input_type!r}")
+            raise ConfigurationError(f"input_type must be one of {INPUTS}, got {input_type!r}")
         self.fn, self.input_type = fn, input_type
         self.output_shape, self.output_dtype = tuple(int(d) for d in output_shape), np.dtype(output_dtype)
         try:
@@ -55,7 +56,7 @@ class PythonTransform(Operation):
     def declare(self, spec, field, view):
         name = field_name(field, view)
         if spec is None or spec.on_torch:
-            raise TypeError(f"PythonTransform (field '{name}') runs on numpy samples, before ToTensor; got {spec}")
+            raise PipelineError(f"PythonTransform (field '{name}') runs on numpy samples, before ToTensor; got {spec}")
         self.salt = op_salt(type(self).__name__, name)
         self.field_name = name
         return Spec(self.output_shape, self.output_dtype)

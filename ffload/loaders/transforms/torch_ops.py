@@ -9,44 +9,45 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ffload.errors import ConfigurationError, PipelineError, UnavailableError
 from ffload.loaders.decoders.base import field_name
 from ffload.loaders.pipeline.operation import Operation, Spec
 
 
 def torch_dtype(dtype) -> torch.dtype:
     """The torch dtype of a numpy dtype (or a torch dtype, returned as is).
-    Raises TypeError for dtypes torch lacks (structured, strings, ...)."""
+    Raises PipelineError for dtypes torch lacks (structured, strings, ...)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     try:
         return torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype
     except TypeError as e:
-        raise TypeError(f"no torch dtype for numpy {np.dtype(dtype)}") from e
+        raise PipelineError(f"no torch dtype for numpy {np.dtype(dtype)}") from e
 
 
 def numpy_dtype(dtype) -> np.dtype:
     """The numpy dtype of a torch dtype (or anything ``np.dtype`` takes).
-    Raises TypeError for torch dtypes numpy lacks (bfloat16, ...)."""
+    Raises PipelineError for torch dtypes numpy lacks (bfloat16, ...)."""
     if isinstance(dtype, torch.dtype):
         try:
             return torch.empty(0, dtype=dtype).numpy().dtype
         except TypeError as e:
-            raise TypeError(f"no numpy dtype for torch {dtype}") from e
+            raise PipelineError(f"no numpy dtype for torch {dtype}") from e
     return np.dtype(dtype)
 
 
 def _require(spec, on_torch: bool, op, field, view) -> None:
     if spec is None or spec.on_torch != on_torch:
         stage = "a torch tensor (after ToTensor)" if on_torch else "a numpy array (before ToTensor)"
-        raise TypeError(f"{type(op).__name__} (field '{field_name(field, view)}') needs {stage}, "
-                        f"got {spec}")
+        raise PipelineError(f"{type(op).__name__} (field '{field_name(field, view)}') needs {stage}, "
+                            f"got {spec}")
 
 
 class ToTensor(Operation):
     """Numpy batch -> ``torch.Tensor`` sharing its memory (``torch.from_numpy``, no copy; a
     pinned loader buffer stays pinned). Per-sample shape unchanged, dtype the torch equivalent.
 
-    Raises TypeError (declare): input already a tensor or a dtype torch lacks."""
+    Raises PipelineError (declare): input already a tensor or a dtype torch lacks."""
 
     keeps_geometry = True
 
@@ -67,7 +68,7 @@ class ToTorchImage(Operation):
         convert_back_int16: reinterpret an ``int16`` batch as ``float16`` (FFCV's CPU
             NormalizeImage emits float16 bits as int16; ffload's emits float16 directly).
 
-    Raises TypeError (declare): input not a ``(H, W, C)`` tensor.
+    Raises PipelineError (declare): input not a ``(H, W, C)`` tensor.
     """
 
     keeps_geometry = True
@@ -80,8 +81,8 @@ class ToTorchImage(Operation):
     def declare(self, spec, field, view):
         _require(spec, True, self, field, view)
         if len(spec.shape) != 3:
-            raise TypeError(f"ToTorchImage (field '{field_name(field, view)}') needs (H, W, C) "
-                            f"images, got {spec}")
+            raise PipelineError(f"ToTorchImage (field '{field_name(field, view)}') needs (H, W, C) "
+                                f"images, got {spec}")
         h, w, c = spec.shape
         self._view_f16 = spec.dtype == torch.int16 and self.convert_back_int16
         dtype = torch.float16 if self._view_f16 else spec.dtype
@@ -99,7 +100,7 @@ class Convert(Operation):
 
     On the numpy stage the cast (``numpy`` unsafe casting) writes into the loader's buffer; on
     the torch stage it is ``tensor.to(dtype)`` (layout kept). ``target_dtype`` may be numpy or
-    torch. Raises TypeError (declare) for a dtype the stage lacks."""
+    torch. Raises PipelineError (declare) for a dtype the stage lacks."""
 
     keeps_geometry = True
 
@@ -108,7 +109,7 @@ class Convert(Operation):
 
     def declare(self, spec, field, view):
         if spec is None:
-            raise TypeError(f"Convert (field '{field_name(field, view)}') cannot be a decoder")
+            raise PipelineError(f"Convert (field '{field_name(field, view)}') cannot be a decoder")
         if spec.on_torch:
             return replace(spec, dtype=torch_dtype(self.target_dtype))
         return replace(spec, dtype=numpy_dtype(self.target_dtype))
@@ -128,7 +129,7 @@ class ToDevice(Operation):
         device: anything ``torch.device`` takes (``'cuda:0'``, ``torch.device('cpu')``).
         non_blocking: asynchronous host-to-device copy; only asynchronous from pinned memory.
 
-    Raises TypeError (declare): input not a tensor; RuntimeError (declare): a CUDA device
+    Raises PipelineError (declare): input not a tensor; UnavailableError (declare): a CUDA device
     without CUDA (torch built without it, or no GPU)."""
 
     keeps_geometry = True
@@ -140,8 +141,8 @@ class ToDevice(Operation):
     def declare(self, spec, field, view):
         _require(spec, True, self, field, view)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"ToDevice({str(self.device)!r}) (field '{field_name(field, view)}'): "
-                               "CUDA is not available to torch here")
+            raise UnavailableError(f"ToDevice({str(self.device)!r}) (field '{field_name(field, view)}'): "
+                                   "CUDA is not available to torch here")
         return replace(spec, device=str(self.device))
 
     def __call__(self, src, dst, ctx):
@@ -155,7 +156,8 @@ class Squeeze(Operation):
         *dims: dimensions of the batch (0 is the batch dimension, which is never removed);
             none: every size-1 per-sample dimension (e.g. labels ``(B, 1)`` -> ``(B,)``).
 
-    Raises ValueError (declare): a dim is 0, out of range or not of size 1.
+    Raises PipelineError (declare): placed first, as a decoder. ConfigurationError (declare): a dim
+    is 0, out of range or not of size 1.
     """
 
     keeps_geometry = True
@@ -165,12 +167,12 @@ class Squeeze(Operation):
 
     def declare(self, spec, field, view):
         if spec is None:
-            raise TypeError(f"Squeeze (field '{field_name(field, view)}') cannot be a decoder")
+            raise PipelineError(f"Squeeze (field '{field_name(field, view)}') cannot be a decoder")
         ndim = len(spec.shape) + 1
         dims = sorted({d % ndim for d in self.dims if -ndim <= d < ndim})
         if len(dims) != len(self.dims) or 0 in dims or any(spec.shape[d - 1] != 1 for d in dims):
-            raise ValueError(f"Squeeze (field '{field_name(field, view)}'): dims {self.dims} must "
-                             f"name size-1 per-sample dimensions of the batch (B,) + {spec.shape}")
+            raise ConfigurationError(f"Squeeze (field '{field_name(field, view)}'): dims {self.dims} must "
+                                     f"name size-1 per-sample dimensions of the batch (B,) + {spec.shape}")
         if not self.dims:
             dims = [d + 1 for d, n in enumerate(spec.shape) if n == 1]
         self._axes = tuple(dims)

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit
 
 from ffload._jit.simd import narrow_rgb, widen_rgb
+from ffload.errors import ConfigurationError, PipelineError
 from ffload.loaders.pipeline.operation import Operation
 from ffload.loaders.rng import randint, seed_state, uniform, uniform_range
 from ffload.loaders.transforms.base import FilledTransform, range_pair
@@ -272,7 +273,7 @@ class _Warp(FilledTransform):
     def declare(self, spec, field, view):
         spec = super().declare(spec, field, view)
         if np.dtype(spec.dtype) != np.uint8:
-            raise TypeError(f"{type(self).__name__} (field '{self.field_name}') needs uint8 images, got {spec}")
+            raise PipelineError(f"{type(self).__name__} (field '{self.field_name}') needs uint8 images, got {spec}")
         return spec
 
     def buffer_spec(self, spec_out, batch_size):
@@ -297,7 +298,7 @@ class RandomAffine(_Warp):
     matrices in pixel-corner coordinates (torchvision's ``_get_inverse_affine_matrix``).
 
     Raises:
-        ValueError: bad ranges or fill. TypeError (declare): input not numpy (H, W, C) uint8.
+        ConfigurationError: bad ranges or fill. PipelineError (declare): input not numpy (H, W, C) uint8.
     """
 
     _apply_prob = 1.0
@@ -311,9 +312,9 @@ class RandomAffine(_Warp):
                                 shear4[2:]], dtype=np.float64)
         self.translate = np.array(translate or (0.0, 0.0), dtype=np.float64)
         if self.translate.shape != (2,) or not np.all((0 <= self.translate) & (self.translate <= 1)):
-            raise ValueError(f"translate must be two fractions in [0, 1], got {translate}")
+            raise ConfigurationError(f"translate must be two fractions in [0, 1], got {translate}")
         if self.ranges[1, 0] <= 0:
-            raise ValueError(f"scale must be > 0, got {scale}")
+            raise ConfigurationError(f"scale must be > 0, got {scale}")
         self.fill = tuple(fill)
 
     def params(self, seeds: np.ndarray, height: int, width: int) -> np.ndarray:
@@ -338,7 +339,7 @@ class RandomRotation(RandomAffine):
     for a symmetric range is the same distribution).
 
     Raises:
-        ValueError: bad degrees or fill. TypeError (declare): input not numpy (H, W, C) uint8.
+        ConfigurationError: bad degrees or fill. PipelineError (declare): input not numpy (H, W, C) uint8.
     """
 
     def __init__(self, degrees, fill: Sequence[float] = (0, 0, 0)):
@@ -427,13 +428,13 @@ class RandomPerspective(_Warp):
     ``(B, 3, 3) float64`` inverse homographies; ``corners(seeds, height, width)``: the end points.
 
     Raises:
-        ValueError: ``distortion_scale`` or ``p`` outside [0, 1], bad fill. TypeError (declare):
+        ConfigurationError: ``distortion_scale`` or ``p`` outside [0, 1], bad fill. PipelineError (declare):
             input not numpy (H, W, C) uint8.
     """
 
     def __init__(self, distortion_scale: float = 0.5, p: float = 0.5, fill: Sequence[float] = (0, 0, 0)):
         if not 0.0 <= distortion_scale <= 1.0 or not 0.0 <= p <= 1.0:
-            raise ValueError(f"distortion_scale and p must be in [0, 1], got {distortion_scale}, {p}")
+            raise ConfigurationError(f"distortion_scale and p must be in [0, 1], got {distortion_scale}, {p}")
         self.distortion_scale = float(distortion_scale)
         self.p = float(p)
         self.fill = tuple(fill)
