@@ -8,7 +8,8 @@ import numpy as np
 
 from ffload.errors import ConfigurationError, FormatError
 from ffload.formats import DatasetView, image_sizes
-from ffload.formats.fields.base import JPG, IntField, RGBImageField
+from ffload.formats.fields.image import JPG, RGBImageField
+from ffload.formats.fields.scalars import IntField
 from ffload.formats.origins import dataset_origins
 
 

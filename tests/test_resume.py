@@ -19,7 +19,8 @@ from ffload.convert import convert_dataset
 from ffload.convert.sources import ImageFolderSource
 from ffload.errors import ConfigurationError
 from ffload.formats.beton import BetonWriter
-from ffload.formats.fields.base import BytesField, IntField
+from ffload.formats.fields.bytes import BytesField
+from ffload.formats.fields.scalars import IntField
 
 # Converts argv[1] to argv[2] (resume when argv[3] == "1") in this process, a few samples per
 # chunk, a checkpoint after every chunk; the source sleeps a little per sample so that a kill

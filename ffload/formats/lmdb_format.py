@@ -91,7 +91,8 @@ import warnings
 
 import numpy as np
 
-from ffload.formats.fields.base import FIELD_CLASSES, Field, named_metadata_dtype
+from ffload.formats.fields.base import Field, named_metadata_dtype
+from ffload.formats.fields.registry import FIELD_CLASSES
 from ffload.formats.lmdb_pages import check_tree
 from ffload.formats.origins import ORIGINS_KEY, OriginLog
 from ffload.formats.schema import Schema, Value, check_document, check_field_specs

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField
+from ffload.errors import FieldError
+from ffload.formats.fields.image import IMAGE_HEADER, ImageArrayField
 from ffload.loaders.pipeline.operation import BatchContext
 
 

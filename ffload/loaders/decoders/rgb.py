@@ -11,22 +11,17 @@ import numpy as np
 from numba import njit
 
 from ffload.codecs import jpeg
-from ffload.errors import FormatError
-from ffload.formats.fields.base import (
+from ffload.errors import FieldError, FormatError
+from ffload.formats.fields.bytes import BytesField, JSONField
+from ffload.formats.fields.image import (
     IMAGE_HEADER,
-    BytesField,
-    FieldError,
-    FloatField,
     ImageArrayField,
-    IntField,
-    JSONField,
-    NDArrayField,
-    RaggedArrayField,
     RGBImageField,
-    cast_values,
     describe_size_mismatch,
     differing_sizes,
 )
+from ffload.formats.fields.ndarray import NDArrayField, RaggedArrayField, cast_values
+from ffload.formats.fields.scalars import FloatField, IntField
 from ffload.loaders.decoders.crops import center_crop_boxes, random_resized_crop_boxes
 from ffload.loaders.decoders.png import batch_payloads
 from ffload.loaders.pipeline.geometry import Geometry
