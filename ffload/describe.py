@@ -8,9 +8,9 @@ import numpy as np
 
 from ffload.errors import ConfigurationError, FormatError
 from ffload.formats import DatasetView, image_sizes
+from ffload.formats.dataset_origins import dataset_origins
 from ffload.formats.fields.image import JPG, RGBImageField
 from ffload.formats.fields.scalars import IntField
-from ffload.formats.origins import dataset_origins
 
 
 def _stats(x: np.ndarray) -> dict:

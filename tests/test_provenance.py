@@ -19,7 +19,8 @@ from ffload.convert import convert_dataset
 from ffload.convert.export import export_webdataset
 from ffload.convert.sources import ArraySource, WebDatasetSource
 from ffload.formats import open_dataset
-from ffload.formats.origins import OriginBlock, OriginLog, dataset_origins, origin_fields, origin_key
+from ffload.formats.dataset_origins import dataset_origins
+from ffload.formats.origins import OriginBlock, OriginLog, origin_fields, origin_key
 
 OUTPUTS = ["x.beton", "x.lmdb", "x.shards"]
 

@@ -214,7 +214,7 @@ def test_ray_tasks_write_the_shards_of_the_local_conversion(tmp_path, photos, ra
     assert (b.passed_through, b.reencoded, b.skipped) == (a.passed_through, a.reencoded, a.skipped)
     assert b.skipped_origins == a.skipped_origins and b.skipped_origins[0].endswith("camera_0001b.JPEG")
     from ffload.formats import open_dataset
-    from ffload.formats.origins import dataset_origins
+    from ffload.formats.dataset_origins import dataset_origins
 
     ours, theirs = (dataset_origins(open_dataset(str(p))) for p in (local, remote))  # provenance per task shard
     assert theirs.strings(0, 44) == ours.strings(0, 44) and len(set(ours.strings(0, 44))) == 44

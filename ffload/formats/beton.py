@@ -122,7 +122,7 @@ class BetonWriter(DatasetWriter):
     a checkpoint taken before then no longer describes the file (see :meth:`checkpoint`)."""
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
-                 page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray] | None = None,
+                 page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray, bytes] | None = None,
                  info: dict | None = None, reserve: int | None = None, origin_room: int = 0):
         super().__init__(path, fields, num_samples, info)
         self.origins = OriginLog()
@@ -178,7 +178,7 @@ class BetonWriter(DatasetWriter):
         pos = _align(pos + total, page)
         return _align(head, page) + pos + (len(self._allocs) + len(sizes)) * ALLOC_TYPE.itemsize
 
-    def checkpoint(self) -> tuple[dict, np.ndarray, np.ndarray]:
+    def checkpoint(self) -> tuple[dict, np.ndarray, np.ndarray, bytes]:
         """Flush and fsync the samples added so far, and describe them so that a new writer can
         continue this file (``BetonWriter(..., resume=...)``) after this process dies.
 
@@ -200,20 +200,20 @@ class BetonWriter(DatasetWriter):
 
     def _restore(self, state: dict, metadata: np.ndarray, allocs: np.ndarray, origins: bytes) -> None:
         """Take up a file at a :meth:`checkpoint`: ``metadata``/``allocs``/``origins`` are all the
-        rows so far. The data region beyond the checkpoint is cut off. Raises ValueError for a state
-        that does not fit this writer."""
+        rows so far. The data region beyond the checkpoint is cut off. Raises ConfigurationError (a
+        ValueError) for a state that does not fit this writer."""
         count = int(state["count"])
         if count > self.num_samples or len(metadata) != count or metadata.dtype != self.metadata.dtype:
-            raise ValueError(f"checkpoint of {count} samples does not fit {self.num_samples} samples "
+            raise ConfigurationError(f"checkpoint of {count} samples does not fit {self.num_samples} samples "
                              f"of {len(metadata)} metadata rows")
         self.origins.extend_records(origins, bool(state.get("origins")))
         if len(self.origins) != count or self.origins.block_size() > self._origin_room:
-            raise ValueError(f"checkpoint of {count} samples has {len(self.origins)} origins, or more than the "
+            raise ConfigurationError(f"checkpoint of {count} samples has {len(self.origins)} origins, or more than the "
                              f"{self._origin_room} bytes reserved for them")
         self.page_size = check_page_size(state["page_size"])
         self._data_start, self._pos = int(state["data_start"]), int(state["data_bytes"])
         if self._data_start != _align(self._head_end, self.page_size):
-            raise ValueError(f"checkpoint's data region starts at {self._data_start}, not at a page")
+            raise ConfigurationError(f"checkpoint's data region starts at {self._data_start}, not at a page")
         self.metadata[:count] = metadata
         self._allocs = [tuple(int(v) for v in row) for row in allocs.tolist()]
         self.count = count

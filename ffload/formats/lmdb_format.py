@@ -379,6 +379,18 @@ def _address(buf) -> int:
     return np.frombuffer(buf, dtype=np.uint8).ctypes.data
 
 
+def read_origins_value(path: str) -> bytes | None:
+    """The value of :data:`~.origins.ORIGINS_KEY` (the samples' origin block, :mod:`.origins`) in the
+    LMDB database at ``path``, or None when it has none."""
+    env, key = _open_env(path)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(ORIGINS_KEY)
+    finally:
+        _release_env(key)
+    return None if raw is None else bytes(raw)
+
+
 def open_lmdb(path: str) -> DatasetView:
     """Open an ffload LMDB directory: validate the schema and build the offset table.
 

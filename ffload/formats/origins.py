@@ -23,7 +23,7 @@ sample ``i``'s string is ``blob[ends[i-1]:ends[i]]`` (``ends[-1]`` read as 0). W
   byte-compatible with ffcv 1.0.2;
 * LMDB: the value of the key :data:`ORIGINS_KEY`.
 
-:func:`dataset_origins` opens it for any dataset (lazily: the loaders never read it). Datasets
+:func:`.dataset_origins.dataset_origins` opens it for any dataset (lazily: the loaders never read it). Datasets
 written before provenance existed, or by ffcv, have none (``None``).
 """
 from __future__ import annotations
@@ -33,11 +33,11 @@ from array import array
 
 import numpy as np
 
-from ffload.formats.byteranges import LocalBytes, MemoryBytes
-from ffload.formats.view import DatasetView, dataset_error
+from ffload.errors import ConfigurationError
+from ffload.formats.view import dataset_error
 
-__all__ = ["ORIGIN_MAGIC", "ORIGINS_KEY", "BLOCK_HEAD", "OriginLog", "OriginBlock", "Origins", "dataset_origins",
-           "origin_fields", "origin_key"]
+__all__ = ["ORIGIN_MAGIC", "ORIGINS_KEY", "BLOCK_HEAD", "OriginLog", "OriginBlock", "Origins", "origin_fields",
+           "origin_key"]
 
 ORIGIN_MAGIC = b"ffload-origins\0\0"
 ORIGINS_KEY = b"__ffload_origins__"
@@ -103,14 +103,15 @@ class OriginLog:
 
     def extend_records(self, data: bytes, given: bool) -> None:
         """Append the samples of :meth:`records`' bytes ``data``; ``given``: whether the log that
-        wrote them had been given an origin. Raises ValueError for truncated records."""
+        wrote them had been given an origin. Raises ConfigurationError (a ValueError) for truncated
+        records (a journal's, whose reader names it)."""
         pos = 0
         while pos < len(data):
             if pos + 4 > len(data):
-                raise ValueError("truncated origin record")
+                raise ConfigurationError("truncated origin record")
             size = int.from_bytes(data[pos:pos + 4], "little")
             if pos + 4 + size > len(data):
-                raise ValueError("truncated origin record")
+                raise ConfigurationError("truncated origin record")
             self._blob += data[pos + 4:pos + 4 + size]
             self._ends.append(len(self._blob))
             pos += 4 + size
@@ -291,76 +292,3 @@ def _keyable(text: str) -> str:
     """``text`` with the dots of its last ``/`` component replaced (WebDataset's key ends there)."""
     head, sep, tail = text.replace("\\", "/").rpartition("/")
     return f"{head}{sep}{tail.replace('.', '_')}" or "_"
-
-
-def dataset_origins(view: DatasetView) -> Origins | None:
-    """The :class:`Origins` of ``view`` (a ``.beton``, LMDB, or sharded dataset, local or remote),
-    or None when it has none (no ``info["origin"]``, or no block: ffcv's files).
-
-    A ``.beton``'s block is found where :func:`.beton.open_beton` saw the info block end
-    (``view.origin_blocks``), with one read of its head; a sharded dataset's first shard's block
-    likewise, the other shards' when one of their strings is read.
-
-    Raises:
-        DatasetError: a block that is corrupt, or whose count is not the dataset's (its shard's)
-            sample count.
-    """
-    descriptor = view.info.get("origin")
-    if not isinstance(descriptor, dict):
-        return None
-    if view.format == "lmdb":
-        blocks = [_lmdb_block(view.path)]
-    elif view.shards is not None:
-        first = _beton_block(view, 0) if view.shards.paths else None
-        if first is None:
-            return None
-        later = [lambda k=k: _shard_block(view, k) for k in range(1, len(view.shards.paths))]
-        return Origins(descriptor, [first] + later, [int(c) for c in view.shards.num_samples])
-    else:
-        blocks = [_beton_block(view, 0)]
-    if any(b is None for b in blocks):
-        return None
-    origins = Origins(descriptor, blocks)
-    if len(origins) != view.num_samples:
-        raise dataset_error(view.path, f"origin table holds {len(origins)} entries for {view.num_samples} samples "
-                                       "(corrupt file)")
-    return origins
-
-
-def _beton_block(view: DatasetView, k: int) -> OriginBlock | None:
-    """The origin block of the ``.beton`` (``k`` 0) or of shard ``k`` of ``view``, read where the
-    view's ``origin_blocks[k]`` says (its end checked against the first payload and the allocation
-    table); None when the file has none."""
-    place = view.origin_blocks[k] if view.origin_blocks else None
-    if place is None:
-        return None
-    if view.shards is not None:
-        path = view.shards.paths[k]
-        source = LocalBytes(path) if view.remote is None else view.remote.remotes[k]
-    else:
-        path, source = view.path, LocalBytes(view.path) if view.remote is None else view.remote
-    offset, limit = place
-    return OriginBlock.find(path, source, offset, limit)
-
-
-def _shard_block(view: DatasetView, k: int) -> OriginBlock:
-    """Shard ``k``'s origin block; DatasetError naming the shard when it has none (its dataset's
-    ``info`` describes origins, and the first shard has a block)."""
-    block = _beton_block(view, k)
-    if block is None:
-        raise dataset_error(view.shards.paths[k], "shard has no origin block although the dataset's info describes "
-                                                  "origins (corrupt file)")
-    return block
-
-
-def _lmdb_block(path: str) -> OriginBlock | None:
-    """The origin block stored under :data:`ORIGINS_KEY` in the LMDB database at ``path``."""
-    from ffload.formats.lmdb_format import _open_env, _release_env
-
-    env, key = _open_env(path)
-    try:
-        with env.begin() as txn:
-            raw = txn.get(ORIGINS_KEY)
-    finally:
-        _release_env(key)
-    return None if raw is None else OriginBlock.find(path, MemoryBytes(bytes(raw)), 0, len(raw))
