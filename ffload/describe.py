@@ -8,8 +8,10 @@ import numpy as np
 
 from ffload.errors import ConfigurationError, FormatError
 from ffload.formats import DatasetView, image_sizes
-from ffload.formats.fields.base import JPG, IntField, RGBImageField
-from ffload.formats.origins import dataset_origins
+from ffload.formats.dataset_origins import dataset_origins
+from ffload.formats.fields.image import JPG, RGBImageField
+from ffload.formats.fields.scalars import IntField
+from ffload.formats.origins import Origins
 
 
 def _stats(x: np.ndarray) -> dict:
@@ -67,7 +69,7 @@ def summarize(view: DatasetView) -> dict:
     origins = dataset_origins(view)
     if origins is not None:
         out["origins"] = {"source": origins.descriptor,
-                          "first": sample_origins(view, range(min(FIRST_ORIGINS, n)))}
+                          "first": sample_origins(view, range(min(FIRST_ORIGINS, n)), origins)}
     return out
 
 
@@ -75,17 +77,19 @@ FIRST_ORIGINS = 3
 """Samples whose origin :func:`summarize` lists."""
 
 
-def sample_origins(view: DatasetView, indices) -> list[dict]:
+def sample_origins(view: DatasetView, indices, origins: Origins | None | bool = True) -> list[dict]:
     """``[{"index": i, "origin": {...} or None, "label": int}, ...]`` for each sample ``i`` of
     ``indices``: where it came from (:meth:`ffload.formats.origins.Origins.describe`: ``path``
     relative to the source root, WebDataset ``shard`` and ``key``, ``file`` and ``row``, ``row``,
     ``index``; None without provenance) and its label (when the dataset has a label field).
+    ``origins``: the view's :func:`~ffload.formats.dataset_origins.dataset_origins` when the caller
+    has it already (None: it has none), ``True``: found here.
 
     Raises:
         ConfigurationError: an index outside ``[0, N)`` (named).
         DatasetError: a corrupt origin block.
     """
-    origins = dataset_origins(view)
+    origins = dataset_origins(view) if origins is True else origins
     lab = label_field(view)
     out = []
     for i in indices:

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ffload.errors import FormatError
 from ffload.formats import DatasetView
-from ffload.formats.fields.base import ImageArrayField, JSONField, RGBImageField
+from ffload.formats.fields.bytes import JSONField
+from ffload.formats.fields.image import ImageArrayField, RGBImageField
 from ffload.formats.shardio import check_mapping
 from ffload.loaders.samples import SampleDecoder
 

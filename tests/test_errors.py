@@ -20,7 +20,9 @@ from ffload.cli import main
 from ffload.commands import FfloadGroup, error_line
 from ffload.convert.sources import SOURCE_KINDS, ImageFolderSource, detect_kind
 from ffload.formats import write_dataset
-from ffload.formats.fields.base import IntField, NDArrayField, RGBImageField
+from ffload.formats.fields.image import RGBImageField
+from ffload.formats.fields.ndarray import NDArrayField
+from ffload.formats.fields.scalars import IntField
 
 SPECIFIC = [errors.ConfigurationError, errors.PipelineError, errors.UnavailableError, errors.SourceError,
             errors.ImageDecodeError, errors.FormatError, errors.FieldError, errors.ConvertError, errors.LoaderError,

@@ -25,7 +25,8 @@ from ffload.formats import (
     write_dataset,
 )
 from ffload.formats.beton import ALLOC_TYPE, HEADER_TYPE
-from ffload.formats.fields.base import RESTART_MIN_SIDE, named_metadata_dtype
+from ffload.formats.fields.base import named_metadata_dtype
+from ffload.formats.fields.image import RESTART_MIN_SIDE
 from ffload.loaders.samples import decode_image
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")

@@ -16,7 +16,7 @@ from ffload.convert import ConvertError, convert_dataset
 from ffload.convert.passthrough import decode_problem, inspect_jpeg, read_jpeg_header, strip_jpeg_metadata
 from ffload.convert.sources import ArraySource, ImageFolderSource
 from ffload.formats import open_dataset
-from ffload.formats.fields.base import JPG, RAW
+from ffload.formats.fields.image import JPG, RAW
 from ffload.loaders.samples import decode_image
 
 

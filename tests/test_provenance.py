@@ -19,7 +19,8 @@ from ffload.convert import convert_dataset
 from ffload.convert.export import export_webdataset
 from ffload.convert.sources import ArraySource, WebDatasetSource
 from ffload.formats import open_dataset
-from ffload.formats.origins import OriginBlock, OriginLog, dataset_origins, origin_fields, origin_key
+from ffload.formats.dataset_origins import dataset_origins
+from ffload.formats.origins import OriginBlock, OriginLog, origin_fields, origin_key
 
 OUTPUTS = ["x.beton", "x.lmdb", "x.shards"]
 
@@ -203,3 +204,47 @@ def test_origin_block_round_trip_and_corruption():
         OriginBlock.find("mem", _Memory(bytes(broken)), 0, len(block)).strings(0, 1)
     assert origin_fields({"id": "key", "part": "shard", "parts": ["a"]}, "7:x") == {"origin": "7:x"}
     assert OriginLog().block() == b"" and OriginLog().block_size() == 0  # nothing given: no block
+
+
+def test_ffcv_style_reading_of_a_file_with_grown_origin_room_and_pages(tmp_path):
+    """Read the file as ffcv 1.0.2's reader does (no ffcv needed): the header, the field descriptors
+    right after it, exactly num_samples metadata rows after them, the allocation table from
+    alloc_table_ptr to EOF, each payload found only through its allocation (by pointer); every
+    payload equals what was written, although the origin room and the page size grew."""
+    from ffload.formats.beton import ALLOC_TYPE, FIELD_DESC_TYPE, HEADER_TYPE, BetonWriter
+    from ffload.formats.fields.base import metadata_dtype
+    from ffload.formats.fields.bytes import BytesField
+    from ffload.formats.fields.scalars import IntField
+
+    fields = {"blob": BytesField(), "label": IntField()}
+    rng = np.random.default_rng(3)
+    blobs = [rng.integers(0, 256, size, np.uint8) for size in (1000, 0, 3 << 20, 70, 5 << 20, 12)]
+    path = str(tmp_path / "grown.beton")
+    writer = BetonWriter(path, fields, len(blobs), page_size=2 << 20, reserve=1, origin_room=1,
+                         info={"origin": {"source": "imagefolder", "id": "path"}})
+    moves = []
+    writer.before_grow = lambda: moves.append(writer.count)
+    with writer:
+        for i, blob in enumerate(blobs):
+            encoded = [f.encode(v, i) for f, v in zip(fields.values(), (blob, 7 * i))]
+            writer.add(i, [m for m, _ in encoded], [p for _, p in encoded], origin=f"folder/{i:04d}-" + "x" * 300)
+    assert moves and writer.page_size == 8 << 20  # the origin room and the page size both grew
+    raw = np.fromfile(path, np.uint8)
+    header = raw[:HEADER_TYPE.itemsize].view(HEADER_TYPE)[0]
+    n, table_ptr = int(header["num_samples"]), int(header["alloc_table_ptr"])
+    assert (int(header["version"]), int(header["num_fields"]), n) == (2, 2, len(blobs))
+    desc_end = HEADER_TYPE.itemsize + 2 * FIELD_DESC_TYPE.itemsize
+    desc = raw[HEADER_TYPE.itemsize:desc_end].view(FIELD_DESC_TYPE)
+    assert [int(d["type_id"]) for d in desc] == [3, 1]
+    mtype = metadata_dtype(list(fields.values()))
+    metadata = raw[desc_end:desc_end + n * mtype.itemsize].view(mtype)
+    table = raw[table_ptr:].view(ALLOC_TYPE)
+    assert len(table) == n and int(header["page_size"]) == writer.page_size
+    by_ptr = {int(ptr): int(size) for ptr, size in zip(table["ptr"], table["size"])}  # ffcv: size by offset
+    for i, blob in enumerate(blobs):
+        ptr = int(metadata["f0"]["ptr"][i])
+        assert int(metadata["f1"][i]) == 7 * i and int(metadata["f0"]["size"][i]) == blob.size
+        assert np.array_equal(raw[ptr:ptr + by_ptr[ptr]], blob)
+        assert ptr // writer.page_size == (ptr + max(blob.size, 1) - 1) // writer.page_size  # within one page
+    origins = dataset_origins(open_dataset(path))
+    assert origins.strings(0, n) == [f"folder/{i:04d}-" + "x" * 300 for i in range(n)]

@@ -116,7 +116,8 @@ def test_a_task_whose_worker_died_once_is_retried(tmp_path, ray_instance):
 def test_chunks_in_flight_are_bounded(photos, ray_instance, monkeypatch):
     from ffload.convert.encode import SampleEncoder
     from ffload.convert.ray_engine import ray_encoded_chunks
-    from ffload.formats.fields.base import IntField, RGBImageField
+    from ffload.formats.fields.image import RGBImageField
+    from ffload.formats.fields.scalars import IntField
 
     submitted = []
     remote = ray_instance.remote
@@ -213,7 +214,7 @@ def test_ray_tasks_write_the_shards_of_the_local_conversion(tmp_path, photos, ra
     assert (b.passed_through, b.reencoded, b.skipped) == (a.passed_through, a.reencoded, a.skipped)
     assert b.skipped_origins == a.skipped_origins and b.skipped_origins[0].endswith("camera_0001b.JPEG")
     from ffload.formats import open_dataset
-    from ffload.formats.origins import dataset_origins
+    from ffload.formats.dataset_origins import dataset_origins
 
     ours, theirs = (dataset_origins(open_dataset(str(p))) for p in (local, remote))  # provenance per task shard
     assert theirs.strings(0, 44) == ours.strings(0, 44) and len(set(ours.strings(0, 44))) == 44
@@ -275,7 +276,8 @@ def test_ray_shards_a_task_whose_worker_died_once_is_retried(tmp_path, ray_insta
 def test_ray_shards_progress_counts_each_sample_once_across_retries(tmp_path, ray_instance):
     from ffload.convert.encode import SampleEncoder
     from ffload.convert.ray_shards import ray_written_shards
-    from ffload.formats.fields.base import IntField, RGBImageField
+    from ffload.formats.fields.image import RGBImageField
+    from ffload.formats.fields.scalars import IntField
     ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test
     marker = tmp_path / "died"
     source = IndexableSource(_Images(crash=6, driver=os.getpid(), once=str(marker)), name="images")

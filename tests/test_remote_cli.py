@@ -21,7 +21,7 @@ from remote_servers import KINDS, serving  # noqa: E402
 
 from ffload.cli import main  # noqa: E402
 from ffload.formats import IntField, JSONField, RGBImageField, open_dataset, write_dataset  # noqa: E402
-from ffload.formats.fields.base import JPG  # noqa: E402
+from ffload.formats.fields.image import JPG  # noqa: E402
 
 N, PAGE = 360, 1 << 21
 BAD = (58, 302)

@@ -19,7 +19,8 @@ from ffload.convert import convert_dataset
 from ffload.convert.sources import ImageFolderSource
 from ffload.errors import ConfigurationError
 from ffload.formats.beton import BetonWriter
-from ffload.formats.fields.base import BytesField, IntField
+from ffload.formats.fields.bytes import BytesField
+from ffload.formats.fields.scalars import IntField
 
 # Converts argv[1] to argv[2] (resume when argv[3] == "1") in this process, a few samples per
 # chunk, a checkpoint after every chunk; the source sleeps a little per sample so that a kill
@@ -93,7 +94,7 @@ def test_killed_and_resumed_conversions_give_the_same_bytes(tmp_path, photos):
     assert sorted(os.listdir(dst.parent)) == ["x.beton"]  # journal and partial output gone
     # the provenance written before each kill survived in the journal: every sample names its file
     from ffload.formats import open_dataset
-    from ffload.formats.origins import dataset_origins
+    from ffload.formats.dataset_origins import dataset_origins
 
     origins = dataset_origins(open_dataset(str(dst)))
     source = ImageFolderSource(photos)
@@ -181,3 +182,25 @@ def test_checkpoint_then_resume_with_grown_pages(tmp_path):
     with resumed:
         add(resumed, 4)
     assert open(part, "rb").read() == open(ref, "rb").read()
+
+
+def test_a_journal_that_cannot_be_continued_is_named_and_its_partial_output_kept(tmp_path, photos):
+    dst = tmp_path / "z.beton"
+    killed_partial(photos, dst)
+    journal_path = tmp_path / ".z.beton.partial.json"
+    origins_path = tmp_path / ".z.beton.partial.origins"
+    journal = json.loads(journal_path.read_text())
+    assert journal["version"] == 2 and journal["origin_bytes"] > 4
+    records = bytearray(origins_path.read_bytes())
+    records[:4] = (1 << 30).to_bytes(4, "little")  # the first origin record now runs past the file
+    origins_path.write_bytes(bytes(records))
+    with pytest.raises(ConfigurationError, match=r"\.z\.beton\.partial\.json: cannot resume from this journal "
+                                                 r"\(truncated origin record\)"):
+        convert_dataset(ImageFolderSource(photos), str(dst), write_mode="proportion", num_workers=0, progress=False,
+                        resume=True)
+    assert (tmp_path / ".z.beton.partial").stat().st_size >= journal["data_start"] + journal["data_bytes"]
+    journal_path.write_text(json.dumps(dict(journal, version=1)))  # a journal of the earlier layout
+    out = CliRunner().invoke(main, ["convert", str(photos), str(dst), "--write-mode", "proportion", "--resume",
+                                    "--num-workers", "0", "--quiet"])
+    assert out.exit_code == 1 and "not an ffload conversion journal (version 2)" in out.output, out.output
+    assert "Traceback" not in out.output and (tmp_path / ".z.beton.partial").exists()

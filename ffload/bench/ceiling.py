@@ -166,7 +166,7 @@ def load_jpeg_payloads(path: str, image_field: str, num_samples: int | None = No
 
     from ffload.errors import ConfigurationError
     from ffload.formats import open_dataset
-    from ffload.formats.fields.base import JPG
+    from ffload.formats.fields.image import JPG
 
     view = open_dataset(path)
     region = view.open_region()

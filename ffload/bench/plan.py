@@ -26,7 +26,8 @@ def describe_dataset(path: str) -> dict:
     import numpy as np
 
     from ffload.formats import open_dataset
-    from ffload.formats.fields.base import JPG, IntField, RGBImageField, image_sizes
+    from ffload.formats.fields.image import JPG, RGBImageField, image_sizes
+    from ffload.formats.fields.scalars import IntField
 
     view = open_dataset(path)
     images = [n for n, f in view.fields.items() if isinstance(f, RGBImageField)]

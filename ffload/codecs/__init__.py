@@ -1,2 +1,9 @@
-"""Image codecs shared by conversion, loading and benchmarks: the libjpeg-turbo bindings (:mod:`.turbojpeg`), batched compiled JPEG decoding with crops and DCT scaling (:mod:`.jpeg`), restart-segment crops (:mod:`.restarts`) and the compiled resize (:mod:`.resize`)."""
+"""Image codecs shared by conversion, loading and benchmarks.
+
+    turbojpeg    the libjpeg-turbo bindings
+    jpeg         batched compiled JPEG decoding with crops and DCT scaling
+    restarts     restart-segment crops
+    resize       the compiled resize
+    jpeg_encode  JPEG encoding for conversion, through OpenCV (imports no numba)
+"""
 from __future__ import annotations

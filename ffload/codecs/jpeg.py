@@ -77,7 +77,7 @@ OUTSIDE = -3
 NO_FRAME = -4
 """Row status codes written by :func:`decode_rows`."""
 
-_RAW = 1  # the metadata's mode of raw images (ffload.formats.fields.base.RAW)
+_RAW = 1  # the metadata's mode of raw images (ffload.formats.fields.image.RAW)
 _MCU_WIDTH = np.array(tj.MCU_WIDTH, np.int64)
 
 _lib = tj.library()

@@ -17,7 +17,9 @@ from ffload.convert.encode import SampleEncoder, encoded_chunks
 from ffload.convert.provenance import left_out_origin, origin_room, source_origins
 from ffload.errors import ConfigurationError, ConvertError
 from ffload.formats import dataset_writer, format_for_path
-from ffload.formats.fields.base import Field, IntField, RGBImageField
+from ffload.formats.fields.base import Field
+from ffload.formats.fields.image import RGBImageField
+from ffload.formats.fields.scalars import IntField
 from ffload.formats.shards import MANIFEST, check_shard_size_arguments
 from ffload.limits import DEFAULT_MAX_PIXELS
 from ffload.storage import is_remote

@@ -25,7 +25,9 @@ import numpy as np
 
 from ffload.convert.images import check_pixels, decode_image_bytes
 from ffload.convert.passthrough import decode_problem, inspect_jpeg, strip_jpeg_metadata
-from ffload.formats.fields.base import JPG, Field, IntField, RGBImageField, metadata_dtype
+from ffload.formats.fields.base import Field, metadata_dtype
+from ffload.formats.fields.image import JPG, RGBImageField
+from ffload.formats.fields.scalars import IntField
 from ffload.limits import DEFAULT_MAX_PIXELS
 from ffload.system import available_cpus
 

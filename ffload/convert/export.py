@@ -36,17 +36,12 @@ import numpy as np
 from ffload.convert.sources import SourceError
 from ffload.errors import ConfigurationError
 from ffload.formats import DatasetView
-from ffload.formats.fields.base import (
-    JPG,
-    BytesExtensionField,
-    BytesField,
-    FloatField,
-    IntField,
-    JSONField,
-    NDArrayField,
-    RGBImageField,
-)
-from ffload.formats.origins import dataset_origins, origin_key
+from ffload.formats.dataset_origins import dataset_origins
+from ffload.formats.fields.bytes import BytesExtensionField, BytesField, JSONField
+from ffload.formats.fields.image import JPG, RGBImageField
+from ffload.formats.fields.ndarray import NDArrayField
+from ffload.formats.fields.scalars import FloatField, IntField
+from ffload.formats.origins import origin_key
 from ffload.formats.shardio import check_mapping
 
 

@@ -9,7 +9,7 @@ checkpoint (after a whole chunk of samples, at most every ``checkpoint_seconds``
   :meth:`ffload.formats.origins.OriginLog.records`);
 * ``.x.beton.partial.json``  the journal, JSON (never pickle), replaced atomically at each checkpoint::
 
-      {"format": "ffload-convert-journal", "version": 1, "dst": "/abs/x.beton",
+      {"format": "ffload-convert-journal", "version": 2, "dst": "/abs/x.beton",
        "fingerprint": "<sha256 of the source>", "arguments": {...fields, page size, options...},
        "num_samples": N, "next_index": source index to continue from, "samples": samples committed,
        "data_bytes": bytes of the data region committed, "page_size": ..., "data_start": ...,
@@ -46,7 +46,7 @@ __all__ = ["ConversionJournal", "source_fingerprint"]
 logger = logging.getLogger(__name__)
 
 FORMAT = "ffload-convert-journal"
-VERSION = 1
+VERSION = 2
 
 
 def source_fingerprint(source) -> str:
@@ -95,6 +95,7 @@ class ConversionJournal:
         if not os.path.isdir(parent):
             raise FileNotFoundError(f"output folder {parent} does not exist")
         self.partial = os.path.join(parent, f".{base}.partial")
+        self.kept = False  # set when the journal's checkpoint cannot be continued: discard() keeps the files
         self.path, self.meta_path, self.alloc_path, self.origins_path = (
             self.partial + s for s in (".json", ".meta", ".alloc", ".origins"))
         self.fields, self.num_samples = dict(fields), int(num_samples)
@@ -177,8 +178,15 @@ class ConversionJournal:
                     os.truncate(name, rows.nbytes)
                 state = {k: journal.get(k) for k in ("count", "page_size", "data_start", "data_bytes", "origins")}
                 resume = (state, meta, allocs, origins)
-            writer = BetonWriter(path, self.fields, self.num_samples, page_size or DEFAULT_PAGE_SIZE, resume=resume,
-                                 info=info, origin_room=origin_room)
+            try:
+                writer = BetonWriter(path, self.fields, self.num_samples, page_size or DEFAULT_PAGE_SIZE,
+                                     resume=resume, info=info, origin_room=origin_room)
+            except ConfigurationError as e:
+                if resume is None:
+                    raise
+                self.kept = True
+                raise ConfigurationError(f"{self.path}: cannot resume from this journal ({e}); convert again "
+                                         "without --resume", path=self.path) from e
             writer.before_grow = self._invalidate
             return writer
         return open_writer
@@ -220,8 +228,11 @@ class ConversionJournal:
         self._last = 0.0  # checkpoint again at the next chance
 
     def discard(self) -> None:
-        """Remove the journal files and the partial output (if still there), and release the lock."""
-        self._remove_files()
+        """Remove the journal files and the partial output (if still there), and release the lock; when
+        the journal could not be continued (:attr:`kept`) only release the lock: its files stay, as
+        its error says, for the user to look at or remove (a conversion without ``--resume``)."""
+        if not self.kept:
+            self._remove_files()
         self.release()
 
     def release(self) -> None:

@@ -18,7 +18,7 @@ A JPEG passes through (:func:`inspect_jpeg` returns no reason) when all of these
   :mod:`ffload.convert.images`;
 * its longer side is within ``max_resolution`` (no resize);
 * the write mode stores it as JPEG (``jpg`` always; ``smart`` / ``proportion`` by FFCV's rule, decided by the
-  caller with :meth:`~ffload.formats.fields.base.RGBImageField.stores_jpeg`); otherwise it is decoded and stored raw.
+  caller with :meth:`~ffload.formats.fields.image.RGBImageField.stores_jpeg`); otherwise it is decoded and stored raw.
 
 The stored JPEG keeps the source's quality: ``jpeg_quality`` applies only to images that are re-encoded.
 ``strip_jpeg_metadata`` removes the metadata segments APP1-APP13, APP15 (Exif, XMP, ICC, IPTC ...) and COM,

@@ -11,22 +11,14 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ffload.errors import ConfigurationError
+from ffload.errors import ConfigurationError, FieldError
 from ffload.formats.atomic import dataset_writer, format_for_path
 from ffload.formats.beton import open_beton
-from ffload.formats.fields.base import (
-    BytesField,
-    Field,
-    FieldError,
-    FloatField,
-    ImageArrayField,
-    IntField,
-    JSONField,
-    NDArrayField,
-    RaggedArrayField,
-    RGBImageField,
-    image_sizes,
-)
+from ffload.formats.fields.base import Field
+from ffload.formats.fields.bytes import BytesField, JSONField
+from ffload.formats.fields.image import ImageArrayField, RGBImageField, image_sizes
+from ffload.formats.fields.ndarray import NDArrayField, RaggedArrayField
+from ffload.formats.fields.scalars import FloatField, IntField
 from ffload.formats.lmdb_format import open_lmdb
 from ffload.formats.shards import is_sharded, manifest_location, open_sharded
 from ffload.formats.view import DatasetError, DatasetView

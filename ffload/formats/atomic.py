@@ -227,7 +227,8 @@ def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwri
     output is deleted and the exception propagates. ``tmp`` names the temporary output (default:
     a fresh hidden name beside ``dst`` carrying this process's pid) and ``open_writer(tmp)`` makes
     the writer (default: a new BetonWriter / LMDBWriter storing ``info``, the dataset-level JSON
-    object), as a resumed conversion does (``ffload.convert.journal``). With ``shard_size``
+    object), as a resumed conversion does (``ffload.convert.journal``; when ``open_writer`` fails,
+    ``tmp`` is kept: it is the partial output its journal describes). With ``shard_size``
     (bytes, or a size string such as ``"1GB"``) ``dst`` is a directory of ``.beton`` shards and
     its manifest (:class:`~.shards.ShardedWriter`), swapped in as a whole once complete.
 
@@ -251,15 +252,15 @@ def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwri
         if os.path.lexists(dst) and not overwrite:
             raise FileExistsError(f"{dst} already exists (pass overwrite=True / --overwrite to replace it)")
         tmp = tmp or os.path.join(parent, f".{os.path.basename(dst)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        # a resumed output that cannot be continued stays where it is (the error names its journal)
+        writer = None if open_writer is None else open_writer(tmp)
         litter = [tmp]  # what an exception must remove
         try:
-            if open_writer is not None:
-                writer = open_writer(tmp)
-            elif fmt == "shards":
+            if writer is None and fmt == "shards":
                 writer = ShardedWriter(tmp, fields, num_samples, shard_size, page_size or DEFAULT_PAGE_SIZE, info=info)
-            elif fmt == "beton":
+            elif writer is None and fmt == "beton":
                 writer = BetonWriter(tmp, fields, num_samples, page_size or DEFAULT_PAGE_SIZE, info=info)
-            else:
+            elif writer is None:
                 writer = LMDBWriter(tmp, fields, num_samples, info=info)
             with writer:  # closes (commits) on normal exit, aborts on an exception
                 yield writer

@@ -36,7 +36,9 @@ import os
 import numpy as np
 
 from ffload.errors import ConfigurationError, FieldError
-from ffload.formats.fields.base import FIELD_TYPES, Field, metadata_dtype, named_metadata_dtype
+from ffload.formats.byteranges import LocalBytes
+from ffload.formats.fields.base import Field, metadata_dtype, named_metadata_dtype
+from ffload.formats.fields.registry import FIELD_TYPES
 from ffload.formats.origins import OriginLog
 from ffload.formats.view import DatasetView, check_field_values, dataset_error
 from ffload.formats.writer import DatasetWriter
@@ -120,7 +122,7 @@ class BetonWriter(DatasetWriter):
     a checkpoint taken before then no longer describes the file (see :meth:`checkpoint`)."""
 
     def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
-                 page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray] | None = None,
+                 page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray, bytes] | None = None,
                  info: dict | None = None, reserve: int | None = None, origin_room: int = 0):
         super().__init__(path, fields, num_samples, info)
         self.origins = OriginLog()
@@ -176,7 +178,7 @@ class BetonWriter(DatasetWriter):
         pos = _align(pos + total, page)
         return _align(head, page) + pos + (len(self._allocs) + len(sizes)) * ALLOC_TYPE.itemsize
 
-    def checkpoint(self) -> tuple[dict, np.ndarray, np.ndarray]:
+    def checkpoint(self) -> tuple[dict, np.ndarray, np.ndarray, bytes]:
         """Flush and fsync the samples added so far, and describe them so that a new writer can
         continue this file (``BetonWriter(..., resume=...)``) after this process dies.
 
@@ -198,20 +200,20 @@ class BetonWriter(DatasetWriter):
 
     def _restore(self, state: dict, metadata: np.ndarray, allocs: np.ndarray, origins: bytes) -> None:
         """Take up a file at a :meth:`checkpoint`: ``metadata``/``allocs``/``origins`` are all the
-        rows so far. The data region beyond the checkpoint is cut off. Raises ValueError for a state
-        that does not fit this writer."""
+        rows so far. The data region beyond the checkpoint is cut off. Raises ConfigurationError (a
+        ValueError) for a state that does not fit this writer."""
         count = int(state["count"])
         if count > self.num_samples or len(metadata) != count or metadata.dtype != self.metadata.dtype:
-            raise ValueError(f"checkpoint of {count} samples does not fit {self.num_samples} samples "
+            raise ConfigurationError(f"checkpoint of {count} samples does not fit {self.num_samples} samples "
                              f"of {len(metadata)} metadata rows")
         self.origins.extend_records(origins, bool(state.get("origins")))
         if len(self.origins) != count or self.origins.block_size() > self._origin_room:
-            raise ValueError(f"checkpoint of {count} samples has {len(self.origins)} origins, or more than the "
+            raise ConfigurationError(f"checkpoint of {count} samples has {len(self.origins)} origins, or more than the "
                              f"{self._origin_room} bytes reserved for them")
         self.page_size = check_page_size(state["page_size"])
         self._data_start, self._pos = int(state["data_start"]), int(state["data_bytes"])
         if self._data_start != _align(self._head_end, self.page_size):
-            raise ValueError(f"checkpoint's data region starts at {self._data_start}, not at a page")
+            raise ConfigurationError(f"checkpoint's data region starts at {self._data_start}, not at a page")
         self.metadata[:count] = metadata
         self._allocs = [tuple(int(v) for v in row) for row in allocs.tolist()]
         self.count = count
@@ -312,24 +314,6 @@ class BetonWriter(DatasetWriter):
         os.fsync(self._fp.fileno())
 
 
-class LocalBytes:
-    """A local file read by byte ranges (``os.pread``), the local counterpart of
-    :class:`ffload.storage.RemoteObject` for :func:`open_beton`.
-
-    Attributes:
-        size: bytes in the file (at construction).
-    """
-
-    def __init__(self, path: str):
-        self.path = path
-        self.size = os.path.getsize(path)
-
-    def read(self, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` (fewer only at the end of the file)."""
-        with open(self.path, "rb") as fp:
-            return os.pread(fp.fileno(), stop - start, start) if stop > start else b""
-
-
 def read_header(path: str, source) -> np.void:
     """Read the header through ``source`` (``.read(start, stop) -> bytes``, ``.size`` bytes) and check
     the range of every header field, the one place that does: the version, at least one field whose
@@ -356,18 +340,23 @@ def read_header(path: str, source) -> np.void:
     return header
 
 
-def read_info(path: str, source, start: int, end: int, head: bytes) -> dict:
+def read_info(path: str, source, start: int, end: int, head: bytes) -> tuple[dict, int | None]:
     """The dataset-level ``info`` stored at byte ``start`` (the metadata's end), if ``head`` (the
     bytes read there, up to ``len(INFO_MAGIC) + 8``) begins with :data:`INFO_MAGIC`; the block must
     end by ``end`` (the first payload or the allocation table); the JSON is read through ``source``
-    (``.read(start, stop) -> bytes``). ``{}`` when absent (ffcv's files, older ffload files).
+    (``.read(start, stop) -> bytes``).
+
+    Returns:
+        ``(info, block_end)``: the JSON object and the byte where the info block ends (where an
+        origin block may follow, :mod:`.origins`); ``({}, None)`` when absent (ffcv's files, older
+        ffload files).
 
     Raises:
         DatasetError: a block that runs past ``end`` or whose JSON is not an object.
     """
     size = len(INFO_MAGIC) + 8
     if end - start < size or len(head) < size or head[:len(INFO_MAGIC)] != INFO_MAGIC:
-        return {}
+        return {}, None
     length = int(np.frombuffer(head[len(INFO_MAGIC):size], "<u8")[0])
     if length > end - start - size:
         raise dataset_error(path, f"info block of {length} bytes at {start} runs past the data at {end} (corrupt file)")
@@ -377,32 +366,14 @@ def read_info(path: str, source, start: int, end: int, head: bytes) -> dict:
         raise dataset_error(path, f"info block at {start} is not UTF-8 JSON: {e}") from e
     if not isinstance(info, dict):
         raise dataset_error(path, f"info block at {start} holds a JSON {type(info).__name__}, not an object")
-    return info
+    return info, start + size + length
 
 
-def open_beton(path: str, source=None) -> DatasetView:
-    """Open a ``.beton`` file (written by ffload or ffcv) and validate every offset.
-
-    Args:
-        path: the file, or the URL of a remote object (``s3://bucket/key``).
-        source: what to read the bytes from: ``size`` (bytes) and ``read(start, stop) -> bytes``;
-            ``None``: the local file ``path`` (:class:`LocalBytes`). A remote one
-            (:class:`ffload.storage.RemoteObject`) is read with four range reads (header, field
-            descriptors, allocation table, metadata table with the head of the info block; a
-            fifth for the info JSON when there is one) and the view gets ``remote=source``
-            and no ``data_path``: its payloads are read by the Loader's page cache.
-
-    Raises:
-        DatasetError: not a .beton, wrong version, truncated, unknown field type, or any payload
-            or allocation pointing outside the file.
-        StorageError: a remote read failed (see :mod:`ffload.storage`).
-    """
-    remote = source is not None
-    source = LocalBytes(path) if source is None else source
-    size = int(source.size)
-    header = read_header(path, source)
-    num_fields, n = int(header["num_fields"]), int(header["num_samples"])
-    page_size, table_ptr = int(header["page_size"]), int(header["alloc_table_ptr"])
+def read_fields(path: str, source, num_fields: int) -> dict[str, Field]:
+    """The fields named by the ``num_fields`` field descriptors that follow the header (one read
+    through ``source``), in order. Raises DatasetError for a name that is not 1..16 printable ASCII
+    characters NUL padded, an unknown type id (a custom ffcv field), a duplicate name, or arguments
+    its type refuses."""
     desc_end = HEADER_TYPE.itemsize + num_fields * FIELD_DESC_TYPE.itemsize
     desc = np.frombuffer(source.read(HEADER_TYPE.itemsize, desc_end), dtype=FIELD_DESC_TYPE)
     fields: dict[str, Field] = {}
@@ -422,32 +393,52 @@ def open_beton(path: str, source=None) -> DatasetView:
             fields[name] = cls.from_binary(d["arguments"])
         except (ValueError, TypeError) as e:
             raise dataset_error(path, f"field {name!r} (type id {int(d['type_id'])}): {e}") from e
-    mtype = metadata_dtype(list(fields.values()))
-    meta_end = desc_end + n * mtype.itemsize
-    if meta_end > size or not meta_end <= table_ptr:
-        raise dataset_error(path, f"truncated or corrupt: metadata ends at {meta_end}, allocation table "
-                          f"at {table_ptr}, file size {size} bytes")
-    table = np.frombuffer(source.read(table_ptr, size), dtype=ALLOC_TYPE)
+    return fields
+
+
+def read_allocation_table(path: str, source, header: np.void, fields: dict[str, Field]) -> np.ndarray:
+    """The ``(P,) ALLOC_TYPE`` allocation table, from the header's ``alloc_table_ptr`` to the end of
+    the file (one read). Raises DatasetError unless it holds one entry per payload, as ffcv's and
+    ffload's writers write (``num_samples`` times the fields with payloads)."""
+    n, table_ptr = int(header["num_samples"]), int(header["alloc_table_ptr"])
+    table = np.frombuffer(source.read(table_ptr, int(source.size)), dtype=ALLOC_TYPE)
     payload_fields = [name for name, f in fields.items() if f.has_payload]
-    if table.size != n * len(payload_fields):  # ffcv's and ffload's writers: one entry per payload
+    if table.size != n * len(payload_fields):
         raise dataset_error(path, f"the allocation table holds {table.size} payloads, but {n} samples of "
                                   f"{len(payload_fields)} field(s) with payloads ({', '.join(payload_fields) or 'none'})"
                                   f" have {n * len(payload_fields)}: a field's type does not match the data "
                                   "(corrupt field type or table)")
-    # the metadata and the head of the info block after it, in one read
-    info_end = int(table["ptr"].min()) if table.size else table_ptr
-    info_head = len(INFO_MAGIC) + 8 if info_end - meta_end >= len(INFO_MAGIC) + 8 else 0
-    block = source.read(desc_end, meta_end + info_head)
-    metadata = np.frombuffer(bytearray(block[:meta_end - desc_end]), dtype=mtype) if n else np.zeros(0, mtype)
-    info = read_info(path, source, meta_end, info_end, block[meta_end - desc_end:])
+    return table
+
+
+def check_allocations(path: str, table: np.ndarray, num_samples: int, meta_end: int, table_ptr: int) -> None:
+    """Every allocation of ``table`` lies between the metadata's end ``meta_end`` and the table at
+    ``table_ptr`` (bytes) and names a sample below ``num_samples``. Raises DatasetError."""
     ends = table["ptr"] + table["size"]
     if table.size and (ends.max() > table_ptr or table["ptr"].min() < meta_end
-                       or table["sample_id"].max() >= n or np.any(ends < table["ptr"])):
+                       or table["sample_id"].max() >= num_samples or np.any(ends < table["ptr"])):
         raise dataset_error(path, "allocation table points outside the data region")
-    # Look up each payload's allocation by (ptr, sample id). A zero-size payload shares its offset
-    # with the next payload of the same sample, so one (ptr, sample id) can hold several
-    # allocations: the fields sharing that offset take them in field order, zero-size ones first
-    # (the writer lays a sample's payloads out in field order; payloads never overlap).
+
+
+def payload_sizes(path: str, fields: dict[str, Field], metadata: np.ndarray,
+                  table: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each payload's offset (from the metadata) and size (from its allocation), checked by its field.
+
+    A payload's allocation is looked up by (ptr, sample id). A zero-size payload shares its offset
+    with the next payload of the same sample, so one (ptr, sample id) can hold several
+    allocations: the fields sharing that offset take them in field order, zero-size ones first
+    (the writer lays a sample's payloads out in field order; payloads never overlap).
+
+    Args:
+        metadata: ``(N,)`` :func:`~.fields.base.metadata_dtype` records (sub-fields f0, f1, ...).
+        table: the checked allocation table (:func:`check_allocations`).
+    Returns:
+        ``(ptrs, sizes)``: field name -> ``(N,) uint64`` offsets, and sizes in bytes, for the fields
+        with payloads.
+    Raises:
+        DatasetError: a payload offset with no allocation, or sizes its field's metadata refuses.
+    """
+    n = metadata.shape[0]
     order = np.lexsort((table["sample_id"], table["ptr"]))
     t_ptr, t_sid, t_size = table["ptr"][order], table["sample_id"][order], table["size"][order]
     pointers = {name: f.get_pointer(metadata[f"f{k}"]).astype(np.uint64)
@@ -479,8 +470,59 @@ def open_beton(path: str, source=None) -> DatasetView:
         problem = f.check_payloads(col, sizes[name])
         if problem:
             raise dataset_error(path, f"field {name!r}: {problem}")
+    return ptrs, sizes
+
+
+def open_beton(path: str, source=None) -> DatasetView:
+    """Open a ``.beton`` file (written by ffload or ffcv) and validate every offset: the header
+    (:func:`read_header`), the field descriptors (:func:`read_fields`), the metadata table's bounds,
+    the allocation table (:func:`read_allocation_table`, :func:`check_allocations`), the metadata
+    with the info block (:func:`read_info`), each payload (:func:`payload_sizes`), then the fields'
+    values (:func:`~.view.check_field_values`).
+
+    Args:
+        path: the file, or the URL of a remote object (``s3://bucket/key``).
+        source: what to read the bytes from: ``size`` (bytes) and ``read(start, stop) -> bytes``;
+            ``None``: the local file ``path`` (:class:`LocalBytes`). A remote one
+            (:class:`ffload.storage.RemoteObject`) is read with four range reads (header, field
+            descriptors, allocation table, metadata table with the head of the info block; a
+            fifth for the info JSON when there is one) and the view gets ``remote=source``
+            and no ``data_path``: its payloads are read by the Loader's page cache.
+
+    Returns:
+        the view; its ``origin_blocks`` is ``[(offset, limit)]``, where an origin block would start
+        (the info block's end) and the byte it must end by (the first payload or the allocation
+        table), or None for a file without an info block (:mod:`.origins` reads it from there).
+
+    Raises:
+        DatasetError: not a .beton, wrong version, truncated, unknown field type, or any payload
+            or allocation pointing outside the file.
+        StorageError: a remote read failed (see :mod:`ffload.storage`).
+    """
+    remote = source is not None
+    source = LocalBytes(path) if source is None else source
+    size = int(source.size)
+    header = read_header(path, source)
+    n, page_size, table_ptr = (int(header[k]) for k in ("num_samples", "page_size", "alloc_table_ptr"))
+    fields = read_fields(path, source, int(header["num_fields"]))
+    desc_end = HEADER_TYPE.itemsize + len(fields) * FIELD_DESC_TYPE.itemsize
+    mtype = metadata_dtype(list(fields.values()))
+    meta_end = desc_end + n * mtype.itemsize
+    if meta_end > size or not meta_end <= table_ptr:
+        raise dataset_error(path, f"truncated or corrupt: metadata ends at {meta_end}, allocation table "
+                          f"at {table_ptr}, file size {size} bytes")
+    table = read_allocation_table(path, source, header, fields)
+    # the metadata and the head of the info block after it, in one read
+    info_end = int(table["ptr"].min()) if table.size else table_ptr
+    info_head = len(INFO_MAGIC) + 8 if info_end - meta_end >= len(INFO_MAGIC) + 8 else 0
+    block = source.read(desc_end, meta_end + info_head)
+    metadata = np.frombuffer(bytearray(block[:meta_end - desc_end]), dtype=mtype) if n else np.zeros(0, mtype)
+    info, origins_at = read_info(path, source, meta_end, info_end, block[meta_end - desc_end:])
+    check_allocations(path, table, n, meta_end, table_ptr)
+    ptrs, sizes = payload_sizes(path, fields, metadata, table)
     named = metadata.view(named_metadata_dtype(fields))
     check_field_values(path, fields, named)
     return DatasetView(path=path, format="beton", num_samples=n, fields=fields, metadata=named,
                        ptrs=ptrs, sizes=sizes, data_path=None if remote else path, data_size=size,
-                       page_size=page_size, info=info, remote=source if remote else None)
+                       page_size=page_size, info=info, remote=source if remote else None,
+                       origin_blocks=None if origins_at is None else [(origins_at, min(info_end, table_ptr))])

@@ -91,7 +91,8 @@ import warnings
 
 import numpy as np
 
-from ffload.formats.fields.base import FIELD_CLASSES, Field, named_metadata_dtype
+from ffload.formats.fields.base import Field, named_metadata_dtype
+from ffload.formats.fields.registry import FIELD_CLASSES
 from ffload.formats.lmdb_pages import check_tree
 from ffload.formats.origins import ORIGINS_KEY, OriginLog
 from ffload.formats.schema import Schema, Value, check_document, check_field_specs
@@ -376,6 +377,18 @@ def _lmdb_map_base(data_path: str, probe: int) -> int | None:
 def _address(buf) -> int:
     """Memory address of a buffer's first byte (a ``buffers=True`` LMDB value)."""
     return np.frombuffer(buf, dtype=np.uint8).ctypes.data
+
+
+def read_origins_value(path: str) -> bytes | None:
+    """The value of :data:`~.origins.ORIGINS_KEY` (the samples' origin block, :mod:`.origins`) in the
+    LMDB database at ``path``, or None when it has none."""
+    env, key = _open_env(path)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(ORIGINS_KEY)
+    finally:
+        _release_env(key)
+    return None if raw is None else bytes(raw)
 
 
 def open_lmdb(path: str) -> DatasetView:

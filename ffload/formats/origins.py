@@ -23,7 +23,7 @@ sample ``i``'s string is ``blob[ends[i-1]:ends[i]]`` (``ends[-1]`` read as 0). W
   byte-compatible with ffcv 1.0.2;
 * LMDB: the value of the key :data:`ORIGINS_KEY`.
 
-:func:`dataset_origins` opens it for any dataset (lazily: the loaders never read it). Datasets
+:func:`.dataset_origins.dataset_origins` opens it for any dataset (lazily: the loaders never read it). Datasets
 written before provenance existed, or by ffcv, have none (``None``).
 """
 from __future__ import annotations
@@ -33,10 +33,11 @@ from array import array
 
 import numpy as np
 
-from ffload.formats.view import DatasetView, dataset_error
+from ffload.errors import ConfigurationError
+from ffload.formats.view import dataset_error
 
-__all__ = ["ORIGIN_MAGIC", "ORIGINS_KEY", "BLOCK_HEAD", "OriginLog", "OriginBlock", "Origins", "dataset_origins",
-           "origin_fields", "origin_key"]
+__all__ = ["ORIGIN_MAGIC", "ORIGINS_KEY", "BLOCK_HEAD", "OriginLog", "OriginBlock", "Origins", "origin_fields",
+           "origin_key"]
 
 ORIGIN_MAGIC = b"ffload-origins\0\0"
 ORIGINS_KEY = b"__ffload_origins__"
@@ -102,14 +103,15 @@ class OriginLog:
 
     def extend_records(self, data: bytes, given: bool) -> None:
         """Append the samples of :meth:`records`' bytes ``data``; ``given``: whether the log that
-        wrote them had been given an origin. Raises ValueError for truncated records."""
+        wrote them had been given an origin. Raises ConfigurationError (a ValueError) for truncated
+        records (a journal's, whose reader names it)."""
         pos = 0
         while pos < len(data):
             if pos + 4 > len(data):
-                raise ValueError("truncated origin record")
+                raise ConfigurationError("truncated origin record")
             size = int.from_bytes(data[pos:pos + 4], "little")
             if pos + 4 + size > len(data):
-                raise ValueError("truncated origin record")
+                raise ConfigurationError("truncated origin record")
             self._blob += data[pos + 4:pos + 4 + size]
             self._ends.append(len(self._blob))
             pos += 4 + size
@@ -122,7 +124,8 @@ class OriginBlock:
 
     Args:
         path: the file or database, for messages.
-        limit: the block must end by this byte (the first data page).
+        limit: the block must end by this byte (in a ``.beton``: the first payload or the
+            allocation table, whichever comes first).
     Raises:
         DatasetError: a block whose counts run past ``limit`` (corrupt file).
     """
@@ -133,7 +136,6 @@ class OriginBlock:
         if offset + BLOCK_HEAD + 8 * count + blob_bytes > limit:
             raise dataset_error(path, f"origin block at {offset} ({count} entries, {blob_bytes} bytes) runs past "
                                       f"byte {limit} (corrupt file)")
-        self._ends: np.ndarray | None = None
 
     @classmethod
     def find(cls, path: str, source, offset: int, limit: int) -> OriginBlock | None:
@@ -146,61 +148,95 @@ class OriginBlock:
         count, blob_bytes = (int(v) for v in np.frombuffer(head[len(ORIGIN_MAGIC):], "<u8"))
         return cls(path, source, offset, count, blob_bytes, limit)
 
-    def ends(self) -> np.ndarray:
-        """``(count,) int64`` end offsets of the strings in the blob (checked non-decreasing)."""
-        if self._ends is None:
-            start = self._offset + BLOCK_HEAD
-            ends = np.frombuffer(self._source.read(start, start + 8 * self.count), "<u8").astype(np.int64)
-            if ends.size and (ends[0] < 0 or np.any(np.diff(ends) < 0) or ends[-1] > self._blob_bytes):
-                raise dataset_error(self.path, f"origin block at {self._offset}: offsets out of order (corrupt file)")
-            self._ends = ends
-        return self._ends
+    def ends(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """``(stop - start,) int64`` end offsets in the blob of the strings ``start..stop-1``
+        (``stop`` None: to the last), with the end of string ``start - 1`` before them when
+        ``start > 0``; read by one range read of only those entries, checked non-decreasing and
+        within the blob.
+
+        Raises:
+            DatasetError: offsets out of order or past the blob (corrupt file).
+        """
+        stop = self.count if stop is None else stop
+        first = max(start - 1, 0)
+        at = self._offset + BLOCK_HEAD + 8 * first
+        ends = np.frombuffer(self._source.read(at, at + 8 * (stop - first)), "<u8").astype(np.int64)
+        if ends.size and (ends[0] < 0 or np.any(np.diff(ends) < 0) or ends[-1] > self._blob_bytes):
+            raise dataset_error(self.path, f"origin block at {self._offset}: offsets out of order (corrupt file)")
+        return ends
 
     def strings(self, start: int, stop: int) -> list[str]:
-        """The origin strings of entries ``start..stop-1`` (one read)."""
-        ends = self.ends()
+        """The origin strings of entries ``start..stop-1`` (two reads: their ends, their bytes).
+
+        Raises:
+            DatasetError: offsets out of order or past the blob (corrupt file).
+        """
         if start >= stop:
             return []
-        a = int(ends[start - 1]) if start else 0
+        ends = self.ends(start, stop)
+        a = int(ends[0]) if start else 0
+        ends = ends[1:] if start else ends
         blob0 = self._offset + BLOCK_HEAD + 8 * self.count
-        raw = self._source.read(blob0 + a, blob0 + int(ends[stop - 1]))
-        cuts = (ends[start:stop] - a).tolist()
+        raw = self._source.read(blob0 + a, blob0 + int(ends[-1]))
+        cuts = (ends - a).tolist()
         return [_decode(raw[lo:hi]) for lo, hi in zip([0] + cuts[:-1], cuts)]
-
-
-class _Bytes:
-    """Bytes in memory with the ``size`` / ``read(start, stop)`` interface of :class:`OriginBlock`."""
-
-    def __init__(self, data: bytes):
-        self.data, self.size = data, len(data)
-
-    def read(self, start: int, stop: int) -> bytes:
-        return self.data[start:stop]
 
 
 class Origins:
     """The origins of a dataset's samples: ``origins[i]`` is sample ``i``'s origin string,
     :meth:`describe` its parts as a dict (:func:`origin_fields`), :meth:`key` a WebDataset key.
 
-    Attributes:
+    Args:
         descriptor: ``info["origin"]`` (see the module docstring).
-        blocks: the :class:`OriginBlock` of each container (shard), in sample order.
+        blocks: the :class:`OriginBlock` of each container (shard), in sample order, or for each
+            a function of no arguments that returns it, called when one of its strings is first
+            read (a sharded dataset reads only the shards asked for).
+        counts: samples in each container; None: each block's ``count`` (``blocks`` are blocks).
+    Attributes:
+        descriptor: as given.
+    Raises:
+        DatasetError: (when read) a block whose count is not its container's sample count.
     """
 
-    def __init__(self, descriptor: dict, blocks: list[OriginBlock]):
-        self.descriptor, self.blocks = descriptor, blocks
-        self._bases = np.cumsum([0] + [b.count for b in blocks])
+    def __init__(self, descriptor: dict, blocks: list, counts: list[int] | None = None):
+        self.descriptor, self._blocks = descriptor, list(blocks)
+        self._bases = np.cumsum([0] + ([b.count for b in self._blocks] if counts is None else list(counts)))
+        for k, block in enumerate(self._blocks):
+            if isinstance(block, OriginBlock):
+                self._check(k, block)
 
     def __len__(self) -> int:
         return int(self._bases[-1])
 
+    def block(self, k: int) -> OriginBlock:
+        """Container ``k``'s :class:`OriginBlock` (opened on first use)."""
+        block = self._blocks[k]
+        if not isinstance(block, OriginBlock):
+            block = self._blocks[k] = self._check(k, block())
+        return block
+
+    def _check(self, k: int, block: OriginBlock) -> OriginBlock:
+        """``block`` if its count is container ``k``'s sample count, else DatasetError naming its file."""
+        count = int(self._bases[k + 1] - self._bases[k])
+        if block.count != count:
+            raise dataset_error(block.path, f"origin table holds {block.count} entries for {count} samples "
+                                            "(corrupt file)")
+        return block
+
     def strings(self, start: int, stop: int) -> list[str]:
-        """The origin strings of samples ``start..stop-1`` (reads at most one range per shard)."""
+        """The origin strings of samples ``start..stop-1`` (two range reads per shard they span).
+
+        Raises:
+            DatasetError: a corrupt origin block.
+        """
         out: list[str] = []
-        for k, block in enumerate(self.blocks):
+        first = max(int(np.searchsorted(self._bases, start, side="right")) - 1, 0)
+        for k in range(first, len(self._blocks)):
             lo, hi = max(start, int(self._bases[k])), min(stop, int(self._bases[k + 1]))
+            if lo >= stop:
+                break
             if lo < hi:
-                out += block.strings(lo - int(self._bases[k]), hi - int(self._bases[k]))
+                out += self.block(k).strings(lo - int(self._bases[k]), hi - int(self._bases[k]))
         return out
 
     def __getitem__(self, i: int) -> str:
@@ -256,66 +292,3 @@ def _keyable(text: str) -> str:
     """``text`` with the dots of its last ``/`` component replaced (WebDataset's key ends there)."""
     head, sep, tail = text.replace("\\", "/").rpartition("/")
     return f"{head}{sep}{tail.replace('.', '_')}" or "_"
-
-
-def dataset_origins(view: DatasetView) -> Origins | None:
-    """The :class:`Origins` of ``view`` (a ``.beton``, LMDB, or sharded dataset, local or remote),
-    or None when it has none (no ``info["origin"]``, or no block: ffcv's files).
-
-    Raises:
-        DatasetError: a block that is corrupt, or whose count is not the dataset's sample count.
-    """
-    descriptor = view.info.get("origin")
-    if not isinstance(descriptor, dict):
-        return None
-    if view.format == "lmdb":
-        blocks = [_lmdb_block(view.path)]
-    elif view.shards is not None:
-        blocks = [_beton_block(path, _shard_source(view, k)) for k, path in enumerate(view.shards.paths)]
-    else:
-        blocks = [_beton_block(view.path, view.remote)]
-    if any(b is None for b in blocks):
-        return None
-    origins = Origins(descriptor, blocks)
-    if len(origins) != view.num_samples:
-        raise dataset_error(view.path, f"origin table holds {len(origins)} entries for {view.num_samples} samples "
-                                       "(corrupt file)")
-    return origins
-
-
-def _shard_source(view: DatasetView, k: int):
-    """The byte source of shard ``k`` of a sharded view: its RemoteObject, or None (a local file)."""
-    return None if view.remote is None else view.remote.remotes[k]
-
-
-def _beton_block(path: str, source) -> OriginBlock | None:
-    """The origin block of the ``.beton`` at ``path`` (read through ``source``, None: the local
-    file): after the metadata table and the info block."""
-    from ffload.formats.beton import FIELD_DESC_TYPE, HEADER_TYPE, INFO_MAGIC, LocalBytes, read_header
-    from ffload.formats.fields.base import FIELD_TYPES, metadata_dtype
-
-    source = LocalBytes(path) if source is None else source
-    header = read_header(path, source)
-    num_fields = int(header["num_fields"])
-    desc = np.frombuffer(source.read(HEADER_TYPE.itemsize, HEADER_TYPE.itemsize + num_fields *
-                                     FIELD_DESC_TYPE.itemsize), FIELD_DESC_TYPE)
-    fields = [FIELD_TYPES[int(d["type_id"])].from_binary(d["arguments"]) for d in desc]
-    offset = HEADER_TYPE.itemsize + desc.nbytes + int(header["num_samples"]) * metadata_dtype(fields).itemsize
-    head = source.read(offset, offset + len(INFO_MAGIC) + 8)
-    if head[:len(INFO_MAGIC)] != INFO_MAGIC:
-        return None
-    offset += len(INFO_MAGIC) + 8 + int(np.frombuffer(head[len(INFO_MAGIC):], "<u8")[0])
-    return OriginBlock.find(path, source, offset, int(header["alloc_table_ptr"]))
-
-
-def _lmdb_block(path: str) -> OriginBlock | None:
-    """The origin block stored under :data:`ORIGINS_KEY` in the LMDB database at ``path``."""
-    from ffload.formats.lmdb_format import _open_env, _release_env
-
-    env, key = _open_env(path)
-    try:
-        with env.begin() as txn:
-            raw = txn.get(ORIGINS_KEY)
-    finally:
-        _release_env(key)
-    return None if raw is None else OriginBlock.find(path, _Bytes(bytes(raw)), 0, len(raw))

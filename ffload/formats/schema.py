@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ffload.formats.fields.base import FIELD_CLASSES
+from ffload.formats.fields.registry import FIELD_CLASSES
 from ffload.formats.view import dataset_error
 
 __all__ = ["Value", "Schema", "MAX_COUNT", "check_document", "check_field_specs", "FIELD_SPEC"]

@@ -467,7 +467,8 @@ def open_sharded(path: str, storage_options: dict | None = None) -> DatasetView:
     sharded_remote = ShardedRemote(layout, remotes, opening) if remote else None
     return DatasetView(path=root, format="shards", num_samples=n, fields=fields, metadata=metadata, ptrs=ptrs,
                        sizes=sizes_out, data_path=None, data_size=layout.data_size, page_size=page,
-                       info=dict(manifest.get("info") or {}), remote=sharded_remote, shards=layout)
+                       info=dict(manifest.get("info") or {}), remote=sharded_remote, shards=layout,
+                       origin_blocks=[v.origin_blocks[0] if v.origin_blocks else None for v in views])
 
 
 def check_checksums(view: DatasetView, progress: bool = False) -> list[tuple[str, str]]:

@@ -60,6 +60,11 @@ class DatasetView:
             this view (a Loader's ``indices``, one sample to decode alone), or None for all.
             The arrays above still hold every sample (batches index them by dataset index);
             a pipeline's declare-time checks look at :meth:`selected` only.
+        origin_blocks: for a ``.beton`` (one entry) or a sharded dataset (one per shard), where
+            each file's origin block would start and the byte it must end by, ``(offset, limit)``
+            in that file (:mod:`.origins`; found at open, so that reading the origins needs no
+            header), or None for a file without an info block (then it has no origin block);
+            None for LMDB.
     """
 
     path: str
@@ -78,6 +83,7 @@ class DatasetView:
     remote: object | None = None
     shards: object | None = None
     selection: np.ndarray | None = None
+    origin_blocks: list[tuple[int, int] | None] | None = None
 
     def selected(self) -> np.ndarray:
         """``(M,) int64``: the dataset indices that will be read, :attr:`selection` or every sample

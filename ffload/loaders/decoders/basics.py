@@ -10,15 +10,9 @@ import numpy as np
 from numba import njit
 
 from ffload.errors import ConfigurationError, FormatError
-from ffload.formats.fields.base import (
-    BytesField,
-    FloatField,
-    IntField,
-    JSONField,
-    NDArrayField,
-    RaggedArrayField,
-    cast_values,
-)
+from ffload.formats.fields.bytes import BytesField, JSONField
+from ffload.formats.fields.ndarray import NDArrayField, RaggedArrayField, cast_values
+from ffload.formats.fields.scalars import FloatField, IntField
 from ffload.loaders.decoders.base import Decoder, copy_bytes, flat_view, region_array
 from ffload.loaders.pipeline.operation import Spec
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ffload.errors import FormatError, PipelineError
-from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField
+from ffload.errors import FieldError, FormatError, PipelineError
+from ffload.formats.fields.image import IMAGE_HEADER, ImageArrayField
 from ffload.loaders.decoders.base import Decoder, copy_bytes, flat_view, output_size_pair
 from ffload.loaders.decoders.crops import crop_window
 from ffload.loaders.decoders.image_payloads import batch_payloads, image_header

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ffload.errors import FormatError
-from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField
+from ffload.errors import FieldError, FormatError
+from ffload.formats.fields.image import IMAGE_HEADER, ImageArrayField
 from ffload.loaders.decoders.base import region_array
 from ffload.loaders.pipeline.operation import BatchContext
 

@@ -15,7 +15,7 @@ from numba import njit
 
 from ffload.codecs import jpeg
 from ffload.errors import ConfigurationError, FormatError, PipelineError
-from ffload.formats.fields.base import RGBImageField, describe_size_mismatch, differing_sizes
+from ffload.formats.fields.image import RGBImageField, describe_size_mismatch, differing_sizes
 from ffload.loaders.decoders.base import Decoder, flat_view, output_size_pair, region_array
 from ffload.loaders.decoders.crops import center_crop_boxes, random_resized_crop_boxes
 from ffload.loaders.pipeline.geometry import Geometry

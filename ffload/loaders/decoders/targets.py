@@ -31,8 +31,9 @@ import math
 import numpy as np
 from numba import njit
 
-from ffload.errors import ConfigurationError, FormatError, PipelineError
-from ffload.formats.fields.base import IMAGE_HEADER, FieldError, ImageArrayField, RaggedArrayField, cast_values
+from ffload.errors import ConfigurationError, FieldError, FormatError, PipelineError
+from ffload.formats.fields.image import IMAGE_HEADER, ImageArrayField
+from ffload.formats.fields.ndarray import RaggedArrayField, cast_values
 from ffload.loaders.decoders.base import Decoder, field_name, flat_view
 from ffload.loaders.decoders.image_payloads import batch_payloads, image_header
 from ffload.loaders.pipeline.geometry import COUNT, GEOMETRY, KeptBoxes

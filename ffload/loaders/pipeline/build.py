@@ -17,18 +17,10 @@ import numpy as np
 import torch
 
 from ffload.errors import ConfigurationError, PipelineError
-from ffload.formats.fields.base import (
-    BytesField,
-    FloatField,
-    ImageArrayField,
-    IntField,
-    JSONField,
-    NDArrayField,
-    RaggedArrayField,
-    RGBImageField,
-    describe_size_mismatch,
-    differing_sizes,
-)
+from ffload.formats.fields.bytes import BytesField, JSONField
+from ffload.formats.fields.image import ImageArrayField, RGBImageField, describe_size_mismatch, differing_sizes
+from ffload.formats.fields.ndarray import NDArrayField, RaggedArrayField
+from ffload.formats.fields.scalars import FloatField, IntField
 from ffload.loaders.decoders.basics import (
     BytesDecoder,
     FloatDecoder,
