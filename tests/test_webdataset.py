@@ -268,3 +268,19 @@ def test_copies_left_by_dead_processes_are_removed(tmp_path, monkeypatch):
     ours = [e for e in left if e.startswith(f"ffload-wds-{os.getpid()}-")]
     assert len(ours) == 1 and all(os.path.dirname(c) == str(tmp_path / "tmp" / ours[0])
                                   for c in src.copies.paths.values())
+
+
+def test_image_folder_with_a_stray_gzipped_tar_is_not_taken_for_shards(tmp_path):
+    from ffload.convert.sources import ImageFolderSource, detect_source
+
+    photos = _photos(6)
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "0.png").write_bytes(_png(photos[0]))
+    _gz_shards(tmp_path, photos, ".tar.gz")  # left in the root (a backup, a download)
+    with pytest.raises(SourceError, match=r"both WebDataset shards \(part-0\.tar\.gz.*\) and an ImageFolder "
+                                          r"\(cat/.*--source webdataset or --source imagefolder"):
+        detect_source(str(tmp_path))
+    assert isinstance(detect_source(str(tmp_path), kind="imagefolder"), ImageFolderSource)
+    assert isinstance(detect_source(str(tmp_path), kind="webdataset"), WebDatasetSource)
+    (tmp_path / "cat" / "0.png").unlink()  # a subfolder without images: the shards it is
+    assert isinstance(detect_source(str(tmp_path)), WebDatasetSource)
