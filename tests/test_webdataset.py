@@ -284,3 +284,22 @@ def test_image_folder_with_a_stray_gzipped_tar_is_not_taken_for_shards(tmp_path)
     assert isinstance(detect_source(str(tmp_path), kind="webdataset"), WebDatasetSource)
     (tmp_path / "cat" / "0.png").unlink()  # a subfolder without images: the shards it is
     assert isinstance(detect_source(str(tmp_path)), WebDatasetSource)
+
+
+def test_export_keeps_long_keys_and_never_writes_members_outside_their_folder(tmp_path):
+    photos = _photos(6)
+    long_key = "/".join(["d" * 120] * 3) + "/img"  # 367 bytes: more than ustar holds
+    keys = [long_key, "../../evil", "/etc/x", "a/./b/../c", "x//y", "plain"]
+    with tarfile.open(tmp_path / "in.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+        for key, photo in zip(keys, photos):
+            _add(tar, f"{key}.png", _png(photo))
+            _add(tar, f"{key}.cls", b"1")
+    src = WebDatasetSource(str(tmp_path / "in.tar"))
+    convert_dataset(src, str(tmp_path / "d.beton"), write_mode="raw", num_workers=1, progress=False)
+    shards = export_webdataset(open_dataset(str(tmp_path / "d.beton")), str(tmp_path / "out" / "s-%02d.tar"))
+    with tarfile.open(shards[0]) as tar:
+        names = [n for n in tar.getnames() if n.endswith(".png")]
+    assert names == [f"{long_key}.png", "evil.png", "etc/x.png", "a/b/c.png", "x/y.png", "plain.png"]
+    back = WebDatasetSource(shards[0])
+    for k in range(6):
+        np.testing.assert_array_equal(back[k][0], photos[k])
