@@ -365,3 +365,21 @@ def test_image_extensions():
         assert has_image_extension(name)
     for name in ("a.gif", "b.txt", "jpg", "c.jpg.bak", "d.pngx"):
         assert not has_image_extension(name)
+
+
+# -- decoding from threads ------------------------------------------------------------------------------------------
+
+def test_decoding_from_threads_leaves_python_warnings_working(photo):
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = encode(Image.fromarray(photo), "PNG")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        filters = list(warnings.filters)
+        with ThreadPoolExecutor(8) as pool:
+            for out in pool.map(lambda k: decode_image_bytes(data, f"t{k}.png"), range(400)):
+                np.testing.assert_array_equal(out, photo)
+        assert warnings.filters == filters
+        warnings.warn("after the threads", UserWarning)
+    assert [str(w.message) for w in seen] == ["after the threads"]  # delivered where warnings went before

@@ -42,9 +42,13 @@ GIF, JPEG 2000, HEIF/AVIF, PNM and others raise :class:`ImageUnsupportedError` (
 
 Decoder chatter never reaches the terminal: Python warnings raised while decoding (Pillow's) and what libtiff
 writes to the process's standard error while Pillow decodes a TIFF are captured, added to the reason of a failure
-and logged at DEBUG level otherwise; OpenCV's log is silenced while it decodes. Both captures change process-wide
-state for the length of one decode (the warning filters, file descriptor 2), so a thread printing meanwhile has
-its lines captured too.
+and logged at DEBUG level otherwise; OpenCV's log is silenced while it decodes. Warnings are captured per thread
+by one ``warnings.showwarning`` hook (put in place at a decode when it is not, passing on every warning of a
+thread that is not decoding), so decoding from several threads leaves Python's warning filters as they were;
+the filters still decide which warnings are shown at all (one already shown from the same place, under
+Python's default filter, is not shown, nor captured, again). The capture of standard error changes
+process-wide state for the length of one decode (file descriptor 2), so a thread printing meanwhile has its
+lines captured too.
 """
 from __future__ import annotations
 
@@ -269,14 +273,41 @@ _STDERR_REDIRECT = threading.Lock()
 the process's stderr pointing at a closed file."""
 
 
+_DECODING = threading.local()
+"""``said``: the list a decode in this thread collects warnings in; absent outside a decode."""
+_shown_elsewhere = warnings.showwarning
+"""The ``warnings.showwarning`` that :func:`_capture_warning` replaced: it shows other threads' warnings."""
+
+
+def _capture_warning(message, category, filename, lineno, file=None, line=None):
+    """``warnings.showwarning`` while ffload is imported: a warning raised in a thread that is decoding goes to
+    that decode's messages; any other goes on to the function this one replaced."""
+    said = getattr(_DECODING, "said", None)
+    if said is None:
+        return _shown_elsewhere(message, category, filename, lineno, file, line)
+    said.append(f"{category.__name__}: {message}")
+
+
+def _hook_warnings() -> None:
+    """Put :func:`_capture_warning` in place where something (``warnings.catch_warnings``,
+    ``logging.captureWarnings``) replaced it; idempotent, so threads racing here all leave it in place."""
+    global _shown_elsewhere
+    current = warnings.showwarning
+    if current is not _capture_warning:
+        _shown_elsewhere = current
+        warnings.showwarning = _capture_warning
+
+
 @contextlib.contextmanager
 def _decoder_messages(stderr: bool):
-    """Capture what decoders say during the block: Python warnings (Pillow's) and, with ``stderr``, what C
-    libraries write to file descriptor 2 (one thread at a time: the descriptor is the process's). Yields a list,
-    filled with the messages when the block ends."""
+    """Capture what decoders say during the block: Python warnings (Pillow's) raised in this thread and, with
+    ``stderr``, what C libraries write to file descriptor 2 (one thread at a time: the descriptor is the
+    process's). Yields a list, filled with the messages when the block ends."""
     said: list[str] = []
-    with warnings.catch_warnings(record=True) as caught, contextlib.ExitStack() as stack:
-        warnings.simplefilter("always")
+    _hook_warnings()
+    _DECODING.said = caught = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(delattr, _DECODING, "said")
         sink = None
         if stderr:
             stack.enter_context(_STDERR_REDIRECT)
@@ -294,7 +325,7 @@ def _decoder_messages(stderr: bool):
                 sink.seek(0)
                 said.extend(line.strip() for line in sink.read().decode("utf-8", "replace").splitlines()
                             if line.strip())
-            said.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+            said.extend(caught)
 
 
 def _failure(data: bytes, fmt: str, name: str, error: Exception, said: str) -> ImageDecodeError:
