@@ -381,5 +381,5 @@ def test_decoding_from_threads_leaves_python_warnings_working(photo):
             for out in pool.map(lambda k: decode_image_bytes(data, f"t{k}.png"), range(400)):
                 np.testing.assert_array_equal(out, photo)
         assert warnings.filters == filters
-        warnings.warn("after the threads", UserWarning)
+        warnings.warn("after the threads", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["after the threads"]  # delivered where warnings went before
