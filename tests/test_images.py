@@ -383,3 +383,34 @@ def test_decoding_from_threads_leaves_python_warnings_working(photo):
         assert warnings.filters == filters
         warnings.warn("after the threads", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["after the threads"]  # delivered where warnings went before
+
+
+def _tiff_with_far_tag(image) -> bytes:
+    """A little-endian TIFF of ``image`` with private tag 65000 (10 LONGs) whose values lie far past the file."""
+    from PIL import TiffImagePlugin
+
+    ifd = TiffImagePlugin.ImageFileDirectory_v2()
+    ifd[65000] = tuple(range(10))
+    ifd.tagtype[65000] = 4
+    data = bytearray(encode(image, "TIFF", tiffinfo=ifd))
+    first = int.from_bytes(data[4:8], "little")
+    for k in range(int.from_bytes(data[first:first + 2], "little")):
+        at = first + 2 + 12 * k
+        if int.from_bytes(data[at:at + 2], "little") == 65000:
+            data[at + 8:at + 12] = (0x7FFFFF00).to_bytes(4, "little")
+            return bytes(data)
+    raise AssertionError("tag 65000 not written")
+
+
+def test_tiff_with_an_unrelated_tag_past_the_end_is_decoded(photo, caplog):
+    import logging
+
+    data = _tiff_with_far_tag(Image.fromarray(photo))
+    with caplog.at_level(logging.DEBUG, logger="ffload.convert.images"):
+        out = decode_image_bytes(data, "far.tif")
+    assert "far.tif: decoder messages: UserWarning: Truncated File Read" in caplog.text  # Pillow's, captured
+    np.testing.assert_array_equal(out, np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    np.testing.assert_array_equal(out, photo)
+    wide = _tiff_with_far_tag(Image.fromarray(sixteen_bit_values((40, 56))))  # the tifffile path reads tags too
+    np.testing.assert_array_equal(decode_image_bytes(wide, "far16.tif")[..., 0],
+                                  np.round(sixteen_bit_values((40, 56)) / 257.0))

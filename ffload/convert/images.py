@@ -684,11 +684,16 @@ def _webp_size(data: bytes) -> tuple[int, int] | None:
 
 
 _TIFF_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # BYTE, SHORT, LONG, LONG8: the integer tag types used here
+_TIFF_TAGS_READ = frozenset((256, 257, 258, 259, 262, 274, 277, 284, 338, 339))
+"""The tags :func:`_tiff_tags` reads: ImageWidth, ImageLength, BitsPerSample, Compression, Photometric, Orientation,
+SamplesPerPixel, PlanarConfiguration, ExtraSamples, SampleFormat."""
 
 
 def _tiff_tags(data: bytes) -> dict[int, tuple[int, ...]]:
-    """The integer tags of a TIFF's first IFD (TIFF 6.0 section 2; BigTIFF): tag -> values (up to 16 of them).
-    Raises struct.error or IndexError on a malformed header."""
+    """The integer tags of :data:`_TIFF_TAGS_READ` in a TIFF's first IFD (TIFF 6.0 section 2; BigTIFF): tag ->
+    values (up to 16 of them). A tag whose values lie outside the data is left out, as every other tag is (Pillow
+    skips such a tag too, so one broken tag does not make the header unreadable). Raises struct.error or
+    IndexError when the IFD itself is malformed."""
     order = "<" if data[:2] == b"II" else ">"
     if data[2:4] in (b"+\x00", b"\x00+"):  # BigTIFF: 8-byte offsets and counts, 20-byte entries
         (ifd,) = struct.unpack(order + "Q", data[8:16])
@@ -703,13 +708,14 @@ def _tiff_tags(data: bytes) -> dict[int, tuple[int, ...]]:
         at = first + k * entry
         tag, kind, n = struct.unpack_from(head, data, at)
         code = _TIFF_TYPES.get(kind)
-        if code is None or n == 0:
+        if tag not in _TIFF_TAGS_READ or code is None or n == 0:
             continue
         n = min(n, 16)
         where = at + entry - inline
         if n * struct.calcsize(code) > inline:  # the values are elsewhere: at the offset the entry holds
             (where,) = struct.unpack_from(order + ("Q" if inline == 8 else "I"), data, where)
-        tags[tag] = struct.unpack_from(order + code * n, data, where)
+        if where + n * struct.calcsize(code) <= len(data):
+            tags[tag] = struct.unpack_from(order + code * n, data, where)
     return tags
 
 
