@@ -193,7 +193,8 @@ def test_origin_block_round_trip_and_corruption():
     block = log.block()
     assert len(block) == log.block_size()
     read = OriginBlock.find("mem", _Memory(block), 0, len(block))
-    assert read.strings(0, 4) == ["a/1.png", "", "caf\u00e9/\\xff.png", "z"] and read.strings(1, 2) == [""]
+    assert read.strings(0, 4) == ["a/1.png", "", "caf\u00e9/\udcff.png", "z"] and read.strings(1, 2) == [""]
+    assert os.fsencode(read.strings(2, 3)[0]) == "caf\u00e9/".encode() + b"\xff.png"  # the file name's bytes
     assert OriginBlock.find("mem", _Memory(b"\0" * 64 + block), 0, 64 + len(block)) is None  # no magic: none
     with pytest.raises(DatasetError, match="origin block at 0 .* runs past byte"):
         OriginBlock.find("mem", _Memory(block), 0, len(block) - 1)

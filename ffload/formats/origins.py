@@ -50,7 +50,9 @@ def _encode(origin: str) -> bytes:
 
 
 def _decode(raw: bytes) -> str:
-    return raw.decode("utf8", "backslashreplace")
+    """The inverse of :func:`_encode`: UTF-8 with ``surrogateescape``, so a byte that is not UTF-8 comes back as
+    the same lone surrogate and ``os.fsencode(origin)`` gives the file name's bytes back."""
+    return raw.decode("utf8", "surrogateescape")
 
 
 class OriginLog:
@@ -157,7 +159,12 @@ class OriginBlock:
         return self._ends
 
     def strings(self, start: int, stop: int) -> list[str]:
-        """The origin strings of entries ``start..stop-1`` (one read)."""
+        """The origin strings of entries ``start..stop-1`` (one read; a name that is not UTF-8 keeps its bytes as
+        lone surrogates, :func:`_decode`).
+
+        Raises:
+            DatasetError: the block's end offsets are out of order or run past its blob (corrupt file).
+        """
         ends = self.ends()
         if start >= stop:
             return []
@@ -195,7 +202,11 @@ class Origins:
         return int(self._bases[-1])
 
     def strings(self, start: int, stop: int) -> list[str]:
-        """The origin strings of samples ``start..stop-1`` (reads at most one range per shard)."""
+        """The origin strings of samples ``start..stop-1`` (reads at most one range per shard).
+
+        Raises:
+            DatasetError: a shard's block is corrupt (:meth:`OriginBlock.strings`).
+        """
         out: list[str] = []
         for k, block in enumerate(self.blocks):
             lo, hi = max(start, int(self._bases[k])), min(stop, int(self._bases[k + 1]))
