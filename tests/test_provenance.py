@@ -204,3 +204,15 @@ def test_origin_block_round_trip_and_corruption():
         OriginBlock.find("mem", _Memory(bytes(broken)), 0, len(block)).strings(0, 1)
     assert origin_fields({"id": "key", "part": "shard", "parts": ["a"]}, "7:x") == {"origin": "7:x"}
     assert OriginLog().block() == b"" and OriginLog().block_size() == 0  # nothing given: no block
+
+
+def test_left_out_origin_takes_folders_named_dot_dot_something_as_inside_the_root(tmp_path):
+    from types import SimpleNamespace
+
+    from ffload.convert.provenance import left_out_origin
+
+    source = SimpleNamespace(root=str(tmp_path / "root"))
+    assert left_out_origin(source, str(tmp_path / "root" / "..foo" / "x.png")) == "..foo/x.png"
+    assert left_out_origin(source, str(tmp_path / "root" / "...")) == "..."
+    assert left_out_origin(source, str(tmp_path / "elsewhere" / "x.png")) is None
+    assert left_out_origin(source, str(tmp_path)) is None
