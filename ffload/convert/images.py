@@ -15,9 +15,10 @@ exceptions, a closed list (also the table in ``docs/images.md``), all where Pill
   (premultiplied) alpha is undone first as Pillow does at 8 bits: ``min(c * 65535 // a, 65535)``, 0 where ``a``
   is 0. CMYK TIFFs of up to 16 bits -> Pillow's CMYK formula on the exact samples,
   ``round(255 * (M - C) * (M - K) / M**2)`` with ``M = 2**b - 1`` (Pillow keeps each ink's high byte: within 2
-  levels). Integer samples over 32 bits are refused as unsupported. The samples are read exactly: 16-bit PNGs by libpng (OpenCV, ancillary chunks removed, so an APNG gives
-  its default image), TIFFs by ``tifffile`` (planar, tiled, float), or by OpenCV for a chunky TIFF whose
-  compression ``tifffile`` needs ``imagecodecs`` for (LZW).
+  levels). Integer samples over 32 bits are refused as unsupported. The samples are read exactly: 16-bit PNGs
+  by libpng (OpenCV, ancillary chunks removed, so an APNG gives its default image), TIFFs by ``tifffile``
+  (planar, tiled, float), or by OpenCV for a chunky, non-CMYK TIFF whose compression ``tifffile`` needs
+  ``imagecodecs`` for (LZW).
 * **Float samples** (TIFF) -> ``rint(v * 255)`` when every value is finite and in ``[0, 1]``; any other float
   image is refused as unsupported with its range (Pillow truncates them to 0/1; clamping would store a guess).
 * **Signed integer samples** (TIFF) are refused as unsupported (no unambiguous mapping to ``0..255``).
