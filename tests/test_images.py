@@ -348,15 +348,18 @@ def test_to_rgb_uint8_sample_types(photo):
     (np.zeros((4, 4, 5), np.uint8), "shape"),
     (np.zeros(16, np.uint8), "shape"),
     (np.zeros((0, 4, 3), np.uint8), "empty image"),
-    (np.zeros((4, 4, 3), np.int32), "unsupported sample type int32"),
+    (np.zeros((4, 4, 3), np.int32), "unsupported: sample type int32"),
     (np.full((4, 4), 1.5), "[0, 1]"),
     (np.full((4, 4), -0.1, np.float32), "[0, 1]"),
     (np.full((4, 4), np.nan), "NaN"),
 ])
 def test_to_rgb_uint8_rejects(array, fragment):
+    from ffload.convert.images import ImageUnsupportedError
+
     with pytest.raises(ImageDecodeError, match="sample 7 of toy") as info:
         to_rgb_uint8(array, "sample 7 of toy")
     assert fragment in str(info.value)
+    assert isinstance(info.value, ImageUnsupportedError) == ("unsupported" in fragment or fragment in ("[0, 1]", "NaN"))
 
 
 def test_image_extensions():
@@ -365,3 +368,109 @@ def test_image_extensions():
         assert has_image_extension(name)
     for name in ("a.gif", "b.txt", "jpg", "c.jpg.bak", "d.pngx"):
         assert not has_image_extension(name)
+
+
+# -- decoding from threads ------------------------------------------------------------------------------------------
+
+def test_decoding_from_threads_leaves_python_warnings_working(photo):
+    import warnings
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = encode(Image.fromarray(photo), "PNG")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        filters = list(warnings.filters)
+        with ThreadPoolExecutor(8) as pool:
+            for out in pool.map(lambda k: decode_image_bytes(data, f"t{k}.png"), range(400)):
+                np.testing.assert_array_equal(out, photo)
+        assert warnings.filters == filters
+        warnings.warn("after the threads", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["after the threads"]  # delivered where warnings went before
+
+
+def _tiff_with_far_tag(image) -> bytes:
+    """A little-endian TIFF of ``image`` with private tag 65000 (10 LONGs) whose values lie far past the file."""
+    from PIL import TiffImagePlugin
+
+    ifd = TiffImagePlugin.ImageFileDirectory_v2()
+    ifd[65000] = tuple(range(10))
+    ifd.tagtype[65000] = 4
+    data = bytearray(encode(image, "TIFF", tiffinfo=ifd))
+    first = int.from_bytes(data[4:8], "little")
+    for k in range(int.from_bytes(data[first:first + 2], "little")):
+        at = first + 2 + 12 * k
+        if int.from_bytes(data[at:at + 2], "little") == 65000:
+            data[at + 8:at + 12] = (0x7FFFFF00).to_bytes(4, "little")
+            return bytes(data)
+    raise AssertionError("tag 65000 not written")
+
+
+def test_tiff_with_an_unrelated_tag_past_the_end_is_decoded(photo, caplog):
+    import logging
+
+    data = _tiff_with_far_tag(Image.fromarray(photo))
+    with caplog.at_level(logging.DEBUG, logger="ffload.convert.images"):
+        out = decode_image_bytes(data, "far.tif")
+    assert "far.tif: decoder messages: UserWarning: Truncated File Read" in caplog.text  # Pillow's, captured
+    np.testing.assert_array_equal(out, np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
+    np.testing.assert_array_equal(out, photo)
+    wide = _tiff_with_far_tag(Image.fromarray(sixteen_bit_values((40, 56))))  # the tifffile path reads tags too
+    np.testing.assert_array_equal(decode_image_bytes(wide, "far16.tif")[..., 0],
+                                  np.round(sixteen_bit_values((40, 56)) / 257.0))
+
+
+def _tiff(array, **kw) -> bytes:
+    import tifffile
+
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, array, **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("planar", [None, "separate"])
+def test_sixteen_bit_cmyk_tiff_is_stored_by_pillows_formula_on_exact_samples(planar):
+    cmyk = np.random.default_rng(6).integers(0, 65536, (20, 30, 4), dtype=np.uint16)
+    cmyk[0, :3] = [[0, 0, 0, 0], [65535, 65535, 65535, 0], [0, 0, 0, 65535]]
+    data = _tiff(np.moveaxis(cmyk, -1, 0) if planar else cmyk, photometric="separated", planarconfig=planar)
+    m = 65535
+    ink = (m - cmyk[..., :3].astype(np.uint64)) * (m - cmyk[..., 3:].astype(np.uint64))
+    expected = ((2 * 255 * ink + m * m) // (2 * m * m)).astype(np.uint8)  # round(255 (M-C)(M-K) / M^2)
+    out = decode_image_bytes(data, "cmyk16.tif")
+    np.testing.assert_array_equal(out, expected)
+    assert out[0, :3].tolist() == [[255, 255, 255], [0, 0, 0], [0, 0, 0]]
+    if planar is None:  # Pillow keeps the high byte of each ink: within 2 levels
+        assert np.abs(out.astype(int) - np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))).max() <= 2
+
+
+def test_sixty_four_bit_integer_tiff_is_unsupported_not_overflowed():
+    from ffload.convert.images import ImageUnsupportedError
+
+    values = np.full((8, 10), 2 ** 63, np.uint64)
+    with pytest.raises(ImageUnsupportedError, match=r"w64\.tif: unsupported: 64-bit unsigned integer samples"):
+        decode_image_bytes(_tiff(values), "w64.tif")
+
+
+def test_out_of_memory_is_not_reported_as_a_corrupt_file(photo, monkeypatch):
+    import ffload.convert.images as images
+
+    def no_memory(*args):
+        raise MemoryError
+
+    monkeypatch.setattr(images, "_pillow", no_memory)
+    with pytest.raises(MemoryError):
+        decode_image_bytes(encode(Image.fromarray(photo), "PNG"), "big.png")
+
+
+def test_wide_samples_are_scaled_in_row_blocks():
+    import tracemalloc
+
+    rgb = sixteen_bit_values((1500, 1000, 3), seed=7)  # 9 MB of samples; a uint64 copy would be 36 MB
+    data = _tiff(rgb)
+    tracemalloc.start()
+    try:
+        out = decode_image_bytes(data, "big16.tif")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(out, np.round(rgb / 257.0).astype(np.uint8))
+    assert peak < 2 * rgb.nbytes + out.nbytes + 8 * 2 ** 20, peak  # the file, the samples, the output, blocks

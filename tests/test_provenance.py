@@ -194,7 +194,8 @@ def test_origin_block_round_trip_and_corruption():
     block = log.block()
     assert len(block) == log.block_size()
     read = OriginBlock.find("mem", _Memory(block), 0, len(block))
-    assert read.strings(0, 4) == ["a/1.png", "", "caf\u00e9/\\xff.png", "z"] and read.strings(1, 2) == [""]
+    assert read.strings(0, 4) == ["a/1.png", "", "caf\u00e9/\udcff.png", "z"] and read.strings(1, 2) == [""]
+    assert os.fsencode(read.strings(2, 3)[0]) == "caf\u00e9/".encode() + b"\xff.png"  # the file name's bytes
     assert OriginBlock.find("mem", _Memory(b"\0" * 64 + block), 0, 64 + len(block)) is None  # no magic: none
     with pytest.raises(DatasetError, match="origin block at 0 .* runs past byte"):
         OriginBlock.find("mem", _Memory(block), 0, len(block) - 1)
@@ -248,3 +249,15 @@ def test_ffcv_style_reading_of_a_file_with_grown_origin_room_and_pages(tmp_path)
         assert ptr // writer.page_size == (ptr + max(blob.size, 1) - 1) // writer.page_size  # within one page
     origins = dataset_origins(open_dataset(path))
     assert origins.strings(0, n) == [f"folder/{i:04d}-" + "x" * 300 for i in range(n)]
+
+
+def test_left_out_origin_takes_folders_named_dot_dot_something_as_inside_the_root(tmp_path):
+    from types import SimpleNamespace
+
+    from ffload.convert.provenance import left_out_origin
+
+    source = SimpleNamespace(root=str(tmp_path / "root"))
+    assert left_out_origin(source, str(tmp_path / "root" / "..foo" / "x.png")) == "..foo/x.png"
+    assert left_out_origin(source, str(tmp_path / "root" / "...")) == "..."
+    assert left_out_origin(source, str(tmp_path / "elsewhere" / "x.png")) is None
+    assert left_out_origin(source, str(tmp_path)) is None

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from cifar_fixture import CIFAR10_LABEL_NAMES, py2_pickle, write_cifar10_folder, write_cifar100_folder
 
-from ffload.convert.images import ImageDecodeError
+from ffload.convert.images import ImageDecodeError, ImageUnsupportedError
 from ffload.convert.sources import ArraySource, ImageFolderSource, IndexableSource, Source, SourceError, detect_source
 from ffload.convert.sources.cifar import CIFARSource, find_cifar_folder, is_cifar_folder, read_cifar_pickle
 
@@ -174,7 +174,7 @@ def test_array_source_normalises_each_item(photos):
     gray_stack = ArraySource(crops(photos, 3, 10, seed=6)[..., 0], [0, 0, 1])
     assert gray_stack[2][0].shape == (10, 10, 3)
     bad = ArraySource([np.zeros((4, 4), np.int32)], [0], name="ints")
-    with pytest.raises(ImageDecodeError, match="sample 0 of ints: unsupported sample type"):
+    with pytest.raises(ImageUnsupportedError, match="sample 0 of ints: unsupported: sample type int32"):
         bad[0]
 
 

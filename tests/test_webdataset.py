@@ -224,3 +224,82 @@ def test_cli_export_then_convert_detects_the_shards(tmp_path):
     assert back.exit_code == 0, back.output
     view = open_dataset(str(tmp_path / "b.lmdb"))
     assert view.num_samples == 5 and view.metadata["label"].tolist() == list(range(5))
+
+
+def test_remade_copies_of_same_named_shards_never_share_a_path(tmp_path):
+    import pickle
+
+    photos = _photos(6)
+    for s, folder in enumerate(("a", "b")):  # a/s.tar.gz and b/s.tar.gz: one file name, two shards
+        (tmp_path / folder).mkdir()
+        with tarfile.open(tmp_path / folder / "s.tar.gz", "w:gz") as tar:
+            for k in range(3 * s, 3 * s + 3):
+                _add(tar, f"{k:03d}.png", _png(photos[k]))
+                _add(tar, f"{k:03d}.cls", b"0")
+    src = WebDatasetSource(str(tmp_path / "{a,b}/s.tar.gz"))
+    other = pickle.loads(pickle.dumps(src))  # a worker on another node: it remakes both copies
+    for copy in src.copies.paths.values():
+        os.unlink(copy)
+    np.testing.assert_array_equal(other[0][0], photos[0])
+    np.testing.assert_array_equal(other[3][0], photos[3])  # remakes b's copy after a's was remade
+    other._files.clear()  # a fresh worker process: reads a's copy again
+    np.testing.assert_array_equal(other[1][0], photos[1])
+    assert len(set(other.copies.paths.values())) == 2
+
+
+def test_copies_left_by_dead_processes_are_removed(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    (tmp_path / "tmp" / f"ffload-wds-{dead}-x1y2" / "sub").mkdir(parents=True)  # SIGKILLed: left behind
+    (tmp_path / "tmp" / f"ffload-wds-{os.getppid()}-k3m4").mkdir()  # its process lives: kept
+    (tmp_path / "tmp" / "ffload-wds-other").mkdir()  # no pid in the name: not ours to judge
+    photos = _photos(6)
+    _gz_shards(tmp_path, photos, ".tar.gz")
+    src = WebDatasetSource(str(tmp_path))
+    left = sorted(os.listdir(tmp_path / "tmp"))
+    assert f"ffload-wds-{dead}-x1y2" not in left
+    assert f"ffload-wds-{os.getppid()}-k3m4" in left and "ffload-wds-other" in left
+    ours = [e for e in left if e.startswith(f"ffload-wds-{os.getpid()}-")]
+    assert len(ours) == 1 and all(os.path.dirname(c) == str(tmp_path / "tmp" / ours[0])
+                                  for c in src.copies.paths.values())
+
+
+def test_image_folder_with_a_stray_gzipped_tar_is_not_taken_for_shards(tmp_path):
+    from ffload.convert.sources import ImageFolderSource, detect_source
+
+    photos = _photos(6)
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "0.png").write_bytes(_png(photos[0]))
+    _gz_shards(tmp_path, photos, ".tar.gz")  # left in the root (a backup, a download)
+    with pytest.raises(SourceError, match=r"both WebDataset shards \(part-0\.tar\.gz.*\) and an ImageFolder "
+                                          r"\(cat/.*--source webdataset or --source imagefolder"):
+        detect_source(str(tmp_path))
+    assert isinstance(detect_source(str(tmp_path), kind="imagefolder"), ImageFolderSource)
+    assert isinstance(detect_source(str(tmp_path), kind="webdataset"), WebDatasetSource)
+    (tmp_path / "cat" / "0.png").unlink()  # a subfolder without images: the shards it is
+    assert isinstance(detect_source(str(tmp_path)), WebDatasetSource)
+
+
+def test_export_keeps_long_keys_and_never_writes_members_outside_their_folder(tmp_path):
+    photos = _photos(6)
+    long_key = "/".join(["d" * 120] * 3) + "/img"  # 367 bytes: more than ustar holds
+    keys = [long_key, "../../evil", "/etc/x", "a/./b/../c", "x//y", "plain"]
+    with tarfile.open(tmp_path / "in.tar", "w", format=tarfile.PAX_FORMAT) as tar:
+        for key, photo in zip(keys, photos):
+            _add(tar, f"{key}.png", _png(photo))
+            _add(tar, f"{key}.cls", b"1")
+    src = WebDatasetSource(str(tmp_path / "in.tar"))
+    convert_dataset(src, str(tmp_path / "d.beton"), write_mode="raw", num_workers=1, progress=False)
+    shards = export_webdataset(open_dataset(str(tmp_path / "d.beton")), str(tmp_path / "out" / "s-%02d.tar"))
+    with tarfile.open(shards[0]) as tar:
+        names = [n for n in tar.getnames() if n.endswith(".png")]
+    assert names == [f"{long_key}.png", "evil.png", "etc/x.png", "a/b/c.png", "x/y.png", "plain.png"]
+    back = WebDatasetSource(shards[0])
+    for k in range(6):
+        np.testing.assert_array_equal(back[k][0], photos[k])

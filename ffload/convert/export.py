@@ -8,7 +8,10 @@ file's path without its extension (``cat/img_0001``), or a row/index as 8 digits
 provenance (ffcv's files, older ffload files) gets ``%08d`` of the sample number. Keys that would
 repeat (``x.jpg`` and ``x.png`` in one folder, one key in two source shards) get ``-<sample
 number>`` appended, so every key is unique; finding them costs 8 bytes per sample (a hash), not
-a set of strings.
+a set of strings. A key never leads outside the shard's folder: its empty, ``.`` and ``..`` path
+parts (and so a leading ``/``) are dropped, and a key left empty becomes ``%08d`` of the sample
+number. Members are written in the POSIX.1-2001 (pax) tar format, which holds names of any length
+(webdataset and ``tarfile`` read it).
 
 * the first :class:`~ffload.formats.RGBImageField`: ``jpg`` — the stored JPEG bytes, not
   re-encoded — or ``png`` for a raw image (lossless, so pixels survive the round trip);
@@ -79,7 +82,13 @@ ORIGIN_BATCH = 4096  # origins read per range read
 
 def sample_keys(view: DatasetView) -> Iterator[str]:
     """The WebDataset key of every sample of ``view``, in order (see the module docstring); reads
-    the origins twice (once to find the keys that repeat, by 64-bit hash), keeps no string list."""
+    the origins twice (once to find the keys that repeat, by 64-bit hash), keeps no string list.
+
+    Raises:
+        DatasetError: (``ffload.errors.FormatError``) the dataset's origin block is corrupt or its
+            count is not the sample count (:func:`~ffload.formats.origins.dataset_origins`), raised
+            before the first key.
+    """
     origins = dataset_origins(view)
     if origins is None:
         yield from (f"{i:08d}" for i in range(view.num_samples))
@@ -87,8 +96,8 @@ def sample_keys(view: DatasetView) -> Iterator[str]:
 
     def keys() -> Iterator[str]:
         for start in range(0, len(origins), ORIGIN_BATCH):
-            for origin in origins.strings(start, min(len(origins), start + ORIGIN_BATCH)):
-                yield origin_key(origins.descriptor, origin)
+            for i, origin in enumerate(origins.strings(start, min(len(origins), start + ORIGIN_BATCH)), start):
+                yield _contained(origin_key(origins.descriptor, origin), i)
 
     def digest(key: str) -> int:
         return int.from_bytes(hashlib.blake2b(key.encode("utf8", "surrogateescape"), digest_size=8).digest(), "little")
@@ -98,6 +107,12 @@ def sample_keys(view: DatasetView) -> Iterator[str]:
     repeated = set(values[counts > 1].tolist())
     for i, key in enumerate(keys()):
         yield f"{key}-{i:08d}" if repeated and digest(key) in repeated else key
+
+
+def _contained(key: str, i: int) -> str:
+    """``key`` without its empty, ``.`` and ``..`` ``/``-separated parts (a member name that stays
+    inside the folder it is extracted to); ``%08d`` of ``i`` when nothing is left."""
+    return "/".join(part for part in key.split("/") if part not in ("", ".", "..")) or f"{i:08d}"
 
 
 def _npy(array: np.ndarray) -> bytes:
@@ -159,7 +174,7 @@ def export_webdataset(view: DatasetView, pattern: str, maxcount: int = 100_000, 
                 tar = None
             if tar is None:
                 tmp = f"{pattern % len(written)}.tmp{os.getpid()}"
-                tar = tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT)
+                tar = tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT)
                 count = size = 0
             for ext, blob in members:
                 info = tarfile.TarInfo(f"{key}.{ext}")

@@ -13,9 +13,12 @@ exceptions, a closed list (also the table in ``docs/images.md``), all where Pill
 * **Unsigned integer samples of b > 8 bits** (16-bit PNG, 16/32-bit TIFF) -> ``round(v * 255 / (2**b - 1))``,
   i.e. ``round(v / 257)`` for 16 bits (Pillow clips grey at 255 and keeps the high byte of colour). Associated
   (premultiplied) alpha is undone first as Pillow does at 8 bits: ``min(c * 65535 // a, 65535)``, 0 where ``a``
-  is 0. The samples are read exactly: 16-bit PNGs by libpng (OpenCV, ancillary chunks removed, so an APNG gives
-  its default image), TIFFs by ``tifffile`` (planar, tiled, float), or by OpenCV for a chunky TIFF whose
-  compression ``tifffile`` needs ``imagecodecs`` for (LZW).
+  is 0. CMYK TIFFs of up to 16 bits -> Pillow's CMYK formula on the exact samples,
+  ``round(255 * (M - C) * (M - K) / M**2)`` with ``M = 2**b - 1`` (Pillow keeps each ink's high byte: within 2
+  levels). Integer samples over 32 bits are refused as unsupported. The samples are read exactly: 16-bit PNGs
+  by libpng (OpenCV, ancillary chunks removed, so an APNG gives its default image), TIFFs by ``tifffile``
+  (planar, tiled, float), or by OpenCV for a chunky, non-CMYK TIFF whose compression ``tifffile`` needs
+  ``imagecodecs`` for (LZW).
 * **Float samples** (TIFF) -> ``rint(v * 255)`` when every value is finite and in ``[0, 1]``; any other float
   image is refused as unsupported with its range (Pillow truncates them to 0/1; clamping would store a guess).
 * **Signed integer samples** (TIFF) are refused as unsupported (no unambiguous mapping to ``0..255``).
@@ -42,9 +45,13 @@ GIF, JPEG 2000, HEIF/AVIF, PNM and others raise :class:`ImageUnsupportedError` (
 
 Decoder chatter never reaches the terminal: Python warnings raised while decoding (Pillow's) and what libtiff
 writes to the process's standard error while Pillow decodes a TIFF are captured, added to the reason of a failure
-and logged at DEBUG level otherwise; OpenCV's log is silenced while it decodes. Both captures change process-wide
-state for the length of one decode (the warning filters, file descriptor 2), so a thread printing meanwhile has
-its lines captured too.
+and logged at DEBUG level otherwise; OpenCV's log is silenced while it decodes. Warnings are captured per thread
+by one ``warnings.showwarning`` hook (put in place at a decode when it is not, passing on every warning of a
+thread that is not decoding), so decoding from several threads leaves Python's warning filters as they were;
+the filters still decide which warnings are shown at all (one already shown from the same place, under
+Python's default filter, is not shown, nor captured, again). The capture of standard error changes
+process-wide state for the length of one decode (file descriptor 2), so a thread printing meanwhile has its
+lines captured too.
 """
 from __future__ import annotations
 
@@ -173,7 +180,7 @@ def decode_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_
     with _decoder_messages(fmt == "TIFF") as said:  # libtiff (under Pillow) is the one that writes to stderr
         try:
             image = _decode(data, fmt, name, max_pixels, size)
-        except ImageDecodeError:
+        except (ImageDecodeError, MemoryError):  # out of memory is not a corrupt file
             raise
         except Exception as e:  # the decoders' own errors: OSError, SyntaxError, ValueError, cv2.error, ...
             failure = e
@@ -205,10 +212,7 @@ def _decode(data: bytes, fmt: str, name: str, max_pixels: int | None, size: tupl
         if samples is None:
             raise ValueError("libpng could not decode the 16-bit image data")
         return _oriented(_wide_to_rgb(_rgb_order(samples), 16, 1, name), _orientation(im))
-    upright = ImageOps.exif_transpose(im)
-    if upright.mode in ("I", "F") or upright.mode.startswith("I;"):  # deep grey: the array rules, not clipping
-        return to_rgb_uint8(np.asarray(upright), name)
-    return np.array(upright.convert("RGB"))
+    return np.array(ImageOps.exif_transpose(im).convert("RGB"))
 
 
 _JPEG_RGB = hasattr(cv2, "IMREAD_COLOR_RGB")
@@ -269,14 +273,41 @@ _STDERR_REDIRECT = threading.Lock()
 the process's stderr pointing at a closed file."""
 
 
+_DECODING = threading.local()
+"""``said``: the list a decode in this thread collects warnings in; absent outside a decode."""
+_shown_elsewhere = warnings.showwarning
+"""The ``warnings.showwarning`` that :func:`_capture_warning` replaced: it shows other threads' warnings."""
+
+
+def _capture_warning(message, category, filename, lineno, file=None, line=None):
+    """``warnings.showwarning`` while ffload is imported: a warning raised in a thread that is decoding goes to
+    that decode's messages; any other goes on to the function this one replaced."""
+    said = getattr(_DECODING, "said", None)
+    if said is None:
+        return _shown_elsewhere(message, category, filename, lineno, file, line)
+    said.append(f"{category.__name__}: {message}")
+
+
+def _hook_warnings() -> None:
+    """Put :func:`_capture_warning` in place where something (``warnings.catch_warnings``,
+    ``logging.captureWarnings``) replaced it; idempotent, so threads racing here all leave it in place."""
+    global _shown_elsewhere
+    current = warnings.showwarning
+    if current is not _capture_warning:
+        _shown_elsewhere = current
+        warnings.showwarning = _capture_warning
+
+
 @contextlib.contextmanager
 def _decoder_messages(stderr: bool):
-    """Capture what decoders say during the block: Python warnings (Pillow's) and, with ``stderr``, what C
-    libraries write to file descriptor 2 (one thread at a time: the descriptor is the process's). Yields a list,
-    filled with the messages when the block ends."""
+    """Capture what decoders say during the block: Python warnings (Pillow's) raised in this thread and, with
+    ``stderr``, what C libraries write to file descriptor 2 (one thread at a time: the descriptor is the
+    process's). Yields a list, filled with the messages when the block ends."""
     said: list[str] = []
-    with warnings.catch_warnings(record=True) as caught, contextlib.ExitStack() as stack:
-        warnings.simplefilter("always")
+    _hook_warnings()
+    _DECODING.said = caught = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(delattr, _DECODING, "said")
         sink = None
         if stderr:
             stack.enter_context(_STDERR_REDIRECT)
@@ -294,7 +325,7 @@ def _decoder_messages(stderr: bool):
                 sink.seek(0)
                 said.extend(line.strip() for line in sink.read().decode("utf-8", "replace").splitlines()
                             if line.strip())
-            said.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+            said.extend(caught)
 
 
 def _failure(data: bytes, fmt: str, name: str, error: Exception, said: str) -> ImageDecodeError:
@@ -351,6 +382,8 @@ def _tiff_feature(tags: dict[int, tuple[int, ...]]) -> str | None:
         return f"{bits}-bit JPEG-compressed TIFF"
     if photometric not in (0, 1, 2, 3, 5, 6, 8):
         return f"TIFF colour space {_TIFF_PHOTOMETRICS.get(photometric, photometric)}"
+    if bits == 64 and _first(tags, 339, 1) != 3:
+        return "64-bit integer TIFF samples"
     return f"{bits}-bit TIFF samples" if bits not in (1, 2, 4, 8, 16, 32, 64) else None
 
 
@@ -384,11 +417,15 @@ def _wide_tiff(data: bytes, name: str, tags: dict[int, tuple[int, ...]]) -> np.n
         page = tif.pages[0]
         bits, kind = page.bitspersample, int(page.sampleformat)
         photometric, extras = int(page.photometric), tuple(int(e) for e in page.extrasamples)
+        compression = _TIFF_COMPRESSIONS.get(int(page.compression), int(page.compression))
         if kind == 2:
             raise ImageUnsupportedError(f"{name}: unsupported: signed {bits}-bit integer samples (no unambiguous "
                                         f"mapping to 0..255)")
-        if photometric not in (0, 1, 2):
-            compression = _TIFF_COMPRESSIONS.get(int(page.compression), int(page.compression))
+        if kind != 3 and bits > 32:
+            raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit unsigned integer samples (up to 32 bits "
+                                        f"are read)")
+        cmyk = photometric == 5 and _first(tags, 332, 1) == 1 and page.samplesperpixel - len(extras) == 4
+        if photometric not in (0, 1, 2) and not (cmyk and kind != 3 and bits <= 16):
             raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit "
                                         f"{_TIFF_PHOTOMETRICS.get(photometric, photometric)} TIFF ({compression} "
                                         f"compression)")
@@ -399,9 +436,9 @@ def _wide_tiff(data: bytes, name: str, tags: dict[int, tuple[int, ...]]) -> np.n
         except ValueError as e:
             if "imagecodecs" not in str(e):
                 raise
-            compression = _TIFF_COMPRESSIONS.get(int(page.compression), int(page.compression))
-            if int(page.planarconfig) != 1:
-                raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit planar TIFF with {compression} "
+            if int(page.planarconfig) != 1 or cmyk:  # OpenCV reads neither exactly
+                layout = "CMYK" if cmyk else "planar"
+                raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit {layout} TIFF with {compression} "
                                             f"compression (tifffile reads it with the imagecodecs package: pip "
                                             f"install imagecodecs)") from e
             samples = _opencv(data, cv2.IMREAD_UNCHANGED)
@@ -413,30 +450,61 @@ def _wide_tiff(data: bytes, name: str, tags: dict[int, tuple[int, ...]]) -> np.n
         orientation = _orientation(_pillow(data, "TIFF"))
     except Exception:  # Pillow cannot open it (e.g. planar float64): the Orientation tag, as Pillow would read it
         orientation = _first(tags, 274, 1)
-    return _oriented(_wide_to_rgb(samples, bits, photometric, name, associated=extras[:1] == (1,)), orientation)
+    return _oriented(_wide_to_rgb(samples, bits, photometric, name, associated=extras[:1] == (1,), cmyk=cmyk),
+                     orientation)
 
 
-def _wide_to_rgb(samples: np.ndarray, bits: int, photometric: int, name: str, associated: bool = False):
-    """``(H, W, C)`` samples (unsigned ints of ``bits`` bits, or floats) in RGB(A) / grey(+alpha) order -> RGB
-    uint8: associated alpha undone, min-is-white (``photometric`` 0) inverted, then scaled (module docstring)."""
-    floats = samples.dtype.kind == "f"
-    top = 1.0 if floats else (1 << bits) - 1
-    colour = samples[..., :3] if samples.shape[2] >= 3 else samples[..., :1]
-    if associated and samples.shape[2] > colour.shape[2]:
-        alpha = samples[..., colour.shape[2]:colour.shape[2] + 1]
-        if floats:
+_BLOCK_SAMPLES = 1 << 18
+"""Integer samples scaled at once by :func:`_wide_to_rgb` (whole rows): its temporaries stay a few MB whatever the
+image size."""
+
+
+def _wide_to_rgb(samples: np.ndarray, bits: int, photometric: int, name: str, associated: bool = False,
+                 cmyk: bool = False) -> np.ndarray:
+    """``(H, W, C)`` samples (unsigned ints of ``bits`` <= 32 bits, or floats) in RGB(A) / grey(+alpha) / CMYK
+    order -> ``(H, W, 3)`` RGB uint8 by the module's rules: associated alpha undone, min-is-white (``photometric``
+    0) inverted, CMYK (``cmyk``, ``bits`` <= 16) converted as Pillow does, then scaled. Integers are converted
+    a block of rows at a time, in uint32 up to 16 bits. Raises ImageUnsupportedError for floats outside [0, 1]."""
+    if samples.dtype.kind == "f":
+        colour = samples[..., :3] if samples.shape[2] >= 3 else samples[..., :1]
+        if associated and samples.shape[2] > colour.shape[2]:
+            alpha = samples[..., colour.shape[2]:colour.shape[2] + 1]
             colour = np.where(alpha > 0, np.minimum(colour / np.where(alpha > 0, alpha, 1), 1.0), 0.0)
-        else:
-            wide = colour.astype(np.uint64) * np.uint64(top) // np.maximum(alpha, 1).astype(np.uint64)
-            colour = np.where(alpha == 0, 0, np.minimum(wide, top)).astype(np.uint64)
-    if photometric == 0:
+        out = _to_uint8(1.0 - colour if photometric == 0 else colour, name)
+        return np.ascontiguousarray(np.repeat(out, 3, axis=2) if out.shape[2] == 1 else out)
+    height, width, channels = samples.shape
+    out = np.empty((height, width, 3), np.uint8)
+    rows = max(1, _BLOCK_SAMPLES // max(1, width * channels))
+    for y in range(0, height, rows):
+        block = samples[y:y + rows]
+        out[y:y + rows] = (_cmyk_rows(block, bits) if cmyk else
+                           _scaled_rows(block, bits, photometric == 0, associated))
+    return out
+
+
+def _scaled_rows(samples: np.ndarray, bits: int, inverted: bool, associated: bool) -> np.ndarray:
+    """RGB or grey rows of :func:`_wide_to_rgb`: ``(h, W, 3 or 1) uint8``. Exact in uint32 up to 16 bits
+    (``c * top`` < 2**32), uint64 up to 32."""
+    wide = np.uint32 if bits <= 16 else np.uint64
+    top = wide((1 << bits) - 1)
+    c = 3 if samples.shape[2] >= 3 else 1
+    colour = samples[..., :c].astype(wide)
+    if associated and samples.shape[2] > c:  # as Pillow at 8 bits: min(c * top // a, top), 0 where a is 0
+        alpha = samples[..., c:c + 1].astype(wide)
+        colour = np.where(alpha == 0, wide(0), np.minimum(colour * top // np.maximum(alpha, wide(1)), top))
+    if inverted:
         colour = top - colour
-    if floats:
-        out = _to_uint8(colour, name)
-    else:
-        m = np.uint64(top)  # round(v * 255 / m) exactly: floor((2 * 255 * v + m) / (2 * m)); no ties for m > 255
-        out = ((colour.astype(np.uint64) * np.uint64(510) + m) // (np.uint64(2) * m)).astype(np.uint8)
-    return np.ascontiguousarray(np.repeat(out, 3, axis=2) if out.shape[2] == 1 else out)
+    # round(v * 255 / top) exactly: floor((2 * 255 * v + top) / (2 * top)); no ties for top > 255
+    return ((colour * wide(510) + top) // (wide(2) * top)).astype(np.uint8)
+
+
+def _cmyk_rows(samples: np.ndarray, bits: int) -> np.ndarray:
+    """CMYK rows of :func:`_wide_to_rgb` (``bits`` <= 16; extra samples dropped) -> ``(h, W, 3) uint8``:
+    Pillow's CMYK -> RGB (``R = (255 - C) * (255 - K) / 255``) on the exact samples, i.e.
+    ``round(255 * (M - C) * (M - K) / M**2)`` with ``M = 2**bits - 1`` (no ties: ``M`` is odd)."""
+    m = np.uint64((1 << bits) - 1)
+    ink = m - samples[..., :4].astype(np.uint64)
+    return ((ink[..., :3] * ink[..., 3:] * np.uint64(510) + m * m) // (np.uint64(2) * m * m)).astype(np.uint8)
 
 
 def to_rgb_uint8(array, name: str) -> np.ndarray:
@@ -451,7 +519,8 @@ def to_rgb_uint8(array, name: str) -> np.ndarray:
         ``(H, W, 3) uint8``, C-contiguous. It shares memory with ``array`` when that already is a C-contiguous
         ``(H, W, 3) uint8`` array.
     Raises:
-        ImageDecodeError: another shape, an empty image, another dtype, or floats outside ``[0, 1]`` / not finite.
+        ImageDecodeError: another shape or an empty image.
+        ImageUnsupportedError: (an ImageDecodeError) another dtype, or floats outside ``[0, 1]`` / not finite.
     """
     a = np.asarray(array)
     if a.ndim == 3 and a.shape[2] in (1, 2):
@@ -486,8 +555,8 @@ def _to_uint8(a: np.ndarray, name: str) -> np.ndarray:
             raise ImageUnsupportedError(f"{name}: unsupported: float samples outside [0, 1] (found [{low:g}, "
                                         f"{high:g}]; the rule is round(v * 255) for [0, 1])")
         return np.rint(a.astype(np.float64) * 255.0).astype(np.uint8)
-    raise ImageDecodeError(f"{name}: unsupported sample type {a.dtype} (expected uint8, uint16, bool, or float "
-                           f"in [0, 1])")
+    raise ImageUnsupportedError(f"{name}: unsupported: sample type {a.dtype} (expected uint8, uint16, bool, or "
+                                f"float in [0, 1])")
 
 
 def _sniff_format(data: bytes, name: str) -> str:
@@ -653,11 +722,16 @@ def _webp_size(data: bytes) -> tuple[int, int] | None:
 
 
 _TIFF_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # BYTE, SHORT, LONG, LONG8: the integer tag types used here
+_TIFF_TAGS_READ = frozenset((256, 257, 258, 259, 262, 274, 277, 284, 332, 338, 339))
+"""The tags :func:`_tiff_tags` reads: ImageWidth, ImageLength, BitsPerSample, Compression, Photometric, Orientation,
+SamplesPerPixel, PlanarConfiguration, InkSet, ExtraSamples, SampleFormat."""
 
 
 def _tiff_tags(data: bytes) -> dict[int, tuple[int, ...]]:
-    """The integer tags of a TIFF's first IFD (TIFF 6.0 section 2; BigTIFF): tag -> values (up to 16 of them).
-    Raises struct.error or IndexError on a malformed header."""
+    """The integer tags of :data:`_TIFF_TAGS_READ` in a TIFF's first IFD (TIFF 6.0 section 2; BigTIFF): tag ->
+    values (up to 16 of them). A tag whose values lie outside the data is left out, as every other tag is (Pillow
+    skips such a tag too, so one broken tag does not make the header unreadable). Raises struct.error or
+    IndexError when the IFD itself is malformed."""
     order = "<" if data[:2] == b"II" else ">"
     if data[2:4] in (b"+\x00", b"\x00+"):  # BigTIFF: 8-byte offsets and counts, 20-byte entries
         (ifd,) = struct.unpack(order + "Q", data[8:16])
@@ -672,13 +746,14 @@ def _tiff_tags(data: bytes) -> dict[int, tuple[int, ...]]:
         at = first + k * entry
         tag, kind, n = struct.unpack_from(head, data, at)
         code = _TIFF_TYPES.get(kind)
-        if code is None or n == 0:
+        if tag not in _TIFF_TAGS_READ or code is None or n == 0:
             continue
         n = min(n, 16)
         where = at + entry - inline
         if n * struct.calcsize(code) > inline:  # the values are elsewhere: at the offset the entry holds
             (where,) = struct.unpack_from(order + ("Q" if inline == 8 else "I"), data, where)
-        tags[tag] = struct.unpack_from(order + code * n, data, where)
+        if where + n * struct.calcsize(code) <= len(data):
+            tags[tag] = struct.unpack_from(order + code * n, data, where)
     return tags
 
 

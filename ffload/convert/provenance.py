@@ -45,4 +45,5 @@ def left_out_origin(source, path: str) -> str | None:
     if not isinstance(root, str) or "://" in root:
         return None
     rel = os.path.relpath(path, root)
-    return None if rel.startswith("..") else rel.replace(os.sep, "/")
+    outside = rel.split(os.sep, 1)[0] == os.pardir  # the first part, not a prefix: "..foo" is a folder inside
+    return None if outside else rel.replace(os.sep, "/")

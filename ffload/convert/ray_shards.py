@@ -55,7 +55,7 @@ import numpy as np
 from ffload.convert.encode import SampleEncoder, _ChunkSizer, encode_chunk
 from ffload.convert.provenance import source_origins
 from ffload.convert.ray_engine import MAX_RETRIES, failure_errors, joined_cluster, task_result
-from ffload.formats.atomic import _pid_alive
+from ffload.formats.atomic import pid_alive
 from ffload.formats.shards import ShardFiles
 
 SHARD_FILL = 0.95  # a task's planned payload, as a fraction of the shard size
@@ -116,7 +116,7 @@ def _task_folder(url: str, task: int) -> str:
     tmp = tempfile.gettempdir()
     for entry in os.listdir(tmp):
         pid = entry.rpartition("-")[2]
-        if entry.startswith(TASK_FOLDER) and pid.isdigit() and not _pid_alive(int(pid)):
+        if entry.startswith(TASK_FOLDER) and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
     key = hashlib.sha256(url.encode("utf8")).hexdigest()[:16]
     folder = os.path.join(tmp, f"{TASK_FOLDER}{key}-{task:05d}-{os.getpid()}")

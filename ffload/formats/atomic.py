@@ -72,7 +72,7 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists (``kill(pid, 0)``; EPERM means it exists under another user)."""
     try:
         os.kill(pid, 0)
@@ -140,7 +140,7 @@ def recover(dst: str) -> None:
     every other temporary whose pid is not alive is removed (logged)."""
     parent, name = os.path.split(dst)
     for path, kind, pid in sorted(_temporary_names(parent, name), key=lambda t: t[1]):  # 'old' first
-        if pid != os.getpid() and _pid_alive(pid):
+        if pid != os.getpid() and pid_alive(pid):
             continue
         if kind == "old" and not os.path.lexists(dst):
             os.rename(path, dst)

@@ -51,7 +51,9 @@ def _encode(origin: str) -> bytes:
 
 
 def _decode(raw: bytes) -> str:
-    return raw.decode("utf8", "backslashreplace")
+    """The inverse of :func:`_encode`: UTF-8 with ``surrogateescape``, so a byte that is not UTF-8 comes back as
+    the same lone surrogate and ``os.fsencode(origin)`` gives the file name's bytes back."""
+    return raw.decode("utf8", "surrogateescape")
 
 
 class OriginLog:
@@ -166,7 +168,8 @@ class OriginBlock:
         return ends
 
     def strings(self, start: int, stop: int) -> list[str]:
-        """The origin strings of entries ``start..stop-1`` (two reads: their ends, their bytes).
+        """The origin strings of entries ``start..stop-1`` (two reads: their ends, their bytes; a name that is not
+        UTF-8 keeps its bytes as lone surrogates, :func:`_decode`).
 
         Raises:
             DatasetError: offsets out of order or past the blob (corrupt file).

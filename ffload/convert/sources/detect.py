@@ -4,7 +4,9 @@
 input kind in turn): the CIFAR python folders first, because they are recognised by their file
 names, then WebDataset shards (``.tar``, ``.tar.gz``, ``.tgz`` files, a brace pattern or a folder
 of them) and Hugging Face datasets (a ``save_to_disk`` folder or Parquet files), then the
-ImageFolder, which accepts any folder and names what is wrong with it. The same
+ImageFolder, which accepts any folder and names what is wrong with it. A folder that holds both
+shards and subfolders with images (an ImageFolder with a stray ``.tar.gz``, or shards beside
+images) is ambiguous: auto-detection refuses it and names both, and ``--source`` decides. The same
 table gives the ``kind`` argument of :func:`detect_source` and the choices of ``ffload convert
 --source``, so a new kind is one row here.
 """
@@ -14,12 +16,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ffload.convert.images import DEFAULT_MAX_PIXELS
+from ffload.convert.images import DEFAULT_MAX_PIXELS, has_image_extension
 from ffload.convert.sources.base import Source, SourceError
 from ffload.convert.sources.cifar import TORCHVISION_FOLDERS, CIFARSource, cifar_variant
 from ffload.convert.sources.hf import HFSource, looks_like_hf
 from ffload.convert.sources.imagefolder import ImageFolderSource
-from ffload.convert.sources.webdataset import WebDatasetSource, looks_like_webdataset
+from ffload.convert.sources.webdataset import SHARD_SUFFIXES, WebDatasetSource, looks_like_webdataset
 from ffload.errors import ConfigurationError
 from ffload.storage import is_remote
 
@@ -125,7 +127,8 @@ def detect_source(path: str | os.PathLike, kind: str | None = None, split: str |
         :class:`~.webdataset.WebDatasetSource`, :class:`~.hf.HFSource`).
     Raises:
         SourceError: ``path`` missing, unknown ``kind``/``split``, a ``kind`` that does not match the
-            folder, or any error of the chosen source.
+            folder, a folder that auto-detection finds to be both WebDataset shards and an ImageFolder
+            (``kind`` decides), or any error of the chosen source.
     """
     path = os.fspath(path)
     if is_remote(path):
@@ -134,6 +137,8 @@ def detect_source(path: str | os.PathLike, kind: str | None = None, split: str |
         raise SourceError(f"{path}: no such file or folder", path=path)
     if kind is None:
         chosen, folder = detect_kind(path)
+        if chosen.name == "webdataset" and os.path.isdir(path):
+            _refuse_ambiguous(path)
     elif kind not in SOURCE_KINDS:
         names = ", ".join(repr(name) for name in SOURCE_KINDS)
         raise SourceError(f"unknown dataset kind {kind!r}; expected one of {names} or None")
@@ -144,6 +149,21 @@ def detect_source(path: str | os.PathLike, kind: str | None = None, split: str |
             what = f"{found.described_as}, not" if found.name != "imagefolder" else "not"
             raise SourceError(f"{path}: asked for {kind}, but this is {what} {chosen.expected}", path=path)
     return chosen.open(folder, split, label_kind, max_pixels)
+
+
+def _refuse_ambiguous(folder: str) -> None:
+    """Raise SourceError when ``folder``, which holds WebDataset shards, also has a subfolder holding an
+    image file (at any depth; the walk stops at the first image): it may be an ImageFolder with a
+    stray archive as well as shards, and detection does not guess."""
+    with os.scandir(folder) as entries:
+        entries = sorted(entries, key=lambda e: e.name)
+    shards = [e.name for e in entries if e.name.endswith(SHARD_SUFFIXES) and e.is_file()]
+    for sub in (e for e in entries if e.is_dir() and not e.name.startswith(".")):
+        if any(has_image_extension(f) for _, _, files in os.walk(sub.path) for f in files):
+            raise SourceError(f"{folder}: holds both WebDataset shards ({', '.join(shards[:3])}"
+                              f"{', ...' if len(shards) > 3 else ''}) and an ImageFolder ({sub.name}/ has images); "
+                              f"say which it is", path=folder,
+                              hint="--source webdataset or --source imagefolder (kind= in Python)")
 
 
 def _open_remote(url: str, kind: str | None, split: str | None, max_pixels: int | None,

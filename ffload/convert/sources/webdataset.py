@@ -21,8 +21,10 @@ at its member's data offset.
 
 Gzipped shards (``.tar.gz``, ``.tgz``, or any shard whose first bytes are gzip's magic ``1f 8b``)
 are decompressed once, at indexing, to an uncompressed copy in a temporary folder
-(:class:`ShardCopies`: ``$TMPDIR/ffload-wds-*``, one file per shard, removed when the source is
-garbage collected or the process exits), and then read at offsets like any shard. Why a copy and
+(:class:`ShardCopies`: ``$TMPDIR/ffload-wds-<pid>-*``, one file per shard under a name never used
+before, removed when the source is garbage collected or the process exits; a process killed before
+that, by SIGKILL or the OOM killer, leaves its folder, which the next one to make copies removes
+once that pid is dead), and then read at offsets like any shard. Why a copy and
 not one sequential stream: indexing must read every byte of a gzip stream anyway (the headers are
 inside it), so writing the bytes out costs no second decompression; the parallel workers then keep
 their random access (a stream would serialise them or make each worker decompress the shard from
@@ -47,11 +49,14 @@ import numpy as np
 
 from ffload.convert.images import DEFAULT_MAX_PIXELS, decode_image_bytes
 from ffload.convert.sources.base import SourceError, check_index
+from ffload.formats.atomic import pid_alive
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")
 SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 """The file names taken as shards in a folder, and recognised as shards by detection."""
 GZIP_MAGIC = b"\x1f\x8b"
+COPIES_PREFIX = "ffload-wds-"
+"""Prefix of a :class:`ShardCopies` folder in the temporary directory, followed by ``<pid>-``."""
 LABEL_KEYS = ("cls", "cls2", "json")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")
 
@@ -105,10 +110,13 @@ class ShardCopies:
     """Uncompressed copies of gzipped shards, in a temporary folder this object owns (see the
     module docstring): ``local(shard)`` is the path to read ``shard``'s tar from.
 
-    The folder (``tempfile.TemporaryDirectory``, prefix ``ffload-wds-``) is created on the first
-    copy and removed with everything in it when this object is garbage collected or the process
-    exits. Pickling keeps only the mapping shard -> copy: a process that unpickles it reads the
-    creator's copies where it sees them (forked or same-machine workers) and makes, and owns,
+    The folder (``tempfile.TemporaryDirectory``, prefix ``ffload-wds-<pid>-``) is created on the
+    first copy and removed with everything in it when this object is garbage collected or the
+    process exits; before creating it, the folders of processes that are no longer alive are
+    removed (:func:`remove_dead_copies`). Each copy gets a new name (``tempfile.mkstemp``), so a
+    copy made again, or a shard of the same file name in another folder, never overwrites another
+    shard's copy. Pickling keeps only the mapping shard -> copy: a process that unpickles it reads
+    the creator's copies where it sees them (forked or same-machine workers) and makes, and owns,
     its own where it does not.
     """
 
@@ -121,8 +129,8 @@ class ShardCopies:
 
         Raises:
             SourceError: ``shard`` cannot be read, is not a valid gzip stream (corrupt or
-                truncated), or the temporary folder's disk is full (naming the shard, the folder
-                and ``TMPDIR``).
+                truncated), or its copy cannot be created or written in the temporary folder (a
+                full disk: naming the shard, the folder and ``TMPDIR``).
         """
         copy = self.paths.get(shard)
         if copy is not None and os.path.exists(copy):
@@ -132,11 +140,16 @@ class ShardCopies:
                 return shard
         except OSError as e:
             raise SourceError(f"{shard}: {e.strerror or e}", path=shard) from None
-        if self._folder is None:
-            self._folder = tempfile.TemporaryDirectory(prefix="ffload-wds-")
-        copy = os.path.join(self._folder.name, f"{len(self.paths):06d}-{os.path.basename(shard)}.tar")
         try:
-            with gzip.open(shard, "rb") as src, open(copy, "wb") as dst:
+            if self._folder is None:
+                remove_dead_copies()
+                self._folder = tempfile.TemporaryDirectory(prefix=f"{COPIES_PREFIX}{os.getpid()}-")
+            fd, copy = tempfile.mkstemp(suffix=".tar", prefix=f"{os.path.basename(shard)}-", dir=self._folder.name)
+        except OSError as e:
+            raise SourceError(f"{shard}: cannot create its uncompressed copy in {tempfile.gettempdir()}: "
+                              f"{e.strerror or e}", path=shard) from None
+        try:
+            with open(fd, "wb") as dst, gzip.open(shard, "rb") as src:
                 shutil.copyfileobj(src, dst, 1 << 20)
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             os.unlink(copy)
@@ -156,6 +169,21 @@ class ShardCopies:
 
     def __setstate__(self, state):
         self.paths, self._folder = state["paths"], None
+
+
+def remove_dead_copies() -> None:
+    """Remove the :class:`ShardCopies` folders (``$TMPDIR/ffload-wds-<pid>-*``) whose process is no
+    longer alive (:func:`~ffload.formats.atomic.pid_alive`): what a SIGKILL or the OOM killer left.
+    Folders without a pid in their name are kept; a folder that cannot be removed is left as it is."""
+    tmp = tempfile.gettempdir()
+    try:
+        entries = os.listdir(tmp)
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry[len(COPIES_PREFIX):].partition("-")[0]
+        if entry.startswith(COPIES_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
 
 
 def _label_of(ext: str, data: bytes, where: str) -> int:
