@@ -12,7 +12,7 @@ manifest entries, its labels, errors and outcomes. The driver adopts them in tas
 the samples, order and pixels of a local conversion; only the shard boundaries differ (they fall
 on task boundaries too). The driver's share of the work is a few hundred bytes per shard, so the
 conversion rate grows with the cluster's cores (:mod:`.ray_engine`'s chunks, by contrast, all
-cross the driver: about 300 MiB/s, measured by ``scripts/bench_ray_convert.py``).
+cross the driver, which bounds its rate; ``docs/developer-notes.md``).
 
 Where tasks write:
 
@@ -23,7 +23,7 @@ Where tasks write:
   node's temporary directory (named after the URL and the task, emptied when a retried task
   starts) and uploads them under the prefix (fsspec, multipart; an object appears only when
   complete): a fresh version folder ``PREFIX/v-<time>-<hex>/`` that
-  :func:`ffload.convert.convert._convert_to_remote_shards` gives (a killed task's folder is
+  :func:`ffload.convert.convert.convert_dataset` gives (a killed task's folder is
   removed by the next task that starts on its node); the driver uploads the manifest
   last, so the dataset appears only once every shard is there, and a conversion that fails
   deletes the version folder.
