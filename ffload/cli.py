@@ -156,25 +156,26 @@ def convert(src, dst, source_kind, split, write_mode, max_resolution, jpeg_quali
     --shard-size, DST is a directory of .beton shards and a manifest. SRC (an ImageFolder) and DST
     (.beton, or a sharded prefix) may be s3:// URLs: DST is uploaded once complete.
     """
-    from ffload.convert import convert_dataset
+    from ffload.convert import convert_dataset  # the public name (tests replace it there)
+    from ffload.convert.options import ConvertOptions
     from ffload.convert.passthrough import REASONS
     from ffload.convert.sources import detect_source
 
     if ray_address is not None and engine != "ray":
         raise click.UsageError("--address is the Ray cluster of --engine ray; add --engine ray")
-    if shard_size is not None:  # refuse a bad size or DST before listing SRC
+    options = ConvertOptions(write_mode=write_mode, max_resolution=max_resolution, jpeg_quality=jpeg_quality,
+                             smart_threshold=smart_threshold, compress_probability=compress_probability,
+                             jpeg_restart_interval=jpeg_restart_interval, num_workers=num_workers,
+                             on_error=on_error, overwrite=overwrite, progress=not quiet, page_size=page_size,
+                             reencode=reencode, strip_metadata=strip_metadata, verify=verify, resume=resume,
+                             engine=engine, ray_address=ray_address, storage_options=storage_options,
+                             shard_size=shard_size, max_pixels=max_pixels)
+    if shard_size is not None:  # refuse a bad DST before listing SRC
         from ffload.formats.shards import check_shard_size_arguments
-        check_shard_size_arguments(dst, shard_size, resume)
+        check_shard_size_arguments(dst, options.shard_size, resume)
     source = detect_source(src, kind=None if source_kind == "auto" else source_kind, split=split,
                            max_pixels=max_pixels, storage_options=storage_options)
-    report = convert_dataset(source, dst, write_mode=write_mode, max_resolution=max_resolution,
-                             jpeg_quality=jpeg_quality, smart_threshold=smart_threshold,
-                             compress_probability=compress_probability,
-                             jpeg_restart_interval=jpeg_restart_interval, num_workers=num_workers,
-                             on_error=on_error, overwrite=overwrite, progress=not quiet,
-                             page_size=page_size, reencode=reencode, strip_metadata=strip_metadata,
-                             verify=verify, resume=resume, engine=engine, ray_address=ray_address,
-                             storage_options=storage_options, shard_size=shard_size, max_pixels=max_pixels)
+    report = convert_dataset(source, dst, **options.as_keywords())
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
         return

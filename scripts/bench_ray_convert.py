@@ -60,7 +60,7 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "samples": r.samples, "by
 ASSEMBLY = r"""
 import json, sys, time
 import ray
-from ffload.convert.convert import image_fields
+from ffload.convert.options import image_fields
 from ffload.convert.encode import SampleEncoder, encoded_chunks
 from ffload.convert.sources import ImageFolderSource
 from ffload.formats import dataset_writer

@@ -370,3 +370,45 @@ def test_verify_decodes_with_the_loaders_decoder_and_lists_every_bad_sample(tmp_
     problems = verify_dataset(view, num_workers=1)
     assert set(seen) == set(range(9))
     assert problems == [(2, "image", "planted failure"), (6, "image", "planted failure")]
+
+
+@pytest.mark.parametrize("option,value", [("on_error", "ignore"), ("engine", "spark"), ("num_workers", -1),
+                                          ("chunk_size", 0), ("max_pixels", 0), ("checkpoint_seconds", -1.0),
+                                          ("write_mode", "png"), ("jpeg_quality", 101), ("shard_size", "1 parsec"),
+                                          ("fields", {"image": "RGBImageField"})])
+def test_a_bad_option_is_refused_naming_it(tmp_path, option, value):
+    from ffload.convert import ConvertOptions
+    from ffload.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=option.replace("_", "[_ ]")):
+        ConvertOptions(**{option: value})
+    with pytest.raises(ConfigurationError, match=option.replace("_", "[_ ]")):
+        convert_dataset(ArraySource(np.zeros((1, 2, 2, 3), np.uint8), [0]), str(tmp_path / "x.beton"),
+                        progress=False, **{option: value})
+    assert os.listdir(tmp_path) == []
+
+
+def test_options_object_and_keywords_write_the_same_bytes(tmp_path):
+    import dataclasses
+
+    from ffload.convert import ConvertOptions
+
+    rng = np.random.default_rng(3)
+    source = ArraySource(rng.integers(0, 256, (6, 12, 10, 3), dtype=np.uint8), np.arange(6) % 2)
+    options = ConvertOptions(write_mode="proportion", compress_probability=0.5, jpeg_quality=70, num_workers=0,
+                             progress=False, chunk_size=2)
+    convert_dataset(source, str(tmp_path / "k.beton"), write_mode="proportion", compress_probability=0.5,
+                    jpeg_quality=70, num_workers=0, progress=False, chunk_size=2)
+    convert_dataset(source, str(tmp_path / "o.beton"), options=options)
+    assert (tmp_path / "k.beton").read_bytes() == (tmp_path / "o.beton").read_bytes()
+    # keywords given with options= replace its fields; the options object stays as it was
+    other = convert_dataset(source, str(tmp_path / "q.beton"), options=options, jpeg_quality=20)
+    assert other.samples == 6 and options.jpeg_quality == 70
+    assert (tmp_path / "q.beton").read_bytes() != (tmp_path / "o.beton").read_bytes()
+    assert ConvertOptions(**options.as_keywords()) == options
+    assert ConvertOptions(shard_size="1GB").shard_size == 10 ** 9
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.jpeg_quality = 10
+    with pytest.raises(TypeError, match="quality"):
+        convert_dataset(source, str(tmp_path / "t.beton"), quality=90)
+    assert not (tmp_path / "t.beton").exists()

@@ -263,7 +263,7 @@ def test_dataset_errors_carry_the_path(tmp_path):
 def test_disk_full_is_recognised_by_class_and_errno():
     import lmdb
 
-    from ffload.convert.convert import _disk_full
+    from ffload.convert.conversion import _disk_full
     assert _disk_full(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
     assert _disk_full(OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)))
     assert _disk_full(lmdb.DiskError("mdb_txn_commit", errno.ENOSPC))

@@ -242,12 +242,14 @@ def _worker_encode(task: tuple[int, int, int]) -> EncodedChunk:
     return encode_chunk(_STATE["encoder"], start, stop, memoryview(_STATE["slabs"][slab]), slab)
 
 
-class _ChunkSizer:
-    """Next chunk's size: about half a slab of payload, from the bytes per sample seen so far
-    (memory in flight stays bounded in bytes, not samples)."""
+class ChunkSizer:
+    """The bounds of the chunks of samples ``start..n-1``, one :meth:`take` at a time: ``initial``
+    samples each if ``fixed``, else about half a slab of payload from the bytes per sample
+    :meth:`observe`-d so far (memory in flight stays bounded in bytes, not samples). Used by the
+    local and the Ray engines."""
 
-    def __init__(self, n: int, initial: int, fixed: bool):
-        self.n, self.size, self.fixed, self.next_start = n, initial, fixed, 0
+    def __init__(self, n: int, initial: int, fixed: bool, start: int = 0):
+        self.n, self.size, self.fixed, self.next_start = n, initial, fixed, start
         self.bytes, self.samples = 0, 0
 
     def observe(self, chunk: EncodedChunk) -> None:
@@ -280,8 +282,7 @@ def encoded_chunks(encoder: SampleEncoder, num_workers: int | None, chunk_size: 
     workers = available_cpus() if num_workers is None else int(num_workers)
     # Until a chunk has come back, sizes are unknown: start with single samples, so that the
     # first chunks in flight stay small however large the images are.
-    sizer = _ChunkSizer(n, chunk_size or 1, fixed=chunk_size is not None)
-    sizer.next_start = start
+    sizer = ChunkSizer(n, chunk_size or 1, fixed=chunk_size is not None, start=start)
     if workers <= 0 or "fork" not in mp.get_all_start_methods():
         # in this process (also where workers cannot inherit the slabs: no fork)
         while (bounds := sizer.take()) is not None:

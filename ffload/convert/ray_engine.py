@@ -21,12 +21,16 @@ from __future__ import annotations
 import contextlib
 from collections import Counter, deque
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ffload.convert.encode import EncodedChunk, SampleEncoder, _ChunkSizer, encode_chunk
+from ffload.convert.encode import ChunkSizer, EncodedChunk, SampleEncoder, encode_chunk
 from ffload.errors import ConfigurationError
 from ffload.formats.fields.base import metadata_dtype
+
+if TYPE_CHECKING:
+    from ffload.convert.conversion import Conversion
 
 INSTALL_HINT = "engine='ray' needs Ray: pip install 'ffload[ray]' (or pip install ray)"
 CHUNKS_PER_CPU = 2  # chunks in flight per cluster CPU (default max_in_flight)
@@ -117,8 +121,7 @@ def ray_encoded_chunks(encoder: SampleEncoder, chunk_size: int | None = None, st
         limit = max(1, max_in_flight or CHUNKS_PER_CPU * cpus)
         task = ray.remote(num_cpus=1, max_retries=max_retries)(encode_chunk)
         shared = ray.put(encoder)
-        sizer = _ChunkSizer(len(encoder), chunk_size or 1, fixed=chunk_size is not None)
-        sizer.next_start = start
+        sizer = ChunkSizer(len(encoder), chunk_size or 1, fixed=chunk_size is not None, start=start)
         pending: deque = deque()
         try:
             while True:
@@ -136,3 +139,12 @@ def ray_encoded_chunks(encoder: SampleEncoder, chunk_size: int | None = None, st
         finally:
             for _, ref in pending:  # closed early (an error, Ctrl-C): stop the work still queued
                 ray.cancel(ref, force=True)
+
+
+def write_ray_chunks(conversion: Conversion, writer) -> None:
+    """The Ray one-file engine (``engine='ray'`` without ``shard_size``): Ray tasks at
+    ``options.ray_address`` encode chunks (:func:`ray_encoded_chunks`, ``options.chunk_size``),
+    written here in source order through ``writer``: the bytes of a local conversion."""
+    options = conversion.options
+    conversion.write_chunks(writer, ray_encoded_chunks(conversion.encoder, options.chunk_size,
+                                                       start=conversion.start, address=options.ray_address))

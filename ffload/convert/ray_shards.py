@@ -12,7 +12,7 @@ manifest entries, its labels, errors and outcomes. The driver adopts them in tas
 the samples, order and pixels of a local conversion; only the shard boundaries differ (they fall
 on task boundaries too). The driver's share of the work is a few hundred bytes per shard, so the
 conversion rate grows with the cluster's cores (:mod:`.ray_engine`'s chunks, by contrast, all
-cross the driver: about 300 MiB/s, measured by ``scripts/bench_ray_convert.py``).
+cross the driver, which bounds its rate; ``docs/developer-notes.md``).
 
 Where tasks write:
 
@@ -23,7 +23,7 @@ Where tasks write:
   node's temporary directory (named after the URL and the task, emptied when a retried task
   starts) and uploads them under the prefix (fsspec, multipart; an object appears only when
   complete): a fresh version folder ``PREFIX/v-<time>-<hex>/`` that
-  :func:`ffload.convert.convert._convert_to_remote_shards` gives (a killed task's folder is
+  :func:`ffload.convert.convert.convert_dataset` gives (a killed task's folder is
   removed by the next task that starts on its node); the driver uploads the manifest
   last, so the dataset appears only once every shard is there, and a conversion that fails
   deletes the version folder.
@@ -49,14 +49,18 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ffload.convert.encode import SampleEncoder, _ChunkSizer, encode_chunk
+from ffload.convert.encode import ChunkSizer, SampleEncoder, encode_chunk
 from ffload.convert.provenance import source_origins
 from ffload.convert.ray_engine import MAX_RETRIES, failure_errors, joined_cluster, task_result
 from ffload.formats.atomic import pid_alive
 from ffload.formats.shards import ShardFiles
+
+if TYPE_CHECKING:
+    from ffload.convert.conversion import Conversion
 
 SHARD_FILL = 0.95  # a task's planned payload, as a fraction of the shard size
 PROBE_SAMPLES = 8  # samples the driver encodes to estimate the bytes per sample
@@ -161,8 +165,7 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
                         name=lambda k: task_shard_name(task, k), on_close=None if url is None else upload)
     labels, errors, outcomes = [], [], Counter()
     try:
-        sizer = _ChunkSizer(stop, 1, fixed=False)
-        sizer.next_start = start
+        sizer = ChunkSizer(stop, 1, fixed=False, start=start)
         while (bounds := sizer.take()) is not None:
             chunk = encode_chunk(encoder, *bounds)
             sizer.observe(chunk)
@@ -270,3 +273,24 @@ def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int
                 ray.cancel(ref, force=True)
             if left:  # their workers are killed: wait until none writes any more (the caller then removes the output)
                 ray.wait(left, num_returns=len(left), timeout=CANCEL_WAIT)
+
+
+def write_ray_shards(conversion: Conversion, writer, url: str | None = None) -> None:
+    """The Ray shards engine (``engine='ray'`` with ``shard_size``): Ray tasks at
+    ``options.ray_address`` write the shards (:func:`ray_written_shards`) into ``writer``'s
+    temporary directory or, with ``url``, upload them under that prefix; ``writer`` (a
+    :class:`~ffload.formats.shards.ShardedWriter`) adopts them in task order and writes the manifest."""
+    options = conversion.options
+    bar = conversion.bar
+    results = ray_written_shards(conversion.encoder, list(conversion.fields), writer.shard_size, writer.page_size,
+                                 writer.info, conversion.label_pos, folder=writer.path, url=url,
+                                 on_error=options.on_error, address=options.ray_address,
+                                 storage_options=options.storage_options,
+                                 on_progress=None if bar is None else bar.update)
+    try:
+        for result in results:
+            conversion.take(result.errors, result.outcomes)
+            writer.adopt(result.shards)
+            conversion.adopt_labels(result.labels, result.samples)
+    finally:
+        results.close()
