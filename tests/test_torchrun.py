@@ -245,6 +245,7 @@ class _Recorder:
 def _run_recipe(data: str, out: str, cache: str, workers: str) -> None:
     """The recipe's command line with ``--distributed``, its loaders wrapped in recorders."""
     from ffload.recipes import cifar10_resnet9 as recipe
+    from ffload.recipes.cli import recipe_command
 
     recorders = []
     make_loaders = recipe.make_loaders
@@ -257,7 +258,7 @@ def _run_recipe(data: str, out: str, cache: str, workers: str) -> None:
     args = ["--data", data, "--out", out, "--cache-dir", cache, "--num-workers", workers,
             "--epochs", EPOCHS, "--batch-size", GLOBAL_BATCH, "--width", 0.25, "--seed", SEED,
             "--device", "cpu", "--no-progress", "--distributed"]
-    recipe.recipe_command.main(args=list(map(str, args)), standalone_mode=False)
+    recipe_command.main(args=list(map(str, args)), standalone_mode=False)
     rank = int(os.environ["RANK"])
     train, test = recorders
     np.save(Path(out) / f"rank{rank}-train.npy", np.stack([np.concatenate(e) for e in train.epochs]))

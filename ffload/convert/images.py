@@ -66,7 +66,6 @@ import tempfile
 import threading
 import warnings
 
-import cv2
 import numpy as np
 
 from ffload.errors import ImageBombError, ImageDecodeError, ImageUnsupportedError
@@ -194,10 +193,14 @@ def decode_image_bytes(data: bytes, name: str, max_pixels: int | None = DEFAULT_
 def _decode(data: bytes, fmt: str, name: str, max_pixels: int | None, size: tuple[int, int] | None) -> np.ndarray:
     """The pixels by the module's rule; decoder errors propagate as they are (the caller words them)."""
     if fmt == "JPEG" and _jpeg_fast_path(data):
-        image = _opencv(data, _JPEG_FLAGS)
+        import cv2
+
+        rgb = hasattr(cv2, "IMREAD_COLOR_RGB")  # OpenCV before 4.10 has no RGB flag
+        image = _opencv(data, (cv2.IMREAD_COLOR_RGB if rgb else cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION)
         if image is not None:  # else Pillow gives its verdict below
-            image = image if _JPEG_RGB else image[..., ::-1]  # OpenCV before 4.10 has no RGB flag
-            return _oriented(image, _orientation(_pillow(data, fmt)))
+            image = image if rgb else image[..., ::-1]
+            # Pillow finds a JPEG's orientation in APP1 segments only (Exif, XMP): without one it is 1
+            return _oriented(image, _orientation(_pillow(data, fmt)) if _jpeg_has_app1(data) else 1)
     if fmt == "TIFF":
         tags = _tiff_tags(data)
         if _first(tags, 258, 1) > 8 or _first(tags, 339, 1) not in (1, 4):  # 4: "undefined", read as unsigned
@@ -208,15 +211,11 @@ def _decode(data: bytes, fmt: str, name: str, max_pixels: int | None, size: tupl
     if max_pixels is not None and (im.height, im.width) != size:  # Pillow reads another size: check it too
         check_pixels(im.height, im.width, max_pixels, name)
     if fmt == "PNG" and data[24] == 16:  # IHDR bit depth: Pillow keeps the high byte of 16-bit colour
-        samples = _opencv(_png_image_chunks(data), cv2.IMREAD_UNCHANGED)
+        samples = _opencv(_png_image_chunks(data), _IMREAD_UNCHANGED)
         if samples is None:
             raise ValueError("libpng could not decode the 16-bit image data")
         return _oriented(_wide_to_rgb(_rgb_order(samples), 16, 1, name), _orientation(im))
     return np.array(ImageOps.exif_transpose(im).convert("RGB"))
-
-
-_JPEG_RGB = hasattr(cv2, "IMREAD_COLOR_RGB")
-_JPEG_FLAGS = (cv2.IMREAD_COLOR_RGB if _JPEG_RGB else cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION
 
 
 def _pillow(data: bytes, fmt: str):
@@ -250,8 +249,15 @@ def _oriented(a: np.ndarray, orientation: int) -> np.ndarray:
     return np.ascontiguousarray(a if move is None else move(a))
 
 
+_IMREAD_UNCHANGED = -1
+"""``cv2.IMREAD_UNCHANGED`` (OpenCV's value; OpenCV itself is imported on first use)."""
+
+
 def _opencv(data: bytes, flags: int) -> np.ndarray | None:
-    """``cv2.imdecode`` with OpenCV's log silenced (its libtiff/libpng/libjpeg warnings never print)."""
+    """``cv2.imdecode`` with OpenCV's log silenced (its libtiff/libpng/libjpeg warnings never print). OpenCV is
+    imported here, on the first decode, so that ``ffload --help`` and the sources' listing never load it."""
+    import cv2
+
     level = cv2.utils.logging.getLogLevel()
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     try:
@@ -441,7 +447,7 @@ def _wide_tiff(data: bytes, name: str, tags: dict[int, tuple[int, ...]]) -> np.n
                 raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit {layout} TIFF with {compression} "
                                             f"compression (tifffile reads it with the imagecodecs package: pip "
                                             f"install imagecodecs)") from e
-            samples = _opencv(data, cv2.IMREAD_UNCHANGED)
+            samples = _opencv(data, _IMREAD_UNCHANGED)
             if samples is None:
                 raise ValueError(f"OpenCV could not decode the {bits}-bit {compression} data") from e
             samples = _rgb_order(samples)
@@ -666,10 +672,10 @@ def header_size(data: bytes, fmt: str, name: str) -> tuple[int, int]:
     return size
 
 
-def _jpeg_frame(data: bytes) -> tuple[int, int, int, int, int, bool] | None:
-    """``(SOFn marker, precision, height, width, components, adobe)`` from a JPEG's frame header (ITU T.81
-    B.2.2), ``adobe`` True when an APP14 "Adobe" segment precedes it; None when there is no frame header."""
-    pos, n, adobe = 2, len(data), False
+def _jpeg_segments(data: bytes):
+    """``(marker, pos)`` of each marker segment of a JPEG's header (ITU T.81 B.1.1.4), from after SOI up to and
+    including SOS (start of scan) or EOI; fill bytes and standalone markers are stepped over."""
+    pos, n = 2, len(data)
     while pos + 4 <= n:
         if data[pos] != 0xFF:
             pos += 1
@@ -678,14 +684,29 @@ def _jpeg_frame(data: bytes) -> tuple[int, int, int, int, int, bool] | None:
         if marker in (0xFF, 0x00, 0x01) or 0xD0 <= marker <= 0xD8:
             pos += 1 if marker == 0xFF else 2
             continue
+        yield marker, pos
+        if marker in (0xDA, 0xD9):
+            return
+        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+
+
+def _jpeg_frame(data: bytes) -> tuple[int, int, int, int, int, bool] | None:
+    """``(SOFn marker, precision, height, width, components, adobe)`` from a JPEG's frame header (ITU T.81
+    B.2.2), ``adobe`` True when an APP14 "Adobe" segment precedes it; None when there is no frame header."""
+    adobe = False
+    for marker, pos in _jpeg_segments(data):
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn: P, Y, X, Nf
             precision, height, width, components = struct.unpack(">BHHB", data[pos + 4:pos + 10])
             return marker, precision, height, width, components, adobe
         if marker in (0xDA, 0xD9):
             return None
         adobe = adobe or (marker == 0xEE and data[pos + 4:pos + 9] == b"Adobe")
-        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
     return None
+
+
+def _jpeg_has_app1(data: bytes) -> bool:
+    """Whether a JPEG's header holds an APP1 segment (Exif or XMP: where Pillow looks for an orientation)."""
+    return any(marker == 0xE1 for marker, _ in _jpeg_segments(data))
 
 
 def _jpeg_size(data: bytes) -> tuple[int, int] | None:

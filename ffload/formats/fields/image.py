@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 
-import cv2
 import numpy as np
 
 from ffload.codecs.jpeg_encode import encode_jpeg
@@ -260,6 +259,8 @@ class ImageArrayField(BytesExtensionField):
         """``(H, W, C)`` of :attr:`dtype` as PNG file bytes (``(N,) uint8``); FieldError if OpenCV refuses."""
         if max(arr.shape[:2]) > 0x7FFFFFFF:
             raise FieldError(f"ImageArrayField image of shape {arr.shape} is too large for PNG")
+        import cv2  # on first use: listing or opening a dataset does not load OpenCV
+
         bgr = arr[:, :, 0] if self.channels == 1 else arr[:, :, _BGR_ORDER[self.channels]]
         try:
             ok, data = cv2.imencode(".png", np.ascontiguousarray(bgr))
@@ -280,6 +281,8 @@ class ImageArrayField(BytesExtensionField):
         data = np.frombuffer(payload, dtype=np.uint8)
         if data.size < _PNG_MIN_BYTES or data[:8].tobytes() != PNG_SIGNATURE:
             raise FieldError(f"corrupt PNG ({data.size} bytes): no PNG signature")
+        import cv2
+
         try:
             arr = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
         except cv2.error as e:
@@ -389,4 +392,6 @@ def resize_to_max_resolution(image: np.ndarray, max_resolution: int | None) -> n
     if ratio >= 1:
         return image
     new_w, new_h = max(1, int(ratio * w)), max(1, int(ratio * h))
+    import cv2
+
     return cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_AREA)
