@@ -339,7 +339,7 @@ def export(path, pattern, maxcount, maxsize, quiet):
     click.echo(f"{path}: {len(shards)} shard(s), {shards[0]} .. {shards[-1]}")
 
 
-@main.group(cls=FfloadGroup, lazy={"cifar10-resnet9": ("ffload.recipes.cli", "recipe_command")})
+@main.group(cls=FfloadGroup, lazy={"cifar10-resnet9": ("ffload.recipes.cifar10_resnet9", "recipe_command")})
 def recipe():
     """Training recipes built on ffload's public API."""
 

@@ -429,7 +429,7 @@ def test_other_exceptions_keep_their_traceback():
 
 
 def test_recipe_errors_are_one_line(tmp_path):
-    from ffload.recipes.cli import recipe_command
+    from ffload.recipes.cifar10_resnet9 import recipe_command
     result = CliRunner().invoke(recipe_command, ["--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o"),
                                                  "--device", "cpu"])
     assert_one_error_line(result, "--data", "nope")

@@ -244,8 +244,8 @@ class _Recorder:
 
 def _run_recipe(data: str, out: str, cache: str, workers: str) -> None:
     """The recipe's command line with ``--distributed``, its loaders wrapped in recorders."""
-    from ffload.recipes import cifar10_resnet9 as recipe
-    from ffload.recipes.cli import recipe_command
+    from ffload.recipes import run as recipe
+    from ffload.recipes.cifar10_resnet9 import recipe_command
 
     recorders = []
     make_loaders = recipe.make_loaders
@@ -331,7 +331,7 @@ def _ray_train(data: str, out: str) -> None:
     from ray.train.torch import TorchTrainer
 
     def train_fn(config):
-        from ffload.recipes.cifar10_resnet9 import run_recipe
+        from ffload.recipes.run import run_recipe
         from ffload.recipes.training import RecipeConfig
 
         run_recipe(config["data"], config["out"], RecipeConfig(epochs=1, batch_size=GLOBAL_BATCH,
