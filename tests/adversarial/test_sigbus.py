@@ -131,7 +131,7 @@ os.mkdir(os.path.join(root, "out"))
 fails("export", lambda: export_webdataset(view, os.path.join(root, "out", "s-%03d.tar")))
 print("exported", sorted(os.listdir(os.path.join(root, "out"))))
 
-from ffload.formats import lmdb_format
+from ffload.formats.lmdb import reader as lmdb_format
 data = write(os.path.join(root, "f.lmdb"))
 records_table = lmdb_format._records_table
 

@@ -93,7 +93,7 @@ import numpy as np
 
 from ffload.formats.fields.base import Field, named_metadata_dtype
 from ffload.formats.fields.registry import FIELD_CLASSES
-from ffload.formats.lmdb_pages import check_tree
+from ffload.formats.lmdb.pages import check_tree
 from ffload.formats.origins import ORIGINS_KEY, OriginLog
 from ffload.formats.schema import Schema, Value, check_document, check_field_specs
 from ffload.formats.shardio import shrank
@@ -463,7 +463,7 @@ def _check_guard(guard, data_path: str, data_size: int) -> None:
     """Raise FormatError (:func:`~.shardio.shrank`) when a read of LMDB's map under ``guard``
     (:mod:`.mapguard`; None: unguarded) found no data: ``data.mdb`` shrank while it was opened.
     The rest of that map reads zeros while the process's environment lives (see
-    :func:`_open_env`); a later open of the file is refused by :func:`~.lmdb_pages.check_tree`
+    :func:`_open_env`); a later open of the file is refused by :func:`~.pages.check_tree`
     while it is short."""
     offset = None if guard is None else guard.faulted()
     if offset is not None:
