@@ -243,10 +243,10 @@ def _lmdb_disk_full():
                                           (".lmdb", _lmdb_disk_full)])
 def test_full_disk_leaves_nothing(tmp_path, monkeypatch, suffix, error):
     from ffload.formats import beton
-    from ffload.formats.lmdb import reader as lmdb_format
+    from ffload.formats.lmdb import writer as lmdb_writer
 
     calls = {"n": 0}
-    cls = beton.BetonWriter if suffix == ".beton" else lmdb_format.LMDBWriter
+    cls = beton.BetonWriter if suffix == ".beton" else lmdb_writer.LMDBWriter
     original = cls.add
 
     def add(self, *args):

@@ -2,7 +2,7 @@
 datasets (a directory of ``.beton`` shards and a JSON manifest, ``shards.py``).
 
 ``open_dataset(path)`` returns the :class:`DatasetView` the loader reads; ``dataset_writer`` and
-``write_dataset`` create files atomically. See ``beton.py`` and ``lmdb/reader.py`` for the layouts.
+``write_dataset`` create files atomically. See ``beton.py`` and ``lmdb/`` (its package docstring) for the layouts.
 """
 from __future__ import annotations
 
