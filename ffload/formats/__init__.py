@@ -2,7 +2,7 @@
 datasets (a directory of ``.beton`` shards and a JSON manifest, ``shards.py``).
 
 ``open_dataset(path)`` returns the :class:`DatasetView` the loader reads; ``dataset_writer`` and
-``write_dataset`` create files atomically. See ``beton.py`` and ``lmdb_format.py`` for the layouts.
+``write_dataset`` create files atomically. See ``beton.py`` and ``lmdb/`` (its package docstring) for the layouts.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ffload.formats.fields.bytes import BytesField, JSONField
 from ffload.formats.fields.image import ImageArrayField, RGBImageField, image_sizes
 from ffload.formats.fields.ndarray import NDArrayField, RaggedArrayField
 from ffload.formats.fields.scalars import FloatField, IntField
-from ffload.formats.lmdb_format import open_lmdb
+from ffload.formats.lmdb.reader import open_lmdb
 from ffload.formats.shards import is_sharded, manifest_location, open_sharded
 from ffload.formats.view import DatasetError, DatasetView
 from ffload.limits import DEFAULT_MAX_PIXELS

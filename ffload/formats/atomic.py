@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from ffload.errors import ConfigurationError, DatasetBusyError
 from ffload.formats.beton import DEFAULT_PAGE_SIZE, BetonWriter
 from ffload.formats.fields.base import Field
-from ffload.formats.lmdb_format import LMDBWriter
+from ffload.formats.lmdb.writer import LMDBWriter
 from ffload.formats.shards import ShardedWriter, check_destination
 from ffload.formats.writer import DatasetWriter
 
