@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import numpy.typing as npt
 
 from ffload.codecs.jpeg_encode import encode_jpeg
 from ffload.errors import ConfigurationError, FieldError
@@ -210,7 +211,7 @@ class ImageArrayField(BytesExtensionField):
 
     kind = "image"
 
-    def __init__(self, dtype="uint8", channels: int = 1, compression: str = "raw"):
+    def __init__(self, dtype: npt.DTypeLike = "uint8", channels: int = 1, compression: str = "raw"):
         self.dtype = plain_dtype(dtype, "uf", "ImageArrayField")
         if self.dtype.str not in IMAGE_DTYPES:
             raise ConfigurationError(f"ImageArrayField stores uint8, uint16 or float32, got {self.dtype}")

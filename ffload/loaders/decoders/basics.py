@@ -184,7 +184,7 @@ class RaggedArrayDecoder(Decoder):
 
     field_types = (RaggedArrayField,)
 
-    def __init__(self, max_length: int | None = None, fill=0):
+    def __init__(self, max_length: int | None = None, fill: float = 0):
         self.max_length = _max_length(max_length)
         self.fill = fill
 

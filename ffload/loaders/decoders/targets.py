@@ -281,7 +281,7 @@ class FollowBoxes(Operation):
         FormatError (call): a sample whose row count is not its boxes' count, naming the field and sample.
     """
 
-    def __init__(self, boxes: str, fill=0):
+    def __init__(self, boxes: str, fill: float = 0):
         if not isinstance(boxes, str):
             raise ConfigurationError(f"FollowBoxes: boxes must be the name of a pipeline, got {boxes!r}")
         self.boxes, self.fill = boxes, fill
@@ -430,7 +430,7 @@ class MaskDecoder(Decoder):
 
     field_types = (ImageArrayField,)
 
-    def __init__(self, image: str, fill=0):
+    def __init__(self, image: str, fill: float = 0):
         if not isinstance(image, str):
             raise ConfigurationError(f"MaskDecoder: image must be the name of an image pipeline, got {image!r}")
         self.image, self.fill = image, fill

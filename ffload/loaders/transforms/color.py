@@ -249,7 +249,8 @@ class ColorJitter(_RGBTransform):
 
     keeps_geometry = True
 
-    def __init__(self, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0):
+    def __init__(self, brightness: float | Sequence[float] = 0.0, contrast: float | Sequence[float] = 0.0,
+                 saturation: float | Sequence[float] = 0.0, hue: float | Sequence[float] = 0.0):
         self.ranges = np.array([range_pair(brightness, "brightness", 1.0, 0.0), range_pair(contrast, "contrast", 1.0, 0.0),
                                 range_pair(saturation, "saturation", 1.0, 0.0), range_pair(hue, "hue")], dtype=np.float64)
         if not -0.5 <= self.ranges[3, 0] <= self.ranges[3, 1] <= 0.5:

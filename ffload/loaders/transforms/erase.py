@@ -110,7 +110,8 @@ class RandomErasing(FilledTransform):
 
     keeps_geometry = True
 
-    def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), fill: Sequence[float] = (0, 0, 0)):
+    def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
+                 fill: Sequence[float] = (0, 0, 0)):
         if not 0.0 <= p <= 1.0:
             raise ConfigurationError(f"p must be in [0, 1], got {p}")
         self.p = float(p)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from numba import njit
 
@@ -90,7 +91,7 @@ class NormalizeImage(Operation):
 
     keeps_geometry = True
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], dtype=np.float32):
+    def __init__(self, mean: Sequence[float], std: Sequence[float], dtype: npt.DTypeLike | torch.dtype = np.float32):
         self.mean = np.asarray(mean, dtype=np.float64).reshape(-1)
         self.std = np.asarray(std, dtype=np.float64).reshape(-1)
         if self.mean.size != self.std.size or not np.all(self.std != 0):

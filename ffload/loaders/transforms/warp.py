@@ -303,8 +303,8 @@ class RandomAffine(_Warp):
 
     _apply_prob = 1.0
 
-    def __init__(self, degrees, translate: Sequence[float] | None = None, scale: Sequence[float] | None = None,
-                 shear=None, fill: Sequence[float] = (0, 0, 0)):
+    def __init__(self, degrees: float | Sequence[float], translate: Sequence[float] | None = None,
+                 scale: Sequence[float] | None = None, shear: float | Sequence[float] | None = None, fill: Sequence[float] = (0, 0, 0)):
         shear = (0.0, 0.0) if shear is None else shear
         shear4 = (range_pair(shear, "shear") + (0.0, 0.0)) if isinstance(shear, (int, float)) or len(shear) == 2 \
             else (range_pair(shear[:2], "shear") + range_pair(shear[2:], "shear"))
@@ -342,7 +342,7 @@ class RandomRotation(RandomAffine):
         ConfigurationError: bad degrees or fill. PipelineError (declare): input not numpy (H, W, C) uint8.
     """
 
-    def __init__(self, degrees, fill: Sequence[float] = (0, 0, 0)):
+    def __init__(self, degrees: float | Sequence[float], fill: Sequence[float] = (0, 0, 0)):
         super().__init__(degrees, fill=fill)
         self.ranges[0] = -self.ranges[0, ::-1]
 
