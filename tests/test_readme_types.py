@@ -40,23 +40,31 @@ def test_readme_examples_are_found():
     assert len(blocks) >= 2 and "convert_dataset(" in code and "ffload.Loader(" in code
 
 
-def mypy_strict(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "readme_examples.py"
-    script.write_text(code, encoding="utf-8")
-    return subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
-                           "--ignore-missing-imports", "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
-                           str(script)], capture_output=True, text=True, cwd=REPO, timeout=600)
+WRONG_CALL = "import ffload\nloader = ffload.Loader(3.5, batch_size='256')\n"
 
 
-def test_readme_examples_pass_mypy_strict(tmp_path):
+@pytest.fixture(scope="module")
+def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """mypy --strict's report on two user scripts in one run (mypy reads torch's stubs once): the README's
+    examples (after :data:`PRELUDE`), and :data:`WRONG_CALL`, which must fail."""
     pytest.importorskip("mypy")
-    code = PRELUDE + "\n".join(readme_examples((REPO / "README.md").read_text(encoding="utf-8")))
-    result = mypy_strict(code, tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    tmp = tmp_path_factory.mktemp("mypy")
+    (tmp / "readme_examples.py").write_text(PRELUDE + "\n".join(readme_examples(
+        (REPO / "README.md").read_text(encoding="utf-8"))), encoding="utf-8")
+    (tmp / "wrong_call.py").write_text(WRONG_CALL, encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
+                             "--ignore-missing-imports", "--no-incremental", "--cache-dir", str(tmp / "cache"),
+                             str(tmp / "readme_examples.py"), str(tmp / "wrong_call.py")],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode in (0, 1), result.stdout + result.stderr  # 2: mypy itself failed
+    return result.stdout
 
 
-def test_mypy_check_reports_a_type_error(tmp_path):
-    """The check above can fail: a wrong argument type through the lazy ``ffload.Loader`` is an error."""
-    pytest.importorskip("mypy")
-    result = mypy_strict("import ffload\nloader = ffload.Loader(3.5, batch_size='256')\n", tmp_path)
-    assert result.returncode == 1 and "batch_size" in result.stdout, result.stdout
+def test_readme_examples_pass_mypy_strict(mypy_report):
+    assert [line for line in mypy_report.splitlines() if "readme_examples.py" in line] == []
+
+
+def test_mypy_check_reports_a_type_error(mypy_report):
+    """The check above can fail: wrong argument types through the lazy ``ffload.Loader`` are errors."""
+    errors = [line for line in mypy_report.splitlines() if "wrong_call.py" in line and ": error:" in line]
+    assert len(errors) == 2 and any('"batch_size"' in line for line in errors), mypy_report

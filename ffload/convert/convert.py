@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 
 def convert_dataset(source: str | os.PathLike[str] | Source, dst: str, *, options: ConvertOptions | None = None,
                     **keywords: Any) -> ConvertReport:
-    """Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix;
+    """Convert an image source into a ``.beton`` file, an ``.lmdb`` directory or ``.beton`` shards.
+
+    Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix;
     with ``shard_size``, a directory of ``.beton`` shards and a manifest).
 
     Args:

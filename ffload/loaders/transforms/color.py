@@ -54,7 +54,9 @@ def _grayscale(images, seeds, salt, prob):
 
 
 class RandomGrayscale(_RGBTransform):
-    """Replace each RGB image by its luma (``0.2989 R + 0.587 G + 0.114 B``, truncated, in all
+    """Replace RGB images by their luma at random, in place (torchvision's ``RandomGrayscale``).
+
+    Replace each RGB image by its luma (``0.2989 R + 0.587 G + 0.114 B``, truncated, in all
     three channels) with probability ``p``, in place (torchvision's ``RandomGrayscale``).
 
     Raises:
@@ -228,8 +230,7 @@ def _color_jitter(images, params, enabled):
 
 
 class ColorJitter(_RGBTransform):
-    """Randomly change brightness, contrast, saturation and hue, in place (torchvision's
-    ``ColorJitter``).
+    """Randomly change brightness, contrast, saturation and hue, in place (torchvision's ``ColorJitter``).
 
     Per sample: a uniform random order of the four adjustments, then factors ``brightness`` in
     ``[max(0, 1 - b), 1 + b]``, ``contrast`` and ``saturation`` likewise, ``hue`` in ``[-h, h]``
@@ -317,7 +318,9 @@ def _gaussian_blur(images, sigmas, ksize, scratch):
 
 
 class GaussianBlur(NHWCTransform):
-    """Blur each image with a Gaussian of random standard deviation, in place (torchvision's
+    """Blur images with a Gaussian of random standard deviation, in place (torchvision's ``GaussianBlur``).
+
+    Blur each image with a Gaussian of random standard deviation, in place (torchvision's
     ``GaussianBlur``; square kernel).
 
     Per sample ``sigma`` is uniform in ``sigma`` (a pair, pixels); the kernel is

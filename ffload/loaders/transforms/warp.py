@@ -288,7 +288,9 @@ class _Warp(FilledTransform):
 
 
 class RandomAffine(_Warp):
-    """Random rotation, translation, scale and shear about the image centre, bilinear
+    """Random rotation, translation, scale and shear, bilinear (torchvision's ``RandomAffine``).
+
+    Random rotation, translation, scale and shear about the image centre, bilinear
     (torchvision's ``RandomAffine`` on tensors).
 
     Per sample: angle uniform in ``degrees`` (a number d means ``(-d, d)``; clockwise, as
@@ -334,7 +336,9 @@ class RandomAffine(_Warp):
 
 
 class RandomRotation(RandomAffine):
-    """Rotate by an angle uniform in ``degrees`` about the centre, bilinear, same size
+    """Rotate images by a random angle about the centre, bilinear (torchvision's ``RandomRotation``).
+
+    Rotate by an angle uniform in ``degrees`` about the centre, bilinear, same size
     (torchvision's ``RandomRotation`` without ``expand``; its angle is counter-clockwise, which
     for a symmetric range is the same distribution).
 
@@ -417,8 +421,7 @@ def _perspective_params(seeds, salt, height, width, distortion, prob, out, corne
 
 
 class RandomPerspective(_Warp):
-    """A random perspective distortion with probability ``p``, bilinear (torchvision's
-    ``RandomPerspective``).
+    """A random perspective distortion with probability ``p``, bilinear (torchvision's ``RandomPerspective``).
 
     Per distorted sample, each corner moves inwards by integers uniform in
     ``0 .. int(distortion_scale * W // 2)`` (x) and ``0 .. int(distortion_scale * H // 2)`` (y),
