@@ -1,7 +1,9 @@
 """Loading: ``Loader``, traversal orders, and the operations of field pipelines (FFCV's names).
 
 ``from ffload.loaders import Loader, OrderOption, SimpleRGBImageDecoder, ToTensor, ...`` (each name is
-imported from its submodule on first use).
+imported from its submodule on first use). The decoders and transforms are the lists of the public
+namespaces :mod:`ffload.decoders` and :mod:`ffload.transforms` (FFCV's ``ffcv.fields.decoders`` /
+``ffcv.transforms``), reused here.
 """
 from __future__ import annotations
 
