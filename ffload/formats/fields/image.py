@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import numpy.typing as npt
 
 from ffload.codecs.jpeg_encode import encode_jpeg
 from ffload.errors import ConfigurationError, FieldError
@@ -176,7 +177,9 @@ _PNG_MIN_BYTES = 8 + 25 + 12  # signature, IHDR chunk, IEND chunk
 
 
 class ImageArrayField(BytesExtensionField):
-    """An image of any channel count and depth per sample, stored raw or as a lossless PNG:
+    """An image of any channel count and depth per sample (uint8, uint16, float32), raw or lossless PNG.
+
+    An image of any channel count and depth per sample, stored raw or as a lossless PNG:
     ``(H, W, C)`` of uint8, uint16 or float32 (grayscale ``C = 1`` kept 1 channel, 16-bit depth
     maps, segmentation masks and label maps, N-channel multispectral), sizes varying per sample.
 
@@ -210,7 +213,7 @@ class ImageArrayField(BytesExtensionField):
 
     kind = "image"
 
-    def __init__(self, dtype="uint8", channels: int = 1, compression: str = "raw"):
+    def __init__(self, dtype: npt.DTypeLike = "uint8", channels: int = 1, compression: str = "raw"):
         self.dtype = plain_dtype(dtype, "uf", "ImageArrayField")
         if self.dtype.str not in IMAGE_DTYPES:
             raise ConfigurationError(f"ImageArrayField stores uint8, uint16 or float32, got {self.dtype}")
