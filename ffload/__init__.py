@@ -5,13 +5,21 @@
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ffload.lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from ffload.loaders.loader import Loader as Loader
+    from ffload.loaders.orders import OrderOption as OrderOption
+
 __version__ = "0.1.0"
 
-__all__ = ["Loader", "OrderOption", "__version__"]
+_MODULES = {  # public name -> the module defining it; imported on first use (torch)
+    "Loader": "ffload.loaders.loader",
+    "OrderOption": "ffload.loaders.orders",
+}
 
+__getattr__ = lazy_getattr(__name__, _MODULES, globals())
 
-def __getattr__(name):
-    if name in ("Loader", "OrderOption"):
-        from ffload import loaders
-        return getattr(loaders, name)
-    raise AttributeError(f"module 'ffload' has no attribute {name!r}")
+__all__ = [*_MODULES, "__version__"]

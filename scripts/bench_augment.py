@@ -16,7 +16,7 @@ run. Goals (issue "more sources, richer fields, augmentations"): ffload >= 3x Da
 
 The hardware limit, measured in the same rounds: ``decode_ceiling``, ``--num-workers`` threads
 decoding the same JPEG bytes whole at full size with the fastest decoder available
-(:func:`ffload.bench.ceiling.default_decoder`), no augmentation. ``decode_ceiling /
+(:func:`ffload.bench.peers.ceiling.default_decoder`), no augmentation. ``decode_ceiling /
 dataloader_*`` is the most a loader that decodes every image at full size could reach over that
 peer; ffload decodes the centre square only (its rows up to the square's last, its iMCU columns).
 

@@ -20,7 +20,7 @@ Groups (each measurement in its own subprocess, rounds interleaved, ratios of me
 2. ImageNet-sized, ``RandomResizedCrop(224)`` + flip, batch 128, with the measured full-decode
    ceiling: that many threads decoding the same bytes at full size at once, same run, with the
    fastest decoder available (``decode ceiling (turbojpeg)``: TurboJPEG into a reused buffer,
-   :func:`ffload.bench.ceiling.turbojpeg_decoder`) and with ``cv2.imdecode`` (``decode ceiling
+   :func:`ffload.bench.peers.ceiling.turbojpeg_decoder`) and with ``cv2.imdecode`` (``decode ceiling
    (opencv)``, the ceiling of earlier runs), each with its one-thread rate.
 3. ImageNet-sized, ``CenterCrop(224, ratio=224/256)`` + flip, batch 128.
 4. and 5. (``rrc_rst``, ``center_rst``): groups 2 and 3 on ``photos_rst.beton``, both with the
@@ -60,7 +60,7 @@ from ffload.bench import (  # noqa: E402
     summarize,
     write_results,
 )
-from ffload.bench.ceiling import DECODERS, available_decoders, default_decoder  # noqa: E402
+from ffload.bench.peers.ceiling import DECODERS, available_decoders, default_decoder  # noqa: E402
 
 CIFAR_BATCH, PHOTO_BATCH, CROP, QUALITY = 512, 128, 224, 90
 NO_MARKERS = " [photos.beton, no markers]"

@@ -46,10 +46,10 @@ import torch  # noqa: E402
 
 from ffload.bench.conditions import format_conditions, measurement_conditions  # noqa: E402
 from ffload.formats import open_dataset  # noqa: E402
-from ffload.recipes.cifar10_resnet9 import ensure_writable
 from ffload.recipes.data import CIFAR_MEAN, CIFAR_STD, demo_folder, make_loaders, prepare_data
 from ffload.recipes.report import cost_usd, format_header, format_row, rows_to_dicts, write_json
 from ffload.recipes.resnet9 import resnet9
+from ffload.recipes.run import ensure_writable
 from ffload.recipes.training import RecipeConfig, resolve_device, train_model
 from ffload.recipes.vanilla import VanillaLoader, write_image_folder
 

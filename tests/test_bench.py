@@ -34,7 +34,7 @@ from ffload.bench import (
     rrc_box,
     summarize,
 )
-from ffload.bench.ceiling import DECODERS, default_decoder, load_jpeg_payloads, measure_decode_ceiling
+from ffload.bench.peers.ceiling import DECODERS, default_decoder, load_jpeg_payloads, measure_decode_ceiling
 from ffload.bench.worker import BOOTSTRAP
 from ffload.codecs import jpeg
 from ffload.convert import convert_dataset
@@ -404,7 +404,7 @@ def test_deeplake_stacks_run_on_every_peer(photo_data, pipeline):
     pytest.importorskip("albumentations")
     import torch
 
-    from ffload.bench.baselines import BASELINES
+    from ffload.bench.peers.baselines import BASELINES
     from ffload.bench.runners import RUNNERS
 
     beton, folder, n = photo_data
@@ -429,7 +429,7 @@ def test_deeplake_stacks_run_on_every_peer(photo_data, pipeline):
 
 
 def test_pil_perspective_coefficients_map_end_points_to_corners():
-    from ffload.bench.baselines import _perspective_coeffs
+    from ffload.bench.peers.baselines import _perspective_coeffs
 
     start = [(0, 0), (47, 0), (47, 47), (0, 47)]
     end = [(5, 3), (40, 7), (44, 45), (2, 41)]

@@ -117,7 +117,7 @@ def test_page_pool_serves_quasi_random_order_from_fixed_slots(tmp_path, suffix, 
     # about 29 pages of 2 MiB, a pool of 9 or 10 page slots: each slot's memory is allocated once
     # and reused (an LMDB slot also holds the bytes its page's last record runs over by; LMDB
     # views get the .beton's 2 MiB pages here, not their default 8 MiB)
-    monkeypatch.setattr("ffload.formats.lmdb_format.PROCESS_CACHE_PAGE", 1 << 21)
+    monkeypatch.setattr("ffload.formats.lmdb.reader.PROCESS_CACHE_PAGE", 1 << 21)
     n, limit = 2000, 20 << 20
     path = write_dataset(str(tmp_path / f"pool.{suffix}"), {"blob": BytesField()},
                          ((stamped(i),) for i in range(n)), n, page_size=1 << 21)

@@ -242,10 +242,11 @@ def _lmdb_disk_full():
                                           (".lmdb", lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
                                           (".lmdb", _lmdb_disk_full)])
 def test_full_disk_leaves_nothing(tmp_path, monkeypatch, suffix, error):
-    from ffload.formats import beton, lmdb_format
+    from ffload.formats import beton
+    from ffload.formats.lmdb import writer as lmdb_writer
 
     calls = {"n": 0}
-    cls = beton.BetonWriter if suffix == ".beton" else lmdb_format.LMDBWriter
+    cls = beton.BetonWriter if suffix == ".beton" else lmdb_writer.LMDBWriter
     original = cls.add
 
     def add(self, *args):

@@ -93,7 +93,7 @@ def _run_rounds(repeats):
 
 
 def _ceiling(payloads, threads=1):
-    from ffload.bench.ceiling import measure_decode_ceiling
+    from ffload.bench.peers.ceiling import measure_decode_ceiling
     return measure_decode_ceiling(payloads, threads, 1, lambda payload: None, names=["sample 2"])
 
 

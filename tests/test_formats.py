@@ -563,7 +563,7 @@ def test_lmdb_open_reads_no_sample_values(tmp_path, version):
     the cold-open cost on a disk."""
     import mmap
 
-    from ffload.formats.lmdb_format import SPOT_CHECKS
+    from ffload.formats.lmdb.reader import SPOT_CHECKS
     n = 400
     rows = [(np.full((128, 170, 3), i % 251, np.uint8), i) for i in range(n)]
     path = write_dataset(str(tmp_path / "cold.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, n)
@@ -626,7 +626,7 @@ def test_lmdb_corrupt_metadata_record_refused(tmp_path, change, message):
 @pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
 def test_writer_commits_on_exit_and_aborts_on_error(tmp_path, suffix):
     from ffload.formats.beton import BetonWriter
-    from ffload.formats.lmdb_format import LMDBWriter
+    from ffload.formats.lmdb.writer import LMDBWriter
 
     cls = BetonWriter if suffix == ".beton" else LMDBWriter
     fields = {"label": IntField(), "blob": BytesField()}
@@ -684,7 +684,7 @@ def test_lmdb_offsets_come_from_lmdbs_own_mapping_when_the_file_is_mapped_twice(
     offsets must be taken against LMDB's mapping, the one holding the values it returns."""
     import lmdb
 
-    from ffload.formats.lmdb_format import _address, _lmdb_map_base
+    from ffload.formats.lmdb.mapping import address, lmdb_map_base
 
     rows = [(np.full((8, 8, 3), i, np.uint8), i) for i in range(5)]
     dst = write_dataset(str(tmp_path / "twice.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, 5)
@@ -693,10 +693,10 @@ def test_lmdb_offsets_come_from_lmdbs_own_mapping_when_the_file_is_mapped_twice(
     env = lmdb.open(dst, readonly=True, lock=False)
     with env.begin(buffers=True) as txn:
         value = txn.get(b"__ffload__")
-        lmdb_base = _lmdb_map_base(data_path, _address(value))
+        lmdb_base = lmdb_map_base(data_path, address(value))
         assert lmdb_base is not None and lmdb_base != other.ctypes.data
-        assert _lmdb_map_base(data_path, other.ctypes.data + 10) == other.ctypes.data
-        assert bytes(value) == bytes(np.asarray(other[_address(value) - lmdb_base:][:len(value)]))
+        assert lmdb_map_base(data_path, other.ctypes.data + 10) == other.ctypes.data
+        assert bytes(value) == bytes(np.asarray(other[address(value) - lmdb_base:][:len(value)]))
     env.close()
     view = open_dataset(dst)
     for i in range(5):
@@ -747,12 +747,13 @@ def test_lmdb_leaf_node_pointing_past_the_file_is_refused_before_lmdb_reads_it(t
     path = write_dataset(str(tmp_path / "n.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, n)
     import lmdb
 
-    from ffload.formats.lmdb_format import PLACES_KEY, _address, _lmdb_map_base
+    from ffload.formats.lmdb.layout import PLACES_KEY
+    from ffload.formats.lmdb.mapping import address, lmdb_map_base
     data_path = os.path.join(path, "data.mdb")
     env = lmdb.open(path, readonly=True, lock=False)
     with env.begin(buffers=True) as txn:  # the live leaf node: its key lies just before its value
         value = txn.get(PLACES_KEY)
-        key = _address(value) - _lmdb_map_base(data_path, _address(value)) - len(PLACES_KEY)
+        key = address(value) - lmdb_map_base(data_path, address(value)) - len(PLACES_KEY)
     env.close()
     raw = bytearray(Path(data_path).read_bytes())
     assert raw[key:key + len(PLACES_KEY)] == PLACES_KEY

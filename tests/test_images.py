@@ -451,7 +451,7 @@ def test_sixty_four_bit_integer_tiff_is_unsupported_not_overflowed():
 
 
 def test_out_of_memory_is_not_reported_as_a_corrupt_file(photo, monkeypatch):
-    import ffload.convert.images as images
+    import ffload.convert.images._decode as images
 
     def no_memory(*args):
         raise MemoryError

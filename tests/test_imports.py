@@ -108,9 +108,9 @@ def import_graph() -> dict[str, set[str]]:
     return {name: imported_modules(name, path, modules) for name, path in modules.items()}
 
 
-def test_no_import_cycle():
-    # parsed in a fresh interpreter: CPython 3.11.7's AST constructor is not thread-safe, and
-    # threads that earlier tests leave behind (ffcv's, numba's) make ast.parse fail at random here
+def graph_in_a_fresh_interpreter() -> dict[str, set[str]]:
+    """:func:`import_graph`, parsed in a fresh interpreter: CPython 3.11.7's AST constructor is not thread-safe,
+    and threads that earlier tests leave behind (ffcv's, numba's) make ast.parse fail at random here."""
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from test_imports import import_graph; "
             "print(json.dumps({k: sorted(v) for k, v in import_graph().items()}))")
     proc = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], capture_output=True, text=True,
@@ -118,7 +118,41 @@ def test_no_import_cycle():
     assert proc.returncode == 0, proc.stderr[-3000:]
     graph = {k: set(v) for k, v in json.loads(proc.stdout).items()}
     assert len(graph) > 40 and graph["ffload.convert.sources"]
+    return graph
+
+
+def test_no_import_cycle():
+    graph = graph_in_a_fresh_interpreter()
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+
+
+LAYERS = {  # room -> the rooms none of its modules may reach, directly or through others
+    "ffload._jit": ("ffload.codecs", "ffload.formats", "ffload.convert", "ffload.loaders", "ffload.recipes",
+                    "ffload.bench"),
+    "ffload.codecs": ("ffload.formats", "ffload.convert", "ffload.loaders", "ffload.recipes", "ffload.bench"),
+    "ffload.formats": ("ffload.convert", "ffload.loaders", "ffload.recipes", "ffload.bench"),
+    "ffload.convert": ("ffload.loaders", "ffload.recipes", "ffload.bench", "ffload.cli"),
+    "ffload.loaders": ("ffload.convert", "ffload.recipes", "ffload.bench", "ffload.cli"),
+}
+"""The rooms' order (formats <- convert, formats <- loaders <- recipes, codecs shared by both): conversion never
+loads the loaders (nor numba's compiled pipelines), the loaders never the converters."""
+
+
+def test_rooms_import_only_the_rooms_below_them():
+    graph = graph_in_a_fresh_interpreter()
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    for room, forbidden in LAYERS.items():
+        for module in (m for m in graph if m == room or m.startswith(room + ".")):
+            bad = sorted(m for m in reach(module) if m.startswith(tuple(f + "." for f in forbidden) + forbidden))
+            assert not bad, f"{module} reaches {bad[:5]}"
 
 
 # argv: PACKAGE MODULE...; imports each MODULE with no module of PACKAGE loaded before it, prints

@@ -10,7 +10,7 @@ import numpy as np
 
 import ffload
 from ffload.formats import BytesField, IntField, open_dataset
-from ffload.formats.lmdb_format import LMDBWriter
+from ffload.formats.lmdb.writer import LMDBWriter
 
 N, SAMPLE = 200, 30_000
 

@@ -44,6 +44,7 @@ def test_wheel_holds_the_package_and_its_metadata(dists):
     assert dists["wheel"].name == f"ffload-{ffload.__version__}-py3-none-any.whl"
     assert {name.split("/")[0] for name in names} == {"ffload", info}
     assert "ffload/__init__.py" in names and "ffload/loaders/loader.py" in names
+    assert "ffload/py.typed" in names  # PEP 561: checkers use the annotations of the installed package
     assert f"{info}/licenses/LICENSE" in names
     assert meta["Version"] == ffload.__version__ and meta["License-Expression"] == "Apache-2.0"
     assert meta["Requires-Python"] == ">=3.10"

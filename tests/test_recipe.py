@@ -13,9 +13,10 @@ from click.testing import CliRunner
 from sklearn.datasets import load_digits
 
 from ffload.recipes import data as recipe
-from ffload.recipes.cifar10_resnet9 import recipe_command, run_recipe
+from ffload.recipes.cifar10_resnet9 import recipe_command
 from ffload.recipes.data import RecipeError, prepare_data
 from ffload.recipes.resnet9 import resnet9
+from ffload.recipes.run import run_recipe
 from ffload.recipes.training import RecipeConfig, lr_schedule
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

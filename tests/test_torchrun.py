@@ -244,7 +244,8 @@ class _Recorder:
 
 def _run_recipe(data: str, out: str, cache: str, workers: str) -> None:
     """The recipe's command line with ``--distributed``, its loaders wrapped in recorders."""
-    from ffload.recipes import cifar10_resnet9 as recipe
+    from ffload.recipes import run as recipe
+    from ffload.recipes.cifar10_resnet9 import recipe_command
 
     recorders = []
     make_loaders = recipe.make_loaders
@@ -257,7 +258,7 @@ def _run_recipe(data: str, out: str, cache: str, workers: str) -> None:
     args = ["--data", data, "--out", out, "--cache-dir", cache, "--num-workers", workers,
             "--epochs", EPOCHS, "--batch-size", GLOBAL_BATCH, "--width", 0.25, "--seed", SEED,
             "--device", "cpu", "--no-progress", "--distributed"]
-    recipe.recipe_command.main(args=list(map(str, args)), standalone_mode=False)
+    recipe_command.main(args=list(map(str, args)), standalone_mode=False)
     rank = int(os.environ["RANK"])
     train, test = recorders
     np.save(Path(out) / f"rank{rank}-train.npy", np.stack([np.concatenate(e) for e in train.epochs]))
@@ -330,7 +331,7 @@ def _ray_train(data: str, out: str) -> None:
     from ray.train.torch import TorchTrainer
 
     def train_fn(config):
-        from ffload.recipes.cifar10_resnet9 import run_recipe
+        from ffload.recipes.run import run_recipe
         from ffload.recipes.training import RecipeConfig
 
         run_recipe(config["data"], config["out"], RecipeConfig(epochs=1, batch_size=GLOBAL_BATCH,

@@ -18,7 +18,7 @@ imports, JIT compilation, threads and memory of one measurement do not leak into
   probability 0.5, ``uint8`` HWC tensors (torchvision's ``PILToTensor`` without the transpose).
 * ``decode_ceiling``: the dataset's JPEG payloads, held in memory, decoded at full size by the
   fastest decoder available (TurboJPEG into a reused buffer, else ``cv2.imdecode``;
-  :func:`ffload.bench.ceiling.default_decoder`),
+  :func:`ffload.bench.peers.ceiling.default_decoder`),
   measured twice in the same process: by ``num_workers`` threads at once (the row's ``img_s``,
   the ceiling the ratios use) and by one thread (the row ``<name> (1 thread)``).
 
@@ -31,22 +31,32 @@ kinds (ffload, ffcv, dataloader, ffload, ...) so that machine noise hits all ali
 :func:`summarize` takes medians over rounds and :func:`compute_ratios` divides medians of the
 same invocation. Every report records its conditions (:func:`measurement_conditions`).
 
-Modules: ``config`` (:class:`BenchConfig`, kinds, pipelines), ``pipelines`` (operation lists,
-crop boxes), ``measurement`` (result types, clocks, RSS), ``baselines`` (every peer loader),
-``ceiling`` (the measured decode ceiling), ``runners`` (one measurement in-process),
-``worker`` / ``harness`` (subprocess per measurement, interleaved rounds), ``summary``
-(medians, ratios), ``report`` (tables, plot), ``conditions`` (versions, commit, CPUs, device),
-``plan`` (what ``ffload bench`` measures), ``cli`` (the command).
+Modules, the harness of ``ffload bench`` first:
+
+* ``cli``: the command.
+* ``plan``: what one invocation measures (dataset, pipeline, configs).
+* ``config``: :class:`BenchConfig`, the loader kinds and the pipelines.
+* ``pipelines``: the operation lists every loader runs, the PIL baseline's crop boxes.
+* ``harness``: a subprocess per measurement, interleaved rounds.
+* ``worker``: the measurement subprocess' entry.
+* ``runners``: one measurement in-process (the ffload ``Loader``, dispatch to the peers).
+* ``measurement``: result types, the epoch clock, RSS.
+* ``summary``: medians over rounds, ratios.
+* ``report``: markdown tables, the plot, the results files.
+* ``conditions``: versions, git commit, CPUs, device.
+* ``datasets``: the ImageNet-sized photo folder and CIFAR-sized crops the bench scripts build.
+* ``peers/baselines``: ffcv's ``Loader`` and the ``DataLoader`` baselines.
+* ``peers/ceiling``: the measured JPEG decode ceiling and its decoders.
 """
 from __future__ import annotations
 
-from .baselines import ArrayImages, PILImageFolder
-from .ceiling import DECODERS, measure_decode_ceiling
 from .cli import bench_command
 from .conditions import format_conditions, measurement_conditions
 from .config import CENTER_RATIO, DEFAULT_BATCH_SIZE, KINDS, PIPELINES, BenchConfig
 from .harness import measure, run_rounds
 from .measurement import Measurement
+from .peers.baselines import ArrayImages, PILImageFolder
+from .peers.ceiling import DECODERS, measure_decode_ceiling
 from .pipelines import center_box, rrc_box
 from .plan import choose_pipeline, describe_dataset, ffcv_available, plan_configs
 from .report import format_ratios, format_rows, plot_throughput, write_results

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
-from .ceiling import DECODERS, default_decoder
+from .peers.ceiling import DECODERS, default_decoder
 
 KINDS = {
     "ffload": "ffload Loader",
@@ -66,8 +66,8 @@ class BenchConfig:
         name: the row label (default: ``kind``); rows with equal names and worker counts are
             aggregated over rounds.
         decoder: ``decode_ceiling``'s JPEG decoder, a key of
-            :data:`ffload.bench.ceiling.DECODERS` (default: the fastest available,
-            :func:`~ffload.bench.ceiling.default_decoder`).
+            :data:`ffload.bench.peers.ceiling.DECODERS` (default: the fastest available,
+            :func:`~ffload.bench.peers.ceiling.default_decoder`).
         fast_dct: ffload's RGB decoders use libjpeg-turbo's fast IDCT (their ``fast_dct``
             argument; ffcv 1.0.2 always does). ``ffload`` kind only.
 

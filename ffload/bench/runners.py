@@ -1,6 +1,6 @@
 """One measurement in this process (meant for a fresh subprocess, see
 :func:`ffload.bench.harness.measure`): the ffload ``Loader``, a peer from
-:mod:`ffload.bench.baselines`, or the decode ceiling; each runner returns a typed result that
+:mod:`ffload.bench.peers.baselines`, or the decode ceiling; each runner returns a typed result that
 :func:`run_worker` turns into a :class:`Measurement`.
 
 Nothing here imports ``ffload`` at module level: the worker loads this package by path, so that
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from .baselines import BASELINES
-from .ceiling import DECODERS, load_jpeg_payloads, measure_decode_ceiling
 from .config import BenchConfig
 from .measurement import LoaderSetup, Measurement, median_after_warmup, peak_rss_mb, time_epochs
+from .peers.baselines import BASELINES
+from .peers.ceiling import DECODERS, load_jpeg_payloads, measure_decode_ceiling
 from .pipelines import build_pipelines
 
 

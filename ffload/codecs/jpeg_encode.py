@@ -1,8 +1,7 @@
-"""JPEG encoding for conversion: libjpeg(-turbo) through OpenCV (no numba), so that importing it
-stays light; the decoders live in :mod:`.jpeg` and :mod:`.turbojpeg`."""
+"""JPEG encoding for conversion: libjpeg(-turbo) through OpenCV (no numba; OpenCV imported on the first
+encode), so that importing it stays light; the decoders live in :mod:`.jpeg` and :mod:`.turbojpeg`."""
 from __future__ import annotations
 
-import cv2
 import numpy as np
 
 from ffload.errors import FieldError
@@ -14,6 +13,8 @@ def encode_jpeg(image: np.ndarray, quality: int, restart_interval: int = 0) -> n
 
     Returns the file bytes as a 1-D uint8 array. Raises FieldError if OpenCV refuses.
     """
+    import cv2
+
     ok, data = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
                             [int(cv2.IMWRITE_JPEG_QUALITY), int(quality),
                              int(cv2.IMWRITE_JPEG_RST_INTERVAL), int(restart_interval)])

@@ -16,12 +16,22 @@ into ``.beton`` files and LMDB databases: sources, image normalisation, parallel
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ffload.lazy import lazy_getattr
 
-_MODULES = {  # public name -> the submodule defining (or importing) it
-    "convert_dataset": "convert",
-    **dict.fromkeys(["ConvertOptions", "image_fields"], "options"),
-    **dict.fromkeys(["ConvertReport", "ConvertError"], "conversion"),
+if TYPE_CHECKING:
+    from ffload.convert.conversion import ConvertReport as ConvertReport
+    from ffload.convert.convert import convert_dataset as convert_dataset
+    from ffload.convert.options import ConvertOptions as ConvertOptions
+    from ffload.convert.options import image_fields as image_fields
+    from ffload.errors import ConvertError as ConvertError
+
+_MODULES = {  # public name -> the module defining it
+    "convert_dataset": "ffload.convert.convert",
+    **dict.fromkeys(["ConvertOptions", "image_fields"], "ffload.convert.options"),
+    "ConvertReport": "ffload.convert.conversion",
+    "ConvertError": "ffload.errors",
 }
 
 __getattr__ = lazy_getattr(__name__, _MODULES, globals())

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 from ffload.convert.conversion import Conversion, ConvertReport
 from ffload.convert.encode import encoded_chunks
@@ -24,9 +25,15 @@ from ffload.formats import format_for_path
 from ffload.formats.shards import MANIFEST, check_shard_size_arguments
 from ffload.storage import is_remote
 
+if TYPE_CHECKING:
+    from ffload.convert.sources.base import Source
 
-def convert_dataset(source, dst: str, *, options: ConvertOptions | None = None, **keywords) -> ConvertReport:
-    """Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix;
+
+def convert_dataset(source: str | os.PathLike[str] | Source, dst: str, *, options: ConvertOptions | None = None,
+                    **keywords: Any) -> ConvertReport:
+    """Convert an image source into a ``.beton`` file, an ``.lmdb`` directory or ``.beton`` shards.
+
+    Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix;
     with ``shard_size``, a directory of ``.beton`` shards and a manifest).
 
     Args:

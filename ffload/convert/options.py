@@ -29,7 +29,9 @@ def image_fields(write_mode: str = "raw", max_resolution: int | None = None, jpe
                  smart_threshold: int | None = None,
                  compress_probability: float = 0.5,
                  jpeg_restart_interval: int | None = None) -> dict[str, Field]:
-    """The fields of an image-classification dataset: ``image`` (RGBImageField) then ``label``
+    """The fields of an image-classification dataset: ``image`` (RGBImageField) then ``label`` (IntField).
+
+    The fields of an image-classification dataset: ``image`` (RGBImageField) then ``label``
     (IntField), the order of FFCV's examples. Raises ConfigurationError naming a bad argument
     (RGBImageField's checks)."""
     return {"image": RGBImageField(write_mode, max_resolution, smart_threshold, jpeg_quality,
@@ -39,7 +41,9 @@ def image_fields(write_mode: str = "raw", max_resolution: int | None = None, jpe
 
 @dataclasses.dataclass(frozen=True)
 class ConvertOptions:
-    """The options of :func:`ffload.convert.convert_dataset` (its keyword arguments, same names
+    """The options of :func:`~ffload.convert.convert_dataset` and of ``ffload convert``, checked when built.
+
+    The options of :func:`ffload.convert.convert_dataset` (its keyword arguments, same names
     and defaults) and of ``ffload convert``. Checked when built: a bad value raises
     ConfigurationError naming the option.
 

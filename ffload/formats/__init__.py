@@ -2,7 +2,7 @@
 datasets (a directory of ``.beton`` shards and a JSON manifest, ``shards.py``).
 
 ``open_dataset(path)`` returns the :class:`DatasetView` the loader reads; ``dataset_writer`` and
-``write_dataset`` create files atomically. See ``beton.py`` and ``lmdb_format.py`` for the layouts.
+``write_dataset`` create files atomically. See ``beton.py`` and ``lmdb/`` (its package docstring) for the layouts.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ffload.formats.fields.bytes import BytesField, JSONField
 from ffload.formats.fields.image import ImageArrayField, RGBImageField, image_sizes
 from ffload.formats.fields.ndarray import NDArrayField, RaggedArrayField
 from ffload.formats.fields.scalars import FloatField, IntField
-from ffload.formats.lmdb_format import open_lmdb
+from ffload.formats.lmdb.reader import open_lmdb
 from ffload.formats.shards import is_sharded, manifest_location, open_sharded
 from ffload.formats.view import DatasetError, DatasetView
 from ffload.limits import DEFAULT_MAX_PIXELS
@@ -34,7 +34,9 @@ __all__ = ["open_dataset", "write_dataset", "dataset_writer", "format_for_path",
 
 def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS,
                  storage_options: dict | None = None) -> DatasetView:
-    """Open a ``.beton`` file, an ffload LMDB directory or a sharded dataset for reading (format
+    """Open a ``.beton`` file, an LMDB directory or a sharded dataset (format detected from the contents).
+
+    Open a ``.beton`` file, an ffload LMDB directory or a sharded dataset for reading (format
     detected from the contents, not the name).
 
     Args:
@@ -128,7 +130,9 @@ def _check_image_pixels(view: DatasetView, max_pixels: int) -> None:
 def write_dataset(dst: str, fields: dict[str, Field], samples: Iterable[Sequence], num_samples: int,
                   overwrite: bool = False, page_size: int | None = None, info: dict | None = None,
                   shard_size: int | str | None = None) -> str:
-    """Encode ``samples`` (tuples of values in field order) in this process and write ``dst``
+    """Encode ``samples`` in this process and write them to ``dst`` atomically.
+
+    Encode ``samples`` (tuples of values in field order) in this process and write ``dst``
     (``.beton`` or ``.lmdb`` by suffix; with ``shard_size`` (bytes or ``"1GB"``) a directory of
     ``.beton`` shards and a manifest, :mod:`.shards`) atomically. For large image datasets use
     :func:`ffload.convert.convert_dataset`, which encodes in parallel. ``info`` is a dataset-level

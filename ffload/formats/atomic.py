@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from ffload.errors import ConfigurationError, DatasetBusyError
 from ffload.formats.beton import DEFAULT_PAGE_SIZE, BetonWriter
 from ffload.formats.fields.base import Field
-from ffload.formats.lmdb_format import LMDBWriter
+from ffload.formats.lmdb.writer import LMDBWriter
 from ffload.formats.shards import ShardedWriter, check_destination
 from ffload.formats.writer import DatasetWriter
 
@@ -219,7 +219,9 @@ def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwri
                    page_size: int | None = None, tmp: str | None = None,
                    open_writer: Callable[[str], DatasetWriter] | None = None,
                    info: dict | None = None, shard_size: int | str | None = None) -> Iterator[DatasetWriter]:
-    """Context manager yielding a :class:`~.writer.DatasetWriter` (``add(index, metas,
+    """Context manager yielding a :class:`~.writer.DatasetWriter` that writes ``dst`` atomically.
+
+    Context manager yielding a :class:`~.writer.DatasetWriter` (``add(index, metas,
     payloads)``) for ``dst``, with the guarantees of the module docstring.
 
     The format comes from ``dst``'s suffix (``.beton`` file or ``.lmdb`` directory). On normal

@@ -4,7 +4,7 @@ when one of its strings is read), or an LMDB database's :data:`~.origins.ORIGINS
 from __future__ import annotations
 
 from ffload.formats.byteranges import LocalBytes, MemoryBytes
-from ffload.formats.lmdb_format import read_origins_value
+from ffload.formats.lmdb.reader import read_origins_value
 from ffload.formats.origins import OriginBlock, Origins
 from ffload.formats.view import DatasetView, dataset_error
 

@@ -63,7 +63,7 @@ SIGBUS, as before (the size check before each batch narrows the window to one ba
 What is guarded: every :class:`~.shardio.FileMapping` (a ``.beton``'s or ``data.mdb``'s data
 region, a sharded dataset's shards: ``DatasetView.open_region()``), which the loader, ``verify``,
 ``inspect`` and ``export`` read; and py-lmdb's own map of ``data.mdb`` while a database is
-opened (:func:`~.lmdb_format.open_lmdb` registers it once the first record's address tells where
+opened (:func:`~.lmdb.reader.open_lmdb` registers it once the first record's address tells where
 it is; LMDB's first lookup, of the metadata record, comes before that and stays unguarded). After
 the open nothing reads LMDB's map; if it was zeroed, it stays so while the process's shared
 environment of that database lives (a still-short file is refused at the next open).

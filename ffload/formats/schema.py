@@ -1,12 +1,12 @@
 """The JSON type and range of every value in the JSON documents ffload's formats store, checked in one place.
 
-An LMDB dataset's metadata record (:mod:`.lmdb_format`) and a sharded dataset's manifest (:mod:`.shards`) are
+An LMDB dataset's metadata record (:mod:`.lmdb`) and a sharded dataset's manifest (:mod:`.shards`) are
 JSON written by ffload, read back from files anyone may have edited. Their readers call :func:`check_document`
 with the document's :data:`Schema` once, before using any value, so that a value of the wrong JSON type (a string
 ``record_size``, a list where an object belongs, ``true`` for an integer, a missing key, a negative count) is a
 :class:`~ffload.errors.FormatError` naming the file, the key and what it should be, and never a ``ValueError`` or
 ``AttributeError`` from deep inside the reader. The fields' descriptors, shared by both documents, are checked by
-:func:`check_field_specs` (their arguments by the field classes themselves, see :func:`.lmdb_format.fields_from_specs`).
+:func:`check_field_specs` (their arguments by the field classes themselves, see :func:`.lmdb.descriptors.fields_from_specs`).
 JSON types follow RFC 8259 as Python's :mod:`json` reads them (``true`` is not a number here).
 """
 from __future__ import annotations
@@ -80,7 +80,7 @@ FIELD_SPEC: Schema = {
     "type_id": Value((int,), low=0, high=255),
     "arguments": Value((dict,), required=False),
 }
-"""One field descriptor (:func:`.lmdb_format.field_specs`); ``type_id`` must also be the type's own."""
+"""One field descriptor (:func:`.lmdb.descriptors.field_specs`); ``type_id`` must also be the type's own."""
 
 
 def check_document(where: str, doc: Any, schema: Schema, what: str) -> dict:

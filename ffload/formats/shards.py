@@ -17,7 +17,7 @@ sample larger than that alone gets a shard of its own). The manifest::
      "info": {"classes": [...]},
      "shards": [{"path": "shard-00000.beton", "num_samples": n0, "bytes": b0, "sha256": "..."}, ...]}
 
-``fields`` are the descriptors LMDB's metadata record holds (:func:`.lmdb_format.field_specs`);
+``fields`` are the descriptors LMDB's metadata record holds (:func:`.lmdb.descriptors.field_specs`);
 ``info`` is the dataset-level object (also stored in every shard); ``path`` is relative to the
 manifest's directory; ``bytes`` and ``sha256`` are the shard file's size and checksum. The whole
 directory is written under a temporary name and renamed into place once complete (see
@@ -54,7 +54,7 @@ from ffload.formats.beton import (
     open_beton,
 )
 from ffload.formats.fields.base import Field, metadata_dtype
-from ffload.formats.lmdb_format import field_specs, fields_from_specs
+from ffload.formats.lmdb.descriptors import field_specs, fields_from_specs
 from ffload.formats.origins import BLOCK_HEAD
 from ffload.formats.schema import Schema, Value, check_document
 from ffload.formats.shardio import ShardedRemote, ShardLayout
@@ -343,7 +343,7 @@ SHARD_SCHEMA: Schema = {
 
 def _load_manifest(where: str, raw: bytes) -> dict:
     """The manifest's JSON object, every value's JSON type and range checked (:data:`MANIFEST_SCHEMA`,
-    :data:`SHARD_SCHEMA`, the fields by :func:`.lmdb_format.fields_from_specs` when the caller builds them);
+    :data:`SHARD_SCHEMA`, the fields by :func:`.lmdb.descriptors.fields_from_specs` when the caller builds them);
     DatasetError naming the cause."""
     try:
         manifest = json.loads(raw.decode("utf8"))

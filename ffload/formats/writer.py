@@ -1,5 +1,5 @@
 """The base of the container writers (``.beton``: :class:`~.beton.BetonWriter`, LMDB:
-:class:`~.lmdb_format.LMDBWriter`): what every container does alike when it is written.
+:class:`~.lmdb.writer.LMDBWriter`): what every container does alike when it is written.
 """
 from __future__ import annotations
 

@@ -216,7 +216,7 @@ class EpochIterator:
     """
 
     def __init__(self, runner: BatchRunner, batches: Sequence[np.ndarray], epoch: int, start: int,
-                 ahead: int, owner=None):
+                 ahead: int, owner: object = None):
         # ``owner`` (the Loader) is kept alive while its iterator is: in ``for b in Loader(...)``
         # nothing else references the loader, whose finalizer would stop the workers.
         self._owner = owner

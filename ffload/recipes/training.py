@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -14,41 +13,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ffload.errors import ConfigurationError
+from ffload.recipes.config import RecipeConfig
 from ffload.recipes.data import RecipeError
 from ffload.recipes.distributed import broadcast_buffers, global_mean, global_sum
 from ffload.recipes.report import EpochStats
 
 __all__ = ["RecipeConfig", "lr_schedule", "evaluate", "train_model", "resolve_device"]
-
-
-@dataclass
-class RecipeConfig:
-    """Hyperparameters (FFCV's CIFAR example, see :mod:`ffload.recipes.cifar10_resnet9`).
-
-    Attributes:
-        epochs: passes over the training set.
-        batch_size: images per step (the last partial training batch is dropped).
-        lr: peak learning rate at batch size 512; the peak used is ``lr * batch_size / 512``.
-        lr_peak_epoch: epoch of the triangle's peak for runs of >= 24 epochs (scaled by
-            ``epochs / 24`` for shorter runs, see :func:`lr_schedule`).
-        momentum, nesterov, weight_decay: SGD's.
-        label_smoothing: of the cross-entropy loss.
-        width: ResNet-9 channel multiplier (1 = the published model).
-        seed: model initialisation, loader order and augmentation seed.
-        tta: average the logits of each test image and its horizontal mirror.
-    """
-
-    epochs: int = 24
-    batch_size: int = 512
-    lr: float = 0.5
-    lr_peak_epoch: float = 5.0
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 5e-4
-    label_smoothing: float = 0.1
-    width: float = 1.0
-    seed: int = 0
-    tta: bool = True
 
 
 # --------------------------------------------------------------------------- training

@@ -131,15 +131,15 @@ os.mkdir(os.path.join(root, "out"))
 fails("export", lambda: export_webdataset(view, os.path.join(root, "out", "s-%03d.tar")))
 print("exported", sorted(os.listdir(os.path.join(root, "out"))))
 
-from ffload.formats import lmdb_format
+from ffload.formats.lmdb import reader
 data = write(os.path.join(root, "f.lmdb"))
-records_table = lmdb_format._records_table
+records_table = reader._records_table
 
 def truncate_then_read(*args):  # LMDB's own map is read after its pages were checked
     os.truncate(data, 8192)  # the two meta pages stay
     return records_table(*args)
 
-lmdb_format._records_table = truncate_then_read
+reader._records_table = truncate_then_read
 fails("lmdb open", lambda: open_dataset(os.path.join(root, "f.lmdb")))
 """
 

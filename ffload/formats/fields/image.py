@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 
-import cv2
 import numpy as np
+import numpy.typing as npt
 
 from ffload.codecs.jpeg_encode import encode_jpeg
 from ffload.errors import ConfigurationError, FieldError
@@ -177,7 +177,9 @@ _PNG_MIN_BYTES = 8 + 25 + 12  # signature, IHDR chunk, IEND chunk
 
 
 class ImageArrayField(BytesExtensionField):
-    """An image of any channel count and depth per sample, stored raw or as a lossless PNG:
+    """An image of any channel count and depth per sample (uint8, uint16, float32), raw or lossless PNG.
+
+    An image of any channel count and depth per sample, stored raw or as a lossless PNG:
     ``(H, W, C)`` of uint8, uint16 or float32 (grayscale ``C = 1`` kept 1 channel, 16-bit depth
     maps, segmentation masks and label maps, N-channel multispectral), sizes varying per sample.
 
@@ -211,7 +213,7 @@ class ImageArrayField(BytesExtensionField):
 
     kind = "image"
 
-    def __init__(self, dtype="uint8", channels: int = 1, compression: str = "raw"):
+    def __init__(self, dtype: npt.DTypeLike = "uint8", channels: int = 1, compression: str = "raw"):
         self.dtype = plain_dtype(dtype, "uf", "ImageArrayField")
         if self.dtype.str not in IMAGE_DTYPES:
             raise ConfigurationError(f"ImageArrayField stores uint8, uint16 or float32, got {self.dtype}")
@@ -260,6 +262,8 @@ class ImageArrayField(BytesExtensionField):
         """``(H, W, C)`` of :attr:`dtype` as PNG file bytes (``(N,) uint8``); FieldError if OpenCV refuses."""
         if max(arr.shape[:2]) > 0x7FFFFFFF:
             raise FieldError(f"ImageArrayField image of shape {arr.shape} is too large for PNG")
+        import cv2  # on first use: listing or opening a dataset does not load OpenCV
+
         bgr = arr[:, :, 0] if self.channels == 1 else arr[:, :, _BGR_ORDER[self.channels]]
         try:
             ok, data = cv2.imencode(".png", np.ascontiguousarray(bgr))
@@ -280,6 +284,8 @@ class ImageArrayField(BytesExtensionField):
         data = np.frombuffer(payload, dtype=np.uint8)
         if data.size < _PNG_MIN_BYTES or data[:8].tobytes() != PNG_SIGNATURE:
             raise FieldError(f"corrupt PNG ({data.size} bytes): no PNG signature")
+        import cv2
+
         try:
             arr = cv2.imdecode(data, cv2.IMREAD_UNCHANGED)
         except cv2.error as e:
@@ -389,4 +395,6 @@ def resize_to_max_resolution(image: np.ndarray, max_resolution: int | None) -> n
     if ratio >= 1:
         return image
     new_w, new_h = max(1, int(ratio * w)), max(1, int(ratio * h))
+    import cv2
+
     return cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_AREA)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from ffload.errors import ConfigurationError, FieldError
 from ffload.formats.fields.base import ARG_SIZE, MAX_PAYLOAD, Field, plain_dtype
@@ -32,7 +34,7 @@ class NDArrayField(Field):
     metadata_type = np.dtype("<u8")
     ptr_name = ""
 
-    def __init__(self, dtype, shape):
+    def __init__(self, dtype: npt.DTypeLike, shape: Sequence[int]):
         self.dtype = np.dtype(dtype)
         self.shape = tuple(int(s) for s in shape)
         if not 1 <= len(self.shape) <= 32 or min(self.shape) < 1:
@@ -123,7 +125,9 @@ def cast_values(arr: np.ndarray, dtype: np.dtype, owner: str) -> np.ndarray:
 
 
 class RaggedArrayField(BytesExtensionField):
-    """A variable-length array per sample: shape ``(K, *inner_shape)`` with ``K >= 0`` varying per
+    """A variable-length array per sample: shape ``(K, *inner_shape)``, ``K >= 0`` varying per sample.
+
+    A variable-length array per sample: shape ``(K, *inner_shape)`` with ``K >= 0`` varying per
     sample (multi-label targets ``(K,) int``, boxes ``(K, 4) float32``, keypoints ``(K, 17, 3)``).
 
     On disk (ffload extension, see ``docs/fields.md``): FFCV's BytesField (type id 3) with the
@@ -144,7 +148,7 @@ class RaggedArrayField(BytesExtensionField):
 
     kind = "ragged"
 
-    def __init__(self, dtype, inner_shape=()):
+    def __init__(self, dtype: npt.DTypeLike, inner_shape: Sequence[int] = ()):
         self.dtype = plain_dtype(dtype, "biufc", "RaggedArrayField")
         self.inner_shape = tuple(int(s) for s in inner_shape)
         if len(self.inner_shape) > 31 or (self.inner_shape and min(self.inner_shape) < 1):

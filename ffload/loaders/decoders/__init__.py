@@ -21,18 +21,34 @@ module on first use (numba, libjpeg-turbo); inside ffload, import from the defin
 """
 from __future__ import annotations
 
-from ffload.lazy import lazy_getattr
+from typing import TYPE_CHECKING
 
-_MODULES = {  # public name -> the submodule defining it; imported on first use (numba)
-    **dict.fromkeys(["BytesDecoder", "FloatDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder",
-                     "RaggedLengthDecoder"], "basics"),
-    **dict.fromkeys(["CenterCropRGBImageDecoder", "RandomResizedCropRGBImageDecoder", "ResizeRGBImageDecoder",
-                     "SimpleRGBImageDecoder"], "rgb"),
-    **dict.fromkeys(["CenterCropImageArrayDecoder", "ImageArrayDecoder", "RandomCropImageArrayDecoder"],
-                    "image_array"),
-    **dict.fromkeys(["BoxCountDecoder", "FollowBoxes", "MaskDecoder", "TransformBoxes"], "targets"),
-    "Decoder": "base",
-}
+from ffload.decoders import _MODULES as _DECODERS
+from ffload.lazy import lazy_getattr
+from ffload.transforms import _MODULES as _TRANSFORMS
+
+if TYPE_CHECKING:
+    from ffload.loaders.decoders.base import Decoder as Decoder
+    from ffload.loaders.decoders.basics import BytesDecoder as BytesDecoder
+    from ffload.loaders.decoders.basics import FloatDecoder as FloatDecoder
+    from ffload.loaders.decoders.basics import IntDecoder as IntDecoder
+    from ffload.loaders.decoders.basics import NDArrayDecoder as NDArrayDecoder
+    from ffload.loaders.decoders.basics import RaggedArrayDecoder as RaggedArrayDecoder
+    from ffload.loaders.decoders.basics import RaggedLengthDecoder as RaggedLengthDecoder
+    from ffload.loaders.decoders.image_array import CenterCropImageArrayDecoder as CenterCropImageArrayDecoder
+    from ffload.loaders.decoders.image_array import ImageArrayDecoder as ImageArrayDecoder
+    from ffload.loaders.decoders.image_array import RandomCropImageArrayDecoder as RandomCropImageArrayDecoder
+    from ffload.loaders.decoders.rgb import CenterCropRGBImageDecoder as CenterCropRGBImageDecoder
+    from ffload.loaders.decoders.rgb import RandomResizedCropRGBImageDecoder as RandomResizedCropRGBImageDecoder
+    from ffload.loaders.decoders.rgb import ResizeRGBImageDecoder as ResizeRGBImageDecoder
+    from ffload.loaders.decoders.rgb import SimpleRGBImageDecoder as SimpleRGBImageDecoder
+    from ffload.loaders.decoders.targets import BoxCountDecoder as BoxCountDecoder
+    from ffload.loaders.decoders.targets import FollowBoxes as FollowBoxes
+    from ffload.loaders.decoders.targets import MaskDecoder as MaskDecoder
+    from ffload.loaders.decoders.targets import TransformBoxes as TransformBoxes
+
+# public name -> the module defining it: the names of ffload.decoders and ffload.transforms defined here
+_MODULES = {name: module for name, module in {**_DECODERS, **_TRANSFORMS}.items() if module.startswith(f"{__name__}.")}
 
 __getattr__ = lazy_getattr(__name__, _MODULES, globals())
 

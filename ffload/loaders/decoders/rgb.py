@@ -183,7 +183,9 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
 
 class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
-    """Random crop then resize, for images of any size (FFCV's
+    """Decode RGB images with a random crop then a resize (FFCV's ``RandomResizedCropRGBImageDecoder``).
+
+    Random crop then resize, for images of any size (FFCV's
     ``RandomResizedCropRGBImageDecoder``, boxes drawn with torchvision's
     ``RandomResizedCrop.get_params`` rule: the box is drawn in
     :func:`ffload.loaders.decoders.crops.random_resized_crop_boxes`).
@@ -231,7 +233,9 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 
 
 class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
-    """Resize the whole image to ``output_size``, for images of any size (torchvision's
+    """Decode RGB images resized whole to ``output_size`` (torchvision's ``Resize((h, w))``).
+
+    Resize the whole image to ``output_size``, for images of any size (torchvision's
     ``Resize((h, w))`` with a ``(height, width)`` size: both sides set, the aspect ratio is not
     kept; FFCV has no such decoder).
 

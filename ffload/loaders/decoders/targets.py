@@ -193,7 +193,9 @@ class TransformBoxes(Operation):
 
 
 class BoxCountDecoder(Decoder):
-    """Per sample ``() int64``: the boxes :class:`TransformBoxes` kept in pipeline ``boxes`` (use
+    """Decode the number of boxes :class:`TransformBoxes` kept per sample, ``() int64``.
+
+    Per sample ``() int64``: the boxes :class:`TransformBoxes` kept in pipeline ``boxes`` (use
     it on a ``custom_field_mapper`` view of the boxes field, which runs after it).
 
     Args:
@@ -255,7 +257,9 @@ def keep_rows(flat, batch, k_max, row_bytes, lengths, stored, counts, kept, pad)
 
 
 class FollowBoxes(Operation):
-    """Drop the rows of a per-box field that :class:`TransformBoxes` of pipeline ``boxes``
+    """Drop the rows of a per-box field that :class:`TransformBoxes` dropped, to stay aligned with the boxes.
+
+    Drop the rows of a per-box field that :class:`TransformBoxes` of pipeline ``boxes``
     dropped, so that labels (or any ``(K, ...)`` ragged field stored row by row with the boxes:
     class ids, ``iscrowd``, areas, keypoints) stay aligned with the boxes kept. The counterpart of
     Albumentations' ``BboxParams(label_fields=[...])`` and torchvision v2's
@@ -281,7 +285,7 @@ class FollowBoxes(Operation):
         FormatError (call): a sample whose row count is not its boxes' count, naming the field and sample.
     """
 
-    def __init__(self, boxes: str, fill=0):
+    def __init__(self, boxes: str, fill: float = 0):
         if not isinstance(boxes, str):
             raise ConfigurationError(f"FollowBoxes: boxes must be the name of a pipeline, got {boxes!r}")
         self.boxes, self.fill = boxes, fill
@@ -403,7 +407,9 @@ def sample_masks(indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, h
 
 
 class MaskDecoder(Decoder):
-    """Decode an ImageArrayField mask or label map with the geometry of the image pipeline
+    """Decode an ImageArrayField mask or label map with the geometry of an image pipeline.
+
+    Decode an ImageArrayField mask or label map with the geometry of the image pipeline
     ``image``: per sample ``(out_h, out_w, C)`` of the stored dtype (uint8, uint16, float32; ``C``
     as stored), ``(out_h, out_w)`` the image's decoded size; the same crop, resize and flips as
     the image, by nearest neighbour (:func:`sample_masks`), so label values are never mixed.
@@ -430,7 +436,7 @@ class MaskDecoder(Decoder):
 
     field_types = (ImageArrayField,)
 
-    def __init__(self, image: str, fill=0):
+    def __init__(self, image: str, fill: float = 0):
         if not isinstance(image, str):
             raise ConfigurationError(f"MaskDecoder: image must be the name of an image pipeline, got {image!r}")
         self.image, self.fill = image, fill

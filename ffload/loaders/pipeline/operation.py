@@ -97,7 +97,9 @@ class BatchContext:
 
 
 class Operation:
-    """One stage of a field pipeline. ffload's own protocol (FFCV's ``Operation`` is similar in
+    """One stage of a field pipeline.
+
+    ffload's own protocol (FFCV's ``Operation`` is similar in
     spirit, not in its methods). A stage implements:
 
     ``declare(spec, field, view) -> Spec`` — once, when the loader is built

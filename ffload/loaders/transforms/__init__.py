@@ -14,18 +14,34 @@
 """
 from __future__ import annotations
 
-from ffload.lazy import lazy_getattr
+from typing import TYPE_CHECKING
 
-_MODULES = {  # public name -> the submodule defining it; imported on first use (torch, numba)
-    **dict.fromkeys(["RandomHorizontalFlip", "RandomVerticalFlip"], "flip"),
-    **dict.fromkeys(["RandomTranslate", "RandomCrop"], "crop"),
-    **dict.fromkeys(["Cutout", "RandomErasing"], "erase"),
-    **dict.fromkeys(["RandomGrayscale", "ColorJitter", "GaussianBlur"], "color"),
-    **dict.fromkeys(["RandomAffine", "RandomRotation", "RandomPerspective"], "warp"),
-    "NormalizeImage": "normalize",
-    **dict.fromkeys(["ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze"], "torch_ops"),
-    "PythonTransform": "python",
-}
+from ffload.lazy import lazy_getattr
+from ffload.transforms import _MODULES as _TRANSFORMS
+
+if TYPE_CHECKING:
+    from ffload.loaders.transforms.color import ColorJitter as ColorJitter
+    from ffload.loaders.transforms.color import GaussianBlur as GaussianBlur
+    from ffload.loaders.transforms.color import RandomGrayscale as RandomGrayscale
+    from ffload.loaders.transforms.crop import RandomCrop as RandomCrop
+    from ffload.loaders.transforms.crop import RandomTranslate as RandomTranslate
+    from ffload.loaders.transforms.erase import Cutout as Cutout
+    from ffload.loaders.transforms.erase import RandomErasing as RandomErasing
+    from ffload.loaders.transforms.flip import RandomHorizontalFlip as RandomHorizontalFlip
+    from ffload.loaders.transforms.flip import RandomVerticalFlip as RandomVerticalFlip
+    from ffload.loaders.transforms.normalize import NormalizeImage as NormalizeImage
+    from ffload.loaders.transforms.python import PythonTransform as PythonTransform
+    from ffload.loaders.transforms.torch_ops import Convert as Convert
+    from ffload.loaders.transforms.torch_ops import Squeeze as Squeeze
+    from ffload.loaders.transforms.torch_ops import ToDevice as ToDevice
+    from ffload.loaders.transforms.torch_ops import ToTensor as ToTensor
+    from ffload.loaders.transforms.torch_ops import ToTorchImage as ToTorchImage
+    from ffload.loaders.transforms.warp import RandomAffine as RandomAffine
+    from ffload.loaders.transforms.warp import RandomPerspective as RandomPerspective
+    from ffload.loaders.transforms.warp import RandomRotation as RandomRotation
+
+# public name -> the module defining it: the names of ffload.transforms defined here
+_MODULES = {name: module for name, module in _TRANSFORMS.items() if module.startswith(f"{__name__}.")}
 
 __getattr__ = lazy_getattr(__name__, _MODULES, globals())
 

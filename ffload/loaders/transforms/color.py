@@ -54,7 +54,9 @@ def _grayscale(images, seeds, salt, prob):
 
 
 class RandomGrayscale(_RGBTransform):
-    """Replace each RGB image by its luma (``0.2989 R + 0.587 G + 0.114 B``, truncated, in all
+    """Replace RGB images by their luma at random, in place (torchvision's ``RandomGrayscale``).
+
+    Replace each RGB image by its luma (``0.2989 R + 0.587 G + 0.114 B``, truncated, in all
     three channels) with probability ``p``, in place (torchvision's ``RandomGrayscale``).
 
     Raises:
@@ -228,8 +230,7 @@ def _color_jitter(images, params, enabled):
 
 
 class ColorJitter(_RGBTransform):
-    """Randomly change brightness, contrast, saturation and hue, in place (torchvision's
-    ``ColorJitter``).
+    """Randomly change brightness, contrast, saturation and hue, in place (torchvision's ``ColorJitter``).
 
     Per sample: a uniform random order of the four adjustments, then factors ``brightness`` in
     ``[max(0, 1 - b), 1 + b]``, ``contrast`` and ``saturation`` likewise, ``hue`` in ``[-h, h]``
@@ -249,7 +250,8 @@ class ColorJitter(_RGBTransform):
 
     keeps_geometry = True
 
-    def __init__(self, brightness=0.0, contrast=0.0, saturation=0.0, hue=0.0):
+    def __init__(self, brightness: float | Sequence[float] = 0.0, contrast: float | Sequence[float] = 0.0,
+                 saturation: float | Sequence[float] = 0.0, hue: float | Sequence[float] = 0.0):
         self.ranges = np.array([range_pair(brightness, "brightness", 1.0, 0.0), range_pair(contrast, "contrast", 1.0, 0.0),
                                 range_pair(saturation, "saturation", 1.0, 0.0), range_pair(hue, "hue")], dtype=np.float64)
         if not -0.5 <= self.ranges[3, 0] <= self.ranges[3, 1] <= 0.5:
@@ -316,7 +318,9 @@ def _gaussian_blur(images, sigmas, ksize, scratch):
 
 
 class GaussianBlur(NHWCTransform):
-    """Blur each image with a Gaussian of random standard deviation, in place (torchvision's
+    """Blur images with a Gaussian of random standard deviation, in place (torchvision's ``GaussianBlur``).
+
+    Blur each image with a Gaussian of random standard deviation, in place (torchvision's
     ``GaussianBlur``; square kernel).
 
     Per sample ``sigma`` is uniform in ``sigma`` (a pair, pixels); the kernel is

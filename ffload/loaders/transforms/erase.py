@@ -29,7 +29,9 @@ def _cutout(images, seeds, salt, size, fill):
 
 
 class Cutout(FilledTransform):
-    """Fill a random square of each image with ``fill``, in place (Cutout, DeVries & Taylor
+    """Fill a random square of each image with ``fill``, in place (FFCV's ``Cutout``).
+
+    Fill a random square of each image with ``fill``, in place (Cutout, DeVries & Taylor
     2017, https://arxiv.org/abs/1708.04552, with FFCV 1.0.2's placement).
 
     The square has side ``crop_size``; its top-left corner ``(y0, x0)`` is uniform over the
@@ -92,7 +94,9 @@ def _erase(images, boxes, fill):
 
 
 class RandomErasing(FilledTransform):
-    """Erase a random rectangle of each image with probability ``p``, in place (torchvision's
+    """Erase a random rectangle of images at random, in place (torchvision's ``RandomErasing``).
+
+    Erase a random rectangle of each image with probability ``p``, in place (torchvision's
     ``RandomErasing``; Zhong et al. 2017, https://arxiv.org/abs/1708.04896).
 
     Per erased sample: up to 10 attempts draw an area fraction in ``scale`` and a log-uniform
@@ -110,7 +114,8 @@ class RandomErasing(FilledTransform):
 
     keeps_geometry = True
 
-    def __init__(self, p: float = 0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), fill: Sequence[float] = (0, 0, 0)):
+    def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
+                 fill: Sequence[float] = (0, 0, 0)):
         if not 0.0 <= p <= 1.0:
             raise ConfigurationError(f"p must be in [0, 1], got {p}")
         self.p = float(p)

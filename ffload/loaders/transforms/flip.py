@@ -65,7 +65,9 @@ class _RandomFlip(NHWCTransform):
 
 
 class RandomHorizontalFlip(_RandomFlip):
-    """Flip each ``(H, W, C)`` image left-right with probability ``flip_prob``, in place
+    """Flip images left-right at random, in place (FFCV's / torchvision's ``RandomHorizontalFlip``).
+
+    Flip each ``(H, W, C)`` image left-right with probability ``flip_prob``, in place
     (FFCV's / torchvision's ``RandomHorizontalFlip``).
 
     Sample b flips when ``uniform(seed_state(seeds[b], salt)) < flip_prob``. Directly after an
@@ -115,7 +117,9 @@ def _vflip(images: np.ndarray, seeds, salt, prob) -> None:
 
 
 class RandomVerticalFlip(_RandomFlip):
-    """Flip each ``(H, W, C)`` image upside down with probability ``flip_prob``, in place
+    """Flip images upside down at random, in place (torchvision's ``RandomVerticalFlip``).
+
+    Flip each ``(H, W, C)`` image upside down with probability ``flip_prob``, in place
     (torchvision's ``RandomVerticalFlip``). Sample b flips when ``uniform(seed_state(seeds[b],
     salt)) < flip_prob``.
 

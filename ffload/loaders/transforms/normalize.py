@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from numba import njit
 
@@ -54,7 +55,9 @@ _NORMALIZE_INPUTS = ("uint8", "int8", "uint16", "int16")  # integer pixels a loo
 
 
 class NormalizeImage(Operation):
-    """``(x - mean) / std`` per channel, fused with the integer -> float conversion (FFCV's
+    """``(x - mean) / std`` per channel, fused with the integer -> float conversion (FFCV's ``NormalizeImage``).
+
+    ``(x - mean) / std`` per channel, fused with the integer -> float conversion (FFCV's
     ``NormalizeImage``, extended to 16-bit and signed pixels).
 
     Input: integer images of 8 or 16 bits, ``uint8`` (RGB decoders), ``uint16`` (depth maps,
@@ -90,7 +93,7 @@ class NormalizeImage(Operation):
 
     keeps_geometry = True
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float], dtype=np.float32):
+    def __init__(self, mean: Sequence[float], std: Sequence[float], dtype: npt.DTypeLike | torch.dtype = np.float32):
         self.mean = np.asarray(mean, dtype=np.float64).reshape(-1)
         self.std = np.asarray(std, dtype=np.float64).reshape(-1)
         if self.mean.size != self.std.size or not np.all(self.std != 0):

@@ -15,6 +15,7 @@ import inspect
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ffload.errors import ConfigurationError, PipelineError
@@ -43,7 +44,8 @@ class PythonTransform(Operation):
             sample is named by the loader).
     """
 
-    def __init__(self, fn: Callable, output_shape: Sequence[int], output_dtype=np.uint8, input_type: str = "numpy"):
+    def __init__(self, fn: Callable, output_shape: Sequence[int], output_dtype: npt.DTypeLike = np.uint8,
+                 input_type: str = "numpy"):
         if input_type not in INPUTS:
             raise ConfigurationError(f"input_type must be one of {INPUTS}, got {input_type!r}")
         self.fn, self.input_type = fn, input_type

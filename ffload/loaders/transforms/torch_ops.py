@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ffload.errors import ConfigurationError, PipelineError, UnavailableError
@@ -44,7 +45,9 @@ def _require(spec, on_torch: bool, op, field, view) -> None:
 
 
 class ToTensor(Operation):
-    """Numpy batch -> ``torch.Tensor`` sharing its memory (``torch.from_numpy``, no copy; a
+    """Numpy batch -> ``torch.Tensor`` sharing its memory (``torch.from_numpy``, no copy).
+
+    Numpy batch -> ``torch.Tensor`` sharing its memory (``torch.from_numpy``, no copy; a
     pinned loader buffer stays pinned). Per-sample shape unchanged, dtype the torch equivalent.
 
     Raises PipelineError (declare): input already a tensor or a dtype torch lacks."""
@@ -104,7 +107,7 @@ class Convert(Operation):
 
     keeps_geometry = True
 
-    def __init__(self, target_dtype):
+    def __init__(self, target_dtype: npt.DTypeLike | torch.dtype):
         self.target_dtype = target_dtype
 
     def declare(self, spec, field, view):
@@ -134,7 +137,7 @@ class ToDevice(Operation):
 
     keeps_geometry = True
 
-    def __init__(self, device, non_blocking: bool = True):
+    def __init__(self, device: str | int | torch.device, non_blocking: bool = True):
         self.device = torch.device(device)
         self.non_blocking = non_blocking
 

@@ -288,7 +288,9 @@ class _Warp(FilledTransform):
 
 
 class RandomAffine(_Warp):
-    """Random rotation, translation, scale and shear about the image centre, bilinear
+    """Random rotation, translation, scale and shear, bilinear (torchvision's ``RandomAffine``).
+
+    Random rotation, translation, scale and shear about the image centre, bilinear
     (torchvision's ``RandomAffine`` on tensors).
 
     Per sample: angle uniform in ``degrees`` (a number d means ``(-d, d)``; clockwise, as
@@ -303,8 +305,8 @@ class RandomAffine(_Warp):
 
     _apply_prob = 1.0
 
-    def __init__(self, degrees, translate: Sequence[float] | None = None, scale: Sequence[float] | None = None,
-                 shear=None, fill: Sequence[float] = (0, 0, 0)):
+    def __init__(self, degrees: float | Sequence[float], translate: Sequence[float] | None = None,
+                 scale: Sequence[float] | None = None, shear: float | Sequence[float] | None = None, fill: Sequence[float] = (0, 0, 0)):
         shear = (0.0, 0.0) if shear is None else shear
         shear4 = (range_pair(shear, "shear") + (0.0, 0.0)) if isinstance(shear, (int, float)) or len(shear) == 2 \
             else (range_pair(shear[:2], "shear") + range_pair(shear[2:], "shear"))
@@ -334,7 +336,9 @@ class RandomAffine(_Warp):
 
 
 class RandomRotation(RandomAffine):
-    """Rotate by an angle uniform in ``degrees`` about the centre, bilinear, same size
+    """Rotate images by a random angle about the centre, bilinear (torchvision's ``RandomRotation``).
+
+    Rotate by an angle uniform in ``degrees`` about the centre, bilinear, same size
     (torchvision's ``RandomRotation`` without ``expand``; its angle is counter-clockwise, which
     for a symmetric range is the same distribution).
 
@@ -342,7 +346,7 @@ class RandomRotation(RandomAffine):
         ConfigurationError: bad degrees or fill. PipelineError (declare): input not numpy (H, W, C) uint8.
     """
 
-    def __init__(self, degrees, fill: Sequence[float] = (0, 0, 0)):
+    def __init__(self, degrees: float | Sequence[float], fill: Sequence[float] = (0, 0, 0)):
         super().__init__(degrees, fill=fill)
         self.ranges[0] = -self.ranges[0, ::-1]
 
@@ -417,8 +421,7 @@ def _perspective_params(seeds, salt, height, width, distortion, prob, out, corne
 
 
 class RandomPerspective(_Warp):
-    """A random perspective distortion with probability ``p``, bilinear (torchvision's
-    ``RandomPerspective``).
+    """A random perspective distortion with probability ``p``, bilinear (torchvision's ``RandomPerspective``).
 
     Per distorted sample, each corner moves inwards by integers uniform in
     ``0 .. int(distortion_scale * W // 2)`` (x) and ``0 .. int(distortion_scale * H // 2)`` (y),

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .measurement import EpochRecord, epoch_record, median_after_warmup
+from ..measurement import EpochRecord, epoch_record, median_after_warmup
 
 Decoder = Callable[[object], object]
 """``decode(payload (n,) uint8 JPEG bytes) -> (H, W, 3) uint8 RGB array, or None when the
@@ -38,8 +38,7 @@ def turbojpeg_decoder() -> Decoder:
     reused output buffer per thread (ctypes releases the GIL). It returns a view of that buffer,
     valid until the thread's next call; warnings count as failures, as in the loaders. At least
     as fast as :func:`opencv_decoder` on the same bytes (no libjpeg row loop, no new array per
-    image): ``scripts/bench_jpeg.py`` measures both in one run; in one such run, 534 against
-    710 us of one thread's CPU per ~430-pixel photo, and even (0.98-1.02x) as the ceiling.
+    image); ``scripts/bench_jpeg.py`` measures both in one run.
 
     Raises:
         ffload.errors.UnavailableError: no TurboJPEG 3 library (:func:`available_decoders` then leaves it

@@ -18,9 +18,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .config import DEEPLAKE_PARAMS, DEEPLAKE_PIPELINES, BenchConfig
-from .measurement import LoaderSetup
-from .pipelines import build_pipelines, center_box, rrc_box
+from ..config import DEEPLAKE_PARAMS, DEEPLAKE_PIPELINES, BenchConfig
+from ..measurement import LoaderSetup
+from ..pipelines import build_pipelines, center_box, rrc_box
 
 if TYPE_CHECKING:
     import numpy as np
@@ -129,7 +129,7 @@ def _perspective_coeffs(start, end):
 
 
 def pil_deeplake(image, pipeline: str, size: int, rng) -> np.ndarray:
-    """A Deep Lake stack (:data:`~.config.DEEPLAKE_STACKS`) with the PIL calls torchvision's
+    """A Deep Lake stack (:data:`~ffload.bench.config.DEEPLAKE_STACKS`) with the PIL calls torchvision's
     transforms make on PIL images (``F_pil``): centre square resized (bilinear, antialiased),
     ``rotate`` (bilinear), flips by ``transpose``, ``PERSPECTIVE`` transform (torchvision's corner
     sampling), ``ImageEnhance`` brightness/contrast/colour and the uint8 HSV hue shift in a random
@@ -171,7 +171,7 @@ def pil_deeplake(image, pipeline: str, size: int, rng) -> np.ndarray:
 
 class AlbumentationsImageFolder:
     """Map-style dataset over image files decoded by OpenCV and augmented by Albumentations: the
-    Deep Lake stacks (:data:`~.config.DEEPLAKE_STACKS`) as ``A.Compose`` — ``SmallestMaxSize`` +
+    Deep Lake stacks (:data:`~ffload.bench.config.DEEPLAKE_STACKS`) as ``A.Compose`` — ``SmallestMaxSize`` +
     ``CenterCrop`` (the centre square at ``size``), ``Affine(rotate=20)`` (bilinear),
     ``HorizontalFlip``, then for ``dl_complex`` ``VerticalFlip``, ``Perspective(scale=(0, 0.25),
     p=0.5)`` (corner offsets of up to a quarter of the side, as torchvision's distortion 0.5),
