@@ -14,7 +14,7 @@
 # run on a CPU, but weigh several GB). One line says which build was installed and why.
 #
 # Environment: PYTHON (interpreter that makes the venv, default python3), FFLOAD_EXTRAS
-# (comma-separated pip extras; default "test", plus "ffcv" when its build dependencies are present),
+# (comma-separated pip extras; unset: "test", plus "ffcv" when its build dependencies are present; empty: none),
 # FFLOAD_TORCH_INDEX (a pip index URL to install torch from, instead of the choice above; e.g.
 # https://download.pytorch.org/whl/cu126 for a given CUDA).
 set -euo pipefail
@@ -46,8 +46,8 @@ elif [ ! -x "$VENV/bin/python" ]; then
 fi
 VPY="$VENV/bin/python"
 
-extras=${FFLOAD_EXTRAS:-}
-if [ -z "$extras" ]; then
+extras=${FFLOAD_EXTRAS-}
+if [ -z "${FFLOAD_EXTRAS+set}" ]; then
   extras=test
   if is_root && command -v apt-get >/dev/null && ! pkg-config --exists opencv4 libturbojpeg 2>/dev/null; then
     # ffcv builds against these (pkg-config finds opencv4 and libturbojpeg); the opencv-python
@@ -101,5 +101,5 @@ else
   echo "install: installed $(torch_build) from the default index: no NVIDIA GPU here, but PyTorch's" \
        "CPU-only index ($cpu_index) could not be reached; set FFLOAD_TORCH_INDEX to choose an index"
 fi
-"$VPY" -m pip install -q -e ".[$extras]"
+"$VPY" -m pip install -q -e ".${extras:+[$extras]}"
 echo "install: ffload installed in $VENV (run 'source $VENV/bin/activate' to put 'ffload' on your PATH)"
