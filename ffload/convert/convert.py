@@ -33,8 +33,8 @@ def convert_dataset(source: str | os.PathLike[str] | Source, dst: str, *, option
                     **keywords: Any) -> ConvertReport:
     """Convert an image source into a ``.beton`` file, an ``.lmdb`` directory or ``.beton`` shards.
 
-    Convert an image source into ``dst`` (``.beton`` file or ``.lmdb`` directory, by suffix;
-    with ``shard_size``, a directory of ``.beton`` shards and a manifest).
+    ``dst``'s suffix picks the format (``.beton`` file or ``.lmdb`` directory); with
+    ``shard_size``, ``dst`` is a directory of ``.beton`` shards and a manifest.
 
     Args:
         source: a path (ImageFolder root or CIFAR archive folder, see ``detect_source``; or the

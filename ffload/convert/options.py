@@ -31,8 +31,7 @@ def image_fields(write_mode: str = "raw", max_resolution: int | None = None, jpe
                  jpeg_restart_interval: int | None = None) -> dict[str, Field]:
     """The fields of an image-classification dataset: ``image`` (RGBImageField) then ``label`` (IntField).
 
-    The fields of an image-classification dataset: ``image`` (RGBImageField) then ``label``
-    (IntField), the order of FFCV's examples. Raises ConfigurationError naming a bad argument
+    The order is that of FFCV's examples. Raises ConfigurationError naming a bad argument
     (RGBImageField's checks)."""
     return {"image": RGBImageField(write_mode, max_resolution, smart_threshold, jpeg_quality,
                                    compress_probability, jpeg_restart_interval),
@@ -43,9 +42,8 @@ def image_fields(write_mode: str = "raw", max_resolution: int | None = None, jpe
 class ConvertOptions:
     """The options of :func:`~ffload.convert.convert_dataset` and of ``ffload convert``, checked when built.
 
-    The options of :func:`ffload.convert.convert_dataset` (its keyword arguments, same names
-    and defaults) and of ``ffload convert``. Checked when built: a bad value raises
-    ConfigurationError naming the option.
+    They are :func:`ffload.convert.convert_dataset`'s keyword arguments (same names and
+    defaults). A bad value raises ConfigurationError naming the option.
 
     Attributes:
         write_mode: ``str``, default ``'raw'``: how images are stored (FFCV's ``RGBImageField``):

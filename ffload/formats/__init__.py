@@ -36,8 +36,7 @@ def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS,
                  storage_options: dict | None = None) -> DatasetView:
     """Open a ``.beton`` file, an LMDB directory or a sharded dataset (format detected from the contents).
 
-    Open a ``.beton`` file, an ffload LMDB directory or a sharded dataset for reading (format
-    detected from the contents, not the name).
+    The LMDB directory is an ffload one; the format comes from the contents, not the name.
 
     Args:
         path: the ``.beton`` file or LMDB directory, a sharded dataset's directory or its
@@ -132,9 +131,9 @@ def write_dataset(dst: str, fields: dict[str, Field], samples: Iterable[Sequence
                   shard_size: int | str | None = None) -> str:
     """Encode ``samples`` in this process and write them to ``dst`` atomically.
 
-    Encode ``samples`` (tuples of values in field order) in this process and write ``dst``
-    (``.beton`` or ``.lmdb`` by suffix; with ``shard_size`` (bytes or ``"1GB"``) a directory of
-    ``.beton`` shards and a manifest, :mod:`.shards`) atomically. For large image datasets use
+    ``samples`` are tuples of values in field order; ``dst`` is ``.beton`` or ``.lmdb`` by suffix
+    (with ``shard_size`` (bytes or ``"1GB"``) a directory of ``.beton`` shards and a manifest,
+    :mod:`.shards`). For large image datasets use
     :func:`ffload.convert.convert_dataset`, which encodes in parallel. ``info`` is a dataset-level
     JSON object read back as ``open_dataset(dst).info`` (e.g. ``{"classes": names}``).
 

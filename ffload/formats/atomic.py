@@ -221,8 +221,8 @@ def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwri
                    info: dict | None = None, shard_size: int | str | None = None) -> Iterator[DatasetWriter]:
     """Context manager yielding a :class:`~.writer.DatasetWriter` that writes ``dst`` atomically.
 
-    Context manager yielding a :class:`~.writer.DatasetWriter` (``add(index, metas,
-    payloads)``) for ``dst``, with the guarantees of the module docstring.
+    The writer takes ``add(index, metas, payloads)``; the guarantees are those of the module
+    docstring.
 
     The format comes from ``dst``'s suffix (``.beton`` file or ``.lmdb`` directory). On normal
     exit the writer is closed, synced and swapped onto ``dst``; on an exception the temporary

@@ -179,8 +179,7 @@ _PNG_MIN_BYTES = 8 + 25 + 12  # signature, IHDR chunk, IEND chunk
 class ImageArrayField(BytesExtensionField):
     """An image of any channel count and depth per sample (uint8, uint16, float32), raw or lossless PNG.
 
-    An image of any channel count and depth per sample, stored raw or as a lossless PNG:
-    ``(H, W, C)`` of uint8, uint16 or float32 (grayscale ``C = 1`` kept 1 channel, 16-bit depth
+    Per sample ``(H, W, C)`` of uint8, uint16 or float32 (grayscale ``C = 1`` kept 1 channel, 16-bit depth
     maps, segmentation masks and label maps, N-channel multispectral), sizes varying per sample.
 
     On disk (ffload extension, see ``docs/fields.md``): FFCV's BytesField (type id 3).

@@ -127,8 +127,8 @@ def cast_values(arr: np.ndarray, dtype: np.dtype, owner: str) -> np.ndarray:
 class RaggedArrayField(BytesExtensionField):
     """A variable-length array per sample: shape ``(K, *inner_shape)``, ``K >= 0`` varying per sample.
 
-    A variable-length array per sample: shape ``(K, *inner_shape)`` with ``K >= 0`` varying per
-    sample (multi-label targets ``(K,) int``, boxes ``(K, 4) float32``, keypoints ``(K, 17, 3)``).
+    For example multi-label targets ``(K,) int``, boxes ``(K, 4) float32``, keypoints
+    ``(K, 17, 3)``.
 
     On disk (ffload extension, see ``docs/fields.md``): FFCV's BytesField (type id 3) with the
     ``K * prod(inner_shape) * itemsize`` bytes of the array, C order, little-endian; ``K`` is

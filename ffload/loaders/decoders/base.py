@@ -22,8 +22,7 @@ def field_name(field, view) -> str:
 class Decoder(Operation):
     """Base of ffload's decoders: the field type checked at ``declare``, the field's name kept.
 
-    Base of ffload's decoders: checks the field type at :meth:`declare` and remembers the
-    field's name (for error messages).
+    The check runs at :meth:`declare`; the name serves error messages.
 
     Subclasses set ``field_types`` (a tuple of field classes) and call :meth:`_check_field`
     from ``declare``.

@@ -71,8 +71,8 @@ def _gather_payloads(indices, ptrs, sizes, region, dst, width):
 class NDArrayDecoder(Decoder):
     """Decode an NDArrayField to its ``shape`` and ``dtype`` per sample (FFCV's ``NDArrayDecoder``).
 
-    Decode an NDArrayField: per sample the field's ``shape`` and ``dtype`` (little-endian),
-    gathered by one kernel per batch (FFCV's ``NDArrayDecoder``).
+    Per sample the field's ``shape`` and ``dtype`` (little-endian), gathered by one kernel per
+    batch.
 
     Raises:
         PipelineError (declare): the field is not an NDArrayField.
@@ -106,8 +106,7 @@ class NDArrayDecoder(Decoder):
 class BytesDecoder(Decoder):
     """Decode a BytesField or JSONField to zero-padded ``(max_size,) uint8`` rows (FFCV's ``BytesDecoder``).
 
-    Decode a BytesField or JSONField: per sample ``(max_size,) uint8``, the payload followed
-    by zeros; ``max_size`` is the largest payload of the samples to be read (``view.selected()``:
+    Per sample the payload followed by zeros; ``max_size`` is the largest payload of the samples to be read (``view.selected()``:
     the dataset, or a Loader's ``indices``; FFCV's ``BytesDecoder``, which
     leaves the padding unspecified). Use ``JSONField.unpack`` to parse JSON rows.
 
@@ -161,8 +160,7 @@ def _max_length(max_length) -> int | None:
 class RaggedArrayDecoder(Decoder):
     """Decode a RaggedArrayField into a padded ``(B, K_max, *inner_shape)`` batch.
 
-    Decode a RaggedArrayField into a padded batch: per sample ``(K_max, *inner_shape)`` of the
-    field's dtype, the sample's ``K`` rows first, then rows of ``fill``. Pair it with
+    Per sample ``(K_max, *inner_shape)`` of the field's dtype, the sample's ``K`` rows first, then rows of ``fill``. Pair it with
     :class:`RaggedLengthDecoder` on a second view of the field for the ``(B,)`` lengths::
 
         Loader(path, ..., pipelines={"boxes": [RaggedArrayDecoder(), ToTensor()],
@@ -217,9 +215,9 @@ class RaggedArrayDecoder(Decoder):
 class RaggedLengthDecoder(Decoder):
     """Decode the row counts ``K`` of a RaggedArrayField, ``(B,) int64``, from the metadata only.
 
-    Decode the row counts of a RaggedArrayField: per sample ``() int64``, ``K`` (or
-    ``min(K, max_length)``, matching :class:`RaggedArrayDecoder` with the same ``max_length``).
-    Reads only the metadata (``K = size // row_bytes``), never the payload.
+    Per sample ``() int64``, ``K`` (or ``min(K, max_length)``, matching
+    :class:`RaggedArrayDecoder` with the same ``max_length``). ``K = size // row_bytes``; the
+    payload is never read.
 
     Raises:
         PipelineError (declare): the field is not a RaggedArrayField.

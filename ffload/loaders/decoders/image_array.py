@@ -39,7 +39,7 @@ def _gather_images(indices, ptrs, sizes, region, dst, height, width, nbytes, hea
 class ImageArrayDecoder(Decoder):
     """Decode an ImageArrayField of one image size to ``(H, W, C)`` per sample, pixels as stored.
 
-    Decode an ImageArrayField of one image size: per sample ``(H, W, C)`` of the field's dtype
+    Per sample the field's dtype
     (uint8, uint16 or float32), exactly the stored pixels and channel count (grayscale stays one
     channel), one compiled gather per batch. The counterpart of :class:`SimpleRGBImageDecoder`
     for any channel count and depth. PNG-compressed fields are decoded first (OpenCV, in the
@@ -167,8 +167,7 @@ class _CropImageArrayDecoder(Decoder):
 class CenterCropImageArrayDecoder(_CropImageArrayDecoder):
     """Decode the centred ``output_size`` window of each ImageArrayField image (no resize).
 
-    Cut the centred ``output_size`` window of each ImageArrayField image, for images of any
-    sizes at least that large (torchvision's ``CenterCrop`` offsets; no resize, no padding):
+    For images of any sizes at least that large (torchvision's ``CenterCrop`` offsets; no resize, no padding):
     per sample ``(height, width, C)`` of the stored dtype and channel count.
 
     Args:
@@ -185,8 +184,7 @@ class CenterCropImageArrayDecoder(_CropImageArrayDecoder):
 class RandomCropImageArrayDecoder(_CropImageArrayDecoder):
     """Decode an ``output_size`` window at a random position of each ImageArrayField image.
 
-    Cut an ``output_size`` window at a random position of each ImageArrayField image, for
-    images of any sizes at least that large (torchvision's ``RandomCrop`` without padding; the
+    For images of any sizes at least that large (torchvision's ``RandomCrop`` without padding; the
     offsets derive from ``ctx.seeds`` and :attr:`salt`, so they do not depend on ``num_workers``):
     per sample ``(height, width, C)`` of the stored dtype and channel count.
 

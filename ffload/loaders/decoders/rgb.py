@@ -185,10 +185,8 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     """Decode RGB images with a random crop then a resize (FFCV's ``RandomResizedCropRGBImageDecoder``).
 
-    Random crop then resize, for images of any size (FFCV's
-    ``RandomResizedCropRGBImageDecoder``, boxes drawn with torchvision's
-    ``RandomResizedCrop.get_params`` rule: the box is drawn in
-    :func:`ffload.loaders.decoders.crops.random_resized_crop_boxes`).
+    For images of any size; boxes follow torchvision's ``RandomResizedCrop.get_params`` rule
+    and are drawn in :func:`ffload.loaders.decoders.crops.random_resized_crop_boxes`.
 
     The box of each sample derives from ``ctx.seeds`` and :attr:`salt`. Resizing and JPEG
     reduction as in :class:`CenterCropRGBImageDecoder`.
@@ -235,9 +233,8 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
 class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     """Decode RGB images resized whole to ``output_size`` (torchvision's ``Resize((h, w))``).
 
-    Resize the whole image to ``output_size``, for images of any size (torchvision's
-    ``Resize((h, w))`` with a ``(height, width)`` size: both sides set, the aspect ratio is not
-    kept; FFCV has no such decoder).
+    For images of any size. ``output_size`` is ``(height, width)``: both sides set, the aspect
+    ratio is not kept; FFCV has no such decoder.
 
     Interpolation is :func:`ffload.codecs.resize.resize_rgb`'s, chosen per image as
     :class:`CenterCropRGBImageDecoder` does: OpenCV's ``INTER_AREA`` when neither side grows (an

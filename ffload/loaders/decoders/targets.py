@@ -195,8 +195,8 @@ class TransformBoxes(Operation):
 class BoxCountDecoder(Decoder):
     """Decode the number of boxes :class:`TransformBoxes` kept per sample, ``() int64``.
 
-    Per sample ``() int64``: the boxes :class:`TransformBoxes` kept in pipeline ``boxes`` (use
-    it on a ``custom_field_mapper`` view of the boxes field, which runs after it).
+    The boxes are those kept in pipeline ``boxes``; use it on a ``custom_field_mapper`` view of
+    the boxes field, which runs after it.
 
     Args:
         boxes: the name of the pipeline holding the TransformBoxes.
@@ -259,9 +259,9 @@ def keep_rows(flat, batch, k_max, row_bytes, lengths, stored, counts, kept, pad)
 class FollowBoxes(Operation):
     """Drop the rows of a per-box field that :class:`TransformBoxes` dropped, to stay aligned with the boxes.
 
-    Drop the rows of a per-box field that :class:`TransformBoxes` of pipeline ``boxes``
-    dropped, so that labels (or any ``(K, ...)`` ragged field stored row by row with the boxes:
-    class ids, ``iscrowd``, areas, keypoints) stay aligned with the boxes kept. The counterpart of
+    The :class:`TransformBoxes` is that of pipeline ``boxes``; the per-box field is labels or any
+    ``(K, ...)`` ragged field stored row by row with the boxes (class ids, ``iscrowd``, areas,
+    keypoints). The counterpart of
     Albumentations' ``BboxParams(label_fields=[...])`` and torchvision v2's
     ``SanitizeBoundingBoxes(labels_getter=...)``.
 
@@ -409,8 +409,7 @@ def sample_masks(indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, h
 class MaskDecoder(Decoder):
     """Decode an ImageArrayField mask or label map with the geometry of an image pipeline.
 
-    Decode an ImageArrayField mask or label map with the geometry of the image pipeline
-    ``image``: per sample ``(out_h, out_w, C)`` of the stored dtype (uint8, uint16, float32; ``C``
+    The image pipeline is ``image``. Per sample ``(out_h, out_w, C)`` of the stored dtype (uint8, uint16, float32; ``C``
     as stored), ``(out_h, out_w)`` the image's decoded size; the same crop, resize and flips as
     the image, by nearest neighbour (:func:`sample_masks`), so label values are never mixed.
 

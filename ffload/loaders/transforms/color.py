@@ -56,8 +56,8 @@ def _grayscale(images, seeds, salt, prob):
 class RandomGrayscale(_RGBTransform):
     """Replace RGB images by their luma at random, in place (torchvision's ``RandomGrayscale``).
 
-    Replace each RGB image by its luma (``0.2989 R + 0.587 G + 0.114 B``, truncated, in all
-    three channels) with probability ``p``, in place (torchvision's ``RandomGrayscale``).
+    The luma is ``0.2989 R + 0.587 G + 0.114 B``, truncated, in all three channels; each image
+    is replaced with probability ``p``.
 
     Raises:
         ConfigurationError: ``p`` outside [0, 1]. PipelineError (declare): input not ``(H, W, 3) uint8``.
@@ -320,8 +320,7 @@ def _gaussian_blur(images, sigmas, ksize, scratch):
 class GaussianBlur(NHWCTransform):
     """Blur images with a Gaussian of random standard deviation, in place (torchvision's ``GaussianBlur``).
 
-    Blur each image with a Gaussian of random standard deviation, in place (torchvision's
-    ``GaussianBlur``; square kernel).
+    The kernel is square.
 
     Per sample ``sigma`` is uniform in ``sigma`` (a pair, pixels); the kernel is
     ``exp(-x^2 / (2 sigma^2))`` on ``x = -k//2 .. k//2``, normalised, applied along width then

@@ -132,9 +132,9 @@ def _random_crop(src, dst, seeds, salt, pad_top, pad_left, fill):
 class RandomCrop(FilledTransform):
     """Cut a random window from each padded image (torchvision's ``RandomCrop``).
 
-    Cut a random ``size`` window from each image after padding it by ``padding`` pixels of
-    ``fill`` on every side (torchvision's ``RandomCrop`` with ``padding_mode='constant'``; with
-    ``pad_if_needed`` images smaller than ``size`` are padded up first, as torchvision does).
+    The window is ``size``; each image is first padded by ``padding`` pixels of ``fill`` on every
+    side (``padding_mode='constant'``; with ``pad_if_needed`` images smaller than ``size`` are
+    padded up first, as torchvision does).
 
     Output per sample: ``(h, w, C)`` of the input dtype. The window's top ``i`` then left ``j`` are
     uniform over the positions inside the padded image.

@@ -31,8 +31,8 @@ def _cutout(images, seeds, salt, size, fill):
 class Cutout(FilledTransform):
     """Fill a random square of each image with ``fill``, in place (FFCV's ``Cutout``).
 
-    Fill a random square of each image with ``fill``, in place (Cutout, DeVries & Taylor
-    2017, https://arxiv.org/abs/1708.04552, with FFCV 1.0.2's placement).
+    Cutout is DeVries & Taylor 2017, https://arxiv.org/abs/1708.04552; the placement is FFCV
+    1.0.2's.
 
     The square has side ``crop_size``; its top-left corner ``(y0, x0)`` is uniform over the
     positions that keep it inside the image (``y0`` in ``0..H - crop_size``, drawn first, then
@@ -96,8 +96,8 @@ def _erase(images, boxes, fill):
 class RandomErasing(FilledTransform):
     """Erase a random rectangle of images at random, in place (torchvision's ``RandomErasing``).
 
-    Erase a random rectangle of each image with probability ``p``, in place (torchvision's
-    ``RandomErasing``; Zhong et al. 2017, https://arxiv.org/abs/1708.04896).
+    Each image is erased with probability ``p`` (Zhong et al. 2017,
+    https://arxiv.org/abs/1708.04896).
 
     Per erased sample: up to 10 attempts draw an area fraction in ``scale`` and a log-uniform
     aspect ratio in ``ratio``; ``h = round(sqrt(area * ratio))``, ``w = round(sqrt(area / ratio))``;

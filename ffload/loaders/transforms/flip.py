@@ -67,8 +67,7 @@ class _RandomFlip(NHWCTransform):
 class RandomHorizontalFlip(_RandomFlip):
     """Flip images left-right at random, in place (FFCV's / torchvision's ``RandomHorizontalFlip``).
 
-    Flip each ``(H, W, C)`` image left-right with probability ``flip_prob``, in place
-    (FFCV's / torchvision's ``RandomHorizontalFlip``).
+    Images are ``(H, W, C)``; each flips with probability ``flip_prob``.
 
     Sample b flips when ``uniform(seed_state(seeds[b], salt)) < flip_prob``. Directly after an
     RGB image decoder, the decoder mirrors the samples while writing them and this stage does
@@ -119,8 +118,7 @@ def _vflip(images: np.ndarray, seeds, salt, prob) -> None:
 class RandomVerticalFlip(_RandomFlip):
     """Flip images upside down at random, in place (torchvision's ``RandomVerticalFlip``).
 
-    Flip each ``(H, W, C)`` image upside down with probability ``flip_prob``, in place
-    (torchvision's ``RandomVerticalFlip``). Sample b flips when ``uniform(seed_state(seeds[b],
+    Images are ``(H, W, C)``; each flips with probability ``flip_prob``. Sample b flips when ``uniform(seed_state(seeds[b],
     salt)) < flip_prob``.
 
     Raises:

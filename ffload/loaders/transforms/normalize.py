@@ -57,8 +57,7 @@ _NORMALIZE_INPUTS = ("uint8", "int8", "uint16", "int16")  # integer pixels a loo
 class NormalizeImage(Operation):
     """``(x - mean) / std`` per channel, fused with the integer -> float conversion (FFCV's ``NormalizeImage``).
 
-    ``(x - mean) / std`` per channel, fused with the integer -> float conversion (FFCV's
-    ``NormalizeImage``, extended to 16-bit and signed pixels).
+    FFCV's version extended to 16-bit and signed pixels.
 
     Input: integer images of 8 or 16 bits, ``uint8`` (RGB decoders), ``uint16`` (depth maps,
     16-bit images of an ``ImageArrayField``), ``int8`` or ``int16``, with ``C`` channels.

@@ -47,8 +47,7 @@ def _require(spec, on_torch: bool, op, field, view) -> None:
 class ToTensor(Operation):
     """Numpy batch -> ``torch.Tensor`` sharing its memory (``torch.from_numpy``, no copy).
 
-    Numpy batch -> ``torch.Tensor`` sharing its memory (``torch.from_numpy``, no copy; a
-    pinned loader buffer stays pinned). Per-sample shape unchanged, dtype the torch equivalent.
+    A pinned loader buffer stays pinned. Per-sample shape unchanged, dtype the torch equivalent.
 
     Raises PipelineError (declare): input already a tensor or a dtype torch lacks."""
 

@@ -290,8 +290,7 @@ class _Warp(FilledTransform):
 class RandomAffine(_Warp):
     """Random rotation, translation, scale and shear, bilinear (torchvision's ``RandomAffine``).
 
-    Random rotation, translation, scale and shear about the image centre, bilinear
-    (torchvision's ``RandomAffine`` on tensors).
+    About the image centre, as torchvision's ``RandomAffine`` on tensors.
 
     Per sample: angle uniform in ``degrees`` (a number d means ``(-d, d)``; clockwise, as
     torchvision's ``affine``), translation ``round(uniform(-t_x W, t_x W))`` then the same in y,
@@ -338,9 +337,9 @@ class RandomAffine(_Warp):
 class RandomRotation(RandomAffine):
     """Rotate images by a random angle about the centre, bilinear (torchvision's ``RandomRotation``).
 
-    Rotate by an angle uniform in ``degrees`` about the centre, bilinear, same size
-    (torchvision's ``RandomRotation`` without ``expand``; its angle is counter-clockwise, which
-    for a symmetric range is the same distribution).
+    The angle is uniform in ``degrees``; the size is kept (torchvision's ``RandomRotation``
+    without ``expand``; its angle is counter-clockwise, which for a symmetric range is the same
+    distribution).
 
     Raises:
         ConfigurationError: bad degrees or fill. PipelineError (declare): input not numpy (H, W, C) uint8.
