@@ -3,6 +3,7 @@
 ``ffload.Loader`` and ``ffload.OrderOption`` are imported on first use, so that ``import ffload``
 (and the ``convert`` / ``inspect`` commands) do not pay for importing torch.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -14,6 +14,7 @@ catches errors:
 
 Anything else is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@
 under ``ffload.loaders.decoders`` on first use (numba, libjpeg-turbo). This map is the one list of the public
 decoders; ``ffload.loaders`` and ``ffload.loaders.decoders`` reuse it.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -30,12 +31,23 @@ if TYPE_CHECKING:
 
 _MODULES = {  # public name -> the module defining it; imported on first use (numba)
     "Decoder": "ffload.loaders.decoders.base",
-    **dict.fromkeys(["BytesDecoder", "FloatDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder",
-                     "RaggedLengthDecoder"], "ffload.loaders.decoders.basics"),
-    **dict.fromkeys(["CenterCropRGBImageDecoder", "RandomResizedCropRGBImageDecoder", "ResizeRGBImageDecoder",
-                     "SimpleRGBImageDecoder"], "ffload.loaders.decoders.rgb"),
-    **dict.fromkeys(["CenterCropImageArrayDecoder", "ImageArrayDecoder", "RandomCropImageArrayDecoder"],
-                    "ffload.loaders.decoders.image_array"),
+    **dict.fromkeys(
+        ["BytesDecoder", "FloatDecoder", "IntDecoder", "NDArrayDecoder", "RaggedArrayDecoder", "RaggedLengthDecoder"],
+        "ffload.loaders.decoders.basics",
+    ),
+    **dict.fromkeys(
+        [
+            "CenterCropRGBImageDecoder",
+            "RandomResizedCropRGBImageDecoder",
+            "ResizeRGBImageDecoder",
+            "SimpleRGBImageDecoder",
+        ],
+        "ffload.loaders.decoders.rgb",
+    ),
+    **dict.fromkeys(
+        ["CenterCropImageArrayDecoder", "ImageArrayDecoder", "RandomCropImageArrayDecoder"],
+        "ffload.loaders.decoders.image_array",
+    ),
     **dict.fromkeys(["BoxCountDecoder", "MaskDecoder"], "ffload.loaders.decoders.targets"),
 }
 

@@ -1,4 +1,5 @@
 """What is inside a dataset: fields, counts, sizes, class histogram, and a thumbnail grid."""
+
 from __future__ import annotations
 
 import contextlib
@@ -48,13 +49,21 @@ def summarize(view: DatasetView) -> dict:
             entry["width"], entry["height"] = _stats(sizes[:, 1]), _stats(sizes[:, 0])
             entry["modes"] = {"jpg": int((col["mode"] == JPG).sum()), "raw": int((col["mode"] != JPG).sum())}
         fields.append(entry)
-    out = {"path": view.path, "format": view.format, "samples": n, "bytes": total,
-           "bytes_per_sample": round(total / n, 1) if n else 0, "page_size": view.page_size,
-           "fields": fields}
+    out = {
+        "path": view.path,
+        "format": view.format,
+        "samples": n,
+        "bytes": total,
+        "bytes_per_sample": round(total / n, 1) if n else 0,
+        "page_size": view.page_size,
+        "fields": fields,
+    }
     if view.shards is not None:  # a sharded dataset (ffload.formats.shards): its manifest's entries
         layout = view.shards
-        out["shards"] = [{"path": name, "samples": int(count), "bytes": int(size)}
-                         for name, count, size in zip(layout.names, layout.num_samples, layout.sizes)]
+        out["shards"] = [
+            {"path": name, "samples": int(count), "bytes": int(size)}
+            for name, count, size in zip(layout.names, layout.num_samples, layout.sizes)
+        ]
     lab = label_field(view)
     if lab is not None and n:
         labels = view.metadata[lab]
@@ -68,8 +77,10 @@ def summarize(view: DatasetView) -> dict:
             out["class_names"] = [str(c) for c in view.info["classes"]]
     origins = dataset_origins(view)
     if origins is not None:
-        out["origins"] = {"source": origins.descriptor,
-                          "first": sample_origins(view, range(min(FIRST_ORIGINS, n)), origins)}
+        out["origins"] = {
+            "source": origins.descriptor,
+            "first": sample_origins(view, range(min(FIRST_ORIGINS, n)), origins),
+        }
     return out
 
 
@@ -95,8 +106,7 @@ def sample_origins(view: DatasetView, indices, origins: Origins | None | bool = 
     for i in indices:
         i = int(i)
         if not 0 <= i < view.num_samples:
-            raise ConfigurationError(f"{view.path}: no sample {i} (the dataset has {view.num_samples})",
-                                     path=view.path)
+            raise ConfigurationError(f"{view.path}: no sample {i} (the dataset has {view.num_samples})", path=view.path)
         entry = {"index": i, "origin": None if origins is None else origins.describe(i)}
         if lab is not None:
             entry["label"] = int(view.metadata[lab][i])
@@ -118,6 +128,7 @@ def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, t
             its metadata); the message names ``view.path``, the field and the sample.
     """
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -149,6 +160,7 @@ def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, t
             def decode(k: int) -> np.ndarray:
                 with paged.holding(k):
                     return one(int(idx[k]))
+
         images = []
         for k in range(len(idx)):
             try:
@@ -158,8 +170,11 @@ def save_grid(view: DatasetView, out_png: str, count: int = 36, seed: int = 0, t
     for ax, i, img in zip(axes.ravel(), idx, images):
         scale = thumb / max(img.shape[:2])
         if scale < 1:
-            img = cv2.resize(img, (max(1, int(img.shape[1] * scale)), max(1, int(img.shape[0] * scale))),
-                             interpolation=cv2.INTER_AREA)
+            img = cv2.resize(
+                img,
+                (max(1, int(img.shape[1] * scale)), max(1, int(img.shape[0] * scale))),
+                interpolation=cv2.INTER_AREA,
+            )
         ax.imshow(img, interpolation="nearest")
         title = f"#{i}" + (f"  label {int(view.metadata[lab][i])}" if lab else "")
         ax.set_title(title, fontsize=7)

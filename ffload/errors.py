@@ -27,11 +27,28 @@ The command line (:mod:`ffload.cli`) prints any ``FfloadError`` as one line,
 ``ffload: error: <message>``, and exits with status 1 (``--debug`` shows the traceback).
 This module imports nothing from ffload, so every module may import it.
 """
+
 from __future__ import annotations
 
-__all__ = ["FfloadError", "ConfigurationError", "PipelineError", "UnavailableError", "SourceError",
-           "ImageDecodeError", "ImageUnsupportedError", "ImageBombError", "FormatError", "DatasetError", "FieldError",
-           "ConvertError", "DatasetBusyError", "LoaderError", "LoaderClosedError", "StorageError", "RecipeError"]
+__all__ = [
+    "FfloadError",
+    "ConfigurationError",
+    "PipelineError",
+    "UnavailableError",
+    "SourceError",
+    "ImageDecodeError",
+    "ImageUnsupportedError",
+    "ImageBombError",
+    "FormatError",
+    "DatasetError",
+    "FieldError",
+    "ConvertError",
+    "DatasetBusyError",
+    "LoaderError",
+    "LoaderClosedError",
+    "StorageError",
+    "RecipeError",
+]
 
 
 class FfloadError(Exception):
@@ -48,8 +65,15 @@ class FfloadError(Exception):
         message, path, field, sample, hint: as given.
     """
 
-    def __init__(self, message: str, *, path: str | None = None, field: str | None = None,
-                 sample: int | None = None, hint: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        field: str | None = None,
+        sample: int | None = None,
+        hint: str | None = None,
+    ):
         self.message, self.path, self.field, self.sample, self.hint = message, path, field, sample, hint
         super().__init__(f"{message} ({hint})" if hint else message)
 
@@ -120,8 +144,7 @@ class LoaderError(FfloadError, RuntimeError):
             ``None``; also available as ``sample``. The original exception is ``__cause__``.
     """
 
-    def __init__(self, message: str, epoch: int, batch: int, field: str | None = None,
-                 sample_index: int | None = None):
+    def __init__(self, message: str, epoch: int, batch: int, field: str | None = None, sample_index: int | None = None):
         super().__init__(message, field=field, sample=sample_index)
         self.epoch, self.batch, self.sample_index = epoch, batch, sample_index
         self.args = (message, epoch, batch, field, sample_index)  # pickles with its context

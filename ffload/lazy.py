@@ -6,6 +6,7 @@ Type checkers do not run ``__getattr__``: each namespace also imports every name
 ``if TYPE_CHECKING:`` (``from module import Name as Name``, an explicit re-export), and
 ``tests/test_public_api.py`` checks that block against the map.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,6 +22,7 @@ def lazy_getattr(package: str, modules: Mapping[str, str], namespace: dict[str, 
     Raises (from the returned function):
         AttributeError: ``name`` is not one of ``modules``.
     """
+
     def __getattr__(name: str) -> Any:
         module = modules.get(name)
         if module is None:
@@ -28,4 +30,5 @@ def lazy_getattr(package: str, modules: Mapping[str, str], namespace: dict[str, 
         value = getattr(importlib.import_module(module), name)
         namespace[name] = value
         return value
+
     return __getattr__

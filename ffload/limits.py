@@ -1,4 +1,5 @@
 """Limits on what a hostile input may make ffload allocate; one definition shared by conversion and loading."""
+
 from __future__ import annotations
 
 __all__ = ["DEFAULT_MAX_PIXELS"]

@@ -44,6 +44,7 @@ the attempts also end as ``StorageError`` (``transient=True``).
 Needs ``fsspec`` and the protocol's package: ``pip install 'ffload[s3]'`` (s3fs),
 ``'ffload[http]'`` (aiohttp), ``'ffload[gcs]'`` (gcsfs).
 """
+
 from __future__ import annotations
 
 import os
@@ -55,18 +56,49 @@ from typing import Any
 
 from ffload.errors import ConfigurationError, StorageError
 
-__all__ = ["is_remote", "open_filesystem", "RetryPolicy", "RemoteObject", "upload_file", "remote_exists",
-           "classify_error", "storage_call", "install_hint", "default_cache_dir"]
+__all__ = [
+    "is_remote",
+    "open_filesystem",
+    "RetryPolicy",
+    "RemoteObject",
+    "upload_file",
+    "remote_exists",
+    "classify_error",
+    "storage_call",
+    "install_hint",
+    "default_cache_dir",
+]
 
 _LOCAL_PROTOCOLS = {"file", "local"}
 
-_THROTTLING_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
-                     "TooManyRequests", "TooManyRequestsException", "ProvisionedThroughputExceededException",
-                     "RequestThrottled", "RequestThrottledException", "ServiceUnavailable", "InternalError",
-                     "RequestTimeout", "RequestTimeoutException", "503", "500"}
-_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-                     "TokenRefreshRequired", "AuthFailure", "UnrecognizedClientException",
-                     "InvalidClientTokenId", "ExpiredTokenException"}
+_THROTTLING_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequests",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "ServiceUnavailable",
+    "InternalError",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "503",
+    "500",
+}
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "AuthFailure",
+    "UnrecognizedClientException",
+    "InvalidClientTokenId",
+    "ExpiredTokenException",
+}
 _NOT_FOUND_CODES = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
 _DENIED_CODES = {"AccessDenied", "403", "401", "Forbidden", "Unauthorized", "AllAccessDisabled"}
 _HTTP_PROTOCOLS = {"http", "https"}
@@ -108,8 +140,9 @@ def _import_fsspec(url: str):
     try:
         import fsspec
     except ImportError:
-        raise ConfigurationError(f"{url}: reading or writing object storage URLs needs fsspec",
-                                 path=url, hint=install_hint(url)) from None
+        raise ConfigurationError(
+            f"{url}: reading or writing object storage URLs needs fsspec", path=url, hint=install_hint(url)
+        ) from None
     return fsspec
 
 
@@ -165,8 +198,11 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None):
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:
-        raise ConfigurationError(f"{url}: the {protocol}:// protocol needs a package that is not installed ({e})",
-                                 path=url, hint=install_hint(url)) from e
+        raise ConfigurationError(
+            f"{url}: the {protocol}:// protocol needs a package that is not installed ({e})",
+            path=url,
+            hint=install_hint(url),
+        ) from e
     except (TypeError, ValueError) as e:
         raise ConfigurationError(f"{url}: bad storage_options for {protocol}:// ({e})", path=url) from e
     if protocol in ("s3", "s3a") and hasattr(fs, "retries"):
@@ -225,17 +261,26 @@ def _connection_error_types() -> tuple[type, ...]:
     types: list[type] = [ConnectionError, TimeoutError]
     try:
         import botocore.exceptions as be
-        types += [be.ConnectionError, be.HTTPClientError, be.ReadTimeoutError, be.ConnectTimeoutError,
-                  be.ResponseStreamingError, be.IncompleteReadError]
+
+        types += [
+            be.ConnectionError,
+            be.HTTPClientError,
+            be.ReadTimeoutError,
+            be.ConnectTimeoutError,
+            be.ResponseStreamingError,
+            be.IncompleteReadError,
+        ]
     except ImportError:
         pass
     try:
         import aiohttp
+
         types += [aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.ServerTimeoutError]
     except ImportError:
         pass
     try:
         from fsspec.exceptions import FSTimeoutError
+
         types.append(FSTimeoutError)
     except ImportError:
         pass
@@ -260,10 +305,16 @@ def classify_error(error: BaseException) -> tuple[bool, str]:
             if isinstance(e, _connection_error_types()):
                 return True, f"connection failed ({type(e).__name__}: {e})"
     if code in _CREDENTIAL_CODES:
-        return False, f"the credentials were refused ({code}): check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, " \
-                      f"AWS_PROFILE, ~/.aws/credentials or storage_options"
-    if code in _NOT_FOUND_CODES or status == 404 or (code is None and status is None
-                                                     and isinstance(error, FileNotFoundError)):
+        return (
+            False,
+            f"the credentials were refused ({code}): check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+            f"AWS_PROFILE, ~/.aws/credentials or storage_options",
+        )
+    if (
+        code in _NOT_FOUND_CODES
+        or status == 404
+        or (code is None and status is None and isinstance(error, FileNotFoundError))
+    ):
         return False, f"no such object or bucket ({code or status or 'not found'})"
     if code in _DENIED_CODES or status in (401, 403) or (code is None and isinstance(error, PermissionError)):
         return False, f"access denied ({code or status or 'permission denied'})"
@@ -366,12 +417,18 @@ class RemoteObject:
             raise StorageError(f"{url}: is a folder (prefix), not an object", path=url)
         self._http = url.split("://", 1)[0].lower() in _HTTP_PROTOCOLS
         if info.get("size") is None:
-            raise StorageError(f"{url}: the server does not say the object's size (no Content-Length in its "
-                               "answer to HEAD): ffload reads objects by byte ranges and needs it", path=url)
+            raise StorageError(
+                f"{url}: the server does not say the object's size (no Content-Length in its "
+                "answer to HEAD): ffload reads objects by byte ranges and needs it",
+                path=url,
+            )
         if self._http and info.get("partial") is False:
-            raise StorageError(f"{url}: the server declares 'Accept-Ranges: none': ffload reads datasets by HTTP "
-                               "range requests (Range: bytes=a-b answered 206); serve the file from a server that "
-                               "supports them, or download it", path=url)
+            raise StorageError(
+                f"{url}: the server declares 'Accept-Ranges: none': ffload reads datasets by HTTP "
+                "range requests (Range: bytes=a-b answered 206); serve the file from a server that "
+                "supports them, or download it",
+                path=url,
+            )
         self.size = int(info["size"])
 
     def _count(self) -> None:
@@ -387,8 +444,9 @@ class RemoteObject:
         size``). Raises StorageError naming the object and the range; ConfigurationError (naming them)
         for a range outside the object."""
         if not 0 <= start <= stop <= self.size:
-            raise ConfigurationError(f"{self.url}: range {start}..{stop} outside the object's {self.size} bytes",
-                                     path=self.url)
+            raise ConfigurationError(
+                f"{self.url}: range {start}..{stop} outside the object's {self.size} bytes", path=self.url
+            )
         if stop == start:
             return b""
 
@@ -445,12 +503,16 @@ def _http_range(fs, url: str, start: int, stop: int, size: int) -> bytes:
             if r.status == 206:
                 what = f"answered bytes {start}..{stop} with 'Content-Range: {content_range}'"
             else:
-                what = f"answered a request for bytes {start}..{stop} (Range: bytes={start}-{stop - 1}) " \
-                       f"with HTTP {r.status} and the whole object"
-            raise StorageError(f"{url}: the server {what}: it does not support HTTP range requests, which "
-                               "ffload reads datasets by (206 Partial Content); serve the file from a server "
-                               "that supports them (any object store, nginx, Apache, ...), or download it",
-                               path=url)
+                what = (
+                    f"answered a request for bytes {start}..{stop} (Range: bytes={start}-{stop - 1}) "
+                    f"with HTTP {r.status} and the whole object"
+                )
+            raise StorageError(
+                f"{url}: the server {what}: it does not support HTTP range requests, which "
+                "ffload reads datasets by (206 Partial Content); serve the file from a server "
+                "that supports them (any object store, nginx, Apache, ...), or download it",
+                path=url,
+            )
 
     return sync(fs.loop, get)
 
@@ -462,8 +524,9 @@ def remote_exists(url: str, storage_options: dict[str, Any] | None = None, retry
     return bool(storage_call(url, "check whether it exists", lambda: fs.exists(path), retry))
 
 
-def upload_file(local_path: str, url: str, storage_options: dict[str, Any] | None = None,
-                retry: RetryPolicy | None = None) -> None:
+def upload_file(
+    local_path: str, url: str, storage_options: dict[str, Any] | None = None, retry: RetryPolicy | None = None
+) -> None:
     """Upload the complete local file ``local_path`` to ``url`` (fsspec ``put_file``; s3fs uses a
     multipart upload above its block size, and the object appears only when it completes).
 

@@ -1,4 +1,5 @@
 """Facts about the machine and the file system that several modules need."""
+
 from __future__ import annotations
 
 import os

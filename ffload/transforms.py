@@ -6,6 +6,7 @@ detection targets that follow their image's geometry (``TransformBoxes``, ``Foll
 ``ffload.loaders.transforms`` (or ``ffload.loaders.decoders.targets``) on first use (numba, torch). This map
 is the one list of the public transforms; ``ffload.loaders`` and ``ffload.loaders.transforms`` reuse it.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -42,8 +43,9 @@ _MODULES = {  # public name -> the module defining it; imported on first use (to
     **dict.fromkeys(["RandomGrayscale", "ColorJitter", "GaussianBlur"], "ffload.loaders.transforms.color"),
     **dict.fromkeys(["RandomAffine", "RandomRotation", "RandomPerspective"], "ffload.loaders.transforms.warp"),
     "NormalizeImage": "ffload.loaders.transforms.normalize",
-    **dict.fromkeys(["ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze"],
-                    "ffload.loaders.transforms.torch_ops"),
+    **dict.fromkeys(
+        ["ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze"], "ffload.loaders.transforms.torch_ops"
+    ),
     "PythonTransform": "ffload.loaders.transforms.python",
     **dict.fromkeys(["TransformBoxes", "FollowBoxes"], "ffload.loaders.decoders.targets"),
 }

@@ -7,6 +7,7 @@ against their payload sizes and PNG-compressed ImageArrayFields decoded (their d
 checked against the field's). A dataset on object storage is read through the Loader's page
 pool (:mod:`ffload.loaders.pagedsamples`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -57,8 +58,13 @@ def _check_range(view: DatasetView, start: int, stop: int, region) -> list[tuple
     return problems
 
 
-def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = False,
-                   cache_dir: str | None = None, max_requests: int | None = None) -> list[tuple[int, str, str]]:
+def verify_dataset(
+    view: DatasetView,
+    num_workers: int = 0,
+    progress: bool = False,
+    cache_dir: str | None = None,
+    max_requests: int | None = None,
+) -> list[tuple[int, str, str]]:
     """Decode every image of ``view`` with the Loader's default decoder (see
     :mod:`ffload.loaders.samples`) and parse every JSON payload; offsets and sizes were already
     validated when it was opened. Goes on after a bad sample: every bad one is reported.
@@ -103,10 +109,12 @@ def verify_dataset(view: DatasetView, num_workers: int = 0, progress: bool = Fal
             def check(k: int) -> list[tuple[int, str, str]]:
                 with paged.holding(k):
                     return _check_range(paged.view, *bounds[k], paged.region)
+
         problems: list[tuple[int, str, str]] = []
         bar = None
         if progress:
             from tqdm import tqdm
+
             bar = stack.enter_context(tqdm(total=n, unit="sample", desc=f"verify {os.path.basename(view.path)}"))
         with ThreadPoolExecutor(workers) as pool:
             for (start, stop), found in zip(bounds, pool.map(check, range(len(bounds)))):

@@ -27,6 +27,7 @@ so that its decoders entropy-decode only the centre square's restart segments
 peers keep reading the original files: this is the comparison a user who converts with
 ``--reencode`` gets (second-generation JPEGs, bytes per image of both files in the report).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,16 +50,27 @@ from ffload.bench.config import DEEPLAKE_STACKS
 from ffload.bench.datasets import JPEG_QUALITY, build_photo_jpegs
 
 STACKS = {"dl_simple": 128, "dl_complex": 256}
-ROWS = (("ffload", "ffload", "beton"), ("dataloader_pil", "dataloader_pil", "folder"),
-        ("dataloader_albumentations", "dataloader_albumentations", "folder"),
-        ("decode_ceiling", "decode_ceiling", "beton"), ("ffload_rst", "ffload", "rst"),
-        ("decode_ceiling_rst", "decode_ceiling", "rst"))
+ROWS = (
+    ("ffload", "ffload", "beton"),
+    ("dataloader_pil", "dataloader_pil", "folder"),
+    ("dataloader_albumentations", "dataloader_albumentations", "folder"),
+    ("decode_ceiling", "decode_ceiling", "beton"),
+    ("ffload_rst", "ffload", "rst"),
+    ("decode_ceiling_rst", "decode_ceiling", "rst"),
+)
 """``(row name, BenchConfig kind, data)``: what each row measures, on which copy of the data."""
-TARGETS = {("ffload", "dataloader_pil"): (">=", 3.0), ("ffload", "dataloader_albumentations"): (">=", 2.0),
-           ("ffload_rst", "dataloader_pil"): (">=", 3.0), ("ffload_rst", "dataloader_albumentations"): (">=", 2.0),
-           ("dataloader_albumentations", "dataloader_pil"): (">=", 0.0), ("ffload", "decode_ceiling"): (">=", 0.0),
-           ("ffload_rst", "decode_ceiling_rst"): (">=", 0.0), ("ffload_rst", "ffload"): (">=", 0.0),
-           ("decode_ceiling", "dataloader_pil"): (">=", 0.0), ("decode_ceiling", "dataloader_albumentations"): (">=", 0.0)}
+TARGETS = {
+    ("ffload", "dataloader_pil"): (">=", 3.0),
+    ("ffload", "dataloader_albumentations"): (">=", 2.0),
+    ("ffload_rst", "dataloader_pil"): (">=", 3.0),
+    ("ffload_rst", "dataloader_albumentations"): (">=", 2.0),
+    ("dataloader_albumentations", "dataloader_pil"): (">=", 0.0),
+    ("ffload", "decode_ceiling"): (">=", 0.0),
+    ("ffload_rst", "decode_ceiling_rst"): (">=", 0.0),
+    ("ffload_rst", "ffload"): (">=", 0.0),
+    ("decode_ceiling", "dataloader_pil"): (">=", 0.0),
+    ("decode_ceiling", "dataloader_albumentations"): (">=", 0.0),
+}
 
 
 def prepare(data: str, n_images: int) -> dict[str, str]:
@@ -67,15 +79,24 @@ def prepare(data: str, n_images: int) -> dict[str, str]:
     from ffload.convert import convert_dataset
     from ffload.convert.sources import ImageFolderSource
 
-    paths = {"folder": os.path.join(data, f"photos{n_images}"),
-             "beton": os.path.join(data, f"photos{n_images}.beton"),
-             "rst": os.path.join(data, f"photos{n_images}_rst.beton")}
+    paths = {
+        "folder": os.path.join(data, f"photos{n_images}"),
+        "beton": os.path.join(data, f"photos{n_images}.beton"),
+        "rst": os.path.join(data, f"photos{n_images}_rst.beton"),
+    }
     if not os.path.isdir(paths["folder"]):
         build_photo_jpegs(paths["folder"], n_images)
     for key, extra in (("beton", {}), ("rst", {"reencode": True, "jpeg_restart_interval": 1})):
         if not os.path.isfile(paths[key]):
-            convert_dataset(ImageFolderSource(paths["folder"]), paths[key], write_mode="jpg",
-                            jpeg_quality=JPEG_QUALITY, progress=False, overwrite=True, **extra)
+            convert_dataset(
+                ImageFolderSource(paths["folder"]),
+                paths[key],
+                write_mode="jpg",
+                jpeg_quality=JPEG_QUALITY,
+                progress=False,
+                overwrite=True,
+                **extra,
+            )
     return paths
 
 
@@ -106,24 +127,59 @@ def main() -> None:
     env = measurement_conditions()
     sections = []
     for pipeline, size in STACKS.items():
-        configs = [BenchConfig(kind=kind, path=paths[data], pipeline=pipeline, name=name,
-                               batch_size=args.batch_size, num_workers=args.num_workers, epochs=args.epochs,
-                               size=size) for name, kind, data in ROWS]
+        configs = [
+            BenchConfig(
+                kind=kind,
+                path=paths[data],
+                pipeline=pipeline,
+                name=name,
+                batch_size=args.batch_size,
+                num_workers=args.num_workers,
+                epochs=args.epochs,
+                size=size,
+            )
+            for name, kind, data in ROWS
+        ]
         print(f"== {pipeline} ({size} px): {DEEPLAKE_STACKS[pipeline]}", file=sys.stderr)
-        rows = summarize(run_rounds(configs, args.repeats, args.timeout,
-                                    lambda r: print(f"  {r['name']}: {r.get('img_s') or r.get('error')}",
-                                                    file=sys.stderr)))
+        rows = summarize(
+            run_rounds(
+                configs,
+                args.repeats,
+                args.timeout,
+                lambda r: print(f"  {r['name']}: {r.get('img_s') or r.get('error')}", file=sys.stderr),
+            )
+        )
         ratios = compute_ratios(rows, list(TARGETS))
-        sections.append({"pipeline": pipeline, "size": size, "rows": rows, "ratios": ratios,
-                         "table": format_rows(rows), "ratio_table": format_ratios(ratios, TARGETS)})
-    md = ["# Augmentation stacks (Deep Lake's benchmark)", "", format_conditions(env), "",
-          f"{args.n_images} ImageNet-sized JPEGs, {args.num_workers} workers, batch {args.batch_size}, "
-          f"{args.repeats} interleaved round(s) of {args.epochs} epochs; {time.perf_counter() - t0:.0f} s in all. "
-          f"Mean JPEG bytes per image: {_mean_payload(paths['beton']) / 1e3:.1f} KB in photos.beton (the "
-          f"source files), {_mean_payload(paths['rst']) / 1e3:.1f} KB in photos_rst.beton (re-encoded, markers).", ""]
+        sections.append(
+            {
+                "pipeline": pipeline,
+                "size": size,
+                "rows": rows,
+                "ratios": ratios,
+                "table": format_rows(rows),
+                "ratio_table": format_ratios(ratios, TARGETS),
+            }
+        )
+    md = [
+        "# Augmentation stacks (Deep Lake's benchmark)",
+        "",
+        format_conditions(env),
+        "",
+        f"{args.n_images} ImageNet-sized JPEGs, {args.num_workers} workers, batch {args.batch_size}, "
+        f"{args.repeats} interleaved round(s) of {args.epochs} epochs; {time.perf_counter() - t0:.0f} s in all. "
+        f"Mean JPEG bytes per image: {_mean_payload(paths['beton']) / 1e3:.1f} KB in photos.beton (the "
+        f"source files), {_mean_payload(paths['rst']) / 1e3:.1f} KB in photos_rst.beton (re-encoded, markers).",
+        "",
+    ]
     for s in sections:
-        md += [f"## {s['pipeline']} at {s['size']} px: {DEEPLAKE_STACKS[s['pipeline']]}", "", s["table"], "",
-               s["ratio_table"], ""]
+        md += [
+            f"## {s['pipeline']} at {s['size']} px: {DEEPLAKE_STACKS[s['pipeline']]}",
+            "",
+            s["table"],
+            "",
+            s["ratio_table"],
+            "",
+        ]
     text = "\n".join(md)
     print(text)
     write_results(args.out, text, {"environment": env, "sections": sections, "args": vars(args)})

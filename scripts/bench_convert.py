@@ -16,6 +16,7 @@ to ``(H, W, 3) uint8`` RGB: ffload's decoder of record (``ffload.convert.images.
 OpenCV (``cv2.imdecode`` + BGR->RGB, what conversions used before the rule), and Pillow as torchvision's
 ``ImageFolder`` calls it (``exif_transpose(open(f)).convert("RGB")``), in interleaved rounds; medians and ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,9 +59,23 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "samples": len(src)}))
 def run_once(kind, folder, dst, mode, quality, workers, maxres):
     if os.path.lexists(dst):
         subprocess.run(["rm", "-rf", dst], check=True)
-    out = subprocess.run([sys.executable, "-c", RUNNER, kind, folder, dst, mode, str(quality), str(workers),
-                          "none" if maxres is None else str(maxres)],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RUNNER,
+            kind,
+            folder,
+            dst,
+            mode,
+            str(quality),
+            str(workers),
+            "none" if maxres is None else str(maxres),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -99,9 +114,16 @@ def decode_rates(folder: str, rounds: int) -> list[dict]:
                     decode(data, path)
                 times[name].append(time.perf_counter() - t0)
         rate = {name: len(files) / statistics.median(t) for name, t in times.items()}
-        rows.append({"format": fmt, "files": len(files), **{f"{k}_img_s": v for k, v in rate.items()},
-                     "ffload_vs_opencv": rate["ffload"] / rate["opencv"],
-                     "ffload_vs_pillow": rate["ffload"] / rate["pillow"], "runs": times})
+        rows.append(
+            {
+                "format": fmt,
+                "files": len(files),
+                **{f"{k}_img_s": v for k, v in rate.items()},
+                "ffload_vs_opencv": rate["ffload"] / rate["opencv"],
+                "ffload_vs_pillow": rate["ffload"] / rate["pillow"],
+                "runs": times,
+            }
+        )
     return rows
 
 
@@ -125,6 +147,7 @@ def main():
     folder = args.folder
     if folder is None:
         from ffload.convert.demo_data import build_photos_folder
+
         folder = os.path.join(work, "photos")
         build_photos_folder(folder, n_per_class=args.per_class)
     rows = []
@@ -132,33 +155,57 @@ def main():
         times = {"ffload": [], "ffcv": []}
         for _ in range(args.repeats):
             for kind in ("ffload", "ffcv"):
-                r = run_once(kind, folder, os.path.join(work, f"{kind}.beton"), mode, args.quality,
-                             args.workers, args.max_resolution)
+                r = run_once(
+                    kind,
+                    folder,
+                    os.path.join(work, f"{kind}.beton"),
+                    mode,
+                    args.quality,
+                    args.workers,
+                    args.max_resolution,
+                )
                 times[kind].append(r["seconds"])
                 n = r["samples"]
         med = {k: statistics.median(v) for k, v in times.items()}
-        rows.append({"mode": mode, "samples": n, "workers": args.workers,
-                     "ffload_s": med["ffload"], "ffcv_s": med["ffcv"],
-                     "ffload_img_s": n / med["ffload"], "ffcv_img_s": n / med["ffcv"],
-                     "ratio": med["ffcv"] / med["ffload"], "runs": times})
-    print(f"\nconversion of {folder} ({rows[0]['samples']} images), {args.workers} workers, "
-          f"median of {args.repeats} alternating runs")
+        rows.append(
+            {
+                "mode": mode,
+                "samples": n,
+                "workers": args.workers,
+                "ffload_s": med["ffload"],
+                "ffcv_s": med["ffcv"],
+                "ffload_img_s": n / med["ffload"],
+                "ffcv_img_s": n / med["ffcv"],
+                "ratio": med["ffcv"] / med["ffload"],
+                "runs": times,
+            }
+        )
+    print(
+        f"\nconversion of {folder} ({rows[0]['samples']} images), {args.workers} workers, "
+        f"median of {args.repeats} alternating runs"
+    )
     conditions = measurement_conditions()
     print(format_conditions(conditions))
     print("| mode | ffload s | ffcv s | ffload img/s | ffcv img/s | ffload speed-up vs ffcv |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mode']} | {r['ffload_s']:.2f} | {r['ffcv_s']:.2f} | {r['ffload_img_s']:.0f} | "
-              f"{r['ffcv_img_s']:.0f} | {r['ratio']:.2f}x |")
+        print(
+            f"| {r['mode']} | {r['ffload_s']:.2f} | {r['ffcv_s']:.2f} | {r['ffload_img_s']:.0f} | "
+            f"{r['ffcv_img_s']:.0f} | {r['ratio']:.2f}x |"
+        )
     decode = decode_rates(folder, args.decode_rounds) if args.decode_rounds > 0 else []
     if decode:
         print(f"\ndecoding the same files in one thread, median of {args.decode_rounds} interleaved rounds")
-        print("| format | files | ffload (decode rule) img/s | OpenCV img/s | Pillow img/s | ffload / OpenCV | "
-              "ffload / Pillow |")
+        print(
+            "| format | files | ffload (decode rule) img/s | OpenCV img/s | Pillow img/s | ffload / OpenCV | "
+            "ffload / Pillow |"
+        )
         print("|---|---|---|---|---|---|---|")
         for r in decode:
-            print(f"| {r['format']} | {r['files']} | {r['ffload_img_s']:.0f} | {r['opencv_img_s']:.0f} | "
-                  f"{r['pillow_img_s']:.0f} | {r['ffload_vs_opencv']:.2f}x | {r['ffload_vs_pillow']:.2f}x |")
+            print(
+                f"| {r['format']} | {r['files']} | {r['ffload_img_s']:.0f} | {r['opencv_img_s']:.0f} | "
+                f"{r['pillow_img_s']:.0f} | {r['ffload_vs_opencv']:.2f}x | {r['ffload_vs_pillow']:.2f}x |"
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"conditions": conditions, "rows": rows, "decode": decode}, f, indent=2)

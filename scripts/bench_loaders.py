@@ -37,6 +37,7 @@ before each group so the page cache is warm. Tables are printed and written to `
 conditions of the run (``ffload.bench.measurement_conditions``: versions, git commit, CPUs,
 device).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,8 +75,14 @@ def prepare_data(data: str, n_raw: int, n_jpeg: int, workers: int) -> dict:
     from ffload.convert.sources import ArraySource, ImageFolderSource
     from ffload.formats import open_dataset
 
-    params = {"n_raw": n_raw, "n_jpeg": n_jpeg, "grain": GRAIN_SIGMA, "longer": list(LONGER_SIDE),
-              "quality": JPEG_QUALITY, "version": 1}
+    params = {
+        "n_raw": n_raw,
+        "n_jpeg": n_jpeg,
+        "grain": GRAIN_SIGMA,
+        "longer": list(LONGER_SIDE),
+        "quality": JPEG_QUALITY,
+        "version": 1,
+    }
     marker = os.path.join(data, "datasets.json")
     if os.path.isfile(marker):
         with open(marker) as f:
@@ -84,8 +91,10 @@ def prepare_data(data: str, n_raw: int, n_jpeg: int, workers: int) -> dict:
             return info
     if os.path.isdir(data) and os.listdir(data):
         if not os.path.isfile(marker):
-            sys.exit(f"--data {data}: folder exists, is not empty and holds no datasets.json of this script; "
-                     "choose a new folder")
+            sys.exit(
+                f"--data {data}: folder exists, is not empty and holds no datasets.json of this script; "
+                "choose a new folder"
+            )
         shutil.rmtree(data)  # built by this script with other parameters
     os.makedirs(data, exist_ok=True)
     t0 = time.perf_counter()
@@ -95,21 +104,35 @@ def prepare_data(data: str, n_raw: int, n_jpeg: int, workers: int) -> dict:
     paths = {"folder": folder}
     for suffix in ("beton", "lmdb"):
         paths[f"raw_{suffix}"] = os.path.join(data, f"raw32.{suffix}")
-        convert_dataset(ArraySource(images, labels), paths[f"raw_{suffix}"], write_mode="raw",
-                        num_workers=workers, progress=False)
+        convert_dataset(
+            ArraySource(images, labels), paths[f"raw_{suffix}"], write_mode="raw", num_workers=workers, progress=False
+        )
         paths[f"jpeg_{suffix}"] = os.path.join(data, f"photos.{suffix}")
-        convert_dataset(ImageFolderSource(folder), paths[f"jpeg_{suffix}"], write_mode="jpg",
-                        jpeg_quality=JPEG_QUALITY, num_workers=workers, progress=False)
+        convert_dataset(
+            ImageFolderSource(folder),
+            paths[f"jpeg_{suffix}"],
+            write_mode="jpg",
+            jpeg_quality=JPEG_QUALITY,
+            num_workers=workers,
+            progress=False,
+        )
     view = open_dataset(paths["jpeg_beton"])
     meta = view.metadata["image"]
     files = [os.path.join(r, f) for r, _, fs in os.walk(folder) for f in fs]
-    info = {"params": params, "paths": paths, "build_s": time.perf_counter() - t0,
-            "raw": {"samples": n_raw, "side": 32},
-            "jpeg": {"samples": view.num_samples,
-                     "file_kb_mean": float(np.mean([os.path.getsize(f) for f in files]) / 1000),
-                     "payload_kb_mean": float(view.sizes["image"].mean() / 1000),
-                     "width_mean": float(meta["width"].mean()), "height_mean": float(meta["height"].mean()),
-                     "longer_mean": float(np.maximum(meta["width"], meta["height"]).mean())}}
+    info = {
+        "params": params,
+        "paths": paths,
+        "build_s": time.perf_counter() - t0,
+        "raw": {"samples": n_raw, "side": 32},
+        "jpeg": {
+            "samples": view.num_samples,
+            "file_kb_mean": float(np.mean([os.path.getsize(f) for f in files]) / 1000),
+            "payload_kb_mean": float(view.sizes["image"].mean() / 1000),
+            "width_mean": float(meta["width"].mean()),
+            "height_mean": float(meta["height"].mean()),
+            "longer_mean": float(np.maximum(meta["width"], meta["height"]).mean()),
+        },
+    }
     with open(marker, "w") as f:
         json.dump(info, f, indent=2)
     return info
@@ -118,8 +141,7 @@ def prepare_data(data: str, n_raw: int, n_jpeg: int, workers: int) -> dict:
 def warm_page_cache(*paths: str) -> None:
     """Read every file under ``paths`` once so the OS page cache holds them."""
     for path in paths:
-        files = ([os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs] if os.path.isdir(path)
-                 else [path])
+        files = [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs] if os.path.isdir(path) else [path]
         for name in files:
             with open(name, "rb") as f:
                 while f.read(1 << 24):
@@ -129,34 +151,72 @@ def warm_page_cache(*paths: str) -> None:
 # ----------------------------------------------------------------------------- plan
 def groups(paths: dict, workers: list, epochs: int, with_ffcv: bool) -> list:
     """``[(key, title, configs, ratio pairs with targets, files to warm)]``."""
+
     def cfgs(kinds, pipeline, batch, workers_list):
         out = []
         for w in workers_list:
             for name, kind, path in kinds:
-                out.append(BenchConfig(kind=kind, path=path, pipeline=pipeline, batch_size=batch,
-                                       num_workers=w, epochs=epochs, size=CROP, name=name))
+                out.append(
+                    BenchConfig(
+                        kind=kind,
+                        path=path,
+                        pipeline=pipeline,
+                        batch_size=batch,
+                        num_workers=w,
+                        epochs=epochs,
+                        size=CROP,
+                        name=name,
+                    )
+                )
         return out
 
     ffcv = [("ffcv", "ffcv")] if with_ffcv else []
-    raw = [("ffload", "ffload", paths["raw_beton"])] + [(n, k, paths["raw_beton"]) for n, k in ffcv] + [
-        ("dataloader (arrays)", "dataloader_arrays", paths["raw_beton"]),
-        ("ffload (lmdb)", "ffload", paths["raw_lmdb"])]
-    jpeg = [("ffload", "ffload", paths["jpeg_beton"])] + [(n, k, paths["jpeg_beton"]) for n, k in ffcv] + [
-        ("dataloader (PIL)", "dataloader_pil", paths["folder"])]
+    raw = (
+        [("ffload", "ffload", paths["raw_beton"])]
+        + [(n, k, paths["raw_beton"]) for n, k in ffcv]
+        + [
+            ("dataloader (arrays)", "dataloader_arrays", paths["raw_beton"]),
+            ("ffload (lmdb)", "ffload", paths["raw_lmdb"]),
+        ]
+    )
+    jpeg = (
+        [("ffload", "ffload", paths["jpeg_beton"])]
+        + [(n, k, paths["jpeg_beton"]) for n, k in ffcv]
+        + [("dataloader (PIL)", "dataloader_pil", paths["folder"])]
+    )
     ceiling = [("decode ceiling", "decode_ceiling", paths["jpeg_beton"])]
     lmdb_jpeg = [("ffload (lmdb)", "ffload", paths["jpeg_lmdb"])]
     return [
-        ("raw", "raw 32x32, SimpleRGBImageDecoder + flip", cfgs(raw, "simple", RAW_BATCH, workers),
-         {("ffload", "ffcv"): (">=", 1.3), ("ffload", "dataloader (arrays)"): (">=", 3.0),
-          ("ffload (lmdb)", "ffload"): (">=", 0.9)},
-         [paths["raw_beton"], paths["raw_lmdb"]]),
-        ("rrc", "JPEG, RandomResizedCrop(224) + flip", cfgs(jpeg + ceiling + lmdb_jpeg, "rrc", JPEG_BATCH, workers),
-         {("ffload", "ffcv"): (">=", 1.5), ("ffload", "decode ceiling"): (">=", 0.8),
-          ("ffload", "dataloader (PIL)"): (">=", 1.7), ("ffload (lmdb)", "ffload"): (">=", 0.9)},
-         [paths["jpeg_beton"], paths["jpeg_lmdb"], paths["folder"]]),
-        ("center", "JPEG, CenterCrop(224, ratio=224/256) + flip", cfgs(jpeg, "center", JPEG_BATCH, workers),
-         {("ffload", "ffcv"): (">=", 1.5), ("ffload", "dataloader (PIL)"): (">=", 1.7)},
-         [paths["jpeg_beton"], paths["folder"]]),
+        (
+            "raw",
+            "raw 32x32, SimpleRGBImageDecoder + flip",
+            cfgs(raw, "simple", RAW_BATCH, workers),
+            {
+                ("ffload", "ffcv"): (">=", 1.3),
+                ("ffload", "dataloader (arrays)"): (">=", 3.0),
+                ("ffload (lmdb)", "ffload"): (">=", 0.9),
+            },
+            [paths["raw_beton"], paths["raw_lmdb"]],
+        ),
+        (
+            "rrc",
+            "JPEG, RandomResizedCrop(224) + flip",
+            cfgs(jpeg + ceiling + lmdb_jpeg, "rrc", JPEG_BATCH, workers),
+            {
+                ("ffload", "ffcv"): (">=", 1.5),
+                ("ffload", "decode ceiling"): (">=", 0.8),
+                ("ffload", "dataloader (PIL)"): (">=", 1.7),
+                ("ffload (lmdb)", "ffload"): (">=", 0.9),
+            },
+            [paths["jpeg_beton"], paths["jpeg_lmdb"], paths["folder"]],
+        ),
+        (
+            "center",
+            "JPEG, CenterCrop(224, ratio=224/256) + flip",
+            cfgs(jpeg, "center", JPEG_BATCH, workers),
+            {("ffload", "ffcv"): (">=", 1.5), ("ffload", "dataloader (PIL)"): (">=", 1.7)},
+            [paths["jpeg_beton"], paths["folder"]],
+        ),
     ]
 
 
@@ -164,10 +224,23 @@ def warm_numba_cache(paths: dict) -> None:
     """One short ffload run per pipeline so that the timed runs find numba's on-disk cache warm."""
     from ffload.bench import measure
 
-    for path, pipeline, batch in ((paths["raw_beton"], "simple", RAW_BATCH), (paths["jpeg_beton"], "rrc", JPEG_BATCH),
-                                  (paths["jpeg_beton"], "center", JPEG_BATCH)):
-        r = measure(BenchConfig(kind="ffload", path=path, pipeline=pipeline, batch_size=batch, num_workers=1,
-                                epochs=1, size=CROP, limit=2 * batch))
+    for path, pipeline, batch in (
+        (paths["raw_beton"], "simple", RAW_BATCH),
+        (paths["jpeg_beton"], "rrc", JPEG_BATCH),
+        (paths["jpeg_beton"], "center", JPEG_BATCH),
+    ):
+        r = measure(
+            BenchConfig(
+                kind="ffload",
+                path=path,
+                pipeline=pipeline,
+                batch_size=batch,
+                num_workers=1,
+                epochs=1,
+                size=CROP,
+                limit=2 * batch,
+            )
+        )
         if "error" in r:
             sys.exit(f"ffload failed on {path} ({pipeline}): {r['error']}")
 
@@ -175,8 +248,11 @@ def warm_numba_cache(paths: dict) -> None:
 # ----------------------------------------------------------------------------- report
 def startup_table(results_by_group: dict, rss_rows: list) -> str:
     def med(key, group, name):
-        vals = [r[key] for r in results_by_group.get(group, []) if r["name"] == name and "error" not in r
-                and r.get(key) is not None]
+        vals = [
+            r[key]
+            for r in results_by_group.get(group, [])
+            if r["name"] == name and "error" not in r and r.get(key) is not None
+        ]
         return None if not vals else float(np.median(vals))
 
     def fmt(v, spec=".2f"):
@@ -189,7 +265,8 @@ def startup_table(results_by_group: dict, rss_rows: list) -> str:
             f"{fmt(med('first_batch_s', group, 'ffload'))} | <= 2 |",
             f"| ffload {label}: process spawn -> first batch, incl. `import torch` (s) | "
             f"{fmt(med('first_batch_total_s', group, 'ffload'))} | - |",
-            f"| ffload {label}: `import torch` alone (s) | {fmt(med('import_torch_s', group, 'ffload'))} | - |"]
+            f"| ffload {label}: `import torch` alone (s) | {fmt(med('import_torch_s', group, 'ffload'))} | - |",
+        ]
     for group, label in (("raw", "raw"), ("rrc", "JPEG rrc")):
         if not any(r["name"] == "ffcv" for r in results_by_group.get(group, [])):
             continue
@@ -200,21 +277,24 @@ def startup_table(results_by_group: dict, rss_rows: list) -> str:
             f"| ffcv {label}: `Loader()` (code generation) (s) | {fmt(build)} | - |",
             f"| ffcv {label}: `Loader()` -> first batch (JIT compilation) (s) | {fmt(compile_s)} | - |",
             f"| ffcv {label}: epoch 0 (s), vs ffload's | {fmt(med('epoch0_s', group, 'ffcv'))} vs "
-            f"{fmt(med('epoch0_s', group, 'ffload'))} | - |"]
+            f"{fmt(med('epoch0_s', group, 'ffload'))} | - |",
+        ]
     for row in rss_rows:
-        lines.append(f"| ffload {row['name']}: RSS growth over 20 epochs after epoch 1 (MiB); peak RSS (MiB) | "
-                     f"{fmt(row['rss_growth_mb'], '+.1f')}; {fmt(row['peak_rss_mb'], '.0f')} | <= 50 |")
+        lines.append(
+            f"| ffload {row['name']}: RSS growth over 20 epochs after epoch 1 (MiB); peak RSS (MiB) | "
+            f"{fmt(row['rss_growth_mb'], '+.1f')}; {fmt(row['peak_rss_mb'], '.0f')} | <= 50 |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small datasets, one round, 3 epochs (< 3 min)")
-    ap.add_argument("--num-workers", type=int, default=2,
-                    help="num_workers of every loader (default 2)")
+    ap.add_argument("--num-workers", type=int, default=2, help="num_workers of every loader (default 2)")
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3; --quick 1)")
-    ap.add_argument("--epochs", type=int, default=None, help="epochs per run, epoch 0 excluded from img/s "
-                    "(default 4; --quick 3)")
+    ap.add_argument(
+        "--epochs", type=int, default=None, help="epochs per run, epoch 0 excluded from img/s (default 4; --quick 3)"
+    )
     ap.add_argument("--raw-samples", type=int, default=None, help="default 50000 (--quick 10000)")
     ap.add_argument("--jpeg-samples", type=int, default=None, help="default 1536 (--quick 384)")
     ap.add_argument("--data", default=None, help="dataset folder, kept and reused (default: a temporary folder)")
@@ -229,7 +309,11 @@ def main() -> None:
     n_raw = args.raw_samples or (10000 if args.quick else 50000)
     n_jpeg = args.jpeg_samples or (384 if args.quick else 1536)
     with_ffcv = ffcv_available() and not args.no_ffcv
-    workers = sorted({int(w) for w in args.num_workers_list.split(",")} | {args.num_workers}) if args.plot else [args.num_workers]
+    workers = (
+        sorted({int(w) for w in args.num_workers_list.split(",")} | {args.num_workers})
+        if args.plot
+        else [args.num_workers]
+    )
 
     t_start = time.perf_counter()
     env = measurement_conditions()
@@ -247,8 +331,9 @@ def main() -> None:
 
             def progress(r):
                 status = f"{r['img_s']:.0f} img/s" if "error" not in r else f"FAILED {r['error'][:300]}"
-                print(f"  round {r['round'] + 1}: {r['name']} ({r['config']['num_workers']}w): {status}",
-                      file=sys.stderr)
+                print(
+                    f"  round {r['round'] + 1}: {r['name']} ({r['config']['num_workers']}w): {status}", file=sys.stderr
+                )
 
             results = run_rounds(configs, repeats, args.timeout, progress)
             results_by_group[key] = results
@@ -260,41 +345,85 @@ def main() -> None:
             ratios = compute_ratios(rows, list(targets))
             if args.plot:
                 os.makedirs(args.out, exist_ok=True)
-                plot_throughput(rows, os.path.join(args.out, f"workers_{key}.png"),
-                                f"{title}, batch {rows[0]['batch_size']}")
-            sections.append({"key": key, "title": title, "rows": rows, "ratios": ratios,
-                             "targets": {f"{a} / {b}": list(t) for (a, b), t in targets.items()},
-                             "table": format_rows(rows), "ratio_table": format_ratios(ratios, targets)})
+                plot_throughput(
+                    rows, os.path.join(args.out, f"workers_{key}.png"), f"{title}, batch {rows[0]['batch_size']}"
+                )
+            sections.append(
+                {
+                    "key": key,
+                    "title": title,
+                    "rows": rows,
+                    "ratios": ratios,
+                    "targets": {f"{a} / {b}": list(t) for (a, b), t in targets.items()},
+                    "table": format_rows(rows),
+                    "ratio_table": format_ratios(ratios, targets),
+                }
+            )
 
         print("== RSS over 20 epochs", file=sys.stderr)
-        rss_configs = [BenchConfig(kind="ffload", path=paths["raw_beton"], pipeline="simple", batch_size=RAW_BATCH,
-                                   num_workers=args.num_workers, epochs=22, name="raw 32x32")]
+        rss_configs = [
+            BenchConfig(
+                kind="ffload",
+                path=paths["raw_beton"],
+                pipeline="simple",
+                batch_size=RAW_BATCH,
+                num_workers=args.num_workers,
+                epochs=22,
+                name="raw 32x32",
+            )
+        ]
         if not args.quick:
-            rss_configs.append(BenchConfig(kind="ffload", path=paths["jpeg_beton"], pipeline="rrc",
-                                           batch_size=JPEG_BATCH, num_workers=args.num_workers, epochs=22, size=CROP,
-                                           limit=min(512, info["jpeg"]["samples"]), name="JPEG rrc (512 samples)"))
+            rss_configs.append(
+                BenchConfig(
+                    kind="ffload",
+                    path=paths["jpeg_beton"],
+                    pipeline="rrc",
+                    batch_size=JPEG_BATCH,
+                    num_workers=args.num_workers,
+                    epochs=22,
+                    size=CROP,
+                    limit=min(512, info["jpeg"]["samples"]),
+                    name="JPEG rrc (512 samples)",
+                )
+            )
         rss_rows = summarize(run_rounds(rss_configs, 1, args.timeout))
         env["load_avg_end"] = os.getloadavg()
         env["total_s"] = time.perf_counter() - t_start
 
         jp = info["jpeg"]
-        md = [f"# Loader benchmark ({'quick' if args.quick else 'full'})", "",
-              f"{format_conditions(env)}; load average {env['load_avg_start'][0]:.2f} at start, "
-              f"{env['load_avg_end'][0]:.2f} at end.", "",
-              f"{args.num_workers} workers, {repeats} interleaved round(s), {epochs} epochs per run "
-              f"(img/s: median of epochs 1+ per run, then median over rounds); order RANDOM, os_cache, "
-              f"drop_last=False, page cache warm. Total {env['total_s']:.0f} s.", "",
-              f"Data: raw 32x32: {n_raw} samples, batch {RAW_BATCH}. JPEG: {jp['samples']} images, mean "
-              f"{jp['width_mean']:.0f}x{jp['height_mean']:.0f} px (longer side {jp['longer_mean']:.0f}), "
-              f"{jp['payload_kb_mean']:.0f} KB mean payload (q{JPEG_QUALITY}), batch {JPEG_BATCH}, output "
-              f"{CROP}x{CROP}.", ""]
+        md = [
+            f"# Loader benchmark ({'quick' if args.quick else 'full'})",
+            "",
+            f"{format_conditions(env)}; load average {env['load_avg_start'][0]:.2f} at start, "
+            f"{env['load_avg_end'][0]:.2f} at end.",
+            "",
+            f"{args.num_workers} workers, {repeats} interleaved round(s), {epochs} epochs per run "
+            f"(img/s: median of epochs 1+ per run, then median over rounds); order RANDOM, os_cache, "
+            f"drop_last=False, page cache warm. Total {env['total_s']:.0f} s.",
+            "",
+            f"Data: raw 32x32: {n_raw} samples, batch {RAW_BATCH}. JPEG: {jp['samples']} images, mean "
+            f"{jp['width_mean']:.0f}x{jp['height_mean']:.0f} px (longer side {jp['longer_mean']:.0f}), "
+            f"{jp['payload_kb_mean']:.0f} KB mean payload (q{JPEG_QUALITY}), batch {JPEG_BATCH}, output "
+            f"{CROP}x{CROP}.",
+            "",
+        ]
         for s in sections:
             md += [f"## {s['title']}", "", s["table"], "", s["ratio_table"], ""]
         md += ["## Start-up and memory", "", startup_table(results_by_group, rss_rows), ""]
         text = "\n".join(md)
         print(text)
-        write_results(args.out, text, {"environment": env, "data": info, "sections": sections, "rss": rss_rows,
-                                       "runs": results_by_group, "args": vars(args)})
+        write_results(
+            args.out,
+            text,
+            {
+                "environment": env,
+                "data": info,
+                "sections": sections,
+                "rss": rss_rows,
+                "runs": results_by_group,
+                "args": vars(args),
+            },
+        )
         print(f"\nwrote {args.out}/results.md and results.json", file=sys.stderr)
     finally:
         if args.data is None:

@@ -17,6 +17,7 @@ around the subprocess) and the conversion alone (measured inside, after the impo
 the ratios ``ffcv / ffload`` (> 1: ffload is faster), and the closing note projects ImageNet-1k (1,281,167
 JPEGs, ~110 KB mean) conversion time per core from ffload's measured rate, by images and by bytes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,8 +89,9 @@ def run_once(kind: str, folder: str, dst: str, workers: int) -> dict:
     if os.path.lexists(dst):
         os.remove(dst)
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", RUNNER, kind, folder, dst, str(workers)],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", RUNNER, kind, folder, dst, str(workers)], check=True, capture_output=True, text=True
+    )
     whole = time.perf_counter() - t0
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["whole"] = whole
@@ -121,28 +123,37 @@ def main():
     n = runs["ffload"][0]["samples"]
     med = {k: {t: statistics.median(r[t] for r in v) for t in ("whole", "seconds")} for k, v in runs.items()}
     conditions = measurement_conditions()
-    print(f"\nconversion of {folder}: {n} JPEGs, {source_bytes / n / 1e3:.0f} KB mean, write_mode jpg, "
-          f"{args.workers} workers, median of {args.repeats} alternating runs; passed through: "
-          f"{runs['ffload'][0]['passed_through']}")
+    print(
+        f"\nconversion of {folder}: {n} JPEGs, {source_bytes / n / 1e3:.0f} KB mean, write_mode jpg, "
+        f"{args.workers} workers, median of {args.repeats} alternating runs; passed through: "
+        f"{runs['ffload'][0]['passed_through']}"
+    )
     print(format_conditions(conditions))
     print("| converter | whole process s | img/s | conversion s | img/s | ffcv / this (whole) | ffcv / this (conv.) |")
     print("|---|---|---|---|---|---|---|")
     for kind in KINDS:
         m = med[kind]
-        print(f"| {kind} | {m['whole']:.2f} | {n / m['whole']:.0f} | {m['seconds']:.2f} | {n / m['seconds']:.0f} | "
-              f"{med['ffcv']['whole'] / m['whole']:.2f}x | {med['ffcv']['seconds'] / m['seconds']:.2f}x |")
+        print(
+            f"| {kind} | {m['whole']:.2f} | {n / m['whole']:.0f} | {m['seconds']:.2f} | {n / m['seconds']:.0f} | "
+            f"{med['ffcv']['whole'] / m['whole']:.2f}x | {med['ffcv']['seconds'] / m['seconds']:.2f}x |"
+        )
     rate = n / med["ffload"]["seconds"] / max(args.workers, 1)  # images/s per core, conversion alone
     byte_rate = source_bytes / med["ffload"]["seconds"] / max(args.workers, 1)
     ffcv_rate = n / med["ffcv"]["seconds"] / max(args.workers, 1)
-    print(f"\nImageNet-1k projection ({IMAGENET_IMAGES} JPEGs, {IMAGENET_MEAN_BYTES / 1e3:.0f} KB mean), per core: "
-          f"ffload pass-through {IMAGENET_IMAGES / rate / 3600:.2f} h at {rate:.0f} img/s/core, or "
-          f"{IMAGENET_IMAGES * IMAGENET_MEAN_BYTES / byte_rate / 3600:.2f} h at {byte_rate / 1e6:.0f} MB/s/core; "
-          f"ffcv {IMAGENET_IMAGES / ffcv_rate / 3600:.2f} h at {ffcv_rate:.0f} img/s/core (these images are "
-          f"smaller than ImageNet's: ffcv's per-image cost grows with pixels, so its projection is optimistic)")
+    print(
+        f"\nImageNet-1k projection ({IMAGENET_IMAGES} JPEGs, {IMAGENET_MEAN_BYTES / 1e3:.0f} KB mean), per core: "
+        f"ffload pass-through {IMAGENET_IMAGES / rate / 3600:.2f} h at {rate:.0f} img/s/core, or "
+        f"{IMAGENET_IMAGES * IMAGENET_MEAN_BYTES / byte_rate / 3600:.2f} h at {byte_rate / 1e6:.0f} MB/s/core; "
+        f"ffcv {IMAGENET_IMAGES / ffcv_rate / 3600:.2f} h at {ffcv_rate:.0f} img/s/core (these images are "
+        f"smaller than ImageNet's: ffcv's per-image cost grows with pixels, so its projection is optimistic)"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"conditions": conditions, "images": n, "source_bytes": source_bytes, "runs": runs,
-                       "medians": med}, f, indent=2)
+            json.dump(
+                {"conditions": conditions, "images": n, "source_bytes": source_bytes, "runs": runs, "medians": med},
+                f,
+                indent=2,
+            )
     subprocess.run(["rm", "-rf", work], check=False)
 
 

@@ -16,6 +16,7 @@ bounds any cluster's one-file conversion rate (a sharded one on Ray is bounded b
 alone). Every output's samples (metadata without pointers, payload bytes) are compared. Prints a
 markdown table with ratios and the ImageNet projection from the measured per-core rate.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -117,8 +118,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--cores-per-node", type=int, default=32)
-    ap.add_argument("--imagenet-kib", type=float, default=110.0,
-                    help="stored KiB per ImageNet image (its JPEGs kept as they are: ~138 GB / 1.28 M)")
+    ap.add_argument(
+        "--imagenet-kib",
+        type=float,
+        default=110.0,
+        help="stored KiB per ImageNet image (its JPEGs kept as they are: ~138 GB / 1.28 M)",
+    )
     ap.add_argument("--shard-size", default="16MB", help="shard size of the sharded runs (2 MiB pages)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
@@ -126,6 +131,7 @@ def main():
     folder = args.folder
     if folder is None:
         from ffload.convert.demo_data import build_photos_folder
+
         folder = os.path.join(work, "photos")
         build_photos_folder(folder, n_per_class=args.per_class)
     configs = [(e, w, s) for s in ("", " shards") for w in (1, 2) for e in ("local", "ray")]
@@ -139,7 +145,8 @@ def main():
             dst = output(engine, workers, sharded)
             subprocess.run(["rm", "-rf", dst], check=True)
             runs[(engine, workers, sharded)].append(
-                run(RUNNER, engine, folder, dst, workers, args.shard_size if sharded else "-"))
+                run(RUNNER, engine, folder, dst, workers, args.shard_size if sharded else "-")
+            )
     n = runs[configs[0]][0]["samples"]
     rate = {c: n / statistics.median(r["seconds"] for r in v) for c, v in runs.items()}
     same = len({open(output(e, w, s), "rb").read() for e, w, s in configs if not s}) == 1
@@ -154,22 +161,30 @@ def main():
     print(f"\nconvert {folder} ({n} photos, write-mode jpg --reencode), median of {args.repeats} alternating runs")
     print(format_conditions(conditions))
     print(f"one-file outputs byte-identical: {same}; all 8 outputs hold the same samples: {same_samples}")
-    print("| engine | processes | img/s | vs local same processes | vs same engine, 1 process | ray start + warm workers s |")
+    print(
+        "| engine | processes | img/s | vs local same processes | vs same engine, 1 process | ray start + warm workers s |"
+    )
     print("|---|---|---|---|---|---|")
     for c in configs:
         engine, workers, sharded = c
         starts = [r["ray_start"] for r in runs[c]]
-        print(f"| {engine}{sharded} | {workers} | {rate[c]:.1f} | "
-              f"{rate[c] / rate[('local', workers, sharded)]:.2f}x | "
-              f"{rate[c] / rate[(engine, 1, sharded)]:.2f}x | "
-              f"{statistics.median(starts):.1f} |")
+        print(
+            f"| {engine}{sharded} | {workers} | {rate[c]:.1f} | "
+            f"{rate[c] / rate[('local', workers, sharded)]:.2f}x | "
+            f"{rate[c] / rate[(engine, 1, sharded)]:.2f}x | "
+            f"{statistics.median(starts):.1f} |"
+        )
     driver_img_s = asm_bps / bytes_per_image
-    print(f"\nassembly (ray.get + writer, best of {args.repeats}): {asm_bps / 2**20:.0f} MiB/s of payload "
-          f"= {driver_img_s:.0f} img/s at {bytes_per_image / 1024:.0f} KiB/img")
+    print(
+        f"\nassembly (ray.get + writer, best of {args.repeats}): {asm_bps / 2**20:.0f} MiB/s of payload "
+        f"= {driver_img_s:.0f} img/s at {bytes_per_image / 1024:.0f} KiB/img"
+    )
     imagenet_img_s = asm_bps / (args.imagenet_kib * 1024)
-    print(f"\nImageNet-1k train ({IMAGENET_TRAIN} images, similar pixel counts) at {per_core:.1f} img/s per core "
-          f"(ray, 1 CPU), {args.cores_per_node} cores/node; driver cap {imagenet_img_s:.0f} img/s at "
-          f"{args.imagenet_kib:.0f} KiB/img:")
+    print(
+        f"\nImageNet-1k train ({IMAGENET_TRAIN} images, similar pixel counts) at {per_core:.1f} img/s per core "
+        f"(ray, 1 CPU), {args.cores_per_node} cores/node; driver cap {imagenet_img_s:.0f} img/s at "
+        f"{args.imagenet_kib:.0f} KiB/img:"
+    )
     print("| nodes | encode-bound min | driver-bound min | projected min, one file | projected min, sharded |")
     print("|---|---|---|---|---|")
     projection = []
@@ -177,14 +192,25 @@ def main():
         encode_min = IMAGENET_TRAIN / (per_core * nodes * args.cores_per_node) / 60
         driver_min = IMAGENET_TRAIN / imagenet_img_s / 60
         projection.append({"nodes": nodes, "encode_min": encode_min, "driver_min": driver_min})
-        print(f"| {nodes} | {encode_min:.1f} | {driver_min:.1f} | {max(encode_min, driver_min):.1f} | "
-              f"{encode_min:.1f} |")
+        print(
+            f"| {nodes} | {encode_min:.1f} | {driver_min:.1f} | {max(encode_min, driver_min):.1f} | {encode_min:.1f} |"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"conditions": conditions, "samples": n, "identical": same, "same_samples": same_samples,
-                       "img_s": {f"{e}{w}{s}": v for (e, w, s), v in rate.items()},
-                       "runs": {f"{e}{w}{s}": v for (e, w, s), v in runs.items()}, "assembly": assembly,
-                       "projection": projection}, f, indent=2)
+            json.dump(
+                {
+                    "conditions": conditions,
+                    "samples": n,
+                    "identical": same,
+                    "same_samples": same_samples,
+                    "img_s": {f"{e}{w}{s}": v for (e, w, s), v in rate.items()},
+                    "runs": {f"{e}{w}{s}": v for (e, w, s), v in runs.items()},
+                    "assembly": assembly,
+                    "projection": projection,
+                },
+                f,
+                indent=2,
+            )
     subprocess.run(["rm", "-rf", work])
 
 

@@ -24,6 +24,7 @@
    ffload loader over the local file (``ffload-local``: ``os_cache=False``, the same page pool read with
    ``preadv`` from the page cache: the rate without the network).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -103,14 +104,26 @@ def main() -> None:
     beton = os.path.join(work, "train.beton")
     convert_dataset(folder, beton, write_mode="jpg", jpeg_quality=90, num_workers=args.workers, progress=False)
     view = open_dataset(beton)
-    shards = export_webdataset(view, os.path.join(work, "wds", "train-%06d.tar"), maxcount=256, maxsize=64 << 20,
-                               progress=False)
-    server = subprocess.Popen([sys.executable, os.path.join(HERE, "..", "tests", "s3_server.py")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    shards = export_webdataset(
+        view, os.path.join(work, "wds", "train-%06d.tar"), maxcount=256, maxsize=64 << 20, progress=False
+    )
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "..", "tests", "s3_server.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         endpoint = server.stdout.readline().strip()
-        env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
-                   AWS_ENDPOINT_URL_S3=endpoint, AWS_ENDPOINT_URL=endpoint)
+        env = dict(
+            os.environ,
+            AWS_ACCESS_KEY_ID="bench",
+            AWS_SECRET_ACCESS_KEY="bench",
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_ENDPOINT_URL_S3=endpoint,
+            AWS_ENDPOINT_URL=endpoint,
+        )
         os.environ.update(env)
         from ffload.storage import open_filesystem, upload_file
 
@@ -126,40 +139,73 @@ def main() -> None:
             for kind in results:
                 target = "s3://bench/train.beton" if kind == "ffload" else json.dumps(urls)
                 before = counters(endpoint)["gets"]
-                out = subprocess.run([sys.executable, "-c", RUNNER, kind, target, str(args.workers),
-                                      str(args.batch_size), str(args.size), os.path.join(work, f"cache-{r}"), beton],
-                                     env=env, capture_output=True, text=True)
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        RUNNER,
+                        kind,
+                        target,
+                        str(args.workers),
+                        str(args.batch_size),
+                        str(args.size),
+                        os.path.join(work, f"cache-{r}"),
+                        beton,
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 if out.returncode:
                     raise SystemExit(f"{kind} run failed:\n{out.stderr[-3000:]}")
                 run = json.loads(out.stdout.strip().splitlines()[-1])
                 run["server_gets"] = counters(endpoint)["gets"] - before
                 run["img_per_s"] = run["samples"] / run["seconds"]
                 results[kind].append(run)
-                print(f"{kind:<11} run {r}: {run['samples']} images in {run['seconds']:.2f} s = "
-                      f"{run['img_per_s']:.0f} img/s, {run['server_gets']} GETs", flush=True)
+                print(
+                    f"{kind:<11} run {r}: {run['samples']} images in {run['seconds']:.2f} s = "
+                    f"{run['img_per_s']:.0f} img/s, {run['server_gets']} GETs",
+                    flush=True,
+                )
     finally:
         server.stdin.close()
         server.wait(timeout=30)
     pages = view.data_size // view.page_size
     med = {k: statistics.median(r["img_per_s"] for r in v) for k, v in results.items()}
     summary = {
-        "images": view.num_samples, "beton_bytes": view.data_size, "page_size": view.page_size,
-        "shards": len(shards), "workers": args.workers, "batch_size": args.batch_size, "size": args.size,
-        "img_per_s": med, "ratio_ffload_over_webdataset": med["ffload"] / med["webdataset"],
+        "images": view.num_samples,
+        "beton_bytes": view.data_size,
+        "page_size": view.page_size,
+        "shards": len(shards),
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "size": args.size,
+        "img_per_s": med,
+        "ratio_ffload_over_webdataset": med["ffload"] / med["webdataset"],
         "remote_over_local": med["ffload"] / med["ffload-local"],
-        "ffload_gets": [r["server_gets"] for r in results["ffload"]], "ffload_get_bound": pages + 10,
+        "ffload_gets": [r["server_gets"] for r in results["ffload"]],
+        "ffload_get_bound": pages + 10,
         "webdataset_gets": [r["server_gets"] for r in results["webdataset"]],
-        "runs": results, "conditions": measurement_conditions(),
+        "runs": results,
+        "conditions": measurement_conditions(),
     }
     print(format_conditions(summary["conditions"]))
-    print(f"{view.num_samples} JPEGs, {view.data_size / 2**20:.1f} MiB .beton ({view.page_size >> 20} MiB pages), "
-          f"{len(shards)} shards; {args.workers} workers, batch {args.batch_size}, {args.size}x{args.size}")
-    print(f"cold quasi-random epoch: ffload {med['ffload']:.0f} img/s, WebDataset {med['webdataset']:.0f} img/s, "
-          f"ratio {summary['ratio_ffload_over_webdataset']:.2f}x")
-    print(f"reference, ffload on the local file (os_cache=False, page cache warm): {med['ffload-local']:.0f} img/s; "
-          f"remote / local {med['ffload'] / med['ffload-local']:.2f}")
-    print(f"ffload GETs per cold epoch {summary['ffload_gets']} (bound: {pages} pages + 10 = {pages + 10}); "
-          f"WebDataset GETs {summary['webdataset_gets']}")
+    print(
+        f"{view.num_samples} JPEGs, {view.data_size / 2**20:.1f} MiB .beton ({view.page_size >> 20} MiB pages), "
+        f"{len(shards)} shards; {args.workers} workers, batch {args.batch_size}, {args.size}x{args.size}"
+    )
+    print(
+        f"cold quasi-random epoch: ffload {med['ffload']:.0f} img/s, WebDataset {med['webdataset']:.0f} img/s, "
+        f"ratio {summary['ratio_ffload_over_webdataset']:.2f}x"
+    )
+    print(
+        f"reference, ffload on the local file (os_cache=False, page cache warm): {med['ffload-local']:.0f} img/s; "
+        f"remote / local {med['ffload'] / med['ffload-local']:.2f}"
+    )
+    print(
+        f"ffload GETs per cold epoch {summary['ffload_gets']} (bound: {pages} pages + 10 = {pages + 10}); "
+        f"WebDataset GETs {summary['webdataset_gets']}"
+    )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -34,6 +34,7 @@ counts the page-cache pages the process mapped, which the kernel reclaims), the 
 same cell, and to the disk limit (random cases: the 16-in-flight random rate; quasi-random: the
 sequential rate); writes ``results.md``, ``results.json`` and ``throughput.png`` to ``--out``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,12 +66,11 @@ def build_dataset(path: str, size_bytes: int) -> int:
     def samples():
         for i in range(n):
             start = (i * 7919 * 4096) % (pool.size - SAMPLE)
-            image = pool[start:start + SAMPLE].copy()
+            image = pool[start : start + SAMPLE].copy()
             image[:8] = np.frombuffer(np.int64(i).tobytes(), np.uint8)
             yield image.reshape(SIDE, SIDE, 3), i
 
-    write_dataset(path, {"image": RGBImageField(write_mode="raw"), "label": IntField()},
-                  samples(), n)
+    write_dataset(path, {"image": RGBImageField(write_mode="raw"), "label": IntField()}, samples(), n)
     return n
 
 
@@ -118,8 +118,7 @@ def _direct_reader(path, offsets, size, out, stop):
     out.append(done)
 
 
-def disk_rate(path: str, data_size: int, size: int, in_flight: int, seconds: float,
-              sequential: bool = False) -> float:
+def disk_rate(path: str, data_size: int, size: int, in_flight: int, seconds: float, sequential: bool = False) -> float:
     """MiB/s of ``O_DIRECT`` reads of ``size`` bytes, ``in_flight`` threads, for ``seconds``."""
     span = (data_size - size) // 4096
     rng = np.random.default_rng(in_flight)
@@ -142,8 +141,7 @@ def disk_rate(path: str, data_size: int, size: int, in_flight: int, seconds: flo
 
 
 # ------------------------------------------------------------ cache path alone
-def cache_probe(path: str, kind: str, limit: int, batch_size: int, workers: int,
-                seconds: float) -> float:
+def cache_probe(path: str, kind: str, limit: int, batch_size: int, workers: int, seconds: float) -> float:
     """MiB/s of samples made resident by ffload's ``os_cache=False`` cache alone: ``prepare`` +
     ``release`` of each batch of the QUASI_RANDOM epoch, in order from ``workers`` threads, no
     decoding and no read-ahead, for up to ``seconds``. ``kind``: ``"pool"`` (the page pool) or
@@ -156,9 +154,12 @@ def cache_probe(path: str, kind: str, limit: int, batch_size: int, workers: int,
 
     with ffload.Loader(path, batch_size=batch_size, order="quasi_random", read_ahead=0) as loader:
         order, view = loader.epoch_order(0), loader.view
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    memory = (PagePoolMemory(view, ["image"], limit, batch_size) if kind == "pool" else
-              ProcessCacheMemory(view, ["image"], limit, batch_size, whole_pages=True))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    memory = (
+        PagePoolMemory(view, ["image"], limit, batch_size)
+        if kind == "pool"
+        else ProcessCacheMemory(view, ["image"], limit, batch_size, whole_pages=True)
+    )
     memory.schedule(batches, 0)
     t0 = time.perf_counter()
 
@@ -194,15 +195,17 @@ def readahead_probe(path: str, ptrs: np.ndarray, mechanism: str, count: int) -> 
             start = int(p) - int(p) % mmap.PAGESIZE
             region.madvise(mmap.MADV_WILLNEED, start, int(p) + SAMPLE - start)
     elif mechanism == "preadv16":
+
         def read(p, buf=threading.local()):
             if not hasattr(buf, "b"):
                 buf.b = bytearray(SAMPLE)
             os.preadv(fd, [buf.b], int(p))
+
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(read, ptrs[picks]))
     total = 0
     for p in ptrs[picks]:
-        total += int(view[int(p):int(p) + SAMPLE:4096].sum())  # touch every page
+        total += int(view[int(p) : int(p) + SAMPLE : 4096].sum())  # touch every page
     seconds = time.perf_counter() - t0
     del view
     region.close()
@@ -218,18 +221,29 @@ def run_case(args) -> dict:
     t_open = time.perf_counter()
     if args.loader == "ffload":
         import ffload
-        loader = ffload.Loader(args.data, batch_size=args.batch_size, num_workers=args.num_workers,
-                               order=args.order, os_cache=args.os_cache,
-                               cache_limit=args.cache_limit_gb and int(args.cache_limit_gb * 2**30))
+
+        loader = ffload.Loader(
+            args.data,
+            batch_size=args.batch_size,
+            num_workers=args.num_workers,
+            order=args.order,
+            os_cache=args.os_cache,
+            cache_limit=args.cache_limit_gb and int(args.cache_limit_gb * 2**30),
+        )
         expected = loader.epoch_order(0)
     else:
         from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
         from ffcv.loader import Loader, OrderOption
         from ffcv.transforms import ToTensor
-        loader = Loader(args.data, batch_size=args.batch_size, num_workers=args.num_workers,
-                        order=OrderOption[args.order.upper()], os_cache=args.os_cache,
-                        pipelines={"image": [SimpleRGBImageDecoder(), ToTensor()],
-                                   "label": [IntDecoder(), ToTensor()]})
+
+        loader = Loader(
+            args.data,
+            batch_size=args.batch_size,
+            num_workers=args.num_workers,
+            order=OrderOption[args.order.upper()],
+            os_cache=args.os_cache,
+            pipelines={"image": [SimpleRGBImageDecoder(), ToTensor()], "label": [IntDecoder(), ToTensor()]},
+        )
         expected = None
     seen = 0
     stamps_ok = True
@@ -240,8 +254,7 @@ def run_case(args) -> dict:
         labels = labels.reshape(-1).numpy()
         stamps_ok &= bool(np.array_equal(flat, labels))
         if expected is not None:
-            stamps_ok &= bool(np.array_equal(labels, expected[k * args.batch_size:
-                                                            k * args.batch_size + len(labels)]))
+            stamps_ok &= bool(np.array_equal(labels, expected[k * args.batch_size : k * args.batch_size + len(labels)]))
         visited.append(labels.copy())
         if start is None:
             start, first = time.perf_counter(), time.perf_counter() - t_open
@@ -253,9 +266,14 @@ def run_case(args) -> dict:
     visited = np.concatenate(visited)
     stamps_ok &= len(np.unique(visited)) == len(visited)
     del loader
-    return {"img_s": seen / seconds, "mib_s": seen * SAMPLE / MIB / seconds,
-            "peak_rss_gib": peak_rss() / 2**30,
-            "samples": int(len(visited)), "first_batch_s": first, "correct": bool(stamps_ok)}
+    return {
+        "img_s": seen / seconds,
+        "mib_s": seen * SAMPLE / MIB / seconds,
+        "peak_rss_gib": peak_rss() / 2**30,
+        "samples": int(len(visited)),
+        "first_batch_s": first,
+        "correct": bool(stamps_ok),
+    }
 
 
 def peak_rss() -> int:
@@ -270,13 +288,25 @@ def peak_rss() -> int:
 
 
 def spawn_case(script_args, loader, order, os_cache, data=None) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--case", loader, order, str(int(os_cache)),
-           "--data", data or script_args.data, "--batch-size", str(script_args.batch_size),
-           "--num-workers", str(script_args.num_workers), "--seconds", str(script_args.seconds)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--case",
+        loader,
+        order,
+        str(int(os_cache)),
+        "--data",
+        data or script_args.data,
+        "--batch-size",
+        str(script_args.batch_size),
+        "--num-workers",
+        str(script_args.num_workers),
+        "--seconds",
+        str(script_args.seconds),
+    ]
     if script_args.cache_limit_gb:
         cmd += ["--cache-limit-gb", str(script_args.cache_limit_gb)]
-    out = subprocess.run(cmd, capture_output=True, text=True,
-                         timeout=script_args.seconds * 4 + 600)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=script_args.seconds * 4 + 600)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -308,12 +338,16 @@ def paired_ratio(r: dict, peer: dict) -> str:
 
 
 def report(results, disk, note, out_dir) -> str:
-    lines = [f"# bench_scale: {note}", "",
-             "| disk (O_DIRECT) and probes | MiB/s |", "|---|---|"]
+    lines = [f"# bench_scale: {note}", "", "| disk (O_DIRECT) and probes | MiB/s |", "|---|---|"]
     lines += [f"| {k} | {v:.0f} |" for k, v in disk.items()]
-    lines += ["", "(vs ffcv: ffload-lmdb rows are against ffload on the .beton)", "",
-              "| loader | order | os_cache | img/s | MiB/s | peak RSS GiB | vs ffcv | vs disk "
-              "| first batch s | samples | correct |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "(vs ffcv: ffload-lmdb rows are against ffload on the .beton)",
+        "",
+        "| loader | order | os_cache | img/s | MiB/s | peak RSS GiB | vs ffcv | vs disk "
+        "| first batch s | samples | correct |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (loader, order, os_cache), r in results.items():
         if "error" in r:
             lines.append(f"| {loader} | {order} | {os_cache} | {r['error']} |")
@@ -322,29 +356,42 @@ def report(results, disk, note, out_dir) -> str:
         if loader == "ffload-lmdb":  # LMDB against the same loader on the .beton
             peer = results.get(("ffload", order, os_cache), {})
         limit = disk.get("random x16") if order == "random" else disk.get("sequential")
-        lines.append(f"| {loader} | {order} | {os_cache} | {r['img_s']:.0f} | {r['mib_s']:.0f} "
-                     f"| {r['peak_rss_gib']:.2f} | {paired_ratio(r, peer) if loader != 'ffcv' else '-'} "
-                     f"| {ratio(r['mib_s'], limit)} | {r['first_batch_s']:.1f} | {r['samples']} "
-                     f"| {r['correct']} |")
+        lines.append(
+            f"| {loader} | {order} | {os_cache} | {r['img_s']:.0f} | {r['mib_s']:.0f} "
+            f"| {r['peak_rss_gib']:.2f} | {paired_ratio(r, peer) if loader != 'ffcv' else '-'} "
+            f"| {ratio(r['mib_s'], limit)} | {r['first_batch_s']:.1f} | {r['samples']} "
+            f"| {r['correct']} |"
+        )
     text = "\n".join(lines) + "\n"
     from ffload.bench import write_results
-    write_results(out_dir, text, {"note": note, "disk": disk,
-                                  "cases": [{"loader": k[0], "order": k[1], "os_cache": k[2], **v}
-                                            for k, v in results.items()]})
+
+    write_results(
+        out_dir,
+        text,
+        {
+            "note": note,
+            "disk": disk,
+            "cases": [{"loader": k[0], "order": k[1], "os_cache": k[2], **v} for k, v in results.items()],
+        },
+    )
     plot(results, disk, os.path.join(out_dir, "throughput.png"))
     return text
 
 
 def plot(results, disk, path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = [k for k, v in results.items() if "mib_s" in v]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     labels = [f"{k[0]}\n{k[1]}\nos_cache={k[2]}" for k in keys]
-    ax.bar(range(len(keys)), [results[k]["mib_s"] for k in keys],
-           color=["tab:blue" if k[0] == "ffload" else "tab:orange" for k in keys])
+    ax.bar(
+        range(len(keys)),
+        [results[k]["mib_s"] for k in keys],
+        color=["tab:blue" if k[0] == "ffload" else "tab:orange" for k in keys],
+    )
     for name, style in (("random x16", "--"), ("sequential", ":")):
         if name in disk:
             ax.axhline(disk[name], linestyle=style, color="k", label=f"disk {name}")
@@ -359,8 +406,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", help="an existing stamped .beton to use (kept)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where to build the dataset")
-    parser.add_argument("--size-gb", type=float, default=None,
-                        help="dataset size in GiB (default: 1.25x RAM)")
+    parser.add_argument("--size-gb", type=float, default=None, help="dataset size in GiB (default: 1.25x RAM)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--num-workers", type=int, default=os.cpu_count())
     parser.add_argument("--seconds", type=float, default=60.0, help="time limit per case")
@@ -368,20 +414,29 @@ def main() -> None:
     parser.add_argument("--loaders", default="ffload,ffcv")
     parser.add_argument("--orders", default="random,quasi_random")
     parser.add_argument("--os-cache", default="true,false", help="os_cache values to run")
-    parser.add_argument("--cache-limit-gb", type=float, default=None,
-                        help="ffload's cache_limit with os_cache=False (default: the loader's)")
+    parser.add_argument(
+        "--cache-limit-gb",
+        type=float,
+        default=None,
+        help="ffload's cache_limit with os_cache=False (default: the loader's)",
+    )
     parser.add_argument("--readahead-probe", action="store_true")
-    parser.add_argument("--cache-probe", action="store_true",
-                        help="time ffload's os_cache=False cache alone: page pool vs block cache")
+    parser.add_argument(
+        "--cache-probe", action="store_true", help="time ffload's os_cache=False cache alone: page pool vs block cache"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the dataset built here")
-    parser.add_argument("--lmdb", action="store_true",
-                        help="also run ffload on an LMDB copy (built next to the .beton, kept "
-                             "as the .beton is)")
-    parser.add_argument("--warm", action="store_true",
-                        help="keep the page cache: the files (which must fit in RAM) are read once before the "
-                             "cases instead of dropped before each: the loaders' CPU side alone")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="runs per case, interleaved; medians reported")
+    parser.add_argument(
+        "--lmdb",
+        action="store_true",
+        help="also run ffload on an LMDB copy (built next to the .beton, kept as the .beton is)",
+    )
+    parser.add_argument(
+        "--warm",
+        action="store_true",
+        help="keep the page cache: the files (which must fit in RAM) are read once before the "
+        "cases instead of dropped before each: the loaders' CPU side alone",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="runs per case, interleaved; medians reported")
     parser.add_argument("--out", default="runs/bench_scale")
     parser.add_argument("--case", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -399,32 +454,36 @@ def main() -> None:
         built = args.data = os.path.join(args.dir, f"bench_scale_{size >> 20}MiB.beton")
         t0 = time.perf_counter()
         n = build_dataset(built, size)
-        print(f"built {built}: {n} samples, {os.path.getsize(built) / 2**30:.1f} GiB in "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        print(
+            f"built {built}: {n} samples, {os.path.getsize(built) / 2**30:.1f} GiB in {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
     lmdb_built = None
     if args.lmdb:
         args.lmdb = os.path.splitext(args.data)[0] + ".lmdb"
         if not os.path.exists(args.lmdb):
             t0 = time.perf_counter()
             from ffload.formats import open_dataset
+
             n = build_dataset(args.lmdb, open_dataset(args.data).num_samples * SAMPLE)
             lmdb_built = args.lmdb if built is not None and not args.keep else None
             print(f"built {args.lmdb}: {n} samples in {time.perf_counter() - t0:.0f} s", flush=True)
     try:
         from ffload.formats import open_dataset
+
         view = open_dataset(args.data)
         ptrs = view.ptrs["image"].astype(np.int64)
-        note = (f"{view.num_samples} samples, {os.path.getsize(args.data) / 2**30:.1f} GiB "
-                f"(RAM {ram / 2**30:.1f} GiB), batch {args.batch_size}, {args.num_workers} workers, "
-                f"{os.cpu_count()} CPUs, <= {args.seconds:.0f} s per case")
+        note = (
+            f"{view.num_samples} samples, {os.path.getsize(args.data) / 2**30:.1f} GiB "
+            f"(RAM {ram / 2**30:.1f} GiB), batch {args.batch_size}, {args.num_workers} workers, "
+            f"{os.cpu_count()} CPUs, <= {args.seconds:.0f} s per case"
+        )
         print(note, flush=True)
         disk = {}
         for depth in (1, 4, 16):
             drop_caches(args.data)
-            disk[f"random x{depth}"] = disk_rate(args.data, view.data_size, SAMPLE, depth,
-                                                 args.disk_seconds)
-        disk["sequential"] = disk_rate(args.data, view.data_size, 8 * MIB, 1, args.disk_seconds,
-                                       sequential=True)
+            disk[f"random x{depth}"] = disk_rate(args.data, view.data_size, SAMPLE, depth, args.disk_seconds)
+        disk["sequential"] = disk_rate(args.data, view.data_size, 8 * MIB, 1, args.disk_seconds, sequential=True)
         print("disk:", {k: round(v) for k, v in disk.items()}, flush=True)
         if args.readahead_probe:
             for mechanism in ("none", "fadvise", "madvise", "preadv16"):
@@ -436,8 +495,7 @@ def main() -> None:
             limit = int((args.cache_limit_gb or 4) * 2**30)
             for round_, kind in enumerate(("blocks", "pool") * 2):
                 print(drop_caches(args.data))
-                rate = cache_probe(args.data, kind, limit, args.batch_size, args.num_workers,
-                                   args.seconds)
+                rate = cache_probe(args.data, kind, limit, args.batch_size, args.num_workers, args.seconds)
                 disk[f"cache path {kind} #{round_ // 2 + 1}"] = rate
                 print(f"cache probe {kind}: {rate:.0f} MiB/s", flush=True)
         runs = {}
@@ -458,8 +516,10 @@ def main() -> None:
                         else:
                             r = spawn_case(args, loader, order, os_cache)
                         runs.setdefault((loader, order, os_cache), []).append(r)
-                        print(f"{loader:6s} {order:12s} os_cache={os_cache!s:5s} round {round_ + 1} "
-                              f"{how} -> {r}", flush=True)
+                        print(
+                            f"{loader:6s} {order:12s} os_cache={os_cache!s:5s} round {round_ + 1} {how} -> {r}",
+                            flush=True,
+                        )
         results = {key: median_run(rs) for key, rs in runs.items()}
         if args.rounds > 1:
             note += f", median of {args.rounds} interleaved rounds"

@@ -20,6 +20,7 @@ Two pipelines, each measured in its own process (this script with ``--child``), 
 
 Goal (issue "more sources, richer fields, augmentations"): ``targets`` >= 0.8x ``image`` img/s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,12 @@ def prepare(data: str, n_images: int, compression: str = "raw") -> str:
                 boxes.append((x0, y0, x1, y1))
             yield rgb, np.array(boxes, np.float32), np.arange(1, len(boxes) + 1), mask
 
-    fields = {"image": RGBImageField("jpg", jpeg_quality=90), "boxes": RaggedArrayField("float32", (4,)),
-              "labels": RaggedArrayField("int64"), "mask": ImageArrayField("uint8", 1, compression=compression)}
+    fields = {
+        "image": RGBImageField("jpg", jpeg_quality=90),
+        "boxes": RaggedArrayField("float32", (4,)),
+        "labels": RaggedArrayField("int64"),
+        "mask": ImageArrayField("uint8", 1, compression=compression),
+    }
     write_dataset(path, fields, samples(), len(src))
     return path
 
@@ -86,11 +91,13 @@ def pipelines(kind: str) -> dict:
     image = [RandomResizedCropRGBImageDecoder((CROP, CROP)), RandomHorizontalFlip(), ToTensor()]
     if kind == "image":
         return {"image": image, "boxes": None, "labels": None, "mask": None}
-    return {"image": image,
-            "boxes": [RaggedArrayDecoder(max_length=8), TransformBoxes("image"), ToTensor()],
-            "labels": [RaggedArrayDecoder(max_length=8, fill=-1), FollowBoxes("boxes", fill=-1), ToTensor()],
-            "mask": [MaskDecoder("image"), ToTensor()],
-            "num_boxes": [BoxCountDecoder("boxes"), ToTensor()]}
+    return {
+        "image": image,
+        "boxes": [RaggedArrayDecoder(max_length=8), TransformBoxes("image"), ToTensor()],
+        "labels": [RaggedArrayDecoder(max_length=8, fill=-1), FollowBoxes("boxes", fill=-1), ToTensor()],
+        "mask": [MaskDecoder("image"), ToTensor()],
+        "num_boxes": [BoxCountDecoder("boxes"), ToTensor()],
+    }
 
 
 def child(path: str, kind: str, num_workers: int, epochs: int) -> dict:
@@ -98,8 +105,15 @@ def child(path: str, kind: str, num_workers: int, epochs: int) -> dict:
     import ffload
 
     mapper = {"num_boxes": "boxes"} if kind == "targets" else None
-    loader = ffload.Loader(path, batch_size=BATCH, num_workers=num_workers, order="random", seed=0,
-                           pipelines=pipelines(kind), custom_field_mapper=mapper)
+    loader = ffload.Loader(
+        path,
+        batch_size=BATCH,
+        num_workers=num_workers,
+        order="random",
+        seed=0,
+        pipelines=pipelines(kind),
+        custom_field_mapper=mapper,
+    )
     rates = []
     for _ in range(epochs + 1):
         t, n = time.perf_counter(), 0
@@ -130,22 +144,44 @@ def main() -> None:
     runs: dict[str, list[float]] = {"image": [], "targets": []}
     for r in range(args.repeats):
         for kind in runs:
-            proc = subprocess.run([sys.executable, __file__, "--child", path, kind, "--num-workers",
-                                   str(args.num_workers), "--epochs", str(args.epochs)],
-                                  capture_output=True, text=True, check=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    path,
+                    kind,
+                    "--num-workers",
+                    str(args.num_workers),
+                    "--epochs",
+                    str(args.epochs),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             runs[kind].append(json.loads(proc.stdout.strip().splitlines()[-1])["img_s"])
             print(f"  round {r}: {kind} {runs[kind][-1]:.0f} img/s", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in runs.items()}
     ratio = med["targets"] / med["image"]
-    text = "\n".join([
-        f"# bench_targets: boxes + {args.mask_compression} masks following RandomResizedCrop(224) + flip", "",
-        format_conditions(measurement_conditions()), "",
-        f"{args.images} ImageNet-sized JPEGs with a label map and 3-6 boxes each; batch {BATCH}, "
-        f"{args.num_workers} workers, {args.repeats} interleaved rounds of {args.epochs} timed epochs; "
-        f"command: `{' '.join(sys.argv)}`", "",
-        "| pipeline | img/s (median) | runs |", "|---|---|---|",
-        *(f"| {k} | {med[k]:.0f} | {', '.join(f'{v:.0f}' for v in runs[k])} |" for k in runs), "",
-        f"targets / image: **{ratio:.2f}x** (goal >= 0.8x: {'met' if ratio >= 0.8 else 'NOT met'})", ""])
+    text = "\n".join(
+        [
+            f"# bench_targets: boxes + {args.mask_compression} masks following RandomResizedCrop(224) + flip",
+            "",
+            format_conditions(measurement_conditions()),
+            "",
+            f"{args.images} ImageNet-sized JPEGs with a label map and 3-6 boxes each; batch {BATCH}, "
+            f"{args.num_workers} workers, {args.repeats} interleaved rounds of {args.epochs} timed epochs; "
+            f"command: `{' '.join(sys.argv)}`",
+            "",
+            "| pipeline | img/s (median) | runs |",
+            "|---|---|---|",
+            *(f"| {k} | {med[k]:.0f} | {', '.join(f'{v:.0f}' for v in runs[k])} |" for k in runs),
+            "",
+            f"targets / image: **{ratio:.2f}x** (goal >= 0.8x: {'met' if ratio >= 0.8 else 'NOT met'})",
+            "",
+        ]
+    )
     print(text)
     write_results(args.out, text, {"runs": runs, "median": med, "ratio": ratio, "conditions": measurement_conditions()})
 

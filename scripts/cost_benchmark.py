@@ -28,6 +28,7 @@ regions; on a small or shared CPU the vanilla loader's per-sample work then comp
 and CPU training slowed several-fold in our runs (2 shared cores), which would overstate
 ffload's advantage. GPU runs are unaffected either way.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,11 @@ def write_png_folder(train_path: str, test_path: str, num_classes: int, root: Pa
     """Write ``root/{train,test}/<label>/<index>.png`` from two converted datasets (skipped when
     ``root/complete.json`` names the same datasets). Returns ``root``."""
     marker = root / "complete.json"
-    key = {"train": os.path.abspath(train_path), "test": os.path.abspath(test_path),
-           "mtimes": [os.stat(train_path).st_mtime_ns, os.stat(test_path).st_mtime_ns]}
+    key = {
+        "train": os.path.abspath(train_path),
+        "test": os.path.abspath(test_path),
+        "mtimes": [os.stat(train_path).st_mtime_ns, os.stat(test_path).st_mtime_ns],
+    }
     if marker.is_file() and json.loads(marker.read_text()) == key:
         return root
     for split, path in (("train", train_path), ("test", test_path)):
@@ -101,19 +105,18 @@ def train_label_counts(loader, num_classes: int) -> list[int]:
     return np.bincount(labels, minlength=num_classes).tolist()
 
 
-def run_one(name: str, train_loader, test_loader, config: RecipeConfig, device: torch.device,
-            num_classes: int, echo) -> dict:
+def run_one(
+    name: str, train_loader, test_loader, config: RecipeConfig, device: torch.device, num_classes: int, echo
+) -> dict:
     """Train a fresh seeded ResNet-9 with one loader pair; returns that loader's result row
     (``train_label_counts``: what the training set holds, to check that every loader reads the
     same samples)."""
     torch.manual_seed(config.seed)
-    model = resnet9(num_classes, config.width).to(device=device,
-                                                  memory_format=torch.channels_last)
+    model = resnet9(num_classes, config.width).to(device=device, memory_format=torch.channels_last)
     echo(f"\n== {name}")
     echo(format_header())
     t0 = time.perf_counter()
-    rows, _ = train_model(model, train_loader, test_loader, config, device,
-                          on_epoch=lambda r: echo(format_row(r)))
+    rows, _ = train_model(model, train_loader, test_loader, config, device, on_epoch=lambda r: echo(format_row(r)))
     total = time.perf_counter() - t0
     train_seconds = sum(r.epoch_seconds for r in rows)
     return {
@@ -128,24 +131,35 @@ def run_one(name: str, train_loader, test_loader, config: RecipeConfig, device: 
     }
 
 
-def format_markdown(results: list[dict], price_per_hour: float,
-                    convert_seconds: dict[str, float | None], header: str) -> str:
+def format_markdown(
+    results: list[dict], price_per_hour: float, convert_seconds: dict[str, float | None], header: str
+) -> str:
     """The results as a markdown table (one row per loader) with the savings ratios;
     ``convert_seconds[fmt]`` is None when that conversion came from the cache."""
     vanilla = next((r for r in results if r["loader"] == "vanilla"), None)
-    lines = [header, "",
-             "| loader | median epoch (s) | data wait | total (s) | test accuracy | "
-             f"cost (USD at ${price_per_hour:.2f}/h) | savings vs vanilla |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        header,
+        "",
+        "| loader | median epoch (s) | data wait | total (s) | test accuracy | "
+        f"cost (USD at ${price_per_hour:.2f}/h) | savings vs vanilla |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         ratio = f"{vanilla['total_seconds'] / r['total_seconds']:.2f}x" if vanilla else "n/a"
         lines.append(
             f"| {r['loader']} | {r['median_epoch_seconds']:.2f} | "
             f"{100 * r['data_wait_fraction']:.1f}% | {r['total_seconds']:.1f} | "
-            f"{100 * r['final_test_accuracy']:.2f}% | {r['cost_usd']:.4f} | {ratio} |")
-    lines += ["", "One-time conversion (not in the totals): " + ", ".join(
-        f"{fmt} {s:.1f} s" if s is not None else f"{fmt} cached by an earlier run"
-        for fmt, s in convert_seconds.items()) + "."]
+            f"{100 * r['final_test_accuracy']:.2f}% | {r['cost_usd']:.4f} | {ratio} |"
+        )
+    lines += [
+        "",
+        "One-time conversion (not in the totals): "
+        + ", ".join(
+            f"{fmt} {s:.1f} s" if s is not None else f"{fmt} cached by an earlier run"
+            for fmt, s in convert_seconds.items()
+        )
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -162,14 +176,27 @@ def plot_bars(results: list[dict], path: Path) -> None:
     FigureCanvasAgg(fig)
     names = [r["loader"] for r in results]
     panels = (
-        ("median epoch (s)", [r["median_epoch_seconds"] for r in results],
-         [f"{r['median_epoch_seconds']:.2f}" for r in results]),
-        ("data wait (%)", [100 * r["data_wait_fraction"] for r in results],
-         [f"{100 * r['data_wait_fraction']:.1f}" for r in results]),
-        ("total time (s) and cost", [r["total_seconds"] for r in results],
-         [f"{r['total_seconds']:.1f}\n${r['cost_usd']:.4f}" for r in results]),
-        ("test accuracy (%)", [100 * r["final_test_accuracy"] for r in results],
-         [f"{100 * r['final_test_accuracy']:.2f}" for r in results]))
+        (
+            "median epoch (s)",
+            [r["median_epoch_seconds"] for r in results],
+            [f"{r['median_epoch_seconds']:.2f}" for r in results],
+        ),
+        (
+            "data wait (%)",
+            [100 * r["data_wait_fraction"] for r in results],
+            [f"{100 * r['data_wait_fraction']:.1f}" for r in results],
+        ),
+        (
+            "total time (s) and cost",
+            [r["total_seconds"] for r in results],
+            [f"{r['total_seconds']:.1f}\n${r['cost_usd']:.4f}" for r in results],
+        ),
+        (
+            "test accuracy (%)",
+            [100 * r["final_test_accuracy"] for r in results],
+            [f"{100 * r['final_test_accuracy']:.2f}" for r in results],
+        ),
+    )
     for k, (title, values, labels) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), k + 1)
         bars = ax.bar(names, values, color=[COLORS[n] for n in names])
@@ -181,26 +208,46 @@ def plot_bars(results: list[dict], path: Path) -> None:
 
 
 @click.command(help=__doc__.split("\n\n")[0])
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="cifar-10-batches-py folder, or an ImageFolder with train/ and test/.")
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="cifar-10-batches-py folder, or an ImageFolder with train/ and test/.",
+)
 @click.option("--demo", is_flag=True, help="Use the scikit-learn digits (built under --out).")
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--epochs", type=click.IntRange(min=1), default=24, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--width", type=click.FloatRange(min=0, min_open=True), default=1.0,
-              show_default=True, help="ResNet-9 channel multiplier.")
+@click.option(
+    "--width",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="ResNet-9 channel multiplier.",
+)
 @click.option("--device", default=None, help="cuda or cpu [default: cuda if available].")
-@click.option("--num-workers", type=click.IntRange(min=0), default=None,
-              help="Loader workers (vanilla: processes, ffload: threads) [default: min(8, CPUs)].")
+@click.option(
+    "--num-workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Loader workers (vanilla: processes, ffload: threads) [default: min(8, CPUs)].",
+)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--price-per-hour", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="USD per device-hour.")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Conversion cache [default: ffload-cache next to --out].")
-@click.option("--loaders", default=",".join(LOADERS), show_default=True,
-              help="Comma-separated subset of vanilla,lmdb,beton.")
-def cost_benchmark(data_dir, demo, out, epochs, batch_size, width, device, num_workers, seed,
-                   price_per_hour, cache_dir, loaders):
+@click.option(
+    "--price-per-hour", type=click.FloatRange(min=0), default=0.0, show_default=True, help="USD per device-hour."
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Conversion cache [default: ffload-cache next to --out].",
+)
+@click.option(
+    "--loaders", default=",".join(LOADERS), show_default=True, help="Comma-separated subset of vanilla,lmdb,beton."
+)
+def cost_benchmark(
+    data_dir, demo, out, epochs, batch_size, width, device, num_workers, seed, price_per_hour, cache_dir, loaders
+):
     names = [n.strip() for n in loaders.split(",") if n.strip()]
     if not names or any(n not in LOADERS for n in names):
         raise click.UsageError(f"--loaders {loaders!r}: choose from {', '.join(LOADERS)}")
@@ -213,45 +260,51 @@ def cost_benchmark(data_dir, demo, out, epochs, batch_size, width, device, num_w
     if demo:
         data_dir = demo_folder(out)
     config = RecipeConfig(epochs=epochs, batch_size=batch_size, width=width, seed=seed)
-    prepared = {fmt: prepare_data(data_dir, cache_dir, fmt, max(workers, 1), progress=True)
-                for fmt in ("beton", "lmdb")}
+    prepared = {
+        fmt: prepare_data(data_dir, cache_dir, fmt, max(workers, 1), progress=True) for fmt in ("beton", "lmdb")
+    }
     beton = prepared["beton"]
     if beton.num_train < batch_size:
-        raise click.UsageError(f"--batch-size {batch_size} is larger than the training set "
-                               f"({beton.num_train} images)")
+        raise click.UsageError(f"--batch-size {batch_size} is larger than the training set ({beton.num_train} images)")
     results = []
     for name in names:
         if name == "vanilla":
-            png = write_png_folder(beton.train_path, beton.test_path, beton.num_classes,
-                                   out / "png")
-            train_loader = VanillaLoader(png / "train", batch_size, workers, dev, True,
-                                         CIFAR_MEAN, CIFAR_STD, seed)
-            test_loader = VanillaLoader(png / "test", batch_size, workers, dev, False,
-                                        CIFAR_MEAN, CIFAR_STD, seed)
+            png = write_png_folder(beton.train_path, beton.test_path, beton.num_classes, out / "png")
+            train_loader = VanillaLoader(png / "train", batch_size, workers, dev, True, CIFAR_MEAN, CIFAR_STD, seed)
+            test_loader = VanillaLoader(png / "test", batch_size, workers, dev, False, CIFAR_MEAN, CIFAR_STD, seed)
         else:
-            train_loader, test_loader = make_loaders(prepared[name], batch_size, max(workers, 1),
-                                                     dev, seed)
-        row = run_one(name, train_loader, test_loader, config, dev, beton.num_classes,
-                      click.echo)
+            train_loader, test_loader = make_loaders(prepared[name], batch_size, max(workers, 1), dev, seed)
+        row = run_one(name, train_loader, test_loader, config, dev, beton.num_classes, click.echo)
         row["cost_usd"] = cost_usd(row["total_seconds"], price_per_hour)
         results.append(row)
         del train_loader, test_loader  # stop worker processes / threads before the next run
-    convert_seconds = {fmt: None if p.cache_hit else p.convert_seconds
-                       for fmt, p in prepared.items()}
-    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else (
-        f"cpu, {torch.get_num_threads()} torch threads, "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    convert_seconds = {fmt: None if p.cache_hit else p.convert_seconds for fmt, p in prepared.items()}
+    device_name = (
+        torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
+        else (f"cpu, {torch.get_num_threads()} torch threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    )
     conditions = measurement_conditions()
-    header = (f"# Cost benchmark: ResNet-9 (width {width}), {epochs} epochs, batch {batch_size}, "
-              f"seed {seed}\n\nDevice: {device_name}; {workers} loader workers; data {data_dir}\n\n"
-              f"{format_conditions(conditions)}")
+    header = (
+        f"# Cost benchmark: ResNet-9 (width {width}), {epochs} epochs, batch {batch_size}, "
+        f"seed {seed}\n\nDevice: {device_name}; {workers} loader workers; data {data_dir}\n\n"
+        f"{format_conditions(conditions)}"
+    )
     markdown = format_markdown(results, price_per_hour, convert_seconds, header)
     (out / "cost_benchmark.md").write_text(markdown)
-    write_json(out / "cost_benchmark.json",
-               {"config": asdict(config), "conditions": conditions, "device": str(dev), "device_name": device_name,
-                "num_workers": workers,
-                "price_per_hour": price_per_hour, "convert_seconds": convert_seconds,
-                "results": results})
+    write_json(
+        out / "cost_benchmark.json",
+        {
+            "config": asdict(config),
+            "conditions": conditions,
+            "device": str(dev),
+            "device_name": device_name,
+            "num_workers": workers,
+            "price_per_hour": price_per_hour,
+            "convert_seconds": convert_seconds,
+            "results": results,
+        },
+    )
     plot_bars(results, out / "cost_benchmark.png")
     click.echo("\n" + markdown)
     click.echo(f"wrote {out / 'cost_benchmark.md'}, cost_benchmark.json, cost_benchmark.png")

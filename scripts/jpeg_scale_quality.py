@@ -18,6 +18,7 @@ mean, 95th percentile and maximum over the images. The issue's rule for the deco
 grey levels of the full decode + resize, mean absolute difference. Files libjpeg-turbo refuses or
 warns about are skipped and counted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,9 @@ DEFAULT_FOLDER, DEFAULT_IMAGES = "runs/bench_augment_data/photos512", 512
 
 def jpeg_files(folder: str, limit: int) -> list[str]:
     """The first ``limit`` ``.jpg``/``.jpeg`` files under ``folder`` (any case), sorted."""
-    found = sorted(os.path.join(d, f) for d, _, names in os.walk(folder) for f in names
-                   if f.lower().endswith((".jpg", ".jpeg")))
+    found = sorted(
+        os.path.join(d, f) for d, _, names in os.walk(folder) for f in names if f.lower().endswith((".jpg", ".jpeg"))
+    )
     return found[:limit]
 
 
@@ -96,8 +98,11 @@ def measure(files: list[str], factors: list[int], ratios: list[float]) -> tuple[
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--folder", default=DEFAULT_FOLDER,
-                    help="JPEGs (any folder tree); the default, bench_augment.py's 512 photos, is built if missing")
+    ap.add_argument(
+        "--folder",
+        default=DEFAULT_FOLDER,
+        help="JPEGs (any folder tree); the default, bench_augment.py's 512 photos, is built if missing",
+    )
     ap.add_argument("--max-images", type=int, default=512)
     ap.add_argument("--factors", default="4,2,1", help="DCT scale numerators M (scale M/8)")
     ap.add_argument("--ratios", default="2,2.5,3,3.5,4,5,6,8", help="box side / output side")
@@ -117,18 +122,23 @@ def main() -> None:
     if not files:
         sys.exit(f"{args.folder}: no JPEG files")
     diffs, skipped = measure(files, factors, ratios)
-    md = [f"# DCT-scaled decode vs full decode + resize ({len(files)} JPEGs of `{args.folder}`)", "",
-          "Mean absolute difference per image, grey levels (centred square box, the decoders' resize).",
-          f"Skipped (libjpeg-turbo error or warning): {len(skipped)}" + (f", e.g. {skipped[0]}" if skipped else ""),
-          "",
-          "| scale | box / output | images | mean | p95 | max |", "|---|---|---|---|---|---|"]
+    md = [
+        f"# DCT-scaled decode vs full decode + resize ({len(files)} JPEGs of `{args.folder}`)",
+        "",
+        "Mean absolute difference per image, grey levels (centred square box, the decoders' resize).",
+        f"Skipped (libjpeg-turbo error or warning): {len(skipped)}" + (f", e.g. {skipped[0]}" if skipped else ""),
+        "",
+        "| scale | box / output | images | mean | p95 | max |",
+        "|---|---|---|---|---|---|",
+    ]
     for (m, r), d in diffs.items():
         if d.size:
             md.append(f"| {m}/8 | {r:g} | {d.size} | {d.mean():.2f} | {np.percentile(d, 95):.2f} | {d.max():.2f} |")
     text = "\n".join(md) + "\n"
     print(text)
-    write_results(args.out, text, {"diffs": {f"{m}/8 x{r:g}": d.tolist() for (m, r), d in diffs.items()},
-                                   "skipped": skipped})
+    write_results(
+        args.out, text, {"diffs": {f"{m}/8 x{r:g}": d.tolist() for (m, r), d in diffs.items()}, "skipped": skipped}
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ upscaled to 32x32 RGB. A fixture generator for trying `ffload convert` / the CIF
 
 CIFAR-100 gets fine label = digit and coarse label = digit parity (even/odd).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,21 @@ def main(argv=None) -> int:
     n_test = int(round(len(labels) * args.test_fraction))
     test, train = order[:n_test], order[n_test:]
     if args.variant == "cifar10":
-        write_cifar10_folder(args.out, images[train], labels[train], images[test], labels[test],
-                             label_names=DIGIT_NAMES)
+        write_cifar10_folder(
+            args.out, images[train], labels[train], images[test], labels[test], label_names=DIGIT_NAMES
+        )
     else:
-        write_cifar100_folder(args.out, images[train], labels[train], labels[train] % 2, images[test], labels[test],
-                              labels[test] % 2, fine_names=DIGIT_NAMES, coarse_names=["even", "odd"])
+        write_cifar100_folder(
+            args.out,
+            images[train],
+            labels[train],
+            labels[train] % 2,
+            images[test],
+            labels[test],
+            labels[test] % 2,
+            fine_names=DIGIT_NAMES,
+            coarse_names=["even", "odd"],
+        )
     print(f"wrote {args.variant} layout to {args.out}: {len(train)} train, {len(test)} test images")
     return 0
 

@@ -4,6 +4,7 @@ and OUT/photos (an ImageNet-like ImageFolder of crops of the photos bundled with
     python scripts/make_demo_data.py demo/
     ffload convert demo/digits/train digits-train.beton
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,10 +24,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        digits = build_digits_folder(os.path.join(args.out, "digits"), size=args.digits_size,
-                                     test_fraction=args.test_fraction, seed=args.seed)
-        photos = build_photos_folder(os.path.join(args.out, "photos"), n_per_class=args.photos_per_class,
-                                     seed=args.seed)
+        digits = build_digits_folder(
+            os.path.join(args.out, "digits"), size=args.digits_size, test_fraction=args.test_fraction, seed=args.seed
+        )
+        photos = build_photos_folder(
+            os.path.join(args.out, "photos"), n_per_class=args.photos_per_class, seed=args.seed
+        )
     except (ImportError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

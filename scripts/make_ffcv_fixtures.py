@@ -6,6 +6,7 @@ Each fixture is gzipped (ffcv pads pages to >= 2 MiB with zeros) next to an .npz
 values that went in, so that tests check our reader against ffcv's writer without ffcv installed.
 Images are real: scikit-learn's digits (upscaled) and crops of scikit-image's photos.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ def source_samples():
         labels.append(int(digits.target[i]))
     for k, photo in enumerate([data.astronaut(), data.chelsea(), data.coffee(), data.rocket()]):
         y, x = 20 * k, 30 * k
-        images.append(np.ascontiguousarray(photo[y:y + 48 + 8 * k, x:x + 64 - 4 * k, :3]))
+        images.append(np.ascontiguousarray(photo[y : y + 48 + 8 * k, x : x + 64 - 4 * k, :3]))
         labels.append(10 + k)
     n = len(images)
     floats = np.linspace(-1.5, 2.5, n)
@@ -61,16 +62,26 @@ def write_fixtures(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     tmp = tempfile.mkdtemp()
     try:
-        raw_rows = [(images[i], labels[i], floats[i], arrays[i], np.frombuffer(blobs[i], np.uint8), docs[i])
-                    for i in range(len(images))]
+        raw_rows = [
+            (images[i], labels[i], floats[i], arrays[i], np.frombuffer(blobs[i], np.uint8), docs[i])
+            for i in range(len(images))
+        ]
         jobs = {
             "ffcv_all_fields_raw.beton": (
-                {"image": RGBImageField(write_mode="raw"), "label": IntField(), "value": FloatField(),
-                 "array": NDArrayField(np.dtype("float32"), (2, 3)), "blob": BytesField(),
-                 "doc": JSONField()}, raw_rows),
+                {
+                    "image": RGBImageField(write_mode="raw"),
+                    "label": IntField(),
+                    "value": FloatField(),
+                    "array": NDArrayField(np.dtype("float32"), (2, 3)),
+                    "blob": BytesField(),
+                    "doc": JSONField(),
+                },
+                raw_rows,
+            ),
             "ffcv_images_jpg.beton": (
                 {"image": RGBImageField(write_mode="jpg", jpeg_quality=90), "label": IntField()},
-                [(images[i], labels[i]) for i in range(len(images))]),
+                [(images[i], labels[i]) for i in range(len(images))],
+            ),
         }
         for name, (fields, rows) in jobs.items():
             path = os.path.join(tmp, name)
@@ -80,11 +91,16 @@ def write_fixtures(out: str) -> None:
     finally:
         shutil.rmtree(tmp)
     shapes = np.array([im.shape for im in images], dtype=np.int64)
-    np.savez_compressed(os.path.join(out, "ffcv_fixtures_expected.npz"),
-                        pixels=np.concatenate([im.reshape(-1) for im in images]), shapes=shapes,
-                        labels=np.array(labels, dtype=np.int64), floats=floats, arrays=arrays,
-                        blob_lengths=np.array([len(b) for b in blobs]),
-                        blobs=np.frombuffer(b"".join(blobs), np.uint8))
+    np.savez_compressed(
+        os.path.join(out, "ffcv_fixtures_expected.npz"),
+        pixels=np.concatenate([im.reshape(-1) for im in images]),
+        shapes=shapes,
+        labels=np.array(labels, dtype=np.int64),
+        floats=floats,
+        arrays=arrays,
+        blob_lengths=np.array([len(b) for b in blobs]),
+        blobs=np.frombuffer(b"".join(blobs), np.uint8),
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ with ``encoding='latin1'``), labels are lists of ints, and ``data`` is a numpy a
 that (its protocol 2 writes ``bytes`` through ``_codecs.encode`` and numpy 2 names ``numpy._core``), so the opcodes
 are emitted here directly. Used by the tests and by ``scripts/make_cifar_like.py``.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ import numpy as np
 CIFAR10_LABEL_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 """The official CIFAR-10 class names, in label order."""
 
-_README = (b'<meta HTTP-EQUIV="REFRESH" content="0; URL=http://www.cs.toronto.edu/~kriz/cifar.html">\n')
+_README = b'<meta HTTP-EQUIV="REFRESH" content="0; URL=http://www.cs.toronto.edu/~kriz/cifar.html">\n'
 
 
 class _Global:
@@ -70,7 +71,7 @@ def _emit(out: bytearray, obj) -> None:
         out += b"]"
         for start in range(0, len(obj), 1000):  # cPickle appends in batches of 1000
             out += b"("
-            for item in obj[start:start + 1000]:
+            for item in obj[start : start + 1000]:
                 _emit(out, item)
             out += b"e"
     elif isinstance(obj, dict):
@@ -126,8 +127,9 @@ def _dump(path: str, obj) -> None:
         f.write(py2_pickle(obj))
 
 
-def write_cifar10_folder(root, train_images, train_labels, test_images, test_labels,
-                         label_names=CIFAR10_LABEL_NAMES) -> str:
+def write_cifar10_folder(
+    root, train_images, train_labels, test_images, test_labels, label_names=CIFAR10_LABEL_NAMES
+) -> str:
     """Write ``root/{data_batch_1..5, test_batch, batches.meta, readme.html}`` like ``cifar-10-batches-py``.
 
     Args:
@@ -146,30 +148,48 @@ def write_cifar10_folder(root, train_images, train_labels, test_images, test_lab
     bounds = np.cumsum([0] + [len(p) for p in np.array_split(np.arange(len(train_images)), 5)])
     for b in range(5):
         lo, hi = int(bounds[b]), int(bounds[b + 1])
-        _dump(os.path.join(root, f"data_batch_{b + 1}"), {
-            b"batch_label": f"training batch {b + 1} of 5".encode(),
-            b"labels": train_labels[lo:hi],
-            b"data": _rows(train_images[lo:hi]),
-            b"filenames": _filenames(train_labels[lo:hi], label_names, lo),
-        })
-    _dump(os.path.join(root, "test_batch"), {
-        b"batch_label": b"testing batch 1 of 1",
-        b"labels": test_labels,
-        b"data": _rows(test_images),
-        b"filenames": _filenames(test_labels, label_names, 0),
-    })
-    _dump(os.path.join(root, "batches.meta"), {
-        b"num_cases_per_batch": int(bounds[1] - bounds[0]),
-        b"label_names": [n.encode() for n in label_names],
-        b"num_vis": 3072,
-    })
+        _dump(
+            os.path.join(root, f"data_batch_{b + 1}"),
+            {
+                b"batch_label": f"training batch {b + 1} of 5".encode(),
+                b"labels": train_labels[lo:hi],
+                b"data": _rows(train_images[lo:hi]),
+                b"filenames": _filenames(train_labels[lo:hi], label_names, lo),
+            },
+        )
+    _dump(
+        os.path.join(root, "test_batch"),
+        {
+            b"batch_label": b"testing batch 1 of 1",
+            b"labels": test_labels,
+            b"data": _rows(test_images),
+            b"filenames": _filenames(test_labels, label_names, 0),
+        },
+    )
+    _dump(
+        os.path.join(root, "batches.meta"),
+        {
+            b"num_cases_per_batch": int(bounds[1] - bounds[0]),
+            b"label_names": [n.encode() for n in label_names],
+            b"num_vis": 3072,
+        },
+    )
     with open(os.path.join(root, "readme.html"), "wb") as f:
         f.write(_README)
     return root
 
 
-def write_cifar100_folder(root, train_images, train_fine, train_coarse, test_images, test_fine, test_coarse,
-                          fine_names=None, coarse_names=None) -> str:
+def write_cifar100_folder(
+    root,
+    train_images,
+    train_fine,
+    train_coarse,
+    test_images,
+    test_fine,
+    test_coarse,
+    fine_names=None,
+    coarse_names=None,
+) -> str:
     """Write ``root/{train, test, meta}`` like ``cifar-100-python``.
 
     Args:
@@ -185,19 +205,27 @@ def write_cifar100_folder(root, train_images, train_fine, train_coarse, test_ima
     coarse_names = coarse_names or [f"coarse_{i:02d}" for i in range(20)]
     root = os.fspath(root)
     os.makedirs(root, exist_ok=True)
-    for split, images, fine, coarse in (("train", train_images, train_fine, train_coarse),
-                                        ("test", test_images, test_fine, test_coarse)):
+    for split, images, fine, coarse in (
+        ("train", train_images, train_fine, train_coarse),
+        ("test", test_images, test_fine, test_coarse),
+    ):
         images, fine = _check_images(images, fine, split)
         _, coarse = _check_images(images, coarse, split)
-        _dump(os.path.join(root, split), {
-            b"filenames": _filenames(fine, fine_names, 0),
-            b"batch_label": f"{'training' if split == 'train' else 'testing'} batch 1 of 1".encode(),
-            b"fine_labels": fine,
-            b"coarse_labels": coarse,
-            b"data": _rows(images),
-        })
-    _dump(os.path.join(root, "meta"), {
-        b"fine_label_names": [n.encode() for n in fine_names],
-        b"coarse_label_names": [n.encode() for n in coarse_names],
-    })
+        _dump(
+            os.path.join(root, split),
+            {
+                b"filenames": _filenames(fine, fine_names, 0),
+                b"batch_label": f"{'training' if split == 'train' else 'testing'} batch 1 of 1".encode(),
+                b"fine_labels": fine,
+                b"coarse_labels": coarse,
+                b"data": _rows(images),
+            },
+        )
+    _dump(
+        os.path.join(root, "meta"),
+        {
+            b"fine_label_names": [n.encode() for n in fine_names],
+            b"coarse_label_names": [n.encode() for n in coarse_names],
+        },
+    )
     return root

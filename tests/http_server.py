@@ -23,6 +23,7 @@ No request leaves the loopback address. The same interface as ``s3_server.S3Test
 (``start``, ``kill``, ``stop``, ``fail_next``, ``reset_max``, the counters), so that tests run
 against either.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -218,8 +219,9 @@ class HTTPTestServer:
                     raise
                 time.sleep(0.05)
         self._server, self._port = server, server.server_address[1]
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True, name="http-test-server")
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True, name="http-test-server"
+        )
         self._thread.start()
 
     def kill(self) -> None:

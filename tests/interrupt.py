@@ -1,4 +1,5 @@
 """A conversion in a child process, slow enough to be interrupted midway (tests of Ctrl-C clean-up)."""
+
 from __future__ import annotations
 
 import subprocess

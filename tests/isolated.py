@@ -8,6 +8,7 @@ that lists those overloads fails with ``KeyError`` in ``Dispatcher.nopython_sign
 that builds an ``ffcv.loader.Loader`` must therefore run it here, never in the pytest process
 (ffload's own benchmarks measure every loader in a fresh subprocess for the same reason).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,8 @@ def run_isolated(module: str, function: str, *args: str, timeout: float = 600) -
         AssertionError: the call raised (its traceback, the child's stderr, is the message).
     """
     code = f"import sys; sys.path.insert(0, {TESTS!r}); import {module}; {module}.{function}(*sys.argv[1:])"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(TESTS),
-                                                                    os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(TESTS), os.environ.get("PYTHONPATH")]))
+    )
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"{module}.{function} failed in its own process:\n{proc.stderr[-6000:]}"

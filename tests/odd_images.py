@@ -11,6 +11,7 @@ hand-built from the specifications (PNG 1.2 + APNG 1.0, BMP v3-v5, TIFF 6.0); ti
 Used by tests/test_odd_images.py (pixels and reasons) and by the reproducibility tests (the same folder converted
 twice and with several workers must give the same bytes): :func:`write_odd_corpus` is the entry point.
 """
+
 from __future__ import annotations
 
 import functools
@@ -71,6 +72,7 @@ def pillow_rgb(data: bytes) -> np.ndarray:
 
 # -- content ----------------------------------------------------------------------------------------------------
 
+
 @functools.cache
 def photo(seed: int = 0) -> np.ndarray:
     """A ``(24, 36, 3) uint8`` crop of a real photo (non-square, so transposes show); seeds pick other crops."""
@@ -78,7 +80,7 @@ def photo(seed: int = 0) -> np.ndarray:
 
     image = skimage.data.astronaut() if seed % 2 == 0 else skimage.data.chelsea()
     y, x = 90 + 13 * seed, 160 + 7 * seed
-    return np.ascontiguousarray(image[y:y + 24, x:x + 36])
+    return np.ascontiguousarray(image[y : y + 24, x : x + 36])
 
 
 def deep(seed: int = 0) -> np.ndarray:
@@ -103,8 +105,11 @@ def pil(array: np.ndarray, fmt: str, mode: str | None = None, **kw) -> bytes:
 
     image = Image.fromarray(array)
     if mode is not None:
-        image = image.convert(mode) if mode not in ("P",) else image.convert("P", palette=Image.Palette.ADAPTIVE,
-                                                                                colors=kw.pop("colors", 32))
+        image = (
+            image.convert(mode)
+            if mode not in ("P",)
+            else image.convert("P", palette=Image.Palette.ADAPTIVE, colors=kw.pop("colors", 32))
+        )
     buf = io.BytesIO()
     image.save(buf, fmt, **kw)
     return buf.getvalue()
@@ -131,6 +136,7 @@ def exif(orientation: int, prefix: bool = True) -> bytes:
 
 # -- hand-built files -------------------------------------------------------------------------------------------
 
+
 def png_chunk(kind: bytes, data: bytes) -> bytes:
     """One PNG chunk: length, type, data, CRC-32 of type and data (PNG 1.2, 5.3)."""
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
@@ -142,15 +148,21 @@ def png_rows(samples: np.ndarray) -> bytes:
     return zlib.compress(np.hstack([np.zeros((len(rows), 1), np.uint8), rows]).tobytes())
 
 
-def png_file(samples: np.ndarray, color_type: int, before: list[bytes] = (), after: list[bytes] = (),
-             idat: bytes | None = None) -> bytes:
+def png_file(
+    samples: np.ndarray, color_type: int, before: list[bytes] = (), after: list[bytes] = (), idat: bytes | None = None
+) -> bytes:
     """A PNG of ``samples`` (uint8 or uint16 -> bit depth 8 or 16) with extra chunks before / after IDAT."""
     height, width = samples.shape[:2]
     depth = 16 if samples.dtype == np.uint16 else 8
     ihdr = struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + b"".join(before)
-            + png_chunk(b"IDAT", png_rows(samples) if idat is None else idat) + b"".join(after)
-            + png_chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", ihdr)
+        + b"".join(before)
+        + png_chunk(b"IDAT", png_rows(samples) if idat is None else idat)
+        + b"".join(after)
+        + png_chunk(b"IEND", b"")
+    )
 
 
 def apng(default_in_animation: bool) -> bytes:
@@ -176,10 +188,17 @@ def apng(default_in_animation: bool) -> bytes:
 def tiff_handmade(width: int, height: int, tags: dict[int, tuple[int, tuple[int, ...]]], strip: bytes) -> bytes:
     """A little-endian TIFF (TIFF 6.0) with one IFD and one strip. ``tags``: tag -> (type, values), type 3 SHORT or
     4 LONG; ImageWidth, ImageLength, RowsPerStrip, StripOffsets and StripByteCounts are added."""
-    tags = {**tags, 256: (4, (width,)), 257: (4, (height,)), 278: (4, (height,)), 279: (4, (len(strip),)),
-            273: (4, (0,))}
-    packed = {tag: struct.pack("<" + {3: "H", 4: "I"}[kind] * len(values), *values)
-              for tag, (kind, values) in tags.items()}
+    tags = {
+        **tags,
+        256: (4, (width,)),
+        257: (4, (height,)),
+        278: (4, (height,)),
+        279: (4, (len(strip),)),
+        273: (4, (0,)),
+    }
+    packed = {
+        tag: struct.pack("<" + {3: "H", 4: "I"}[kind] * len(values), *values) for tag, (kind, values) in tags.items()
+    }
     extra_at = 8 + 2 + 12 * len(tags) + 4
     outside = b"".join(v for v in packed.values() if len(v) > 4)
     packed[273] = struct.pack("<I", extra_at + len(outside))  # the strip follows the out-of-entry values
@@ -200,7 +219,7 @@ def packed_gray(bits: int) -> tuple[np.ndarray, bytes]:
     levels = (photo(0)[..., 1].astype(np.int32) >> (8 - bits)).astype(np.uint8)
     per_byte = 8 // bits
     padded = np.zeros((levels.shape[0], -(-levels.shape[1] // per_byte) * per_byte), np.uint8)
-    padded[:, :levels.shape[1]] = levels
+    padded[:, : levels.shape[1]] = levels
     groups = padded.reshape(padded.shape[0], -1, per_byte)
     packed = np.zeros(groups.shape[:2], np.uint8)
     for k in range(per_byte):
@@ -208,18 +227,28 @@ def packed_gray(bits: int) -> tuple[np.ndarray, bytes]:
     return levels, packed.tobytes()
 
 
-def bmp_file(pixels: bytes, width: int, height: int, bpp: int, compression: int = 0,
-             masks: tuple[int, ...] = (), header_size: int = 40, offset: int | None = None) -> bytes:
+def bmp_file(
+    pixels: bytes,
+    width: int,
+    height: int,
+    bpp: int,
+    compression: int = 0,
+    masks: tuple[int, ...] = (),
+    header_size: int = 40,
+    offset: int | None = None,
+) -> bytes:
     """A BMP (bottom-up rows in ``pixels``) with a BITMAPINFOHEADER (40) + mask DWORDs, or a V4/V5 header (108 /
     124) holding the masks; ``header_size`` / ``offset`` may lie (malformed files)."""
     if header_size in (108, 124):
-        info = struct.pack("<IiiHHIIiiII", header_size, width, height, 1, bpp, compression, len(pixels),
-                           2835, 2835, 0, 0)
+        info = struct.pack(
+            "<IiiHHIIiiII", header_size, width, height, 1, bpp, compression, len(pixels), 2835, 2835, 0, 0
+        )
         info += struct.pack("<4I", *(list(masks) + [0] * 4)[:4]) + b"BGRs" + b"\0" * (header_size - 56)
         tail = b""
     else:
-        info = struct.pack("<IiiHHIIiiII", header_size, width, height, 1, bpp, compression, len(pixels),
-                           2835, 2835, 0, 0)
+        info = struct.pack(
+            "<IiiHHIIiiII", header_size, width, height, 1, bpp, compression, len(pixels), 2835, 2835, 0, 0
+        )
         tail = struct.pack(f"<{len(masks)}I", *masks)
     start = 14 + len(info) + len(tail)
     file_header = struct.pack("<2sIHHI", b"BM", start + len(pixels), 0, 0, start if offset is None else offset)
@@ -257,30 +286,45 @@ def jpeg_with_precision(bits: int) -> bytes:
 
 def xmp_packet(orientation: int) -> bytes:
     """An XMP packet stating ``tiff:Orientation``."""
-    return (b'<?xpacket begin="" id="W5M0MpCehiHzreSzNTczkc9d"?><x:xmpmeta xmlns:x="adobe:ns:meta/">'
-            b'<rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
-            b'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="' + str(orientation).encode()
-            + b'"/></rdf:RDF></x:xmpmeta><?xpacket end="w"?>')
+    return (
+        b'<?xpacket begin="" id="W5M0MpCehiHzreSzNTczkc9d"?><x:xmpmeta xmlns:x="adobe:ns:meta/">'
+        b'<rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#"><rdf:Description '
+        b'xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="'
+        + str(orientation).encode()
+        + b'"/></rdf:RDF></x:xmpmeta><?xpacket end="w"?>'
+    )
 
 
 def raw_profile_exif(orientation: int) -> str:
     """ImageMagick's "Raw profile type exif" text: a blank line, ``exif``, the length, then hex lines."""
     data = exif(orientation)
     hexed = data.hex()
-    return "\nexif\n" + f"{len(data):8d}" + "\n" + "\n".join(hexed[i:i + 72] for i in range(0, len(hexed), 72)) + "\n"
+    return "\nexif\n" + f"{len(data):8d}" + "\n" + "\n".join(hexed[i : i + 72] for i in range(0, len(hexed), 72)) + "\n"
 
 
 def png_bomb() -> bytes:
     """A gray PNG whose IHDR declares 30000 x 30000 pixels, with a few bytes of image data."""
     ihdr = struct.pack(">IIBBBBB", 30000, 30000, 8, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(b"\0" * 4096))
-            + png_chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", ihdr)
+        + png_chunk(b"IDAT", zlib.compress(b"\0" * 4096))
+        + png_chunk(b"IEND", b"")
+    )
 
 
 def oriented(a: np.ndarray, orientation: int) -> np.ndarray:
     """What a viewer shows for stored pixels ``a`` and EXIF orientation 1-8 (EXIF 2.3, as Pillow's transposes)."""
-    return {1: a, 2: a[:, ::-1], 3: a[::-1, ::-1], 4: a[::-1], 5: a.transpose(1, 0, 2), 6: np.rot90(a, -1),
-            7: a[::-1, ::-1].transpose(1, 0, 2), 8: np.rot90(a, 1)}[orientation]
+    return {
+        1: a,
+        2: a[:, ::-1],
+        3: a[::-1, ::-1],
+        4: a[::-1],
+        5: a.transpose(1, 0, 2),
+        6: np.rot90(a, -1),
+        7: a[::-1, ::-1].transpose(1, 0, 2),
+        8: np.rot90(a, 1),
+    }[orientation]
 
 
 def unpremultiplied(values: np.ndarray) -> np.ndarray:
@@ -292,6 +336,7 @@ def unpremultiplied(values: np.ndarray) -> np.ndarray:
 
 
 # -- the corpus -------------------------------------------------------------------------------------------------
+
 
 @functools.cache
 def odd_images() -> tuple[OddImage, ...]:
@@ -311,10 +356,15 @@ def odd_images() -> tuple[OddImage, ...]:
         add(f"jpeg/pil_q{quality}_progressive.jpg", STORED, pil(q, "JPEG", quality=quality, progressive=True))
     import cv2
 
-    for label, factor in (("420", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420), ("422", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422),
-                          ("444", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444), ("411", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411)):
-        ok, buf = cv2.imencode(".jpg", q[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 70, cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
-                                                      factor])
+    for label, factor in (
+        ("420", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420),
+        ("422", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422),
+        ("444", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444),
+        ("411", cv2.IMWRITE_JPEG_SAMPLING_FACTOR_411),
+    ):
+        ok, buf = cv2.imencode(
+            ".jpg", q[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 70, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, factor]
+        )
         add(f"jpeg/opencv_{label}.jpg", STORED, buf.tobytes())
     add("jpeg/gray.jpg", STORED, pil(p[..., 0], "JPEG", quality=80))
     add("jpeg/cmyk_adobe.jpg", STORED, pil(np.dstack([255 - p, p[..., :1] // 3]), "JPEG", "CMYK", quality=90))
@@ -353,48 +403,102 @@ def odd_images() -> tuple[OddImage, ...]:
     add("tiff/palette_lzw.tif", STORED, pil(q, "TIFF", "P", colors=24, compression="tiff_lzw"))
     for bits in (2, 4):
         levels, packed = packed_gray(bits)
-        add(f"tiff/gray_{bits}bit.tif", STORED,
-            tiff_handmade(36, 24, {258: (3, (bits,)), 259: (3, (1,)), 262: (3, (1,)), 277: (3, (1,))}, packed))
-    add("tiff/rgb_planar_8bit.tif", STORED, tiff_file(np.moveaxis(p, 2, 0).copy(), photometric="rgb",
-                                                       planarconfig="separate"))
+        add(
+            f"tiff/gray_{bits}bit.tif",
+            STORED,
+            tiff_handmade(36, 24, {258: (3, (bits,)), 259: (3, (1,)), 262: (3, (1,)), 277: (3, (1,))}, packed),
+        )
+    add(
+        "tiff/rgb_planar_8bit.tif",
+        STORED,
+        tiff_file(np.moveaxis(p, 2, 0).copy(), photometric="rgb", planarconfig="separate"),
+    )
     add("tiff/rgb_orientation_6.tif", STORED, pil(p, "TIFF", tiffinfo={274: 6}))
     add("tiff/cmyk.tif", STORED, pil(np.dstack([255 - p, p[..., :1] // 3]), "TIFF", "CMYK"))
     add("tiff/cielab.tif", STORED, tiff_file(pil_lab(p), photometric="cielab"))
-    add("tiff/rgba_associated_8bit.tif", STORED,
-        tiff_file(np.dstack([p // 2, np.full(p.shape[:2], 128, np.uint8)]), photometric="rgb",
-                  extrasamples=["assocalpha"]))
+    add(
+        "tiff/rgba_associated_8bit.tif",
+        STORED,
+        tiff_file(
+            np.dstack([p // 2, np.full(p.shape[:2], 128, np.uint8)]), photometric="rgb", extrasamples=["assocalpha"]
+        ),
+    )
     add("tiff/gray16.tif", STORED, pil(gray16, "TIFF"), rgb3(to8(gray16)))
     for layout, kw in (("strip", {}), ("tiled", {"tile": (16, 16)}), ("deflate", {"compression": "zlib"})):
-        add(f"tiff/rgb16_planar_{layout}.tif", STORED,
+        add(
+            f"tiff/rgb16_planar_{layout}.tif",
+            STORED,
             tiff_file(np.moveaxis(deep(5), 2, 0).copy(), photometric="rgb", planarconfig="separate", **kw),
-            to8(deep(5)))
-        add(f"tiff/rgba16_planar_{layout}.tif", STORED,
-            tiff_file(np.moveaxis(np.dstack([deep(6), deep(7)[..., :1]]), 2, 0).copy(), photometric="rgb",
-                      planarconfig="separate", extrasamples=["unassalpha"], **kw), to8(deep(6)))
+            to8(deep(5)),
+        )
+        add(
+            f"tiff/rgba16_planar_{layout}.tif",
+            STORED,
+            tiff_file(
+                np.moveaxis(np.dstack([deep(6), deep(7)[..., :1]]), 2, 0).copy(),
+                photometric="rgb",
+                planarconfig="separate",
+                extrasamples=["unassalpha"],
+                **kw,
+            ),
+            to8(deep(6)),
+        )
     add("tiff/rgb16_contiguous.tif", STORED, tiff_file(deep(8), photometric="rgb"), to8(deep(8)))
     ok, buf = cv2.imencode(".tiff", deep(9)[..., ::-1])  # LZW with a predictor: OpenCV's default
     add("tiff/rgb16_lzw_opencv.tif", STORED, buf.tobytes(), to8(deep(9)))
     premultiplied = np.dstack([deep(10), deep(11)[..., :1] // 2 + 32768])
-    premultiplied[..., :3] = (premultiplied[..., :3].astype(np.uint64) * premultiplied[..., 3:] // 65535)
-    add("tiff/rgba16_associated.tif", STORED, tiff_file(premultiplied, photometric="rgb", extrasamples=["assocalpha"]),
-        to8(unpremultiplied(premultiplied)))
+    premultiplied[..., :3] = premultiplied[..., :3].astype(np.uint64) * premultiplied[..., 3:] // 65535
+    add(
+        "tiff/rgba16_associated.tif",
+        STORED,
+        tiff_file(premultiplied, photometric="rgb", extrasamples=["assocalpha"]),
+        to8(unpremultiplied(premultiplied)),
+    )
     unit = photo(12).astype(np.float64) / 255.0 * 0.999 + 0.0004
-    add("tiff/float64_planar.tif", STORED, tiff_file(np.moveaxis(unit, 2, 0).copy(), photometric="rgb",
-                                                      planarconfig="separate"), np.rint(unit * 255).astype(np.uint8))
+    add(
+        "tiff/float64_planar.tif",
+        STORED,
+        tiff_file(np.moveaxis(unit, 2, 0).copy(), photometric="rgb", planarconfig="separate"),
+        np.rint(unit * 255).astype(np.uint8),
+    )
     unit32 = unit[..., 0].astype(np.float32)
-    add("tiff/float32_gray.tif", STORED, tiff_file(unit32, photometric="minisblack"),
-        rgb3(np.rint(unit32.astype(np.float64) * 255).astype(np.uint8)))
-    add("tiff/float32_out_of_range.tif", UNSUPPORTED, tiff_file(unit32 * 1000 - 3, photometric="minisblack"),
-        reason="float samples outside [0, 1]")
-    add("tiff/int16_signed.tif", UNSUPPORTED, tiff_file(p[..., 0].astype(np.int16) - 100, photometric="minisblack"),
-        reason="signed")
+    add(
+        "tiff/float32_gray.tif",
+        STORED,
+        tiff_file(unit32, photometric="minisblack"),
+        rgb3(np.rint(unit32.astype(np.float64) * 255).astype(np.uint8)),
+    )
+    add(
+        "tiff/float32_out_of_range.tif",
+        UNSUPPORTED,
+        tiff_file(unit32 * 1000 - 3, photometric="minisblack"),
+        reason="float samples outside [0, 1]",
+    )
+    add(
+        "tiff/int16_signed.tif",
+        UNSUPPORTED,
+        tiff_file(p[..., 0].astype(np.int16) - 100, photometric="minisblack"),
+        reason="signed",
+    )
     add("tiff/lzma.tif", STORED, tiff_file(p, photometric="rgb", compression="lzma"))
-    add("tiff/old_style_jpeg.tif", STORED,
-        tiff_handmade(36, 24, {258: (3, (8, 8, 8)), 259: (3, (6,)), 262: (3, (6,)), 277: (3, (3,))},
-                      pil(p, "JPEG", quality=90)))  # libtiff's OJPEG support reads it
-    add("tiff/cmyk16_jpeg.tif", UNSUPPORTED,
-        tiff_handmade(36, 24, {258: (3, (16, 16, 16, 16)), 259: (3, (7,)), 262: (3, (5,)), 277: (3, (4,))},
-                      pil(p, "JPEG", quality=90)), reason="JPEG")
+    add(
+        "tiff/old_style_jpeg.tif",
+        STORED,
+        tiff_handmade(
+            36, 24, {258: (3, (8, 8, 8)), 259: (3, (6,)), 262: (3, (6,)), 277: (3, (3,))}, pil(p, "JPEG", quality=90)
+        ),
+    )  # libtiff's OJPEG support reads it
+    add(
+        "tiff/cmyk16_jpeg.tif",
+        UNSUPPORTED,
+        tiff_handmade(
+            36,
+            24,
+            {258: (3, (16, 16, 16, 16)), 259: (3, (7,)), 262: (3, (5,)), 277: (3, (4,))},
+            pil(p, "JPEG", quality=90),
+        ),
+        reason="JPEG",
+    )
 
     # WebP
     add("webp/exif_prefixed_orientation_6.webp", STORED, pil(p, "WEBP", lossless=True, exif=exif(6)))
@@ -421,16 +525,15 @@ def odd_images() -> tuple[OddImage, ...]:
     add("bmp/rgb16_555_plain.bmp", STORED, bmp_file(bmp_rows(packed, "<u2"), 36, 24, 16))
     good = pil(p, "BMP")
     add("bmp/bad_header_size.bmp", CORRUPT, good[:14] + struct.pack("<I", 41) + good[18:], reason="BMP")
-    add("bmp/bad_pixel_offset.bmp", CORRUPT, good[:10] + struct.pack("<I", len(good) + 4000) + good[14:],
-        reason="BMP")
+    add("bmp/bad_pixel_offset.bmp", CORRUPT, good[:10] + struct.pack("<I", len(good) + 4000) + good[14:], reason="BMP")
 
     # broken files
     png = pil(p, "PNG")
-    add("broken/truncated.png", CORRUPT, png[:len(png) // 2], reason="truncated PNG")
+    add("broken/truncated.png", CORRUPT, png[: len(png) // 2], reason="truncated PNG")
     jpeg = pil(p, "JPEG", quality=90)
-    add("broken/truncated.jpg", CORRUPT, jpeg[:len(jpeg) * 2 // 3], reason="truncated JPEG")
+    add("broken/truncated.jpg", CORRUPT, jpeg[: len(jpeg) * 2 // 3], reason="truncated JPEG")
     tif = pil(p, "TIFF")
-    add("broken/truncated.tif", CORRUPT, tif[:len(tif) // 2], reason="TIFF")
+    add("broken/truncated.tif", CORRUPT, tif[: len(tif) // 2], reason="TIFF")
     add("broken/empty.jpg", CORRUPT, b"", reason="empty file")
     add("broken/not_an_image.png", CORRUPT, b"these are not pixels\n" * 8, reason="not an image")
     bad_crc = bytearray(png)

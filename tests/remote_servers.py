@@ -7,6 +7,7 @@ folder served by :mod:`http_server` at ``http://127.0.0.1:PORT/<name>``. Either 
 ``fail_next``, ``reset_max``, ``max_in_flight``, ``gets``, ``requests``). A kind whose packages are
 missing is skipped.
 """
+
 from __future__ import annotations
 
 import contextlib

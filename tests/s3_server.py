@@ -18,6 +18,7 @@ server and request handler) with what failure tests need and ``ThreadedMotoServe
 No request leaves the loopback address. Credentials for the test process come from the
 environment (:meth:`~S3TestServer.environment`), as a user's would.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -89,12 +90,16 @@ class S3TestServer(ThreadedMotoServer):
                 if failing:
                     self._fail -= 1
             if failing:
-                body = (f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{self._fail_code}</Code>"
-                        f"<Message>injected by the test server</Message></Error>").encode()
+                body = (
+                    f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{self._fail_code}</Code>"
+                    f"<Message>injected by the test server</Message></Error>"
+                ).encode()
                 if environ["REQUEST_METHOD"] == "HEAD":  # a HEAD answer has no body
                     body = b""
-                start_response(f"{self._fail_status} Injected", [("Content-Type", "application/xml"),
-                                                                  ("Content-Length", str(len(body)))])
+                start_response(
+                    f"{self._fail_status} Injected",
+                    [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
+                )
                 return [body]
             with self._lock:
                 self.in_flight += 1
@@ -104,6 +109,7 @@ class S3TestServer(ThreadedMotoServer):
             finally:
                 with self._lock:
                     self.in_flight -= 1
+
         return serve
 
     def reset_max(self) -> None:
@@ -123,8 +129,7 @@ class S3TestServer(ThreadedMotoServer):
         deadline = time.monotonic() + 10
         while True:
             try:
-                self._server = make_server(self._ip_address, self._port, self._wsgi(app), True,
-                                           request_handler=handler)
+                self._server = make_server(self._ip_address, self._port, self._wsgi(app), True, request_handler=handler)
                 break
             except OSError:  # the port may take a moment to be free after a kill
                 if time.monotonic() > deadline:
@@ -161,8 +166,9 @@ class S3TestServer(ThreadedMotoServer):
             self._fail, self._fail_status, self._fail_code = count, status, code
 
     def _moto_api(self, path: str, data: bytes) -> dict:
-        request = urllib.request.Request(self.endpoint + path, data=data, method="POST",
-                                         headers={"Content-Type": "text/plain"})
+        request = urllib.request.Request(
+            self.endpoint + path, data=data, method="POST", headers={"Content-Type": "text/plain"}
+        )
         with urllib.request.urlopen(request, timeout=10) as response:  # loopback only
             return json.loads(response.read() or b"{}")
 
@@ -176,8 +182,13 @@ class S3TestServer(ThreadedMotoServer):
         :meth:`require_auth`)."""
         import boto3
 
-        iam = boto3.client("iam", endpoint_url=self.endpoint, region_name=REGION,
-                           aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
         iam.create_user(UserName=name)
         policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
         iam.put_user_policy(UserName=name, PolicyName="all", PolicyDocument=json.dumps(policy))
@@ -187,20 +198,33 @@ class S3TestServer(ThreadedMotoServer):
     def environment(self) -> dict[str, str]:
         """The environment variables a process needs to reach this server with the default
         credentials (``AWS_ENDPOINT_URL_S3`` and the keys), nothing else."""
-        return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL_S3": self.endpoint,
-                "AWS_ENDPOINT_URL": self.endpoint}
+        return {
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+            "AWS_ENDPOINT_URL": self.endpoint,
+        }
 
     def storage_options(self) -> dict:
         """Explicit ``storage_options`` reaching this server (endpoint and default keys)."""
-        return {"key": ACCESS_KEY, "secret": SECRET_KEY, "endpoint_url": self.endpoint,
-                "client_kwargs": {"region_name": REGION}}
+        return {
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "endpoint_url": self.endpoint,
+            "client_kwargs": {"region_name": REGION},
+        }
 
     def create_bucket(self, name: str) -> None:
         import boto3
 
-        s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
-                          aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
         s3.create_bucket(Bucket=name)
 
 

@@ -2,6 +2,7 @@
 independent references on real photos, with the parameters each operation drew: OpenCV and PIL for
 colour and blur, ``scipy.ndimage.map_coordinates`` (exact float bilinear) for the warps, and
 geometric identities for the matrices. torchvision itself does not import with the CPU torch of our machines."""
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,7 @@ def photos():
     multiple of 4, so the RGB kernels' 4-pixel shuffles (:mod:`ffload._jit.simd`) leave a
     per-pixel tail in every row."""
     sources = [data.astronaut(), data.coffee(), data.chelsea()]
-    return np.stack([sources[k % 3][9 * k:9 * k + H, 13 * k:13 * k + W] for k in range(16)])
+    return np.stack([sources[k % 3][9 * k : 9 * k + H, 13 * k : 13 * k + W] for k in range(16)])
 
 
 def _declared(op, x):
@@ -79,8 +80,16 @@ def _pil_reference(img: np.ndarray, order, factors) -> np.ndarray:
     return img
 
 
-@pytest.mark.parametrize("kwargs", [dict(brightness=0.4), dict(contrast=0.4), dict(saturation=0.6), dict(hue=0.2),
-                                    dict(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.2)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(brightness=0.4),
+        dict(contrast=0.4),
+        dict(saturation=0.6),
+        dict(hue=0.2),
+        dict(brightness=0.2, contrast=0.2, saturation=0.2, hue=0.2),
+    ],
+)
 def test_color_jitter_matches_pil_and_opencv_with_the_drawn_factors(photos, kwargs):
     ctx = context(len(photos))
     op = _declared(ColorJitter(**kwargs), photos)
@@ -129,7 +138,7 @@ def test_random_erasing_paints_exactly_the_drawn_box(photos):
     erased = 0
     for b, (top, left, h, w) in enumerate(boxes):
         mask = np.zeros((H, W), bool)
-        mask[top:top + h, left:left + w] = True
+        mask[top : top + h, left : left + w] = True
         np.testing.assert_array_equal(out[b][~mask], photos[b][~mask])
         assert np.all(out[b][mask] == (1, 2, 3))
         if h:
@@ -146,8 +155,12 @@ def test_random_crop_is_a_window_of_the_padded_image(photos):
     for b in range(len(photos)):
         padded = np.pad(photos[b], ((4, 4), (4, 4), (0, 0)))
         padded[:4], padded[-4:], padded[:, :4], padded[:, -4:] = (7, 8, 9), (7, 8, 9), (7, 8, 9), (7, 8, 9)
-        found = [(i, j) for i in range(padded.shape[0] - 39) for j in range(padded.shape[1] - 39)
-                 if np.array_equal(padded[i:i + 40, j:j + 40], out[b])]
+        found = [
+            (i, j)
+            for i in range(padded.shape[0] - 39)
+            for j in range(padded.shape[1] - 39)
+            if np.array_equal(padded[i : i + 40, j : j + 40], out[b])
+        ]
         assert found, b
         positions.add(found[0])
     assert len(positions) > len(photos) // 2
@@ -169,16 +182,25 @@ def _bilinear_reference(img: np.ndarray, mat: np.ndarray) -> tuple[np.ndarray, n
     den = mat[2, 0] * xs + mat[2, 1] * ys + mat[2, 2]
     sx = (mat[0, 0] * xs + mat[0, 1] * ys + mat[0, 2]) / den - 0.5
     sy = (mat[1, 0] * xs + mat[1, 1] * ys + mat[1, 2]) / den - 0.5
-    ref = np.stack([ndimage.map_coordinates(img[..., c].astype(np.float64), [sy, sx], order=1)
-                    for c in range(img.shape[2])], axis=-1)
+    ref = np.stack(
+        [ndimage.map_coordinates(img[..., c].astype(np.float64), [sy, sx], order=1) for c in range(img.shape[2])],
+        axis=-1,
+    )
     inside = (sx >= 0) & (sx <= w - 1) & (sy >= 0) & (sy <= h - 1)
     outside = (sx <= -1) | (sx >= w) | (sy <= -1) | (sy >= h)
     return ref, inside, outside
 
 
-@pytest.mark.parametrize("op", [RandomAffine(20), RandomAffine(10, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=8),
-                                RandomRotation(30), RandomPerspective(0.5, p=1.0)],
-                         ids=["affine20", "affine-all", "rotation", "perspective"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        RandomAffine(20),
+        RandomAffine(10, translate=(0.1, 0.2), scale=(0.8, 1.2), shear=8),
+        RandomRotation(30),
+        RandomPerspective(0.5, p=1.0),
+    ],
+    ids=["affine20", "affine-all", "rotation", "perspective"],
+)
 def test_warps_match_exact_bilinear_sampling(photos, op):
     ctx = context(len(photos))
     _declared(op, photos)
@@ -212,8 +234,9 @@ def test_warps_blend_the_fill_by_coverage(photos, channels):
             sx = (m[0, 0] * xs + m[0, 1] * ys + m[0, 2]) / den - 0.5
             sy = (m[1, 0] * xs + m[1, 1] * ys + m[1, 2]) / den - 0.5
             planes = [np.ones((H, W))] + [images[b, ..., c].astype(np.float64) for c in range(channels)]
-            cover, *values = [ndimage.map_coordinates(p, [sy, sx], order=1, mode="grid-constant", cval=0.0)
-                              for p in planes]
+            cover, *values = [
+                ndimage.map_coordinates(p, [sy, sx], order=1, mode="grid-constant", cval=0.0) for p in planes
+            ]
             ref = np.stack([v * cover + (1 - cover) * f for v, f in zip(values, fill)], axis=-1)
             partial += np.count_nonzero((cover > 1e-9) & (cover < 1 - 1e-9))
             outside += np.count_nonzero(cover <= 1e-9)
@@ -236,8 +259,12 @@ def test_rgb_warp_samples_the_fill_where_the_homography_divides_by_zero(photos):
         sx, sy = 0.25 * xs / den - 0.5, 0.5 * ys / den - 0.5
     finite = np.isfinite(sx) & np.isfinite(sy) & (np.abs(sx) < 1e6) & (np.abs(sy) < 1e6)
     planes = [np.ones((H, W))] + [photos[0, ..., c].astype(np.float64) for c in range(3)]
-    cover, *values = [ndimage.map_coordinates(p, [np.where(finite, sy, -9), np.where(finite, sx, -9)], order=1,
-                                              mode="grid-constant", cval=0.0) for p in planes]
+    cover, *values = [
+        ndimage.map_coordinates(
+            p, [np.where(finite, sy, -9), np.where(finite, sx, -9)], order=1, mode="grid-constant", cval=0.0
+        )
+        for p in planes
+    ]
     ref = np.stack([v * cover + (1 - cover) * f for v, f in zip(values, fill)], axis=-1)
     assert finite.sum() > H * W // 2 and np.count_nonzero(cover[finite] == 1) > 100
     assert np.abs(out[0].astype(float) - ref)[finite].max() <= 0.5 + 1e-4
@@ -285,17 +312,28 @@ def test_perspective_homography_maps_end_points_to_corners(photos):
 # ---------------------------------------------------------------- in a loader
 def test_deep_lake_complex_stack_in_a_loader_is_deterministic(tmp_path, photos):
     path = str(tmp_path / "p.beton")
-    write_dataset(path, {"image": RGBImageField("raw"), "label": IntField()},
-                  [(photos[i], i) for i in range(len(photos))], len(photos))
+    write_dataset(
+        path,
+        {"image": RGBImageField("raw"), "label": IntField()},
+        [(photos[i], i) for i in range(len(photos))],
+        len(photos),
+    )
 
     def stack():
-        return [SimpleRGBImageDecoder(), RandomAffine(20), RandomVerticalFlip(), RandomPerspective(0.5),
-                ColorJitter(0.2, 0.2, 0.2, 0.2), ToTensor()]
+        return [
+            SimpleRGBImageDecoder(),
+            RandomAffine(20),
+            RandomVerticalFlip(),
+            RandomPerspective(0.5),
+            ColorJitter(0.2, 0.2, 0.2, 0.2),
+            ToTensor(),
+        ]
 
     runs = []
     for workers in (1, 2):
-        with ffload.Loader(path, batch_size=5, num_workers=workers, order="random", seed=3,
-                           pipelines={"image": stack()}) as loader:
+        with ffload.Loader(
+            path, batch_size=5, num_workers=workers, order="random", seed=3, pipelines={"image": stack()}
+        ) as loader:
             runs.append([(im.numpy().copy(), lab.numpy().copy()) for im, lab in loader])
     assert len(runs[0]) == 4
     for (a, la), (b, lb) in zip(*runs):

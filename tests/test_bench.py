@@ -1,5 +1,6 @@
 """`ffload bench` / ffload.bench: the harness runs each loader on real images and reports
 well-formed rows, JSON, markdown and PNG. Behaviour only: no assertion on any timing value."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -53,8 +54,9 @@ def raw_data(tmp_path_factory):
     paths = {}
     for suffix in ("beton", "lmdb"):
         paths[suffix] = str(root / f"digits.{suffix}")
-        convert_dataset(ArraySource(images[:N_RAW], labels[:N_RAW]), paths[suffix], write_mode="raw",
-                        num_workers=0, progress=False)
+        convert_dataset(
+            ArraySource(images[:N_RAW], labels[:N_RAW]), paths[suffix], write_mode="raw", num_workers=0, progress=False
+        )
     return paths, images[:N_RAW]
 
 
@@ -72,8 +74,11 @@ def photo_data(tmp_path_factory):
         for k in range(8):
             h, w = int(rng.integers(120, 260)), int(rng.integers(120, 260))
             y, x = int(rng.integers(0, photo.shape[0] - h)), int(rng.integers(0, photo.shape[1] - w))
-            cv2.imwrite(str(folder / name / f"{k}.jpg"), photo[y:y + h, x:x + w, ::-1].copy(),
-                        [cv2.IMWRITE_JPEG_QUALITY, 90])
+            cv2.imwrite(
+                str(folder / name / f"{k}.jpg"),
+                photo[y : y + h, x : x + w, ::-1].copy(),
+                [cv2.IMWRITE_JPEG_QUALITY, 90],
+            )
     beton = str(root / "photos.beton")
     convert_dataset(ImageFolderSource(str(folder)), beton, write_mode="jpg", num_workers=0, progress=False)
     return beton, str(folder), 24
@@ -100,8 +105,9 @@ def check_run_rows(rows, samples, epochs):
 def test_raw_json_and_plot(raw_data, tmp_path):
     paths, _ = raw_data
     png = tmp_path / "workers.png"
-    result = invoke([paths["beton"], "--epochs", "2", "--batch-size", "64", "--json", "--plot", str(png),
-                     "--workers-list", "2,1"])
+    result = invoke(
+        [paths["beton"], "--epochs", "2", "--batch-size", "64", "--json", "--plot", str(png), "--workers-list", "2,1"]
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["dataset"]["one_size"] and out["dataset"]["image_field"] == "image"
@@ -121,6 +127,7 @@ def test_raw_json_and_plot(raw_data, tmp_path):
         assert run["dataset_samples"] == N_RAW
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
+
     assert matplotlib.image.imread(str(png)).ndim == 3
 
 
@@ -157,14 +164,32 @@ def test_header_printed_once_with_stderr_apart(raw_data):
 
 def test_compare_jpeg_all_loaders(photo_data):
     beton, folder, n = photo_data
-    result = invoke([beton, "--compare", "--source-folder", folder, "--epochs", "2", "--batch-size", "8",
-                     "--num-workers", "1", "--size", "64", "--json"])
+    result = invoke(
+        [
+            beton,
+            "--compare",
+            "--source-folder",
+            folder,
+            "--epochs",
+            "2",
+            "--batch-size",
+            "8",
+            "--num-workers",
+            "1",
+            "--size",
+            "64",
+            "--json",
+        ]
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert not out["dataset"]["one_size"] and out["dataset"]["jpeg_samples"] == n
     kinds = [r["kind"] for r in out["rows"]]
-    expected = ["ffload"] + (["ffcv"] if bench.ffcv_available() else []) + [
-        "dataloader_pil", "decode_ceiling", "decode_single_thread"]
+    expected = (
+        ["ffload"]
+        + (["ffcv"] if bench.ffcv_available() else [])
+        + ["dataloader_pil", "decode_ceiling", "decode_single_thread"]
+    )
     assert kinds == expected
     check_run_rows(out["rows"], n, 2)
     for run in out["runs"]:
@@ -201,7 +226,7 @@ def test_decode_ceiling_decodes_exactly_the_datasets_jpegs(photo_data):
 
     result = measure_decode_ceiling(payloads, 3, 2, recording)
     main = threading.get_ident()
-    single, threaded = calls[:2 * n], calls[2 * n:]
+    single, threaded = calls[: 2 * n], calls[2 * n :]
     assert all(t == main for _, t in single) and all(t != main for _, t in threaded)
     expected = Counter({id(p): 2 for p in payloads})
     assert Counter(i for i, _ in single) == expected and Counter(i for i, _ in threaded) == expected
@@ -231,7 +256,7 @@ def test_turbojpeg_ceiling_decoder_gives_opencvs_pixels(photo_data):
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         assert all(pool.map(check, payloads * 2))
     assert decode(np.frombuffer(b"\xff\xd8 not a jpeg", np.uint8)) is None
-    assert decode(payloads[0][:len(payloads[0]) // 2]) is None  # truncated: a warning counts as a failure
+    assert decode(payloads[0][: len(payloads[0]) // 2]) is None  # truncated: a warning counts as a failure
     assert check(payloads[1])  # the thread's handle still works
 
 
@@ -252,8 +277,9 @@ def test_decode_ceiling_measurement_reports_both_rates(photo_data):
     """In a subprocess: the row's rate is the measured multi-thread rate, the one-thread rate is
     reported beside it, both over the dataset's JPEG payloads."""
     beton, _, n = photo_data
-    res = measure(BenchConfig(kind="decode_ceiling", path=beton, pipeline="rrc", batch_size=8,
-                              num_workers=2, epochs=2, size=64))
+    res = measure(
+        BenchConfig(kind="decode_ceiling", path=beton, pipeline="rrc", batch_size=8, num_workers=2, epochs=2, size=64)
+    )
     assert "error" not in res, res
     assert res["dataset_samples"] == n and res["decoder"] == default_decoder()
     assert [e["samples"] for e in res["epochs"]] == [n, n] == [e["samples"] for e in res["single_thread_epochs"]]
@@ -263,19 +289,23 @@ def test_decode_ceiling_measurement_reports_both_rates(photo_data):
     rows = summarize([dict(res, round=0)])
     assert [(r["name"], r["kind"], r["img_s"]) for r in rows] == [
         ("decode_ceiling", "decode_ceiling", res["threads_img_s"]),
-        ("decode_ceiling (1 thread)", "decode_single_thread", res["single_thread_img_s"])]
-    ratio, = compute_ratios(rows + summarize([fake_run("ffload", 2, 1000.0)]), [("ffload", "decode_ceiling")])
+        ("decode_ceiling (1 thread)", "decode_single_thread", res["single_thread_img_s"]),
+    ]
+    (ratio,) = compute_ratios(rows + summarize([fake_run("ffload", 2, 1000.0)]), [("ffload", "decode_ceiling")])
     assert ratio["ratio"] == pytest.approx(1000.0 / res["threads_img_s"])
 
 
 def test_worker_loads_without_importing_ffload():
     """The subprocess loads the bench package by path: ``import ffload`` stays inside the
     measurement."""
-    code = BOOTSTRAP.replace('importlib.import_module("_ffload_bench.worker").main(sys.argv[2:])',
-                             'importlib.import_module("_ffload_bench.worker"); print(sorted('
-                             'm for m in sys.modules if m == "ffload" or m.startswith("ffload.")))')
-    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(bench.__file__)], capture_output=True,
-                         text=True, check=True).stdout
+    code = BOOTSTRAP.replace(
+        'importlib.import_module("_ffload_bench.worker").main(sys.argv[2:])',
+        'importlib.import_module("_ffload_bench.worker"); print(sorted('
+        'm for m in sys.modules if m == "ffload" or m.startswith("ffload.")))',
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, os.path.dirname(bench.__file__)], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -316,17 +346,34 @@ def test_config_validation():
 
 
 def fake_run(name, workers, img_s, kind="ffload"):
-    cfg = BenchConfig(kind=kind, path="p", pipeline="simple", batch_size=8, num_workers=workers, epochs=2,
-                      name=name).to_dict()
-    return {"name": name, "kind": kind, "config": cfg, "img_s": img_s, "epoch0_s": 1.0, "first_batch_s": 0.5,
-            "first_batch_total_s": 1.5, "import_torch_s": 0.3, "import_s": 0.2, "build_s": 0.1,
-            "rss_growth_mb": 0.0, "peak_rss_mb": 100.0 + img_s / 100, "peak_rss_children_mb": 0.0,
-            "epochs": [{"samples": 8}, {"samples": 8}], "first_batch": None}
+    cfg = BenchConfig(
+        kind=kind, path="p", pipeline="simple", batch_size=8, num_workers=workers, epochs=2, name=name
+    ).to_dict()
+    return {
+        "name": name,
+        "kind": kind,
+        "config": cfg,
+        "img_s": img_s,
+        "epoch0_s": 1.0,
+        "first_batch_s": 0.5,
+        "first_batch_total_s": 1.5,
+        "import_torch_s": 0.3,
+        "import_s": 0.2,
+        "build_s": 0.1,
+        "rss_growth_mb": 0.0,
+        "peak_rss_mb": 100.0 + img_s / 100,
+        "peak_rss_children_mb": 0.0,
+        "epochs": [{"samples": 8}, {"samples": 8}],
+        "first_batch": None,
+    }
 
 
 def test_summarize_medians_and_ratios():
-    runs = [fake_run("ffload", 2, v) for v in (300.0, 100.0, 200.0)] + [
-        fake_run("ffcv", 2, v, "ffcv") for v in (50.0, 150.0, 100.0)] + [fake_run("ffload", 1, 80.0)]
+    runs = (
+        [fake_run("ffload", 2, v) for v in (300.0, 100.0, 200.0)]
+        + [fake_run("ffcv", 2, v, "ffcv") for v in (50.0, 150.0, 100.0)]
+        + [fake_run("ffload", 1, 80.0)]
+    )
     rows = summarize(runs)
     assert [(r["name"], r["num_workers"]) for r in rows] == [("ffload", 2), ("ffcv", 2), ("ffload", 1)]
     assert rows[0]["img_s"] == 200.0 and rows[1]["img_s"] == 100.0 and rows[0]["runs"] == 3

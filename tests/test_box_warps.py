@@ -5,6 +5,7 @@ References are independent of the kernels: the image's own pixels (a white recta
 the image pipeline, whose extent must be the transformed box within one pixel), and a numpy
 re-computation of the documented rule (corners through the drawn matrices, enclosing box, clip).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,13 @@ from ffload.loaders import (
 )
 from ffload.loaders.rng import sample_seeds
 
-FIELDS = {"image": RGBImageField("raw"), "boxes": RaggedArrayField("float32", (4,)),
-          "labels": RaggedArrayField("int64"), "mask": ImageArrayField("uint8", 1), "index": IntField()}
+FIELDS = {
+    "image": RGBImageField("raw"),
+    "boxes": RaggedArrayField("float32", (4,)),
+    "labels": RaggedArrayField("int64"),
+    "mask": ImageArrayField("uint8", 1),
+    "index": IntField(),
+}
 H, W = 72, 96
 
 
@@ -47,9 +53,9 @@ def rectangles(n, seed=0, margin=0):
         rh, rw = int(rng.integers(12, 30)), int(rng.integers(12, 36))
         y0, x0 = int(rng.integers(margin, H - rh - margin + 1)), int(rng.integers(margin, W - rw - margin + 1))
         image = np.zeros((H, W, 3), np.uint8)
-        image[y0:y0 + rh, x0:x0 + rw] = 255
+        image[y0 : y0 + rh, x0 : x0 + rw] = 255
         mask = np.zeros((H, W, 1), np.uint8)
-        mask[y0:y0 + rh, x0:x0 + rw] = 3
+        mask[y0 : y0 + rh, x0 : x0 + rw] = 3
         rows.append((image, np.array([[x0, y0, x0 + rw, y0 + rh]], np.float32), [10 * i], mask, i))
     return rows
 
@@ -61,8 +67,15 @@ def extent(on):
 
 
 def load(dst, pipelines, mapper=None, batch_size=8, seed=5):
-    loader = Loader(dst, batch_size=batch_size, num_workers=1, order=OrderOption.SEQUENTIAL, seed=seed,
-                    pipelines=pipelines, custom_field_mapper=mapper)
+    loader = Loader(
+        dst,
+        batch_size=batch_size,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        seed=seed,
+        pipelines=pipelines,
+        custom_field_mapper=mapper,
+    )
     return loader, list(loader)
 
 
@@ -71,12 +84,18 @@ def test_translate_moves_boxes_and_masks_exactly(tmp_path, suffix):
     n = 24
     rows = rectangles(n, seed=1)
     dst = write_dataset(str(tmp_path / f"t{suffix}"), FIELDS, rows, n)
-    loader, out = load(dst, {
-        "image": [ResizeRGBImageDecoder((H, W)), RandomTranslate(40), RandomHorizontalFlip()],
-        "boxes": [RaggedArrayDecoder(), TransformBoxes("image", min_size=1)],
-        "labels": [RaggedArrayDecoder(fill=-1), FollowBoxes("boxes", fill=-1)],
-        "mask": [MaskDecoder("image", fill=255)], "index": [IntDecoder()],
-        "count": [BoxCountDecoder("boxes")]}, {"count": "boxes"})
+    loader, out = load(
+        dst,
+        {
+            "image": [ResizeRGBImageDecoder((H, W)), RandomTranslate(40), RandomHorizontalFlip()],
+            "boxes": [RaggedArrayDecoder(), TransformBoxes("image", min_size=1)],
+            "labels": [RaggedArrayDecoder(fill=-1), FollowBoxes("boxes", fill=-1)],
+            "mask": [MaskDecoder("image", fill=255)],
+            "index": [IntDecoder()],
+            "count": [BoxCountDecoder("boxes")],
+        },
+        {"count": "boxes"},
+    )
     dropped = clipped = 0
     for image, boxes, labels, mask, index, count in out:
         for j in range(len(index)):
@@ -117,17 +136,27 @@ def corner_rule(box, crop, out_size, hflip, steps):
     return np.array([x0, y0, x1, y1])
 
 
-@pytest.mark.parametrize("warp", [RandomAffine(25, translate=(0.1, 0.1), scale=(0.8, 1.1), shear=8),
-                                  RandomRotation(40)], ids=["affine", "rotation"])
+@pytest.mark.parametrize(
+    "warp",
+    [RandomAffine(25, translate=(0.1, 0.1), scale=(0.8, 1.1), shear=8), RandomRotation(40)],
+    ids=["affine", "rotation"],
+)
 def test_affine_boxes_enclose_the_warped_rectangle(tmp_path, warp):
     n = 32
     rows = rectangles(n, seed=2, margin=18)  # room to rotate and shift inside the image
     dst = write_dataset(str(tmp_path / "a.beton"), FIELDS, rows, n)
-    loader, out = load(dst, {
-        "image": [ResizeRGBImageDecoder((H, W)), RandomHorizontalFlip(), warp],
-        "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
-        "labels": None, "mask": [MaskDecoder("image")], "index": [IntDecoder()]}, batch_size=n)
-    (image, boxes, mask, index), = out
+    loader, out = load(
+        dst,
+        {
+            "image": [ResizeRGBImageDecoder((H, W)), RandomHorizontalFlip(), warp],
+            "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
+            "labels": None,
+            "mask": [MaskDecoder("image")],
+            "index": [IntDecoder()],
+        },
+        batch_size=n,
+    )
+    ((image, boxes, mask, index),) = out
     ops = loader.pipelines["image"]
     seeds = sample_seeds(5, 0, index)
     flips = flip_draws(seeds, ops[1].salt)
@@ -148,6 +177,7 @@ def test_affine_boxes_enclose_the_warped_rectangle(tmp_path, warp):
 def flip_draws(seeds, salt):
     """``(B,) bool``: the samples RandomHorizontalFlip(0.5) of that salt mirrors (its own rule)."""
     from ffload.loaders.decoders.rgb import flip_draws as draws
+
     out = np.empty(len(seeds), np.bool_)
     draws(seeds, salt, 0.5, out)
     return out
@@ -165,34 +195,60 @@ def test_labels_follow_dropped_boxes_and_the_corner_rule(tmp_path, crop):
         k = int(rng.integers(0, 5))  # K = 0 samples included
         xy = rng.uniform(-10, [W, H], (k, 2))
         wh = rng.uniform(1, 40, (k, 2))
-        rows.append((np.zeros((H, W, 3), np.uint8), np.concatenate([xy, xy + wh], 1).astype(np.float32),
-                     100 * i + np.arange(k), np.zeros((H, W, 1), np.uint8), i))
+        rows.append(
+            (
+                np.zeros((H, W, 3), np.uint8),
+                np.concatenate([xy, xy + wh], 1).astype(np.float32),
+                100 * i + np.arange(k),
+                np.zeros((H, W, 1), np.uint8),
+                i,
+            )
+        )
     dst = write_dataset(str(tmp_path / "c.beton"), FIELDS, rows, n)
-    image = [ResizeRGBImageDecoder((48, 64)), RandomHorizontalFlip(), RandomTranslate(6),
-             RandomAffine(30, translate=(0.1, 0.1), scale=(0.9, 1.3))] if crop == "warps" else \
-        [RandomResizedCropRGBImageDecoder((48, 64), scale=(0.1, 0.5)), RandomHorizontalFlip()]
-    base = {"image": image,
-            "mask": None, "index": [IntDecoder()], "count": [BoxCountDecoder("boxes")]}
-    kept_loader, kept = load(dst, {**base, "boxes": [RaggedArrayDecoder(max_length=4), TransformBoxes("image",
-                                                                                                     min_size=2)],
-                                   "labels": [RaggedArrayDecoder(max_length=4, fill=-1), FollowBoxes("boxes", -1),
-                                              ToTensor()]}, {"count": "boxes"}, batch_size=16)
-    _, every = load(dst, {**base, "boxes": [RaggedArrayDecoder(max_length=4), TransformBoxes("image", drop=False)],
-                          "labels": [RaggedArrayDecoder(max_length=4, fill=-1), FollowBoxes("boxes", -1)]},
-                    {"count": "boxes"}, batch_size=16)
+    image = (
+        [
+            ResizeRGBImageDecoder((48, 64)),
+            RandomHorizontalFlip(),
+            RandomTranslate(6),
+            RandomAffine(30, translate=(0.1, 0.1), scale=(0.9, 1.3)),
+        ]
+        if crop == "warps"
+        else [RandomResizedCropRGBImageDecoder((48, 64), scale=(0.1, 0.5)), RandomHorizontalFlip()]
+    )
+    base = {"image": image, "mask": None, "index": [IntDecoder()], "count": [BoxCountDecoder("boxes")]}
+    kept_loader, kept = load(
+        dst,
+        {
+            **base,
+            "boxes": [RaggedArrayDecoder(max_length=4), TransformBoxes("image", min_size=2)],
+            "labels": [RaggedArrayDecoder(max_length=4, fill=-1), FollowBoxes("boxes", -1), ToTensor()],
+        },
+        {"count": "boxes"},
+        batch_size=16,
+    )
+    _, every = load(
+        dst,
+        {
+            **base,
+            "boxes": [RaggedArrayDecoder(max_length=4), TransformBoxes("image", drop=False)],
+            "labels": [RaggedArrayDecoder(max_length=4, fill=-1), FollowBoxes("boxes", -1)],
+        },
+        {"count": "boxes"},
+        batch_size=16,
+    )
     total = dropped = 0
     for (_, boxes, labels, index, count), (_, all_boxes, all_labels, _, all_count) in zip(kept, every):
         assert isinstance(labels, torch.Tensor) and labels.shape == (len(index), 4)  # collated as before
         for j, i in enumerate(index.tolist()):
             stored = rows[i][1][:4]
             assert all_count[j] == len(stored)
-            np.testing.assert_array_equal(all_labels[j, :len(stored)], rows[i][2][:4])  # drop=False: unmoved
-            sizes = all_boxes[j, :len(stored), 2:] - all_boxes[j, :len(stored), :2]
+            np.testing.assert_array_equal(all_labels[j, : len(stored)], rows[i][2][:4])  # drop=False: unmoved
+            sizes = all_boxes[j, : len(stored), 2:] - all_boxes[j, : len(stored), :2]
             keep = np.flatnonzero((sizes >= 2).all(axis=1))
             assert count[j] == len(keep)
-            np.testing.assert_array_equal(labels[j, :len(keep)].numpy(), rows[i][2][keep])
-            np.testing.assert_array_equal(boxes[j, :len(keep)], all_boxes[j, keep])
-            assert np.all(labels[j, len(keep):].numpy() == -1) and np.all(boxes[j, len(keep):] == 0)
+            np.testing.assert_array_equal(labels[j, : len(keep)].numpy(), rows[i][2][keep])
+            np.testing.assert_array_equal(boxes[j, : len(keep)], all_boxes[j, keep])
+            assert np.all(labels[j, len(keep) :].numpy() == -1) and np.all(boxes[j, len(keep) :] == 0)
             total += len(stored)
             dropped += len(stored) - len(keep)
     assert total > 40 and 0 < dropped < total
@@ -218,24 +274,48 @@ def test_labels_follow_dropped_boxes_and_the_corner_rule(tmp_path, crop):
 def test_follow_boxes_checks(tmp_path):
     rows = rectangles(4)
     dst = write_dataset(str(tmp_path / "f.beton"), FIELDS, rows, 4)
-    base = {"image": [ResizeRGBImageDecoder((H, W))], "mask": None, "index": [IntDecoder()],
-            "boxes": [RaggedArrayDecoder(max_length=3), TransformBoxes("image")]}
+    base = {
+        "image": [ResizeRGBImageDecoder((H, W))],
+        "mask": None,
+        "index": [IntDecoder()],
+        "boxes": [RaggedArrayDecoder(max_length=3), TransformBoxes("image")],
+    }
     with pytest.raises(ConfigurationError, match="1 rows per sample, but the boxes of pipeline 'boxes' have 3"):
         Loader(dst, 2, pipelines={**base, "labels": [RaggedArrayDecoder(max_length=1), FollowBoxes("boxes")]})
     with pytest.raises(ConfigurationError, match="has no TransformBoxes"):
-        Loader(dst, 2, pipelines={**base, "boxes": [RaggedArrayDecoder(max_length=3)],
-                                  "labels": [RaggedArrayDecoder(max_length=3), FollowBoxes("boxes")]})
+        Loader(
+            dst,
+            2,
+            pipelines={
+                **base,
+                "boxes": [RaggedArrayDecoder(max_length=3)],
+                "labels": [RaggedArrayDecoder(max_length=3), FollowBoxes("boxes")],
+            },
+        )
     with pytest.raises(ConfigurationError, match="whose pipeline runs after it"):  # labels view before boxes view
-        Loader(dst, 2, pipelines={**base, "boxes": None, "l2": [RaggedArrayDecoder(max_length=3), FollowBoxes("b2")],
-                                  "b2": [RaggedArrayDecoder(max_length=3), TransformBoxes("image")]},
-               custom_field_mapper={"l2": "labels", "b2": "boxes"})
+        Loader(
+            dst,
+            2,
+            pipelines={
+                **base,
+                "boxes": None,
+                "l2": [RaggedArrayDecoder(max_length=3), FollowBoxes("b2")],
+                "b2": [RaggedArrayDecoder(max_length=3), TransformBoxes("image")],
+            },
+            custom_field_mapper={"l2": "labels", "b2": "boxes"},
+        )
     with pytest.raises(ConfigurationError, match="values -1..-1 do not fit uint8"):
         Loader(dst, 2, pipelines={**base, "labels": None, "mask": [MaskDecoder("image", fill=-1)]})
     # a sample whose labels are not one per box: named with its field
     bad = [(im, box, [1, 2] if i == 2 else lab, m, i) for im, box, lab, m, i in rows]
     dst = write_dataset(str(tmp_path / "g.beton"), FIELDS, bad, 4)
-    loader = Loader(dst, 4, num_workers=1, order=OrderOption.SEQUENTIAL,
-                    pipelines={**base, "labels": [RaggedArrayDecoder(max_length=3), FollowBoxes("boxes")]})
+    loader = Loader(
+        dst,
+        4,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        pipelines={**base, "labels": [RaggedArrayDecoder(max_length=3), FollowBoxes("boxes")]},
+    )
     with pytest.raises(LoaderError, match="sample 2, field 'labels'.*2 rows, but its boxes") as e:
         next(iter(loader))
     assert e.value.sample == 2 and e.value.field == "labels"

@@ -1,6 +1,7 @@
 """The bounded process cache (``os_cache=False``) and the deep read-ahead, on files several
 times larger than the cache (issue 10, parts 1 and 2). No timing: the cache's own counters, the
 kernel's resident-page count of its mapping, and the recorded ``posix_fadvise`` ranges."""
+
 from __future__ import annotations
 
 import ctypes
@@ -40,8 +41,9 @@ def stamped_dataset(request, tmp_path_factory):
     """``blob`` (stamped BytesField) and ``other`` (an NDArrayField never decoded here)."""
     path = str(tmp_path_factory.mktemp("cache") / f"stamped.{request.param}")
     fields = {"blob": BytesField(), "other": NDArrayField(np.uint8, (5000,))}
-    return write_dataset(path, fields, ((stamped(i), np.full(5000, 7, np.uint8)) for i in range(N)),
-                         N, page_size=1 << 21)
+    return write_dataset(
+        path, fields, ((stamped(i), np.full(5000, 7, np.uint8)) for i in range(N)), N, page_size=1 << 21
+    )
 
 
 def loader(path, **kw):
@@ -86,10 +88,16 @@ def test_process_cache_stays_under_its_limit_and_serves_the_right_samples(stampe
 def test_quasi_random_reads_each_block_once_per_epoch(tmp_path, suffix):
     # 29 pages of 2 MiB; a quasi-random window spans 4 pages, the cache a little over 2 windows
     n, limit = 2000, 20 << 20
-    path = write_dataset(str(tmp_path / f"many.{suffix}"), {"blob": BytesField()},
-                         ((stamped(i),) for i in range(n)), n, page_size=1 << 21)
-    cached = ffload.Loader(path, batch_size=32, num_workers=3, order="quasi_random",
-                           os_cache=False, cache_limit=limit, read_ahead=0)
+    path = write_dataset(
+        str(tmp_path / f"many.{suffix}"),
+        {"blob": BytesField()},
+        ((stamped(i),) for i in range(n)),
+        n,
+        page_size=1 << 21,
+    )
+    cached = ffload.Loader(
+        path, batch_size=32, num_workers=3, order="quasi_random", os_cache=False, cache_limit=limit, read_ahead=0
+    )
     assert os.path.getsize(cached.view.data_path) > 2.5 * limit
     unit = cached._memory.block
     blocks = batch_blocks(payload_columns(cached.view, ["blob"]), np.arange(n), unit)
@@ -119,8 +127,13 @@ def test_page_pool_serves_quasi_random_order_from_fixed_slots(tmp_path, suffix, 
     # views get the .beton's 2 MiB pages here, not their default 8 MiB)
     monkeypatch.setattr("ffload.formats.lmdb.reader.PROCESS_CACHE_PAGE", 1 << 21)
     n, limit = 2000, 20 << 20
-    path = write_dataset(str(tmp_path / f"pool.{suffix}"), {"blob": BytesField()},
-                         ((stamped(i),) for i in range(n)), n, page_size=1 << 21)
+    path = write_dataset(
+        str(tmp_path / f"pool.{suffix}"),
+        {"blob": BytesField()},
+        ((stamped(i),) for i in range(n)),
+        n,
+        page_size=1 << 21,
+    )
     kw = dict(batch_size=8, num_workers=3, order="quasi_random", read_ahead=0)
     cached = ffload.Loader(path, os_cache=False, cache_limit=limit, **kw)
     mapped = ffload.Loader(path, os_cache=True, **kw)
@@ -155,13 +168,15 @@ def test_batch_larger_than_the_cache_fails_at_open(stamped_dataset):
         loader(stamped_dataset, os_cache=False, cache_limit=0)
 
 
-
 def test_every_memory_manager_has_the_hooks_the_loader_calls(stamped_dataset):
     """The three managers satisfy MemoryManager (region, ptrs, schedule, prepare, check, release,
     close); an object lacking one hook does not."""
     view = open_dataset(stamped_dataset)
-    managers = [OSCacheMemory(view), ProcessCacheMemory(view, ["blob"], LIMIT, 8),
-                PagePoolMemory(view, ["blob"], 256 << 20, 8)]
+    managers = [
+        OSCacheMemory(view),
+        ProcessCacheMemory(view, ["blob"], LIMIT, 8),
+        PagePoolMemory(view, ["blob"], 256 << 20, 8),
+    ]
     try:
         for memory in managers:
             assert isinstance(memory, MemoryManager), type(memory).__name__
@@ -169,7 +184,7 @@ def test_every_memory_manager_has_the_hooks_the_loader_calls(stamped_dataset):
             lease = memory.prepare(np.arange(8, dtype=np.int64), 0)
             memory.check(np.arange(8, dtype=np.int64))
             ptr = int(memory.ptrs["blob"][3])
-            assert memory.region[ptr:ptr + 8].view(np.int64)[0] == 3  # sample 3's stamp, read through the hooks
+            assert memory.region[ptr : ptr + 8].view(np.int64)[0] == 3  # sample 3's stamp, read through the hooks
             memory.release(lease)
     finally:
         for memory in managers:
@@ -182,6 +197,7 @@ def test_every_memory_manager_has_the_hooks_the_loader_calls(stamped_dataset):
         def prepare(self, indices, batch=None): ...
         def release(self, lease): ...
         def close(self): ...
+
     assert not isinstance(NoCheck(), MemoryManager)
 
 
@@ -239,7 +255,7 @@ def test_read_ahead_requests_only_payload_pages_and_stays_bounded(stamped_datase
     view = open_dataset(stamped_dataset)
     columns = payload_columns(view, ["blob"])
     order = np.random.default_rng(0).permutation(N)
-    batches = [order[i:i + 8] for i in range(0, N, 8)]
+    batches = [order[i : i + 8] for i in range(0, N, 8)]
     limit = 10 * 8 * SAMPLE
     ahead = ReadAhead(view.data_path, view.data_size, columns, limit, record=True)
     ahead.schedule(batches, 0)
@@ -268,12 +284,16 @@ def test_read_ahead_requests_only_payload_pages_and_stays_bounded(stamped_datase
 
 def test_read_ahead_with_the_loader_serves_the_same_bytes(stamped_dataset, monkeypatch):
     import ffload.loaders.loader as loader_module
+
     made = []
-    monkeypatch.setattr(loader_module, "ReadAhead", lambda *a, **kw: made.append(
-        ReadAhead(*a, **kw, record=True)) or made[-1])
+    monkeypatch.setattr(
+        loader_module, "ReadAhead", lambda *a, **kw: made.append(ReadAhead(*a, **kw, record=True)) or made[-1]
+    )
     view = open_dataset(stamped_dataset)
-    with loader(stamped_dataset, order="random", read_ahead=64 * SAMPLE) as a, \
-            loader(stamped_dataset, order="random", read_ahead=0) as b:
+    with (
+        loader(stamped_dataset, order="random", read_ahead=64 * SAMPLE) as a,
+        loader(stamped_dataset, order="random", read_ahead=0) as b,
+    ):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x[0].numpy(), y[0].numpy())
         requested = list(made[0].requested)
@@ -281,9 +301,16 @@ def test_read_ahead_with_the_loader_serves_the_same_bytes(stamped_dataset, monke
     assert all(0 <= off and off + n <= view.data_size for off, n in requested)
 
 
-@pytest.mark.parametrize("values", [np.zeros(0, np.int64), np.array([7]), np.array([3, 3, 3]),
-                                    np.random.default_rng(0).integers(-50, 50, 1000),
-                                    np.random.default_rng(1).integers(0, 2**62, 5000, dtype=np.int64)])
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.zeros(0, np.int64),
+        np.array([7]),
+        np.array([3, 3, 3]),
+        np.random.default_rng(0).integers(-50, 50, 1000),
+        np.random.default_rng(1).integers(0, 2**62, 5000, dtype=np.int64),
+    ],
+)
 def test_sorted_unique_matches_numpy(values):
     got = sorted_unique(values)
     assert got.dtype == values.dtype
@@ -297,7 +324,7 @@ def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared()
     unit = 4096
     schedule = EpochSchedule([(ptrs, sizes)], unit)
     order = rng.permutation(300)
-    batches = [np.sort(order[i:i + 32]) for i in range(0, 300, 32)]
+    batches = [np.sort(order[i : i + 32]) for i in range(0, 300, 32)]
     schedule.set(batches, 0)
     users = {}  # unit -> the batches whose payloads span it
     for b, batch in enumerate(batches):
@@ -321,7 +348,8 @@ def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared()
     schedule.set(batches[::-1], 9)  # a new epoch, resumed at its last batch
     reversed_users = {u: {len(batches) - 1 - b for b in bs} for u, bs in users.items()}
     assert schedule.next_use(units, 9).tolist() == [
-        min((b for b in reversed_users.get(u, ()) if b >= 9), default=NEVER) for u in units]
+        min((b for b in reversed_users.get(u, ()) if b >= 9), default=NEVER) for u in units
+    ]
 
 
 def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
@@ -331,11 +359,17 @@ def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
 
     sample = 64 << 10  # 20 block-aligned samples of 64 KiB: 8 KiB blocks, 8 per sample
     data = tmp_path / "data.bin"
-    data.write_bytes(np.arange(20 * sample, dtype=np.uint32).tobytes()[:20 * sample])
+    data.write_bytes(np.arange(20 * sample, dtype=np.uint32).tobytes()[: 20 * sample])
     ptrs = np.arange(20, dtype=np.uint64) * np.uint64(sample)
-    view = types.SimpleNamespace(data_path=str(data), path=str(data), ptrs={"x": ptrs},
-                                 sizes={"x": np.full(20, sample, np.uint64)}, data_size=20 * sample,
-                                 page_size=1 << 20, shards=None)
+    view = types.SimpleNamespace(
+        data_path=str(data),
+        path=str(data),
+        ptrs={"x": ptrs},
+        sizes={"x": np.full(20, sample, np.uint64)},
+        data_size=20 * sample,
+        page_size=1 << 20,
+        shards=None,
+    )
     limit = 16 * sample  # 4 batches of 4 samples; a slack of one sample
     memory = ProcessCacheMemory(view, ["x"], cache_limit=limit, batch_size=4)
     assert memory.block == 8 << 10 and int(limit * EVICT_SLACK) == sample
@@ -354,7 +388,7 @@ def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
         lease = memory.prepare(batches[b], b)
         assert memory.bytes_read == before  # served from the cache
         first = int(ptrs[batches[b][0]])  # the file holds uint32 k at byte 4k
-        np.testing.assert_array_equal(memory.region[first:first + 32].view(np.uint32), np.arange(8) + first // 4)
+        np.testing.assert_array_equal(memory.region[first : first + 32].view(np.uint32), np.arange(8) + first // 4)
         memory.release(lease)
     memory.close()
 
@@ -365,6 +399,7 @@ def test_cache_block_follows_the_payload_size_and_bounds_the_block_count():
     def column(size, n=100, stride=None, offset=0):
         starts = np.arange(n, dtype=np.uint64) * np.uint64(stride or size) + np.uint64(offset)
         return [(starts, np.full(n, size, np.uint64))]
+
     assert cache_block(column(196_608), 1 << 30) == 16 << 10  # 192 KiB raw samples, aligned
     # the same samples as LMDB overflow values: 40 bytes into a 4 KiB page, 49 pages apart; a
     # 16 KiB block would read 13 blocks (8% more), 8 KiB blocks 25 (2% more)
@@ -392,9 +427,9 @@ def test_read_ahead_in_cache_blocks_covers_what_the_cache_reads(stamped_dataset)
     covered = np.zeros(view.data_size, bool)
     for offset, length in requested:
         assert offset % memory.block == 0
-        covered[offset:offset + length] = True
+        covered[offset : offset + length] = True
     for b in batch_blocks(columns, batch, memory.block):
-        assert covered[b * memory.block:min((b + 1) * memory.block, view.data_size)].all()
+        assert covered[b * memory.block : min((b + 1) * memory.block, view.data_size)].all()
     memory.close()
     with pytest.raises(ValueError, match="multiple of"):
         ReadAhead(view.data_path, view.data_size, columns, 1, unit=1000)
@@ -405,7 +440,11 @@ def test_unit_runs_merge_consecutive_units_and_clip_to_the_region():
     starts, lengths = np.empty(7, np.int64), np.empty(7, np.int64)
     n = unit_runs(units, 4096, 11 * 4096 + 100, starts, lengths)
     assert list(zip(starts[:n].tolist(), lengths[:n].tolist())) == [
-        (0, 3 * 4096), (5 * 4096, 4096), (7 * 4096, 2 * 4096), (11 * 4096, 100)]
+        (0, 3 * 4096),
+        (5 * 4096, 4096),
+        (7 * 4096, 2 * 4096),
+        (11 * 4096, 100),
+    ]
     assert unit_runs(np.array([12], np.int64), 4096, 11 * 4096 + 100, starts, lengths) == 0  # past the end
 
 
@@ -416,8 +455,9 @@ def test_advise_runs_gives_the_kernel_exactly_the_runs():
     region = mmap.mmap(-1, 6 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     data = np.frombuffer(region, np.uint8)
     data[:] = 0xAB
-    advise_runs(data.ctypes.data, np.array([page, 3 * page], np.int64), np.array([page, 2 * page], np.int64),
-                mmap.MADV_DONTNEED)
+    advise_runs(
+        data.ctypes.data, np.array([page, 3 * page], np.int64), np.array([page, 2 * page], np.int64), mmap.MADV_DONTNEED
+    )
     pages = data.reshape(6, page)
     assert (pages[[1, 3, 4]] == 0).all()
     assert (pages[[0, 2, 5]] == 0xAB).all()

@@ -1,5 +1,6 @@
 """``import ffload``, ``ffload --help`` and every ``ffload CMD --help`` stay light: none of them imports OpenCV,
 numba or torch (a fresh interpreter each, so nothing imported by other tests hides an import)."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,9 @@ print(json.dumps(heavy))
 
 
 def test_import_and_every_help_import_no_heavy_library():
-    probe = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n" + PROBE], capture_output=True, text=True,
-                           timeout=120)
+    probe = subprocess.run(
+        [sys.executable, "-c", f"HEAVY = {HEAVY!r}\n" + PROBE], capture_output=True, text=True, timeout=120
+    )
     assert probe.returncode == 0, probe.stderr
     found = json.loads(probe.stdout.strip().splitlines()[-1])
     assert {"import", "ffload", "ffload convert", "ffload bench", "ffload recipe cifar10-resnet9"} <= set(found)

@@ -1,4 +1,5 @@
 """`ffload convert` / `convert_dataset`: real data end to end, parallel = serial, and bad input."""
+
 from __future__ import annotations
 
 import errno
@@ -24,6 +25,7 @@ from ffload.loaders.samples import decode_image
 def digits_folder(tmp_path_factory):
     """sklearn's 1797 real digits as an ImageFolder of 3-channel PNGs (classes '0'..'9')."""
     from sklearn.datasets import load_digits
+
     d = load_digits()
     root = tmp_path_factory.mktemp("digits")
     images, labels = [], []
@@ -76,6 +78,7 @@ def _split_folder(root):
 
     Returns ``{split: [(label, RGB image), ...]}`` in ImageFolder order."""
     from skimage import data
+
     photos = [data.astronaut(), data.chelsea(), data.coffee(), data.rocket()]
     layout = {"train": {"cat": [0, 1, 2], "dog": [3, 0]}, "test": {"cat": [1], "dog": [2, 3]}}
     expected = {}
@@ -96,9 +99,24 @@ def test_cli_convert_options_reach_the_file(tmp_path):
     expected = _split_folder(tmp_path / "src")
     for split, samples in expected.items():
         dst = tmp_path / f"{split}.beton"
-        r = run_cli("convert", tmp_path / "src", dst, "--split", split, "--write-mode", "jpg",
-                    "--jpeg-quality", "70", "--max-resolution", "16", "--page-size", 4194304,
-                    "--workers", "0", "--quiet")
+        r = run_cli(
+            "convert",
+            tmp_path / "src",
+            dst,
+            "--split",
+            split,
+            "--write-mode",
+            "jpg",
+            "--jpeg-quality",
+            "70",
+            "--max-resolution",
+            "16",
+            "--page-size",
+            4194304,
+            "--workers",
+            "0",
+            "--quiet",
+        )
         assert r.exit_code == 0, r.output
         view = open_dataset(str(dst))
         assert view.num_samples == len(samples)
@@ -111,8 +129,7 @@ def test_cli_convert_options_reach_the_file(tmp_path):
             small_size = (16, 12) if w > h else (12, 16)  # FFCV's truncated sizes, (width, height)
             assert (int(meta["width"][i]), int(meta["height"][i])) == small_size
             small = cv2.resize(rgb, small_size, interpolation=cv2.INTER_AREA)
-            ok, ref = cv2.imencode(".jpg", cv2.cvtColor(small, cv2.COLOR_RGB2BGR),
-                                   [int(cv2.IMWRITE_JPEG_QUALITY), 70])
+            ok, ref = cv2.imencode(".jpg", cv2.cvtColor(small, cv2.COLOR_RGB2BGR), [int(cv2.IMWRITE_JPEG_QUALITY), 70])
             assert ok
             np.testing.assert_array_equal(np.asarray(view.payload("image", i)), ref.reshape(-1))
 
@@ -127,17 +144,32 @@ def test_proportion_mode_is_reproducible(tmp_path):
     number of workers, and the same pattern for other images."""
     imgs, labels = _proportion_images()
     a, b, c = (str(tmp_path / n) for n in ("a.beton", "b.beton", "c.beton"))
-    convert_dataset(ArraySource(imgs, labels), a, write_mode="proportion", compress_probability=0.5,
-                    num_workers=0, progress=False)
-    convert_dataset(ArraySource(imgs, labels), b, write_mode="proportion", compress_probability=0.5,
-                    num_workers=2, chunk_size=5, progress=False)
+    convert_dataset(
+        ArraySource(imgs, labels), a, write_mode="proportion", compress_probability=0.5, num_workers=0, progress=False
+    )
+    convert_dataset(
+        ArraySource(imgs, labels),
+        b,
+        write_mode="proportion",
+        compress_probability=0.5,
+        num_workers=2,
+        chunk_size=5,
+        progress=False,
+    )
     with open(a, "rb") as fa, open(b, "rb") as fb:
         assert fa.read() == fb.read()
     modes = open_dataset(a).metadata["image"]["mode"]
     assert 0 < (modes == 0).sum() < len(modes)  # both modes occur
     other = 255 - imgs[:, ::-1]  # different pixels, same indices
-    convert_dataset(ArraySource(other, labels), c, write_mode="proportion", compress_probability=0.5,
-                    num_workers=2, chunk_size=3, progress=False)
+    convert_dataset(
+        ArraySource(other, labels),
+        c,
+        write_mode="proportion",
+        compress_probability=0.5,
+        num_workers=2,
+        chunk_size=3,
+        progress=False,
+    )
     np.testing.assert_array_equal(open_dataset(c).metadata["image"]["mode"], modes)
 
 
@@ -162,6 +194,7 @@ def test_arrays_and_indexable_sources(tmp_path):
 
 
 # ---- bad input ------------------------------------------------------------------------------
+
 
 def run_cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
@@ -235,12 +268,18 @@ def test_existing_destination_needs_overwrite(tmp_path, digits_folder):
 
 def _lmdb_disk_full():
     import lmdb
+
     return lmdb.DiskError("mdb_txn_commit", errno.ENOSPC)  # py-lmdb's class for ENOSPC
 
 
-@pytest.mark.parametrize("suffix,error", [(".beton", lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
-                                          (".lmdb", lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
-                                          (".lmdb", _lmdb_disk_full)])
+@pytest.mark.parametrize(
+    "suffix,error",
+    [
+        (".beton", lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
+        (".lmdb", lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))),
+        (".lmdb", _lmdb_disk_full),
+    ],
+)
 def test_full_disk_leaves_nothing(tmp_path, monkeypatch, suffix, error):
     from ffload.formats import beton
     from ffload.formats.lmdb import writer as lmdb_writer
@@ -307,16 +346,20 @@ def test_class_names_are_stored_and_inspected(tmp_path, suffix):
             cv2.imwrite(str(root / name / f"{i}.png"), np.full((8, 8, 3), 40 * k, np.uint8))
     dst = tmp_path / f"d{suffix}"
     assert run_cli("convert", root, dst, "--quiet").exit_code == 0
-    assert open_dataset(str(dst)).info == {"classes": ["aardvark", "mole", "zebra"],
-                                           "origin": {"source": "imagefolder", "id": "path"}}
+    assert open_dataset(str(dst)).info == {
+        "classes": ["aardvark", "mole", "zebra"],
+        "origin": {"source": "imagefolder", "id": "path"},
+    }
     info = json.loads(run_cli("inspect", dst, "--json").output)
     assert info["class_names"] == ["aardvark", "mole", "zebra"] and info["histogram"] == {"0": 2, "1": 3, "2": 1}
     lines = run_cli("inspect", dst).output.splitlines()
     assert any(line.split()[:3] == ["1", "mole", "3"] for line in lines), lines
-    no_names = convert_dataset(ArraySource(np.zeros((2, 4, 4, 3), np.uint8), [0, 1]), str(tmp_path / f"a{suffix}"),
-                               progress=False)
+    no_names = convert_dataset(
+        ArraySource(np.zeros((2, 4, 4, 3), np.uint8), [0, 1]), str(tmp_path / f"a{suffix}"), progress=False
+    )
     assert open_dataset(no_names.dst).info == {  # no class names; the origins are sample numbers
-        "origin": {"source": "ArraySource", "id": "index", "int": True}}
+        "origin": {"source": "ArraySource", "id": "index", "int": True}
+    }
 
 
 def test_source_errors_raise_before_writing(tmp_path):
@@ -329,6 +372,7 @@ def test_source_errors_raise_before_writing(tmp_path):
 @pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
 def test_verify_finds_corrupt_jpeg(tmp_path, digits_folder, suffix):
     from ffload.formats import RGBImageField, write_dataset
+
     imgs = digits_folder[1][:6]
     dst = tmp_path / f"j{suffix}"
     write_dataset(str(dst), {"image": RGBImageField("jpg")}, [(im,) for im in imgs], 6)
@@ -353,8 +397,12 @@ def test_verify_decodes_with_the_loaders_decoder_and_lists_every_bad_sample(tmp_
     rng = np.random.default_rng(3)
     images = [rng.integers(0, 255, (8 + i % 3, 20 - i % 3, 3), dtype=np.uint8) for i in range(9)]  # 3 sizes
     dst = str(tmp_path / "mixed.beton")
-    write_dataset(dst, {"image": RGBImageField("proportion"), "doc": JSONField()},
-                  [(im, {"i": i}) for i, im in enumerate(images)], 9)
+    write_dataset(
+        dst,
+        {"image": RGBImageField("proportion"), "doc": JSONField()},
+        [(im, {"i": i}) for i, im in enumerate(images)],
+        9,
+    )
     view = open_dataset(dst)
     assert verify_dataset(view, num_workers=2) == []
     assert set(view.metadata["image"]["mode"]) == {0, 1}  # raw and JPEG samples, of several sizes
@@ -373,10 +421,21 @@ def test_verify_decodes_with_the_loaders_decoder_and_lists_every_bad_sample(tmp_
     assert problems == [(2, "image", "planted failure"), (6, "image", "planted failure")]
 
 
-@pytest.mark.parametrize("option,value", [("on_error", "ignore"), ("engine", "spark"), ("num_workers", -1),
-                                          ("chunk_size", 0), ("max_pixels", 0), ("checkpoint_seconds", -1.0),
-                                          ("write_mode", "png"), ("jpeg_quality", 101), ("shard_size", "1 parsec"),
-                                          ("fields", {"image": "RGBImageField"})])
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("on_error", "ignore"),
+        ("engine", "spark"),
+        ("num_workers", -1),
+        ("chunk_size", 0),
+        ("max_pixels", 0),
+        ("checkpoint_seconds", -1.0),
+        ("write_mode", "png"),
+        ("jpeg_quality", 101),
+        ("shard_size", "1 parsec"),
+        ("fields", {"image": "RGBImageField"}),
+    ],
+)
 def test_a_bad_option_is_refused_naming_it(tmp_path, option, value):
     from ffload.convert import ConvertOptions
     from ffload.errors import ConfigurationError
@@ -384,8 +443,12 @@ def test_a_bad_option_is_refused_naming_it(tmp_path, option, value):
     with pytest.raises(ConfigurationError, match=option.replace("_", "[_ ]")):
         ConvertOptions(**{option: value})
     with pytest.raises(ConfigurationError, match=option.replace("_", "[_ ]")):
-        convert_dataset(ArraySource(np.zeros((1, 2, 2, 3), np.uint8), [0]), str(tmp_path / "x.beton"),
-                        progress=False, **{option: value})
+        convert_dataset(
+            ArraySource(np.zeros((1, 2, 2, 3), np.uint8), [0]),
+            str(tmp_path / "x.beton"),
+            progress=False,
+            **{option: value},
+        )
     assert os.listdir(tmp_path) == []
 
 
@@ -396,10 +459,19 @@ def test_options_object_and_keywords_write_the_same_bytes(tmp_path):
 
     rng = np.random.default_rng(3)
     source = ArraySource(rng.integers(0, 256, (6, 12, 10, 3), dtype=np.uint8), np.arange(6) % 2)
-    options = ConvertOptions(write_mode="proportion", compress_probability=0.5, jpeg_quality=70, num_workers=0,
-                             progress=False, chunk_size=2)
-    convert_dataset(source, str(tmp_path / "k.beton"), write_mode="proportion", compress_probability=0.5,
-                    jpeg_quality=70, num_workers=0, progress=False, chunk_size=2)
+    options = ConvertOptions(
+        write_mode="proportion", compress_probability=0.5, jpeg_quality=70, num_workers=0, progress=False, chunk_size=2
+    )
+    convert_dataset(
+        source,
+        str(tmp_path / "k.beton"),
+        write_mode="proportion",
+        compress_probability=0.5,
+        jpeg_quality=70,
+        num_workers=0,
+        progress=False,
+        chunk_size=2,
+    )
     convert_dataset(source, str(tmp_path / "o.beton"), options=options)
     assert (tmp_path / "k.beton").read_bytes() == (tmp_path / "o.beton").read_bytes()
     # keywords given with options= replace its fields; the options object stays as it was
@@ -407,7 +479,7 @@ def test_options_object_and_keywords_write_the_same_bytes(tmp_path):
     assert other.samples == 6 and options.jpeg_quality == 70
     assert (tmp_path / "q.beton").read_bytes() != (tmp_path / "o.beton").read_bytes()
     assert ConvertOptions(**options.as_keywords()) == options
-    assert ConvertOptions(shard_size="1GB").shard_size == 10 ** 9
+    assert ConvertOptions(shard_size="1GB").shard_size == 10**9
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.jpeg_quality = 10
     with pytest.raises(TypeError, match="quality"):

@@ -1,4 +1,5 @@
 """The vanilla baseline loader and scripts/cost_benchmark.py (a tiny CPU run of all 3 loaders)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,8 +22,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("cost_benchmark",
-                                                  ROOT / "scripts" / "cost_benchmark.py")
+    spec = importlib.util.spec_from_file_location("cost_benchmark", ROOT / "scripts" / "cost_benchmark.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -36,6 +36,7 @@ def digits_rgb32(n):
 
 
 # --------------------------------------------------------------------------- augmentation
+
 
 def test_augment_is_a_flip_translate_and_cutout_of_the_image():
     rng = np.random.default_rng(0)
@@ -54,11 +55,11 @@ def test_augment_is_a_flip_translate_and_cutout_of_the_image():
             padded[2:12, 2:14] = src
             for y in range(2 * pad + 1):
                 for x in range(2 * pad + 1):
-                    window = padded[y:y + 10, x:x + 12]
+                    window = padded[y : y + 10, x : x + 12]
                     for cy in range(10 - crop + 1):
                         for cx in range(12 - crop + 1):
                             expected = window.copy()
-                            expected[cy:cy + crop, cx:cx + crop] = fill
+                            expected[cy : cy + crop, cx : cx + crop] = fill
                             if np.array_equal(out, expected):
                                 matches.append((flip, y, x))
         assert matches, f"seed {seed}: not a flip/translate/cutout of the image"
@@ -76,6 +77,7 @@ def test_augment_without_translate_and_cutout_is_identity_or_mirror():
 
 
 # ------------------------------------------------------------------- dataset and loader
+
 
 def test_image_folder_round_trip_and_normalisation(tmp_path):
     images, _ = digits_rgb32(24)
@@ -127,8 +129,9 @@ def test_vanilla_loader_batches_do_not_depend_on_workers(tmp_path):
     write_image_folder(list(zip(images, labels)), tmp_path / "f", num_classes=10)
 
     def epochs(workers):
-        loader = VanillaLoader(tmp_path / "f", 16, workers, torch.device("cpu"), train=True,
-                               mean=CIFAR_MEAN, std=CIFAR_STD, seed=3)
+        loader = VanillaLoader(
+            tmp_path / "f", 16, workers, torch.device("cpu"), train=True, mean=CIFAR_MEAN, std=CIFAR_STD, seed=3
+        )
         assert len(loader) == 2  # 40 // 16, last partial batch dropped
         return [[(x.clone(), y.clone()) for x, y in loader] for _ in range(2)]
 
@@ -142,6 +145,7 @@ def test_vanilla_loader_batches_do_not_depend_on_workers(tmp_path):
 
 # ------------------------------------------------------------------------- the script
 
+
 @pytest.mark.smoke
 def test_cost_benchmark_tiny_run(tmp_path):
     images, labels = digits_rgb32(260)
@@ -149,10 +153,27 @@ def test_cost_benchmark_tiny_run(tmp_path):
     write_cifar10_folder(data, images[:200], labels[:200], images[200:], labels[200:])
     out = tmp_path / "cost"
     script = load_script()
-    res = CliRunner().invoke(script.cost_benchmark, [
-        "--data", str(data), "--out", str(out), "--epochs", "1", "--batch-size", "50",
-        "--width", "0.125", "--device", "cpu", "--num-workers", "1",
-        "--price-per-hour", "3.6"])
+    res = CliRunner().invoke(
+        script.cost_benchmark,
+        [
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "50",
+            "--width",
+            "0.125",
+            "--device",
+            "cpu",
+            "--num-workers",
+            "1",
+            "--price-per-hour",
+            "3.6",
+        ],
+    )
     assert res.exit_code == 0, res.output
 
     # the PNG folder holds the same pixels and labels as the archive
@@ -188,9 +209,15 @@ def test_cost_benchmark_tiny_run(tmp_path):
         r = results[cells[0]]
         # each cell is the JSON's measured value of the same run, the ratio from its totals
         ratio = results["vanilla"]["total_seconds"] / r["total_seconds"]
-        assert cells == [cells[0], f"{r['median_epoch_seconds']:.2f}", f"{100 * r['data_wait_fraction']:.1f}%",
-                         f"{r['total_seconds']:.1f}", f"{100 * r['final_test_accuracy']:.2f}%",
-                         f"{r['cost_usd']:.4f}", f"{ratio:.2f}x"]
+        assert cells == [
+            cells[0],
+            f"{r['median_epoch_seconds']:.2f}",
+            f"{100 * r['data_wait_fraction']:.1f}%",
+            f"{r['total_seconds']:.1f}",
+            f"{100 * r['final_test_accuracy']:.2f}%",
+            f"{r['cost_usd']:.4f}",
+            f"{ratio:.2f}x",
+        ]
     assert report["conditions"]["torch"] == torch.__version__ and report["conditions"]["cpu_count"] >= 1
     assert "conditions: ffload " in md and f"torch {torch.__version__}" in md
     assert md in res.output
@@ -198,6 +225,7 @@ def test_cost_benchmark_tiny_run(tmp_path):
 
 
 def test_cost_benchmark_rejects_unknown_loader(tmp_path):
-    res = CliRunner().invoke(load_script().cost_benchmark,
-                             ["--demo", "--out", str(tmp_path), "--loaders", "vanilla,dali"])
+    res = CliRunner().invoke(
+        load_script().cost_benchmark, ["--demo", "--out", str(tmp_path), "--loaders", "vanilla,dali"]
+    )
     assert res.exit_code == 2 and "dali" in res.output

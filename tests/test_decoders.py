@@ -3,6 +3,7 @@
 Datasets are written with ffload.formats from real photos (scikit-image, scikit-learn); decoded
 pixels are compared with OpenCV reference decodes of the same payloads.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,15 @@ def _resize(image, long_side):
 def photos():
     """Seven RGB photos of assorted sizes (long side 60..512 pixels)."""
     china, flower = load_sample_images().images
-    return [_resize(china, 160), _resize(flower, 120), data.astronaut(), _resize(data.chelsea(), 150),
-            _resize(data.coffee(), 140), _resize(data.rocket(), 60), _resize(data.chelsea()[:, :120], 90)]
+    return [
+        _resize(china, 160),
+        _resize(flower, 120),
+        data.astronaut(),
+        _resize(data.chelsea(), 150),
+        _resize(data.coffee(), 140),
+        _resize(data.rocket(), 60),
+        _resize(data.chelsea()[:, :120], 90),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +66,7 @@ def tiles(photos):
     for k in range(12):
         p = photos[k % 5]
         y, x = (7 * k) % (p.shape[0] - 40), (11 * k) % (p.shape[1] - 56)
-        out.append(np.ascontiguousarray(p[y:y + 40, x:x + 56]))
+        out.append(np.ascontiguousarray(p[y : y + 40, x : x + 56]))
     return out
 
 
@@ -73,9 +81,15 @@ def decode(op, view, name, indices, epoch=0, seed=0, region=None):
     bspec = op.buffer_spec(spec, 16)
     buf = np.empty(bspec.shape, bspec.dtype)
     indices = np.asarray(indices, dtype=np.int64)
-    ctx = BatchContext(indices, sample_seeds(seed, epoch, indices),
-                       view.open_region() if region is None else region, view.metadata[name],
-                       view.ptrs.get(name), view.sizes.get(name), epoch)
+    ctx = BatchContext(
+        indices,
+        sample_seeds(seed, epoch, indices),
+        view.open_region() if region is None else region,
+        view.metadata[name],
+        view.ptrs.get(name),
+        view.sizes.get(name),
+        epoch,
+    )
     out = op(None, buf, ctx)
     assert out.shape == (len(indices),) + bspec.shape[1:]
     return np.array(out)
@@ -91,7 +105,7 @@ def reference_resize(image, box, out_hw):
     top, left, h, w = box
     oh, ow = out_hw
     interp = cv2.INTER_AREA if h >= oh and w >= ow else cv2.INTER_LINEAR
-    return cv2.resize(image[top:top + h, left:left + w], (ow, oh), interpolation=interp)
+    return cv2.resize(image[top : top + h, left : left + w], (ow, oh), interpolation=interp)
 
 
 def assert_resize_close(row, ref):
@@ -116,8 +130,7 @@ def test_simple_raw_equals_source(tmp_path, tiles, suffix):
 
 @pytest.mark.smoke
 def test_simple_jpg_equals_opencv_decode(tmp_path, tiles):
-    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)},
-                 [(t,) for t in tiles])
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)}, [(t,) for t in tiles])
     order = [2, 9, 4]
     out = decode(SimpleRGBImageDecoder(), view, "image", order)
     for row, i in zip(out, order):
@@ -126,8 +139,9 @@ def test_simple_jpg_equals_opencv_decode(tmp_path, tiles):
 
 
 def test_simple_mixed_jpg_and_raw(tmp_path, tiles):
-    view = write(tmp_path / "d.beton", {"image": RGBImageField("proportion", compress_probability=0.5)},
-                 [(t,) for t in tiles])
+    view = write(
+        tmp_path / "d.beton", {"image": RGBImageField("proportion", compress_probability=0.5)}, [(t,) for t in tiles]
+    )
     modes = view.metadata["image"]["mode"]
     assert set(modes.tolist()) == {0, 1}
     order = list(range(12))[::-1]
@@ -146,12 +160,13 @@ def test_simple_rejects_variable_sizes(tmp_path, photos):
 def _corrupt(view, name, index):
     region = np.array(view.open_region())
     p, n = int(view.ptrs[name][index]), int(view.sizes[name][index])
-    region[p:p + n] = np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8)
+    region[p : p + n] = np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8)
     return region
 
 
-@pytest.mark.parametrize("make", [SimpleRGBImageDecoder, lambda: CenterCropRGBImageDecoder(16),
-                                  lambda: RandomResizedCropRGBImageDecoder(16)])
+@pytest.mark.parametrize(
+    "make", [SimpleRGBImageDecoder, lambda: CenterCropRGBImageDecoder(16), lambda: RandomResizedCropRGBImageDecoder(16)]
+)
 def test_corrupt_jpeg_names_the_sample(tmp_path, tiles, make):
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(t,) for t in tiles])
     region = _corrupt(view, "image", 7)
@@ -166,7 +181,7 @@ def test_jpeg_of_another_size_names_the_sample(tmp_path, tiles):
     small = cv2.imencode(".jpg", tiles[0][:20, :30])[1].reshape(-1)  # fits in sample 4's payload
     p = int(view.ptrs["image"][4])
     assert small.size <= int(view.sizes["image"][4])
-    region[p:p + small.size] = small
+    region[p : p + small.size] = small
     with pytest.raises(ValueError, match=r"sample 4: JPEG decodes to 30x20, metadata says 56x40"):
         decode(SimpleRGBImageDecoder(), view, "image", [0, 4], region=region)
 
@@ -174,15 +189,27 @@ def test_jpeg_of_another_size_names_the_sample(tmp_path, tiles):
 # ---------------------------------------------------------------- field type checks
 
 
-@pytest.mark.parametrize("op, wrong", [
-    (SimpleRGBImageDecoder(), "label"), (CenterCropRGBImageDecoder(8), "score"),
-    (RandomResizedCropRGBImageDecoder(8), "blob"), (IntDecoder(), "image"),
-    (FloatDecoder(), "label"), (NDArrayDecoder(), "blob"), (BytesDecoder(), "array")])
+@pytest.mark.parametrize(
+    "op, wrong",
+    [
+        (SimpleRGBImageDecoder(), "label"),
+        (CenterCropRGBImageDecoder(8), "score"),
+        (RandomResizedCropRGBImageDecoder(8), "blob"),
+        (IntDecoder(), "image"),
+        (FloatDecoder(), "label"),
+        (NDArrayDecoder(), "blob"),
+        (BytesDecoder(), "array"),
+    ],
+)
 def test_wrong_field_type_names_the_field(tmp_path, tiles, op, wrong):
-    fields = {"image": RGBImageField(), "label": IntField(), "score": FloatField(),
-              "array": NDArrayField(np.float32, (2,)), "blob": BytesField()}
-    view = write(tmp_path / "d.beton", fields,
-                 [(tiles[0], 1, 0.5, np.zeros(2, np.float32), b"xy")])
+    fields = {
+        "image": RGBImageField(),
+        "label": IntField(),
+        "score": FloatField(),
+        "array": NDArrayField(np.float32, (2,)),
+        "blob": BytesField(),
+    }
+    view = write(tmp_path / "d.beton", fields, [(tiles[0], 1, 0.5, np.zeros(2, np.float32), b"xy")])
     with pytest.raises(TypeError, match=f"field '{wrong}' is a {type(fields[wrong]).__name__}"):
         op.declare(None, view.fields[wrong], view)
 
@@ -233,7 +260,6 @@ def test_center_crop_jpg_scaled_decoding_is_close_to_full_decode(tmp_path, photo
     # a different image would be far: the tolerance is meaningful
     other = reference_resize(full[::-1], box, (out, out))
     assert np.abs(row.astype(int) - other).mean() > 20
-
 
 
 # ---------------------------------------------------------------- ResizeRGBImageDecoder
@@ -302,9 +328,18 @@ def tv_get_params(rnd, height, width, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
 def ours(height, width, n, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), seed=0):
     idx = np.arange(n, dtype=np.int64)
     boxes = np.empty((n, 4), dtype=np.int64)
-    random_resized_crop_boxes(idx, np.full(n, height, np.uint16), np.full(n, width, np.uint16),
-                              sample_seeds(seed, 0, idx), op_salt("test"), scale[0], scale[1],
-                              ratio[0], ratio[1], boxes)
+    random_resized_crop_boxes(
+        idx,
+        np.full(n, height, np.uint16),
+        np.full(n, width, np.uint16),
+        sample_seeds(seed, 0, idx),
+        op_salt("test"),
+        scale[0],
+        scale[1],
+        ratio[0],
+        ratio[1],
+        boxes,
+    )
     return boxes
 
 
@@ -313,9 +348,14 @@ def theirs(height, width, n, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
     return np.array([tv_get_params(rnd, height, width, scale, ratio) for _ in range(n)])
 
 
-@pytest.mark.parametrize("height, width, scale, ratio", [
-    (300, 400, (0.08, 1.0), (3 / 4, 4 / 3)), (120, 45, (0.08, 1.0), (3 / 4, 4 / 3)),
-    (200, 200, (0.35, 1.0), (0.5, 2.0))])
+@pytest.mark.parametrize(
+    "height, width, scale, ratio",
+    [
+        (300, 400, (0.08, 1.0), (3 / 4, 4 / 3)),
+        (120, 45, (0.08, 1.0), (3 / 4, 4 / 3)),
+        (200, 200, (0.35, 1.0), (0.5, 2.0)),
+    ],
+)
 def test_random_resized_crop_distribution_matches_torchvision(height, width, scale, ratio):
     n = 20000
     a, b = ours(height, width, n, scale, ratio), theirs(height, width, n, scale, ratio)
@@ -332,8 +372,10 @@ def test_random_resized_crop_distribution_matches_torchvision(height, width, sca
         spread = np.quantile(f(b), 0.9) - np.quantile(f(b), 0.1) + 1e-9
         assert abs(f(a).mean() - f(b).mean()) < 0.03 * spread, name
         assert np.all(np.abs(qa - qb) < 0.05 * spread), name
+
     def full(x):
         return np.mean((x[:, 2] == height) | (x[:, 3] == width))  # fallback-like boxes
+
     assert abs(full(a) - full(b)) < 0.02
 
 
@@ -351,8 +393,9 @@ def test_random_resized_crop_boxes_stay_inside_images():
     widths = rng.integers(1, 700, n).astype(np.uint16)
     idx = np.arange(n, dtype=np.int64)
     boxes = np.empty((n, 4), dtype=np.int64)
-    random_resized_crop_boxes(idx, heights, widths, sample_seeds(1, 0, idx), op_salt("x"),
-                              0.08, 1.0, 0.75, 4 / 3, boxes)
+    random_resized_crop_boxes(
+        idx, heights, widths, sample_seeds(1, 0, idx), op_salt("x"), 0.08, 1.0, 0.75, 4 / 3, boxes
+    )
     top, left, h, w = boxes.T
     assert np.all((top >= 0) & (left >= 0) & (h >= 1) & (w >= 1))
     assert np.all((top + h <= heights) & (left + w <= widths))
@@ -373,8 +416,9 @@ def test_random_resized_crop_pixels_follow_the_boxes(tmp_path, photos):
     out = decode(op, view, "image", order, epoch=4, seed=9)
     col = view.metadata["image"]
     boxes = np.empty((5, 4), np.int64)
-    random_resized_crop_boxes(order, col["height"], col["width"], sample_seeds(9, 4, order), op.salt,
-                              0.08, 1.0, 3 / 4, 4 / 3, boxes)
+    random_resized_crop_boxes(
+        order, col["height"], col["width"], sample_seeds(9, 4, order), op.salt, 0.08, 1.0, 3 / 4, 4 / 3, boxes
+    )
     for row, i, box in zip(out, order, boxes):
         assert_resize_close(row, reference_resize(photos[i], box, (40, 56)))
 
@@ -407,14 +451,20 @@ def test_crop_decoder_arguments_are_checked():
 def test_int_float_and_ndarray_decoders(tmp_path):
     rng = np.random.default_rng(3)
     n = 20
-    labels = rng.integers(-10 ** 12, 10 ** 12, n)
+    labels = rng.integers(-(10**12), 10**12, n)
     scores = rng.normal(size=n)
     arrays = rng.normal(size=(n, 3, 4)).astype(np.float32)
     small = rng.integers(-300, 300, (n, 2)).astype(np.int16)
-    view = write(tmp_path / "d.beton", {"label": IntField(), "score": FloatField(),
-                                        "array": NDArrayField(np.float32, (3, 4)),
-                                        "small": NDArrayField(np.int16, (2,))},
-                 [(labels[i], scores[i], arrays[i], small[i]) for i in range(n)])
+    view = write(
+        tmp_path / "d.beton",
+        {
+            "label": IntField(),
+            "score": FloatField(),
+            "array": NDArrayField(np.float32, (3, 4)),
+            "small": NDArrayField(np.int16, (2,)),
+        },
+        [(labels[i], scores[i], arrays[i], small[i]) for i in range(n)],
+    )
     order = np.array([19, 0, 7, 7, 3])
     got = decode(IntDecoder(), view, "label", order)
     assert got.dtype == np.int64 and np.array_equal(got, labels[order])
@@ -429,20 +479,28 @@ def test_int_float_and_ndarray_decoders(tmp_path):
 def test_bytes_and_json_decoders_zero_pad(tmp_path):
     blobs = [b"\x05", b"hello", bytes(range(256)) * 3, b"\x00\x01"]
     docs = [{"a": 1}, ["x", 2.5], "text", {"nested": {"k": [1, 2, 3]}}]
-    view = write(tmp_path / "d.beton", {"blob": BytesField(), "doc": JSONField()},
-                 [(b, d) for b, d in zip(blobs, docs)])
+    view = write(
+        tmp_path / "d.beton", {"blob": BytesField(), "doc": JSONField()}, [(b, d) for b, d in zip(blobs, docs)]
+    )
     order = [2, 0, 3, 1]
     got = decode(BytesDecoder(), view, "blob", order)
     assert got.shape == (4, 768) and got.dtype == np.uint8
     for row, i in zip(got, order):
-        assert row[:len(blobs[i])].tobytes() == blobs[i] and not row[len(blobs[i]):].any()
+        assert row[: len(blobs[i])].tobytes() == blobs[i] and not row[len(blobs[i]) :].any()
     # rows are reused between batches: padding must be rewritten, not left over
     op = BytesDecoder()
     spec = op.declare(None, view.fields["blob"], view)
     buf = np.full(op.buffer_spec(spec, 4).shape, 7, np.uint8)
     idx = np.array([1, 3])
-    ctx = BatchContext(idx, sample_seeds(0, 0, idx), view.open_region(), view.metadata["blob"],
-                       view.ptrs["blob"], view.sizes["blob"], 0)
+    ctx = BatchContext(
+        idx,
+        sample_seeds(0, 0, idx),
+        view.open_region(),
+        view.metadata["blob"],
+        view.ptrs["blob"],
+        view.sizes["blob"],
+        0,
+    )
     out = op(None, buf, ctx)
     assert out[0, :5].tobytes() == b"hello" and not out[0, 5:].any() and not out[1, 2:].any()
     got = decode(BytesDecoder(), view, "doc", order)
@@ -456,4 +514,4 @@ def test_decoders_work_with_an_in_memory_region(tmp_path, tiles):
     out = decode(SimpleRGBImageDecoder(), view, "image", [4, 8], region=region)
     assert np.array_equal(out[0], tiles[4]) and np.array_equal(out[1], tiles[8])
     with pytest.raises(ValueError, match="sample 8: payload lies outside"):
-        decode(SimpleRGBImageDecoder(), view, "image", [4, 8], region=region[:int(view.ptrs["image"][8]) + 10])
+        decode(SimpleRGBImageDecoder(), view, "image", [4, 8], region=region[: int(view.ptrs["image"][8]) + 10])

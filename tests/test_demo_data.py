@@ -1,4 +1,5 @@
 """ffload.convert.demo_data and the fixture scripts: structure, counts and real pixels."""
+
 from __future__ import annotations
 
 import collections
@@ -40,8 +41,12 @@ def blocky(digit_8x8, factor):
 
 def split_files(root):
     """{split: {digit: sorted file names}}."""
-    return {split: {d: sorted(os.listdir(os.path.join(root, split, d)))
-                    for d in sorted(os.listdir(os.path.join(root, split)))} for split in ("train", "test")}
+    return {
+        split: {
+            d: sorted(os.listdir(os.path.join(root, split, d))) for d in sorted(os.listdir(os.path.join(root, split)))
+        }
+        for split in ("train", "test")
+    }
 
 
 def test_digits_folder_structure_counts_and_pixels(tmp_path, digits):
@@ -67,8 +72,9 @@ def test_digits_folder_structure_counts_and_pixels(tmp_path, digits):
                 np.testing.assert_array_equal(image, blocky(digits.images[int(name[:-4])], 4))
     src = ImageFolderSource(root / "train")
     assert src.classes == [str(d) for d in range(10)] and len(src) == summary["num_train"]
-    np.testing.assert_array_equal(src.labels, [digits.target[int(os.path.basename(src.describe(i))[:-4])]
-                                               for i in range(len(src))])
+    np.testing.assert_array_equal(
+        src.labels, [digits.target[int(os.path.basename(src.describe(i))[:-4])] for i in range(len(src))]
+    )
 
 
 def test_digits_split_is_seeded(tmp_path):
@@ -163,8 +169,9 @@ def test_make_cifar_like_script(tmp_path, digits, variant):
         for i in range(len(src)):
             image, label = src[i]
             got[(image[::4, ::4, 0].tobytes(), label)] += 1
-    wanted = collections.Counter((np.rint(d * 255.0 / 16.0).astype(np.uint8).tobytes(), int(t))
-                                 for d, t in zip(digits.images, digits.target))
+    wanted = collections.Counter(
+        (np.rint(d * 255.0 / 16.0).astype(np.uint8).tobytes(), int(t)) for d, t in zip(digits.images, digits.target)
+    )
     assert got == wanted  # every real digit exactly once, with its label
     if variant == "cifar100":
         coarse = CIFARSource(out, label_kind="coarse")

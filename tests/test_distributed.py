@@ -1,5 +1,6 @@
 """distributed=True with two gloo processes on CPU: ranks see disjoint shares that together cover
 the epoch (DistributedSampler semantics), and each share matches the single-process order."""
+
 from __future__ import annotations
 
 import os
@@ -14,18 +15,23 @@ from ffload.formats import BytesField, IntField, write_dataset
 
 N = 23  # odd: padding needed for two ranks
 WORLD = 2
-CASES = [(order, drop_last) for order in ("sequential", "random", "quasi_random")
-         for drop_last in (False, True)]
+CASES = [(order, drop_last) for order in ("sequential", "random", "quasi_random") for drop_last in (False, True)]
 
 
 def _rank_main(rank, path, init_file, out_dir):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=WORLD)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         for order, drop_last in CASES:
-            loader = ffload.Loader(path, batch_size=4, num_workers=1, order=order,
-                                   drop_last=drop_last, distributed=True, seed=9,
-                                   pipelines={"tag": None})
+            loader = ffload.Loader(
+                path,
+                batch_size=4,
+                num_workers=1,
+                order=order,
+                drop_last=drop_last,
+                distributed=True,
+                seed=9,
+                pipelines={"tag": None},
+            )
             epochs = [np.concatenate([b[0].numpy().copy() for b in loader]) for _ in range(2)]
             np.save(os.path.join(out_dir, f"{order}-{drop_last}-{rank}.npy"), np.stack(epochs))
             np.save(os.path.join(out_dir, f"{order}-{drop_last}-{rank}-len.npy"), len(loader))
@@ -38,13 +44,17 @@ def _rank_main(rank, path, init_file, out_dir):
 @pytest.fixture(scope="module")
 def shares(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist")
-    path = write_dataset(str(tmp / "ints.beton"), {"index": IntField(), "tag": BytesField()},
-                         ((i, bytes([i])) for i in range(N)), N)
+    path = write_dataset(
+        str(tmp / "ints.beton"), {"index": IntField(), "tag": BytesField()}, ((i, bytes([i])) for i in range(N)), N
+    )
     mp.spawn(_rank_main, args=(path, str(tmp / "init"), str(tmp)), nprocs=WORLD, join=True)
 
     def load(order, drop_last):
-        return ([np.load(tmp / f"{order}-{drop_last}-{r}.npy") for r in range(WORLD)],
-                [int(np.load(tmp / f"{order}-{drop_last}-{r}-len.npy")) for r in range(WORLD)])
+        return (
+            [np.load(tmp / f"{order}-{drop_last}-{r}.npy") for r in range(WORLD)],
+            [int(np.load(tmp / f"{order}-{drop_last}-{r}-len.npy")) for r in range(WORLD)],
+        )
+
     return path, load
 
 
@@ -66,8 +76,7 @@ def test_ranks_are_disjoint_and_complete(shares, order, drop_last):
         # the same global order as a single process, split rank r -> order[r::2]
         full = single.epoch_order(epoch)
         padded = np.resize(full, 2 * per_rank_samples)
-        np.testing.assert_array_equal(a, padded[0::2][:len(a)])
-        np.testing.assert_array_equal(b, padded[1::2][:len(b)])
-    assert lengths[0] == lengths[1] == (per_rank_samples // 4 if drop_last
-                                        else -(-per_rank_samples // 4))
+        np.testing.assert_array_equal(a, padded[0::2][: len(a)])
+        np.testing.assert_array_equal(b, padded[1::2][: len(b)])
+    assert lengths[0] == lengths[1] == (per_rank_samples // 4 if drop_last else -(-per_rank_samples // 4))
     single.close()

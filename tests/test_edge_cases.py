@@ -1,5 +1,6 @@
 """Edge cases found in review: concurrent LMDB writers, ambiguous layouts, oversized batches,
 CUDA requested without CUDA, empty epochs."""
+
 from __future__ import annotations
 
 import subprocess
@@ -31,12 +32,10 @@ def test_lmdb_written_by_another_process_while_loading(tmp_path):
     """The loader keeps a read snapshot: pages it points at are not reused by a writer."""
     path = str(tmp_path / "r.lmdb")
     imgs = np.random.default_rng(0).integers(0, 255, (50, 32, 32, 3), dtype=np.uint8)
-    write_dataset(path, {"image": RGBImageField("raw"), "label": IntField()},
-                  [(imgs[i], i) for i in range(50)], 50)
+    write_dataset(path, {"image": RGBImageField("raw"), "label": IntField()}, [(imgs[i], i) for i in range(50)], 50)
     with ffload.Loader(path, batch_size=10, num_workers=1, order="sequential") as loader:
         subprocess.run([sys.executable, "-c", WRITER, path], check=True, timeout=120)
-        bad = [int(k) for ims, labs in loader for im, k in zip(ims, labs)
-               if not np.array_equal(im.numpy(), imgs[k])]
+        bad = [int(k) for ims, labs in loader for im, k in zip(ims, labs) if not np.array_equal(im.numpy(), imgs[k])]
     assert bad == []
 
 
@@ -44,14 +43,14 @@ def test_lmdb_written_by_another_process_while_loading(tmp_path):
 def test_normalize_on_torch_finds_the_channel_axis_when_height_is_3(tmp_path, to_torch_image):
     """(3, W, 3) images: the channel axis comes from the layout, not from matching sizes."""
     from ffload.loaders import NormalizeImage, SimpleRGBImageDecoder, ToTensor, ToTorchImage
+
     imgs = np.random.default_rng(1).integers(0, 255, (6, 3, 10, 3), dtype=np.uint8)
     path = str(tmp_path / "h3.beton")
     write_dataset(path, {"image": RGBImageField("raw")}, [(im,) for im in imgs], 6)
     mean, std = np.array([10.0, 120.0, 250.0]), np.array([2.0, 30.0, 60.0])
     ops = [SimpleRGBImageDecoder(), ToTensor()] + ([ToTorchImage()] if to_torch_image else [])
     ops.append(NormalizeImage(mean, std, np.float32))
-    with ffload.Loader(path, batch_size=6, num_workers=1, order="sequential",
-                       pipelines={"image": ops}) as loader:
+    with ffload.Loader(path, batch_size=6, num_workers=1, order="sequential", pipelines={"image": ops}) as loader:
         (out,) = next(iter(loader))
     expected = ((imgs - mean) / std).astype(np.float32)
     if to_torch_image:
@@ -62,11 +61,17 @@ def test_normalize_on_torch_finds_the_channel_axis_when_height_is_3(tmp_path, to
 def test_batch_buffers_hold_at_most_an_epoch(tmp_path):
     """batch_size far beyond the dataset: buffers are sized by the samples, not batch_size."""
     from ffload.loaders import SimpleRGBImageDecoder, ToTensor
+
     imgs = np.random.default_rng(2).integers(0, 255, (10, 224, 224, 3), dtype=np.uint8)
     path = str(tmp_path / "small.beton")
     write_dataset(path, {"image": RGBImageField("raw")}, [(im,) for im in imgs], 10)
-    with ffload.Loader(path, batch_size=1_000_000, num_workers=1, order="sequential",
-                       pipelines={"image": [SimpleRGBImageDecoder(), ToTensor()]}) as loader:
+    with ffload.Loader(
+        path,
+        batch_size=1_000_000,
+        num_workers=1,
+        order="sequential",
+        pipelines={"image": [SimpleRGBImageDecoder(), ToTensor()]},
+    ) as loader:
         assert loader._pipelines[0].buffer_specs[0].shape[0] == 10
         (batch,) = next(iter(loader))
     np.testing.assert_array_equal(batch.numpy(), imgs)
@@ -76,12 +81,14 @@ def test_cuda_requested_without_cuda_names_the_field(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     from ffload.loaders import IntDecoder, ToDevice, ToTensor
+
     path = str(tmp_path / "i.beton")
     write_dataset(path, {"label": IntField()}, [(i,) for i in range(4)], 4)
     for device in ("cuda", "cuda:0"):
         with pytest.raises(RuntimeError, match="field 'label'.*CUDA is not available"):
-            ffload.Loader(path, batch_size=2, num_workers=1,
-                          pipelines={"label": [IntDecoder(), ToTensor(), ToDevice(device)]})
+            ffload.Loader(
+                path, batch_size=2, num_workers=1, pipelines={"label": [IntDecoder(), ToTensor(), ToDevice(device)]}
+            )
 
 
 def test_state_of_a_loader_without_batches_does_not_skip_epochs(tmp_path):

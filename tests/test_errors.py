@@ -1,5 +1,6 @@
 """ffload.errors: one root, compatible bases, old names; the CLI's one-line reports and --debug;
 library errors matched by class; one meaning of --num-workers."""
+
 from __future__ import annotations
 
 import errno
@@ -24,12 +25,23 @@ from ffload.formats.fields.image import RGBImageField
 from ffload.formats.fields.ndarray import NDArrayField
 from ffload.formats.fields.scalars import IntField
 
-SPECIFIC = [errors.ConfigurationError, errors.PipelineError, errors.UnavailableError, errors.SourceError,
-            errors.ImageDecodeError, errors.FormatError, errors.FieldError, errors.ConvertError, errors.LoaderError,
-            errors.LoaderClosedError, errors.RecipeError]
+SPECIFIC = [
+    errors.ConfigurationError,
+    errors.PipelineError,
+    errors.UnavailableError,
+    errors.SourceError,
+    errors.ImageDecodeError,
+    errors.FormatError,
+    errors.FieldError,
+    errors.ConvertError,
+    errors.LoaderError,
+    errors.LoaderClosedError,
+    errors.RecipeError,
+]
 
 
 # ---- the hierarchy ----------------------------------------------------------------------------
+
 
 def test_every_error_has_one_root_and_a_one_line_docstring():
     for cls in SPECIFIC:
@@ -39,8 +51,13 @@ def test_every_error_has_one_root_and_a_one_line_docstring():
 
 
 def test_compatible_second_bases():
-    for cls in (errors.ConfigurationError, errors.SourceError, errors.ImageDecodeError, errors.FormatError,
-                errors.FieldError):
+    for cls in (
+        errors.ConfigurationError,
+        errors.SourceError,
+        errors.ImageDecodeError,
+        errors.FormatError,
+        errors.FieldError,
+    ):
         assert issubclass(cls, ValueError), cls
     for cls in (errors.ConvertError, errors.LoaderError, errors.LoaderClosedError, errors.UnavailableError):
         assert issubclass(cls, RuntimeError), cls
@@ -58,72 +75,119 @@ def test_the_hierarchy_diagram_names_every_class():
 
 def _bench_config(**kw):
     from ffload.bench.config import BenchConfig
+
     args = dict(kind="ffload", path="x.beton", pipeline="simple", batch_size=4, num_workers=1, epochs=1)
     return BenchConfig(**{**args, **kw})
 
 
 def _quasi_random(window_size):
     from ffload.loaders.orders import QuasiRandom
+
     return QuasiRandom(np.arange(4), 0, np.zeros(4, np.int64), window_size)
 
 
 def _resnet9(**kw):
     from ffload.recipes.resnet9 import resnet9
+
     return resnet9(**kw)
 
 
 def _lr_schedule(**kw):
     from ffload.recipes.training import RecipeConfig, lr_schedule
+
     return lr_schedule(RecipeConfig(**kw), 10)
 
 
 def _export(tmp_path, pattern, **kw):
     from ffload.convert.export import export_webdataset
+
     return export_webdataset(None, str(tmp_path / pattern), **kw)  # refused before the view is read
 
 
 def _parse_order(name):
     from ffload.loaders.orders import parse_order
+
     return parse_order(name)
 
 
 def _run_rounds(repeats):
     from ffload.bench.harness import run_rounds
+
     return run_rounds([], repeats=repeats)
 
 
 def _ceiling(payloads, threads=1):
     from ffload.bench.peers.ceiling import measure_decode_ceiling
+
     return measure_decode_ceiling(payloads, threads, 1, lambda payload: None, names=["sample 2"])
 
 
 # (call with tmp_path, the specific class, a key part of the message): one configuration mistake each
 FUNCTION_ERRORS = [
-    pytest.param(lambda tmp: _parse_order("shuffle"), errors.ConfigurationError, "unknown order 'shuffle'",
-                 id="order-unknown"),
-    pytest.param(lambda tmp: _quasi_random(0), errors.ConfigurationError, "window_size must be >= 1, got 0",
-                 id="quasi_random-window"),
-    pytest.param(lambda tmp: _bench_config(kind="torch"), errors.ConfigurationError, "unknown loader kind 'torch'",
-                 id="bench-kind"),
-    pytest.param(lambda tmp: _bench_config(epochs=0), errors.ConfigurationError, "epochs must be an integer >= 1",
-                 id="bench-epochs"),
-    pytest.param(lambda tmp: _run_rounds(0), errors.ConfigurationError, "repeats must be >= 1, got 0",
-                 id="bench-repeats"),
+    pytest.param(
+        lambda tmp: _parse_order("shuffle"), errors.ConfigurationError, "unknown order 'shuffle'", id="order-unknown"
+    ),
+    pytest.param(
+        lambda tmp: _quasi_random(0),
+        errors.ConfigurationError,
+        "window_size must be >= 1, got 0",
+        id="quasi_random-window",
+    ),
+    pytest.param(
+        lambda tmp: _bench_config(kind="torch"),
+        errors.ConfigurationError,
+        "unknown loader kind 'torch'",
+        id="bench-kind",
+    ),
+    pytest.param(
+        lambda tmp: _bench_config(epochs=0),
+        errors.ConfigurationError,
+        "epochs must be an integer >= 1",
+        id="bench-epochs",
+    ),
+    pytest.param(
+        lambda tmp: _run_rounds(0), errors.ConfigurationError, "repeats must be >= 1, got 0", id="bench-repeats"
+    ),
     pytest.param(lambda tmp: _ceiling([]), errors.ConfigurationError, "payloads is empty", id="ceiling-no-payload"),
-    pytest.param(lambda tmp: _ceiling([np.zeros(4, np.uint8)], threads=0), errors.ConfigurationError,
-                 "num_threads and passes must be >= 1", id="ceiling-threads"),
-    pytest.param(lambda tmp: _ceiling([np.zeros(4, np.uint8)]), errors.FormatError,
-                 "sample 2: the JPEG payload does not decode", id="ceiling-payload-does-not-decode"),
-    pytest.param(lambda tmp: _resnet9(width=0), errors.ConfigurationError, "resnet9 width must be > 0",
-                 id="resnet9-width"),
-    pytest.param(lambda tmp: _resnet9(num_classes=0), errors.ConfigurationError, "resnet9 num_classes must be >= 1",
-                 id="resnet9-classes"),
-    pytest.param(lambda tmp: _lr_schedule(epochs=4, lr_peak_epoch=30), errors.ConfigurationError,
-                 "lr_peak_epoch=30 puts the learning-rate peak", id="recipe-lr-peak"),
-    pytest.param(lambda tmp: _export(tmp, "shard.tar"), errors.ConfigurationError,
-                 "needs one %d-style field", id="export-pattern-without-field"),
-    pytest.param(lambda tmp: _export(tmp, "s-%d.tar", maxcount=0), errors.ConfigurationError,
-                 "limits must be >= 1", id="export-limits"),
+    pytest.param(
+        lambda tmp: _ceiling([np.zeros(4, np.uint8)], threads=0),
+        errors.ConfigurationError,
+        "num_threads and passes must be >= 1",
+        id="ceiling-threads",
+    ),
+    pytest.param(
+        lambda tmp: _ceiling([np.zeros(4, np.uint8)]),
+        errors.FormatError,
+        "sample 2: the JPEG payload does not decode",
+        id="ceiling-payload-does-not-decode",
+    ),
+    pytest.param(
+        lambda tmp: _resnet9(width=0), errors.ConfigurationError, "resnet9 width must be > 0", id="resnet9-width"
+    ),
+    pytest.param(
+        lambda tmp: _resnet9(num_classes=0),
+        errors.ConfigurationError,
+        "resnet9 num_classes must be >= 1",
+        id="resnet9-classes",
+    ),
+    pytest.param(
+        lambda tmp: _lr_schedule(epochs=4, lr_peak_epoch=30),
+        errors.ConfigurationError,
+        "lr_peak_epoch=30 puts the learning-rate peak",
+        id="recipe-lr-peak",
+    ),
+    pytest.param(
+        lambda tmp: _export(tmp, "shard.tar"),
+        errors.ConfigurationError,
+        "needs one %d-style field",
+        id="export-pattern-without-field",
+    ),
+    pytest.param(
+        lambda tmp: _export(tmp, "s-%d.tar", maxcount=0),
+        errors.ConfigurationError,
+        "limits must be >= 1",
+        id="export-limits",
+    ),
 ]
 
 
@@ -138,6 +202,7 @@ def _declare(op, spec_args, field=None):
     from types import SimpleNamespace
 
     from ffload.loaders.pipeline.operation import Spec
+
     field = IntField() if field is None else field
     return op.declare(None if spec_args is None else Spec(*spec_args), field, SimpleNamespace(fields={"x": field}))
 
@@ -145,40 +210,80 @@ def _declare(op, spec_args, field=None):
 def _op(name, *args, **kw):
     import ffload.loaders.decoders
     import ffload.loaders.transforms
+
     module = ffload.loaders.transforms if hasattr(ffload.loaders.transforms, name) else ffload.loaders.decoders
     return getattr(module, name)(*args, **kw)
 
 
 def _torch_spec(*shape):
     import torch
+
     return (shape, torch.uint8, True)
 
 
 # (call, the specific class, a key part of the message): transforms, decoders, demo data, verify
 PIPELINE_ERRORS = [
-    pytest.param(lambda: _op("RandomHorizontalFlip", 2.0), errors.ConfigurationError, "flip_prob must be in",
-                 id="flip-prob"),
+    pytest.param(
+        lambda: _op("RandomHorizontalFlip", 2.0), errors.ConfigurationError, "flip_prob must be in", id="flip-prob"
+    ),
     pytest.param(lambda: _op("ColorJitter", hue=0.7), errors.ConfigurationError, "hue must lie in", id="jitter-hue"),
-    pytest.param(lambda: _op("PythonTransform", abs, (1,), input_type="x"), errors.ConfigurationError,
-                 "input_type must be one of", id="python-input-type"),
-    pytest.param(lambda: _op("RandomResizedCropRGBImageDecoder", 32, scale=(0, 1)), errors.ConfigurationError,
-                 "scale must be", id="rrc-scale"),
-    pytest.param(lambda: _op("RaggedArrayDecoder", max_length=-1), errors.ConfigurationError,
-                 "max_length must be >= 0", id="ragged-max-length"),
-    pytest.param(lambda: _declare(_op("Squeeze", 1), ((3,), np.uint8)), errors.ConfigurationError,
-                 "must name size-1", id="squeeze-dims"),
-    pytest.param(lambda: ffload.convert.demo_data.digits_images(4), errors.ConfigurationError,
-                 "size must be >= 8", id="demo-size"),
-    pytest.param(lambda: _declare(_op("RandomHorizontalFlip"), ((), np.int64)), errors.PipelineError,
-                 "field 'x'.*works on numpy \\(H, W, C\\)", id="flip-on-labels"),
-    pytest.param(lambda: _declare(_op("GaussianBlur", 5), ((8, 8, 3), np.float32)), errors.PipelineError,
-                 "needs uint8 images", id="blur-float"),
-    pytest.param(lambda: _declare(_op("ToTensor"), _torch_spec(4, 4, 3)), errors.PipelineError,
-                 "needs a numpy array", id="to-tensor-twice"),
-    pytest.param(lambda: _declare(_op("IntDecoder"), None, RGBImageField("raw")), errors.PipelineError,
-                 "IntDecoder decodes IntField fields; field 'x' is a RGBImageField", id="decoder-field-type"),
-    pytest.param(lambda: ffload.verify._parse_json(b"{}"), errors.FormatError, "lacks its NUL terminator",
-                 id="verify-json"),
+    pytest.param(
+        lambda: _op("PythonTransform", abs, (1,), input_type="x"),
+        errors.ConfigurationError,
+        "input_type must be one of",
+        id="python-input-type",
+    ),
+    pytest.param(
+        lambda: _op("RandomResizedCropRGBImageDecoder", 32, scale=(0, 1)),
+        errors.ConfigurationError,
+        "scale must be",
+        id="rrc-scale",
+    ),
+    pytest.param(
+        lambda: _op("RaggedArrayDecoder", max_length=-1),
+        errors.ConfigurationError,
+        "max_length must be >= 0",
+        id="ragged-max-length",
+    ),
+    pytest.param(
+        lambda: _declare(_op("Squeeze", 1), ((3,), np.uint8)),
+        errors.ConfigurationError,
+        "must name size-1",
+        id="squeeze-dims",
+    ),
+    pytest.param(
+        lambda: ffload.convert.demo_data.digits_images(4),
+        errors.ConfigurationError,
+        "size must be >= 8",
+        id="demo-size",
+    ),
+    pytest.param(
+        lambda: _declare(_op("RandomHorizontalFlip"), ((), np.int64)),
+        errors.PipelineError,
+        "field 'x'.*works on numpy \\(H, W, C\\)",
+        id="flip-on-labels",
+    ),
+    pytest.param(
+        lambda: _declare(_op("GaussianBlur", 5), ((8, 8, 3), np.float32)),
+        errors.PipelineError,
+        "needs uint8 images",
+        id="blur-float",
+    ),
+    pytest.param(
+        lambda: _declare(_op("ToTensor"), _torch_spec(4, 4, 3)),
+        errors.PipelineError,
+        "needs a numpy array",
+        id="to-tensor-twice",
+    ),
+    pytest.param(
+        lambda: _declare(_op("IntDecoder"), None, RGBImageField("raw")),
+        errors.PipelineError,
+        "IntDecoder decodes IntField fields; field 'x' is a RGBImageField",
+        id="decoder-field-type",
+    ),
+    pytest.param(
+        lambda: ffload.verify._parse_json(b"{}"), errors.FormatError, "lacks its NUL terminator", id="verify-json"
+    ),
 ]
 
 
@@ -190,6 +295,7 @@ def test_pipeline_and_decoder_errors_name_their_class(call, error, match):
 
 def test_to_device_without_cuda_is_unavailable():
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here")
     with pytest.raises(errors.UnavailableError, match="CUDA is not available"):
@@ -207,15 +313,25 @@ def test_old_names_are_the_new_classes():
 
     assert DatasetError is ViewDatasetError is errors.FormatError
     assert (FieldError, ConvertError, ImageDecodeError, SourceError, LoaderError, RecipeError) == (
-        errors.FieldError, errors.ConvertError, errors.ImageDecodeError, errors.SourceError, errors.LoaderError,
-        errors.RecipeError)
+        errors.FieldError,
+        errors.ConvertError,
+        errors.ImageDecodeError,
+        errors.SourceError,
+        errors.LoaderError,
+        errors.RecipeError,
+    )
 
 
 def test_structured_attributes_hint_and_pickle():
     e = errors.FormatError("a.beton: truncated", path="a.beton", field="image", sample=3, hint="convert it again")
     assert str(e) == "a.beton: truncated (convert it again)"
-    assert (e.message, e.path, e.field, e.sample, e.hint) == ("a.beton: truncated", "a.beton", "image", 3,
-                                                              "convert it again")
+    assert (e.message, e.path, e.field, e.sample, e.hint) == (
+        "a.beton: truncated",
+        "a.beton",
+        "image",
+        3,
+        "convert it again",
+    )
     assert str(errors.SourceError("x: bad")) == "x: bad"
     back = pickle.loads(pickle.dumps(e))
     assert type(back) is errors.FormatError and str(back) == str(e) and back.sample == 3 and back.path == "a.beton"
@@ -238,7 +354,6 @@ def test_field_arguments_vs_field_values():
         RGBImageField("bmp")
 
 
-
 def test_writer_arguments_are_configuration_errors(tmp_path):
     with pytest.raises(errors.ConfigurationError, match="must be ASCII") as info:
         write_dataset(str(tmp_path / "a.beton"), {"étiquette": IntField()}, [(1,)], 1)
@@ -249,8 +364,10 @@ def test_writer_arguments_are_configuration_errors(tmp_path):
         write_dataset(str(tmp_path / "c.beton"), {"label": IntField()}, [(1,), (2,)], 3)
     assert not any(p.name.startswith(("a.beton", "b.beton", "c.beton")) for p in tmp_path.iterdir())
 
+
 def test_dataset_errors_carry_the_path(tmp_path):
     from ffload.formats import open_dataset
+
     junk = tmp_path / "junk.beton"
     junk.write_bytes(b"\0" * 100)
     with pytest.raises(errors.FormatError) as info:
@@ -260,10 +377,12 @@ def test_dataset_errors_carry_the_path(tmp_path):
 
 # ---- library errors matched by class, not by message ------------------------------------------
 
+
 def test_disk_full_is_recognised_by_class_and_errno():
     import lmdb
 
     from ffload.convert.conversion import _disk_full
+
     assert _disk_full(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
     assert _disk_full(OSError(errno.EDQUOT, os.strerror(errno.EDQUOT)))
     assert _disk_full(lmdb.DiskError("mdb_txn_commit", errno.ENOSPC))
@@ -281,16 +400,20 @@ def _lmdb_dataset(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("make_error", [
-    lambda lmdb: lmdb.ReadonlyError("mdb_env_open", errno.EACCES),
-    lambda lmdb: _with_code(lmdb.Error("mdb_env_open"), errno.EROFS),
-])
+@pytest.mark.parametrize(
+    "make_error",
+    [
+        lambda lmdb: lmdb.ReadonlyError("mdb_env_open", errno.EACCES),
+        lambda lmdb: _with_code(lmdb.Error("mdb_env_open"), errno.EROFS),
+    ],
+)
 def test_lmdb_without_a_writable_lock_opens_without_it(tmp_path, monkeypatch, make_error):
     """Read-only media: opening with the lock fails with py-lmdb's ReadonlyError (EACCES) or an Error
     whose code is EROFS; the view is then opened without the lock."""
     import lmdb
 
     from ffload.formats import open_dataset
+
     path = _lmdb_dataset(tmp_path)
     real_open, calls = lmdb.open, []
 
@@ -314,6 +437,7 @@ def test_other_lmdb_errors_are_not_retried_without_the_lock(tmp_path, monkeypatc
     import lmdb
 
     from ffload.formats import open_dataset
+
     path = _lmdb_dataset(tmp_path)
     calls = []
 
@@ -329,10 +453,12 @@ def test_other_lmdb_errors_are_not_retried_without_the_lock(tmp_path, monkeypatc
 
 # ---- the command line -------------------------------------------------------------------------
 
+
 @pytest.fixture
 def image_root(tmp_path):
     """``tmp_path/src``: an ImageFolder of one 4x4 PNG in class ``a``."""
     import cv2
+
     (tmp_path / "src" / "a").mkdir(parents=True)
     cv2.imwrite(str(tmp_path / "src" / "a" / "0.png"), np.zeros((4, 4, 3), np.uint8))
     return tmp_path / "src"
@@ -430,25 +556,34 @@ def test_other_exceptions_keep_their_traceback():
 
 def test_recipe_errors_are_one_line(tmp_path):
     from ffload.recipes.cifar10_resnet9 import recipe_command
-    result = CliRunner().invoke(recipe_command, ["--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o"),
-                                                 "--device", "cpu"])
+
+    result = CliRunner().invoke(
+        recipe_command, ["--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), "--device", "cpu"]
+    )
     assert_one_error_line(result, "--data", "nope")
 
 
 # ---- --num-workers: one spelling, one meaning ---------------------------------------------------
 
+
 @pytest.fixture
 def tiny_beton(tmp_path):
     path = str(tmp_path / "t.beton")
-    write_dataset(path, {"image": RGBImageField("raw"), "label": IntField()},
-                  [(np.full((4, 4, 3), i, np.uint8), i) for i in range(3)], 3)
+    write_dataset(
+        path,
+        {"image": RGBImageField("raw"), "label": IntField()},
+        [(np.full((4, 4, 3), i, np.uint8), i) for i in range(3)],
+        3,
+    )
     return path
 
 
-@pytest.mark.parametrize("args,expected", [([], None), (["--num-workers", "0"], 1), (["--num-workers", "3"], 3),
-                                           (["--workers", "2"], 2)])
+@pytest.mark.parametrize(
+    "args,expected", [([], None), (["--num-workers", "0"], 1), (["--num-workers", "3"], 3), (["--workers", "2"], 2)]
+)
 def test_verify_num_workers(tiny_beton, monkeypatch, args, expected):
     from ffload.system import available_cpus
+
     seen = []
     real = ffload.verify.verify_dataset
 
@@ -494,16 +629,22 @@ def test_source_choices_come_from_the_kinds_table():
 
 # ---- sources: one ImageFolder definition, one detector ------------------------------------------
 
+
 def test_image_folder_samples_and_classes(tmp_path):
     import cv2
+
     for cls, names in (("b", ["1.png", "sub/0.png"]), ("a", ["z.png", "y.PNG"])):
         for name in names:
             (tmp_path / cls / name).parent.mkdir(parents=True, exist_ok=True)
             cv2.imwrite(str(tmp_path / cls / name), np.zeros((2, 2, 3), np.uint8))
     src = ImageFolderSource(tmp_path)
     assert src.classes == ["a", "b"]
-    assert src.samples == [(str(tmp_path / "a" / "y.PNG"), 0), (str(tmp_path / "a" / "z.png"), 0),
-                           (str(tmp_path / "b" / "1.png"), 1), (str(tmp_path / "b" / "sub" / "0.png"), 1)]
+    assert src.samples == [
+        (str(tmp_path / "a" / "y.PNG"), 0),
+        (str(tmp_path / "a" / "z.png"), 0),
+        (str(tmp_path / "b" / "1.png"), 1),
+        (str(tmp_path / "b" / "sub" / "0.png"), 1),
+    ]
     assert src.samples == [(src.path(i), int(src.labels[i])) for i in range(len(src))]
 
 

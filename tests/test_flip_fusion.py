@@ -1,5 +1,6 @@
 """A RandomHorizontalFlip right after an RGB decoder is applied by the decoder while it writes
 (Operation's flip-fusion hook): the batches are those of the separate flip stage."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,15 +25,27 @@ def run(view, ops, indices, fuse, epoch=2, seed=7):
     pipe = FieldPipeline("image", view.fields["image"], ops, view, 16, fuse=fuse)
     buffers = pipe.allocate(pin_memory=False)
     indices = np.asarray(indices, dtype=np.int64)
-    ctx = BatchContext(indices, sample_seeds(seed, epoch, indices), view.open_region(), view.metadata["image"],
-                       view.ptrs["image"], view.sizes["image"], epoch)
+    ctx = BatchContext(
+        indices,
+        sample_seeds(seed, epoch, indices),
+        view.open_region(),
+        view.metadata["image"],
+        view.ptrs["image"],
+        view.sizes["image"],
+        epoch,
+    )
     return pipe, np.array(pipe.run(buffers, ctx))
 
 
 @pytest.mark.parametrize("mode", ["jpg", "raw"])
-@pytest.mark.parametrize("decoder", [lambda: RandomResizedCropRGBImageDecoder(96),
-                                     lambda: CenterCropRGBImageDecoder((64, 80)),
-                                     lambda: SimpleRGBImageDecoder()])
+@pytest.mark.parametrize(
+    "decoder",
+    [
+        lambda: RandomResizedCropRGBImageDecoder(96),
+        lambda: CenterCropRGBImageDecoder((64, 80)),
+        lambda: SimpleRGBImageDecoder(),
+    ],
+)
 def test_fused_flip_gives_the_batches_of_the_separate_flip(tmp_path, mode, decoder):
     photo = data.astronaut()[::4, ::4]  # 128 x 128
     rows = [(np.ascontiguousarray(np.roll(photo, 9 * k, axis=1)),) for k in range(12)]

@@ -1,4 +1,5 @@
 """The on-disk formats: round trips, ffcv interoperability both ways, page growth, bad files."""
+
 from __future__ import annotations
 
 import gzip
@@ -34,16 +35,36 @@ FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 
 def photos():
     from skimage import data
-    return [data.astronaut(), data.chelsea(), np.ascontiguousarray(data.coffee()[:120, :150]),
-            np.ascontiguousarray(data.rocket()[::3, ::3])]
+
+    return [
+        data.astronaut(),
+        data.chelsea(),
+        np.ascontiguousarray(data.coffee()[:120, :150]),
+        np.ascontiguousarray(data.rocket()[::3, ::3]),
+    ]
 
 
 def all_field_samples():
     imgs = photos()
-    fields = {"image": RGBImageField("raw"), "label": IntField(), "value": FloatField(),
-              "blob": BytesField(), "array": NDArrayField(np.dtype("<f4"), (3, 4)), "doc": JSONField()}
-    samples = [(im, i - 1, i * 0.25 - 3, np.arange(i * 5 + 1, dtype=np.uint8),
-                np.full((3, 4), i, np.float32) / 3, {"i": i, "s": "é" * i}) for i, im in enumerate(imgs)]
+    fields = {
+        "image": RGBImageField("raw"),
+        "label": IntField(),
+        "value": FloatField(),
+        "blob": BytesField(),
+        "array": NDArrayField(np.dtype("<f4"), (3, 4)),
+        "doc": JSONField(),
+    }
+    samples = [
+        (
+            im,
+            i - 1,
+            i * 0.25 - 3,
+            np.arange(i * 5 + 1, dtype=np.uint8),
+            np.full((3, 4), i, np.float32) / 3,
+            {"i": i, "s": "é" * i},
+        )
+        for i, im in enumerate(imgs)
+    ]
     return fields, samples
 
 
@@ -60,7 +81,9 @@ def check_view(view, samples, exact_images=True):
         assert view.metadata["label"][i] == label
         assert view.metadata["value"][i] == value
         assert bytes(view.payload("blob", i, region)) == blob.tobytes()
-        np.testing.assert_array_equal(np.frombuffer(view.payload("array", i, region).tobytes(), "<f4").reshape(3, 4), array)
+        np.testing.assert_array_equal(
+            np.frombuffer(view.payload("array", i, region).tobytes(), "<f4").reshape(3, 4), array
+        )
         assert JSONField.unpack(np.asarray(view.payload("doc", i, region))) == doc
 
 
@@ -104,9 +127,11 @@ def test_jpeg_and_mixed_modes(tmp_path, suffix):
 def cv2_jpeg(image, quality, restart_interval=0):
     """The reference JPEG file of an RGB image: OpenCV's encoder (BGR input) at ``quality``, with
     a restart marker every ``restart_interval`` MCUs (0: none)."""
-    ok, data = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
-                            [int(cv2.IMWRITE_JPEG_QUALITY), quality, int(cv2.IMWRITE_JPEG_RST_INTERVAL),
-                             restart_interval])
+    ok, data = cv2.imencode(
+        ".jpg",
+        cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
+        [int(cv2.IMWRITE_JPEG_QUALITY), quality, int(cv2.IMWRITE_JPEG_RST_INTERVAL), restart_interval],
+    )
     assert ok
     return data.reshape(-1)
 
@@ -116,8 +141,7 @@ def test_jpeg_quality_is_applied(tmp_path):
     payloads = {}
     for quality in (95, 50):
         dst = str(tmp_path / f"q{quality}.beton")
-        write_dataset(dst, {"image": RGBImageField("jpg", jpeg_quality=quality, jpeg_restart_interval=0)},
-                      [(img,)], 1)
+        write_dataset(dst, {"image": RGBImageField("jpg", jpeg_quality=quality, jpeg_restart_interval=0)}, [(img,)], 1)
         payloads[quality] = np.asarray(open_dataset(dst).payload("image", 0)).copy()
         np.testing.assert_array_equal(payloads[quality], cv2_jpeg(img, quality))
     assert payloads[95].size > payloads[50].size  # a higher quality keeps more coefficients
@@ -141,8 +165,9 @@ def test_jpeg_restart_interval_is_applied(tmp_path, interval):
         rst = int(np.count_nonzero((data[:-1] == 0xFF) & (data[1:] >= 0xD0) & (data[1:] <= 0xD7)))
         mcus = -(-img.shape[0] // 16) * -(-img.shape[1] // 16)
         assert rst == (-(-mcus // expected) - 1 if expected else 0)
-        np.testing.assert_array_equal(cv2.imdecode(data, cv2.IMREAD_COLOR_RGB),
-                                      cv2.imdecode(cv2_jpeg(img, 90), cv2.IMREAD_COLOR_RGB))
+        np.testing.assert_array_equal(
+            cv2.imdecode(data, cv2.IMREAD_COLOR_RGB), cv2.imdecode(cv2_jpeg(img, 90), cv2.IMREAD_COLOR_RGB)
+        )
     with pytest.raises(ConfigurationError, match="jpeg_restart_interval"):
         RGBImageField("jpg", jpeg_restart_interval=70000)
 
@@ -164,8 +189,7 @@ def test_sample_larger_than_page_grows_page_size(tmp_path):
     big = np.random.default_rng(0).integers(0, 255, (1100, 1000, 3), dtype=np.uint8)  # 3.3 MB raw
     samples = [(small, 0), (big, 1), (small, 2)]
     dst = str(tmp_path / "big.beton")
-    write_dataset(dst, {"image": RGBImageField("raw"), "label": IntField()}, samples, 3,
-                  page_size=1 << 21)
+    write_dataset(dst, {"image": RGBImageField("raw"), "label": IntField()}, samples, 3, page_size=1 << 21)
     view = open_dataset(dst)
     assert view.page_size == 1 << 22
     for i, (img, label) in enumerate(samples):
@@ -181,11 +205,11 @@ def _expected_fixture_samples():
     images, pos = [], 0
     for shape in exp["shapes"]:
         n = int(np.prod(shape))
-        images.append(exp["pixels"][pos:pos + n].reshape(shape))
+        images.append(exp["pixels"][pos : pos + n].reshape(shape))
         pos += n
     blobs, pos = [], 0
     for n in exp["blob_lengths"]:
-        blobs.append(exp["blobs"][pos:pos + n])
+        blobs.append(exp["blobs"][pos : pos + n])
         pos += n
     return images, exp, blobs
 
@@ -223,7 +247,9 @@ def test_reads_files_written_by_ffcv(tmp_path):
 @pytest.mark.smoke
 def test_ffcv_loader_reads_our_files(tmp_path):
     pytest.importorskip("ffcv", reason="ffcv 1.0.2 (extra 'ffcv') is not installed")
-    run_isolated("test_formats", "ffcv_loader_reads_our_files", str(tmp_path))  # ffcv corrupts numba's types: tests/isolated.py
+    run_isolated(
+        "test_formats", "ffcv_loader_reads_our_files", str(tmp_path)
+    )  # ffcv corrupts numba's types: tests/isolated.py
 
 
 def ffcv_loader_reads_our_files(tmp: str):
@@ -237,16 +263,35 @@ def ffcv_loader_reads_our_files(tmp: str):
 
     rng = np.random.default_rng(1)
     imgs = [rng.integers(0, 255, (24, 20, 3), dtype=np.uint8) for _ in range(10)]
-    fields = {"image": RGBImageField("raw"), "label": IntField(), "value": FloatField(),
-              "array": NDArrayField(np.dtype("<i2"), (5,)), "blob": BytesField(), "doc": JSONField()}
-    samples = [(im, i * 3, i / 8, np.arange(5, dtype=np.int16) * i, np.arange(i + 1, dtype=np.uint8), {"i": i})
-               for i, im in enumerate(imgs)]
+    fields = {
+        "image": RGBImageField("raw"),
+        "label": IntField(),
+        "value": FloatField(),
+        "array": NDArrayField(np.dtype("<i2"), (5,)),
+        "blob": BytesField(),
+        "doc": JSONField(),
+    }
+    samples = [
+        (im, i * 3, i / 8, np.arange(5, dtype=np.int16) * i, np.arange(i + 1, dtype=np.uint8), {"i": i})
+        for i, im in enumerate(imgs)
+    ]
     dst = str(tmp_path / "ours.beton")
     write_dataset(dst, fields, samples, len(samples), info={"classes": ["x", "y"]})  # ffcv skips the info block
-    loader = Loader(dst, batch_size=4, num_workers=1, order=OrderOption.SEQUENTIAL, drop_last=False,
-                    pipelines={"image": [SimpleRGBImageDecoder()], "label": [IntDecoder()],
-                               "value": [FloatDecoder()], "array": [NDArrayDecoder()],
-                               "blob": [BytesDecoder()], "doc": [BytesDecoder()]})
+    loader = Loader(
+        dst,
+        batch_size=4,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        drop_last=False,
+        pipelines={
+            "image": [SimpleRGBImageDecoder()],
+            "label": [IntDecoder()],
+            "value": [FloatDecoder()],
+            "array": [NDArrayDecoder()],
+            "blob": [BytesDecoder()],
+            "doc": [BytesDecoder()],
+        },
+    )
     seen = 0
     for image, label, value, array, blob, doc in loader:
         for j in range(len(label)):
@@ -262,7 +307,9 @@ def ffcv_loader_reads_our_files(tmp: str):
 
 def test_ffcv_reads_jpeg_and_grown_pages(tmp_path):
     pytest.importorskip("ffcv", reason="ffcv 1.0.2 (extra 'ffcv') is not installed")
-    run_isolated("test_formats", "ffcv_reads_jpeg_and_grown_pages", str(tmp_path))  # ffcv corrupts numba's types: tests/isolated.py
+    run_isolated(
+        "test_formats", "ffcv_reads_jpeg_and_grown_pages", str(tmp_path)
+    )  # ffcv corrupts numba's types: tests/isolated.py
 
 
 def ffcv_reads_jpeg_and_grown_pages(tmp: str):
@@ -276,15 +323,28 @@ def ffcv_reads_jpeg_and_grown_pages(tmp: str):
     blob = np.random.default_rng(0).integers(0, 255, 3_000_000, dtype=np.uint8)  # > 2 MiB
     samples = [(p, i, blob[: 10 + i]) for i, p in enumerate(photos())] + [(photos()[0], 9, blob)]
     dst = str(tmp_path / "mixed.beton")
-    write_dataset(dst, {"image": RGBImageField("smart", smart_threshold=500_000), "label": IntField(),
-                        "blob": BytesField()}, samples, len(samples), page_size=1 << 21)
+    write_dataset(
+        dst,
+        {"image": RGBImageField("smart", smart_threshold=500_000), "label": IntField(), "blob": BytesField()},
+        samples,
+        len(samples),
+        page_size=1 << 21,
+    )
     view = open_dataset(dst)
     assert view.page_size == 1 << 22  # the 3 MB sample did not fit 2 MiB pages
     assert set(view.metadata["image"]["mode"].tolist()) == {0, 1}
-    loader = Loader(dst, batch_size=5, num_workers=1, order=OrderOption.SEQUENTIAL,
-                    pipelines={"image": [CenterCropRGBImageDecoder((64, 64), 1.0)], "label": [IntDecoder()],
-                               "blob": [BytesDecoder()]})
-    (images, labels, blobs), = list(loader)
+    loader = Loader(
+        dst,
+        batch_size=5,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        pipelines={
+            "image": [CenterCropRGBImageDecoder((64, 64), 1.0)],
+            "label": [IntDecoder()],
+            "blob": [BytesDecoder()],
+        },
+    )
+    ((images, labels, blobs),) = list(loader)
     assert labels.ravel().tolist() == [0, 1, 2, 3, 9]
     assert images.shape == (5, 64, 64, 3)
     np.testing.assert_array_equal(blobs[4], blob)
@@ -292,6 +352,7 @@ def ffcv_reads_jpeg_and_grown_pages(tmp: str):
 
 
 # ---- bad files --------------------------------------------------------------------------------
+
 
 def _good_beton(tmp_path):
     fields, samples = all_field_samples()
@@ -310,6 +371,7 @@ def test_dataset_info_round_trip_and_refusals(tmp_path, suffix):
     check_view(view, samples)  # the info block moves nothing the samples need
     # fewer samples than reserved (skipped inputs): the block follows the rows actually written
     from ffload.formats.atomic import dataset_writer
+
     with dataset_writer(str(tmp_path / f"s{suffix}"), {"label": IntField()}, 10, info=info) as writer:
         for i in range(4):
             writer.add(i, [np.int64(i)], [None])
@@ -324,12 +386,18 @@ def test_dataset_info_round_trip_and_refusals(tmp_path, suffix):
 
 def test_corrupt_info_block_is_refused(tmp_path):
     from ffload.formats.beton import INFO_MAGIC
-    dst = write_dataset(str(tmp_path / "d.beton"), {"label": IntField(), "blob": BytesField()},
-                        [(i, np.arange(3, dtype=np.uint8)) for i in range(3)], 3, info={"classes": ["a"]})
+
+    dst = write_dataset(
+        str(tmp_path / "d.beton"),
+        {"label": IntField(), "blob": BytesField()},
+        [(i, np.arange(3, dtype=np.uint8)) for i in range(3)],
+        3,
+        info={"classes": ["a"]},
+    )
     raw = bytearray(open(dst, "rb").read())
     at = raw.find(INFO_MAGIC) + len(INFO_MAGIC)
     good = bytes(raw)
-    raw[at:at + 8] = np.uint64(1 << 40).astype("<u8").tobytes()  # a length running past the data
+    raw[at : at + 8] = np.uint64(1 << 40).astype("<u8").tobytes()  # a length running past the data
     open(dst, "wb").write(raw)
     with pytest.raises(DatasetError, match="runs past the data"):
         open_dataset(dst)
@@ -401,6 +469,7 @@ def test_metadata_pointer_not_allocated_is_refused(tmp_path):
 
 def test_lmdb_without_our_metadata_is_refused(tmp_path):
     import lmdb
+
     path = str(tmp_path / "foreign.lmdb")
     env = lmdb.open(path, map_size=1 << 20)
     with env.begin(write=True) as txn:
@@ -416,6 +485,7 @@ def test_lmdb_without_our_metadata_is_refused(tmp_path):
 def test_lmdb_schema_readable_with_plain_lmdb(tmp_path):
     """The README's recipe: json metadata + fixed-width keys + a numpy record, no ffload."""
     import lmdb
+
     fields, samples = all_field_samples()
     path = str(tmp_path / "s.lmdb")
     write_dataset(path, fields, samples, len(samples))
@@ -431,20 +501,24 @@ def test_lmdb_schema_readable_with_plain_lmdb(tmp_path):
             if isinstance(t, list):
                 return np.dtype([(n, to_dtype(s)) for n, s in t])
             return np.dtype({**t, "formats": [to_dtype(f) for f in t["formats"]]})
+
         dt = to_dtype(meta["record_dtype"])
         assert dt.itemsize == meta["record_size"]
         keys = [bytes(k) for k, _ in txn.cursor()]
-        assert keys == [b"%010d" % i for i in range(len(samples))] + [b"__ffload__", b"__ffload_places__",
-                                                                     b"__ffload_records__"]
+        assert keys == [b"%010d" % i for i in range(len(samples))] + [
+            b"__ffload__",
+            b"__ffload_places__",
+            b"__ffload_records__",
+        ]
         table = txn.get(b"__ffload_records__")
         assert len(table) == len(samples) * dt.itemsize
         for i in range(len(samples)):  # the table repeats each value's record
-            assert table[i * dt.itemsize:(i + 1) * dt.itemsize] == txn.get(b"%010d" % i)[:dt.itemsize]
+            assert table[i * dt.itemsize : (i + 1) * dt.itemsize] == txn.get(b"%010d" % i)[: dt.itemsize]
         value = txn.get(b"%010d" % 2)
-        rec = np.frombuffer(value[:dt.itemsize], dtype=dt)[0]
+        rec = np.frombuffer(value[: dt.itemsize], dtype=dt)[0]
         h, w = int(rec["image"]["height"]), int(rec["image"]["width"])
         start = int(rec["image"]["data_ptr"])
-        pixels = np.frombuffer(value[start:start + h * w * 3], np.uint8).reshape(h, w, 3)
+        pixels = np.frombuffer(value[start : start + h * w * 3], np.uint8).reshape(h, w, 3)
         np.testing.assert_array_equal(pixels, samples[2][0])
         assert int(rec["label"]) == samples[2][1]
     env.close()
@@ -454,6 +528,7 @@ def _rewrite_lmdb(path, key, change):
     """Replace the value of ``key`` in the LMDB database at ``path`` by ``change(old bytes)``
     (``None``: delete the key)."""
     import lmdb
+
     env = lmdb.open(path, map_size=1 << 26)
     with env.begin(write=True) as txn:
         new = change(bytes(txn.get(key)))
@@ -466,10 +541,12 @@ def _rewrite_lmdb(path, key, change):
 
 def _rewrite_lmdb_meta(path, change):
     """Apply ``change`` (edits the dict in place) to the metadata record of ``path``."""
+
     def edit(raw):
         meta = json.loads(raw)
         change(meta)
         return json.dumps(meta).encode()
+
     _rewrite_lmdb(path, b"__ffload__", edit)
 
 
@@ -485,8 +562,10 @@ def test_lmdb_version_1_still_read(tmp_path):
     path = str(tmp_path / "v1.lmdb")
     write_dataset(path, fields, samples, len(samples))
     new = open_dataset(path)
-    metadata, payloads = new.metadata.copy(), {n: [new.payload(n, i).copy() for i in range(len(samples))]
-                                               for n in new.ptrs}
+    metadata, payloads = (
+        new.metadata.copy(),
+        {n: [new.payload(n, i).copy() for i in range(len(samples))] for n in new.ptrs},
+    )
     del new
     _lmdb_as_version_1(path)
     old = open_dataset(path)
@@ -509,17 +588,21 @@ def test_lmdb_corrupt_record_offsets_refused(tmp_path, version):
 
     def far_pointer(value):
         value = bytearray(value)
-        value[at + 5:at + 13] = np.array(10 ** 9, "<u8").tobytes()
+        value[at + 5 : at + 13] = np.array(10**9, "<u8").tobytes()
         return bytes(value)
+
     _rewrite_lmdb(path, key, far_pointer)
     with pytest.raises(DatasetError, match="sample 1, field 'image'"):
         open_dataset(path)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda table: table[:-1], r"records table .__ffload_records__. is \d+ bytes"),
-    (lambda table: b"\xff" * len(table), "sample 0: its record differs from the records table"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda table: table[:-1], r"records table .__ffload_records__. is \d+ bytes"),
+        (lambda table: b"\xff" * len(table), "sample 0: its record differs from the records table"),
+    ],
+)
 def test_lmdb_corrupt_records_table_refused(tmp_path, change, message):
     fields, samples = all_field_samples()
     path = str(tmp_path / "t.lmdb")
@@ -534,6 +617,7 @@ def _resident_pages(path) -> np.ndarray:
     read-only mapping, which reports the file's page-cache pages without faulting any in."""
     import ctypes
     import mmap
+
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     with open(path, "rb") as f:
@@ -564,6 +648,7 @@ def test_lmdb_open_reads_no_sample_values(tmp_path, version):
     import mmap
 
     from ffload.formats.lmdb.reader import SPOT_CHECKS
+
     n = 400
     rows = [(np.full((128, 170, 3), i % 251, np.uint8), i) for i in range(n)]
     path = write_dataset(str(tmp_path / "cold.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, n)
@@ -577,7 +662,7 @@ def test_lmdb_open_reads_no_sample_values(tmp_path, version):
     resident = _resident_pages(data_path)
     assert view.metadata["label"].tolist() == list(range(n))
     start = view.ptrs["image"].astype(np.int64)
-    touched = sum(bool(resident[s // mmap.PAGESIZE:(s + 128 * 170 * 3) // mmap.PAGESIZE + 1].any()) for s in start)
+    touched = sum(bool(resident[s // mmap.PAGESIZE : (s + 128 * 170 * 3) // mmap.PAGESIZE + 1].any()) for s in start)
     if version == 2:
         assert touched <= 2 * SPOT_CHECKS, touched
     else:
@@ -608,12 +693,15 @@ def test_lmdb_zero_copy_in_a_path_with_spaces(tmp_path):
     check_view(view, samples)
 
 
-@pytest.mark.parametrize("change,message", [
-    (lambda m: m["fields"][0].update(arguments={"bogus": 1}), "invalid arguments"),
-    (lambda m: m.pop("num_samples"), "metadata record lacks 'num_samples'"),
-    (lambda m: m["fields"][1].pop("name"), "field 1 lacks 'name'"),
-    (lambda m: m.update(version=9), "unsupported ffload LMDB version 9"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda m: m["fields"][0].update(arguments={"bogus": 1}), "invalid arguments"),
+        (lambda m: m.pop("num_samples"), "metadata record lacks 'num_samples'"),
+        (lambda m: m["fields"][1].pop("name"), "field 1 lacks 'name'"),
+        (lambda m: m.update(version=9), "unsupported ffload LMDB version 9"),
+    ],
+)
 def test_lmdb_corrupt_metadata_record_refused(tmp_path, change, message):
     fields, samples = all_field_samples()
     path = str(tmp_path / "m.lmdb")
@@ -696,7 +784,7 @@ def test_lmdb_offsets_come_from_lmdbs_own_mapping_when_the_file_is_mapped_twice(
         lmdb_base = lmdb_map_base(data_path, address(value))
         assert lmdb_base is not None and lmdb_base != other.ctypes.data
         assert lmdb_map_base(data_path, other.ctypes.data + 10) == other.ctypes.data
-        assert bytes(value) == bytes(np.asarray(other[address(value) - lmdb_base:][:len(value)]))
+        assert bytes(value) == bytes(np.asarray(other[address(value) - lmdb_base :][: len(value)]))
     env.close()
     view = open_dataset(dst)
     for i in range(5):
@@ -725,6 +813,7 @@ def test_lmdb_compacted_copy_read_correctly(tmp_path):
     recorded at writing no longer hold, the reader notices (spot checks), warns, and finds every
     value through LMDB instead; the samples read are the same."""
     import lmdb
+
     n = 60
     rows = [(np.full((40 + i, 50, 3), i, np.uint8), i) for i in range(n)]
     path = write_dataset(str(tmp_path / "w.lmdb"), {"image": RGBImageField("raw"), "label": IntField()}, rows, n)
@@ -749,6 +838,7 @@ def test_lmdb_leaf_node_pointing_past_the_file_is_refused_before_lmdb_reads_it(t
 
     from ffload.formats.lmdb.layout import PLACES_KEY
     from ffload.formats.lmdb.mapping import address, lmdb_map_base
+
     data_path = os.path.join(path, "data.mdb")
     env = lmdb.open(path, readonly=True, lock=False)
     with env.begin(buffers=True) as txn:  # the live leaf node: its key lies just before its value
@@ -756,8 +846,8 @@ def test_lmdb_leaf_node_pointing_past_the_file_is_refused_before_lmdb_reads_it(t
         key = address(value) - lmdb_map_base(data_path, address(value)) - len(PLACES_KEY)
     env.close()
     raw = bytearray(Path(data_path).read_bytes())
-    assert raw[key:key + len(PLACES_KEY)] == PLACES_KEY
-    raw[key - 8:key - 4] = b"\xff\xff\xff\x7f"  # mn_lo, mn_hi: the data size
+    assert raw[key : key + len(PLACES_KEY)] == PLACES_KEY
+    raw[key - 8 : key - 4] = b"\xff\xff\xff\x7f"  # mn_lo, mn_hi: the data size
     Path(data_path).write_bytes(bytes(raw))
     with pytest.raises(DatasetError, match=r"corrupt LMDB database: page \d+: a value .*runs past"):
         open_dataset(path)

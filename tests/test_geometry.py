@@ -1,6 +1,7 @@
 """Boxes and masks transformed with their image's geometry (ffload.loaders.pipeline.geometry / targets):
 exact boxes for hand-built crops, resizes and flips; an image's rectangle, its mask and its box
 agreeing after RandomResizedCrop + flips; the checks made when the loader is built."""
+
 from __future__ import annotations
 
 import cv2
@@ -29,13 +30,22 @@ from ffload.loaders import (
 )
 from ffload.loaders.decoders.targets import transform_boxes
 
-FIELDS = {"image": RGBImageField("raw"), "boxes": RaggedArrayField("float32", (4,)),
-          "mask": ImageArrayField("uint8", 1), "index": IntField()}
+FIELDS = {
+    "image": RGBImageField("raw"),
+    "boxes": RaggedArrayField("float32", (4,)),
+    "mask": ImageArrayField("uint8", 1),
+    "index": IntField(),
+}
 # stored boxes of every hand-built sample (x0, y0, x1, y1), a 100 x 200 image
-HAND_BOXES = np.array([[60, 10, 100, 30],     # inside the centre square
-                       [0, 0, 40, 20],        # left of it: cut away
-                       [140, 80, 190, 100],   # crosses its right edge: clipped
-                       [149, 50, 150.5, 60]], np.float32)  # 0.5 output px wide once clipped: dropped
+HAND_BOXES = np.array(
+    [
+        [60, 10, 100, 30],  # inside the centre square
+        [0, 0, 40, 20],  # left of it: cut away
+        [140, 80, 190, 100],  # crosses its right edge: clipped
+        [149, 50, 150.5, 60],
+    ],
+    np.float32,
+)  # 0.5 output px wide once clipped: dropped
 
 
 def hand_dataset(path, n=4):
@@ -47,8 +57,15 @@ def hand_dataset(path, n=4):
 
 
 def batches(dst, pipelines, mapper=None, batch_size=4, seed=0):
-    loader = Loader(dst, batch_size=batch_size, num_workers=1, order=OrderOption.SEQUENTIAL, seed=seed,
-                    pipelines=pipelines, custom_field_mapper=mapper)
+    loader = Loader(
+        dst,
+        batch_size=batch_size,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        seed=seed,
+        pipelines=pipelines,
+        custom_field_mapper=mapper,
+    )
     return list(loader)
 
 
@@ -59,12 +76,18 @@ def test_center_crop_boxes_are_exact_with_and_without_flip(tmp_path, suffix):
     kept = np.array([[5, 5, 25, 15], [45, 40, 50, 50]], np.float32)
     mirrored = np.array([[25, 5, 45, 15], [0, 40, 5, 50]], np.float32)
     for flip, expected in ((0.0, kept), (1.0, mirrored)):
-        (image, boxes, mask, index, count, stored), = batches(dst, {
-            "image": [CenterCropRGBImageDecoder(50, ratio=1.0), RandomHorizontalFlip(flip)],
-            "boxes": [RaggedArrayDecoder(max_length=5, fill=-1), TransformBoxes("image")],
-            "mask": [MaskDecoder("image")], "index": [IntDecoder()],
-            "count": [BoxCountDecoder("boxes")], "stored": [RaggedLengthDecoder()]},
-            {"count": "boxes", "stored": "boxes"})
+        ((image, boxes, mask, index, count, stored),) = batches(
+            dst,
+            {
+                "image": [CenterCropRGBImageDecoder(50, ratio=1.0), RandomHorizontalFlip(flip)],
+                "boxes": [RaggedArrayDecoder(max_length=5, fill=-1), TransformBoxes("image")],
+                "mask": [MaskDecoder("image")],
+                "index": [IntDecoder()],
+                "count": [BoxCountDecoder("boxes")],
+                "stored": [RaggedLengthDecoder()],
+            },
+            {"count": "boxes", "stored": "boxes"},
+        )
         assert boxes.shape == (4, 5, 4) and boxes.dtype == np.float32
         for j in range(4):
             assert count[j] == 2 and stored[j] == 4  # the cut box and the 0.75 px box are dropped
@@ -79,10 +102,20 @@ def test_center_crop_boxes_are_exact_with_and_without_flip(tmp_path, suffix):
 
 def test_keep_rule_and_resize_scale(tmp_path):
     dst = hand_dataset(tmp_path / "d.beton")
-    (boxes, count), = [(b, c) for _, b, _, c in batches(dst, {
-        "image": [ResizeRGBImageDecoder((50, 100))],
-        "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
-        "mask": None, "index": [IntDecoder()], "count": [BoxCountDecoder("boxes")]}, {"count": "boxes"})]
+    ((boxes, count),) = [
+        (b, c)
+        for _, b, _, c in batches(
+            dst,
+            {
+                "image": [ResizeRGBImageDecoder((50, 100))],
+                "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
+                "mask": None,
+                "index": [IntDecoder()],
+                "count": [BoxCountDecoder("boxes")],
+            },
+            {"count": "boxes"},
+        )
+    ]
     # (h, w) = (50, 100) from 100 x 200: every coordinate halves, no box is dropped
     np.testing.assert_allclose(boxes[0], HAND_BOXES / 2)
     assert count.tolist() == [4] * 4
@@ -94,8 +127,9 @@ def test_transform_boxes_kernel_rules():
     crop = np.array([[10.0, 10.0, 20.0, 40.0]])  # top 10, left 10, 20 x 40, to 40 x 80 (x2)
     no_steps = np.zeros((1, 0, 3, 3))
     kept = np.empty((1, 4), np.int64)
-    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([True]), np.array([True]), no_steps, True, 1.0, -1.0,
-                    kept)
+    transform_boxes(
+        boxes, counts, crop, 40.0, 80.0, np.array([True]), np.array([True]), no_steps, True, 1.0, -1.0, kept
+    )
     # (10, 10, 30, 20) -> (0, 0, 40, 20) -> h-mirrored (40, 0, 80, 20) -> v-mirrored (40, 20, 80, 40)
     assert counts[0] == 1 and kept.tolist() == [[0, -1, -1, -1]]
     np.testing.assert_array_equal(boxes[0, 0], [40, 20, 80, 40])
@@ -103,8 +137,9 @@ def test_transform_boxes_kernel_rules():
     boxes = np.array([[[0, 0, 5, 5], [20, 12, 24, 16]]], np.float32)
     counts = np.array([2], np.int64)
     kept = np.empty((1, 2), np.int64)
-    transform_boxes(boxes, counts, crop, 40.0, 80.0, np.array([False]), np.array([False]), no_steps, False, 1.0, 0.0,
-                    kept)
+    transform_boxes(
+        boxes, counts, crop, 40.0, 80.0, np.array([False]), np.array([False]), no_steps, False, 1.0, 0.0, kept
+    )
     assert counts[0] == 2 and kept.tolist() == [[0, 1]]  # kept in place: the outside box is clipped to zero area
     np.testing.assert_array_equal(boxes[0], [[0, 0, 0, 0], [20, 4, 28, 12]])
 
@@ -119,7 +154,7 @@ def rectangles(n, seed=3):
         rh, rw = int(rng.integers(h // 3, h // 2)), int(rng.integers(w // 3, w // 2))
         y0, x0 = int(rng.integers(0, h - rh)), int(rng.integers(0, w - rw))
         image = np.zeros((h, w, 3), np.uint8)
-        image[y0:y0 + rh, x0:x0 + rw] = 255
+        image[y0 : y0 + rh, x0 : x0 + rw] = 255
         mask = (image[:, :, :1] > 0).astype(np.uint8)
         rows.append((image, np.array([[x0, y0, x0 + rw, y0 + rh]], np.float32), mask, i))
     return rows
@@ -138,9 +173,16 @@ def test_image_mask_and_box_agree_after_random_resized_crop_and_flips(tmp_path, 
     dst = write_dataset(str(tmp_path / f"r{suffix}"), FIELDS, rectangles(n), n)
     crop = RandomResizedCropRGBImageDecoder(64, scale=(0.25, 1.0))
     # fused: the decoder mirrors while writing; else a vertical flip between keeps both flips stages
-    image_ops = [crop, RandomHorizontalFlip(0.5)] if fuse else [crop, RandomVerticalFlip(0.5), RandomHorizontalFlip(0.5)]
-    pipelines = {"image": image_ops, "boxes": [RaggedArrayDecoder(), TransformBoxes("image")],
-                 "mask": [MaskDecoder("image")], "index": [IntDecoder()], "count": [BoxCountDecoder("boxes")]}
+    image_ops = (
+        [crop, RandomHorizontalFlip(0.5)] if fuse else [crop, RandomVerticalFlip(0.5), RandomHorizontalFlip(0.5)]
+    )
+    pipelines = {
+        "image": image_ops,
+        "boxes": [RaggedArrayDecoder(), TransformBoxes("image")],
+        "mask": [MaskDecoder("image")],
+        "index": [IntDecoder()],
+        "count": [BoxCountDecoder("boxes")],
+    }
     out = batches(dst, pipelines, {"count": "boxes"}, batch_size=8, seed=11)
     plain = batches(dst, {**pipelines, "image": image_ops[:1]}, {"count": "boxes"}, batch_size=8, seed=11)
     checked = flipped = 0
@@ -163,12 +205,23 @@ def test_image_mask_and_box_agree_after_random_resized_crop_and_flips(tmp_path, 
 
 def test_image_array_crop_decoder_publishes_its_windows(tmp_path):
     rows = [(img, box, mask[:, :, 0].astype(np.uint16) * 300, i) for img, box, mask, i in rectangles(10, seed=5)]
-    fields = {"image": ImageArrayField("uint8", 3), "boxes": FIELDS["boxes"], "mask": ImageArrayField("uint16", 1),
-              "index": IntField()}
+    fields = {
+        "image": ImageArrayField("uint8", 3),
+        "boxes": FIELDS["boxes"],
+        "mask": ImageArrayField("uint16", 1),
+        "index": IntField(),
+    }
     dst = write_dataset(str(tmp_path / "a.beton"), fields, rows, 10)
-    out = batches(dst, {"image": [RandomCropImageArrayDecoder(48), RandomHorizontalFlip(0.5)],
-                        "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
-                        "mask": [MaskDecoder("image")], "index": [IntDecoder()]}, batch_size=5)
+    out = batches(
+        dst,
+        {
+            "image": [RandomCropImageArrayDecoder(48), RandomHorizontalFlip(0.5)],
+            "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
+            "mask": [MaskDecoder("image")],
+            "index": [IntDecoder()],
+        },
+        batch_size=5,
+    )
     for image, boxes, mask, index in out:
         assert mask.dtype == np.uint16 and mask.shape == (5, 48, 48, 1)
         for j in range(len(index)):
@@ -186,9 +239,16 @@ def test_mask_at_another_resolution_follows_proportionally(tmp_path):
     mask = np.zeros((40, 60, 1), np.uint8)  # half resolution
     mask[10:20, 30:45] = 5
     dst = write_dataset(str(tmp_path / "m.beton"), FIELDS, [(image, HAND_BOXES[:0], mask, 0)], 1)
-    (_, out, _), = batches(dst, {"image": [ResizeRGBImageDecoder((80, 120)), RandomHorizontalFlip(1.0)],
-                                    "boxes": None, "mask": [MaskDecoder("image")], "index": [IntDecoder()]},
-                              batch_size=1)
+    ((_, out, _),) = batches(
+        dst,
+        {
+            "image": [ResizeRGBImageDecoder((80, 120)), RandomHorizontalFlip(1.0)],
+            "boxes": None,
+            "mask": [MaskDecoder("image")],
+            "index": [IntDecoder()],
+        },
+        batch_size=1,
+    )
     ref = cv2.resize(mask[:, :, 0], (120, 80), interpolation=cv2.INTER_NEAREST_EXACT)[:, ::-1]
     np.testing.assert_array_equal(out[0, :, :, 0], ref)
 
@@ -198,8 +258,16 @@ def test_mask_nearest_resize_equals_cv2_nearest_exact(tmp_path):
     labels = rng.integers(0, 20, (37, 53, 1), dtype=np.uint8)
     dst = write_dataset(str(tmp_path / "m.lmdb"), FIELDS, [(np.zeros((37, 53, 3), np.uint8), HAND_BOXES, labels, 0)], 1)
     for size in ((20, 30), (90, 71)):
-        (_, out, _), = batches(dst, {"image": [ResizeRGBImageDecoder(size)], "boxes": None,
-                                        "mask": [MaskDecoder("image")], "index": [IntDecoder()]}, batch_size=1)
+        ((_, out, _),) = batches(
+            dst,
+            {
+                "image": [ResizeRGBImageDecoder(size)],
+                "boxes": None,
+                "mask": [MaskDecoder("image")],
+                "index": [IntDecoder()],
+            },
+            batch_size=1,
+        )
         ref = cv2.resize(labels[:, :, 0], size[::-1], interpolation=cv2.INTER_NEAREST_EXACT)
         np.testing.assert_array_equal(out[0, :, :, 0], ref)
         assert set(np.unique(out)) <= set(np.unique(labels))  # no value is invented
@@ -213,28 +281,58 @@ def test_loader_construction_checks(tmp_path):
     with pytest.raises(ConfigurationError, match="follows field 'image', which is not among"):
         Loader(dst, 2, pipelines={**base, "image": None, "boxes": [RaggedArrayDecoder(), TransformBoxes("image")]})
     with pytest.raises(ConfigurationError, match="RandomPerspective\\) moves pixels"):
-        Loader(dst, 2, pipelines={**base, "image": [CenterCropRGBImageDecoder(50), RandomPerspective()],
-                                  "boxes": [RaggedArrayDecoder(), TransformBoxes("image")]})
+        Loader(
+            dst,
+            2,
+            pipelines={
+                **base,
+                "image": [CenterCropRGBImageDecoder(50), RandomPerspective()],
+                "boxes": [RaggedArrayDecoder(), TransformBoxes("image")],
+            },
+        )
     with pytest.raises(ConfigurationError, match="whose decoder IntDecoder is not an image decoder"):
-        Loader(dst, 2, pipelines={**base, "n": [RaggedArrayDecoder(), TransformBoxes("index")]},
-               custom_field_mapper={"n": "boxes"})
+        Loader(
+            dst,
+            2,
+            pipelines={**base, "n": [RaggedArrayDecoder(), TransformBoxes("index")]},
+            custom_field_mapper={"n": "boxes"},
+        )
     with pytest.raises(ConfigurationError, match="has no TransformBoxes"):
-        Loader(dst, 2, pipelines={**base, "boxes": [RaggedArrayDecoder()], "n": [BoxCountDecoder("boxes")]},
-               custom_field_mapper={"n": "boxes"})
+        Loader(
+            dst,
+            2,
+            pipelines={**base, "boxes": [RaggedArrayDecoder()], "n": [BoxCountDecoder("boxes")]},
+            custom_field_mapper={"n": "boxes"},
+        )
     with pytest.raises(TypeError, match="TransformBoxes \\(field 'index'\\) needs"):
         Loader(dst, 2, pipelines={**base, "index": [IntDecoder(), TransformBoxes("image")]})
     with pytest.raises(ConfigurationError, match="min_size must be >= 0"):
         TransformBoxes("image", min_size=-1)
     # an image that runs after its boxes: a view of the image, boxes as a dataset field
     with pytest.raises(ConfigurationError, match="whose pipeline runs after it") as e:
-        Loader(dst, 2, pipelines={**base, "view": [CenterCropRGBImageDecoder(50)],
-                                  "boxes": [RaggedArrayDecoder(), TransformBoxes("view")]},
-               custom_field_mapper={"view": "image"})
+        Loader(
+            dst,
+            2,
+            pipelines={
+                **base,
+                "view": [CenterCropRGBImageDecoder(50)],
+                "boxes": [RaggedArrayDecoder(), TransformBoxes("view")],
+            },
+            custom_field_mapper={"view": "image"},
+        )
     assert "custom_field_mapper" in str(e.value)
     # the fix the message suggests: the boxes as a view too, after the image's view
-    loader = Loader(dst, 2, pipelines={**base, "view": [CenterCropRGBImageDecoder(50, ratio=1.0)], "boxes": None,
-                                       "b2": [RaggedArrayDecoder(), TransformBoxes("view")]},
-                    custom_field_mapper={"view": "image", "b2": "boxes"})
+    loader = Loader(
+        dst,
+        2,
+        pipelines={
+            **base,
+            "view": [CenterCropRGBImageDecoder(50, ratio=1.0)],
+            "boxes": None,
+            "b2": [RaggedArrayDecoder(), TransformBoxes("view")],
+        },
+        custom_field_mapper={"view": "image", "b2": "boxes"},
+    )
     *_, b2 = next(iter(loader))
     np.testing.assert_array_equal(b2[0, :2], [[5, 5, 25, 15], [45, 40, 50, 50]])
 
@@ -243,9 +341,16 @@ def test_image_array_decoder_geometry_is_the_whole_image(tmp_path):
     rows = [(np.zeros((20, 30, 3), np.uint8), HAND_BOXES / 10, np.zeros((20, 30, 1), np.uint8), i) for i in range(2)]
     fields = {**FIELDS, "image": ImageArrayField("uint8", 3)}
     dst = write_dataset(str(tmp_path / "w.beton"), fields, rows, 2)
-    (_, boxes, _, _), = batches(dst, {"image": [ImageArrayDecoder(), RandomHorizontalFlip(1.0)],
-                                      "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
-                                      "mask": [MaskDecoder("image")], "index": [IntDecoder()]}, batch_size=2)
+    ((_, boxes, _, _),) = batches(
+        dst,
+        {
+            "image": [ImageArrayDecoder(), RandomHorizontalFlip(1.0)],
+            "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
+            "mask": [MaskDecoder("image")],
+            "index": [IntDecoder()],
+        },
+        batch_size=2,
+    )
     expected = HAND_BOXES / 10
     expected = np.stack([30 - expected[:, 2], expected[:, 1], 30 - expected[:, 0], expected[:, 3]], axis=1)
     np.testing.assert_allclose(boxes[1], expected, rtol=1e-6)
@@ -261,10 +366,18 @@ def test_corrupt_mask_names_the_sample_and_field(tmp_path):
     with open(dst, "r+b") as fp:  # sample 2's header: one row more than its payload holds
         fp.seek(ptr)
         fp.write(np.array([rows[2][2].shape[0] + 1], "<u4").tobytes())
-    loader = Loader(dst, batch_size=4, num_workers=1, order=OrderOption.SEQUENTIAL,
-                    pipelines={"image": [RandomResizedCropRGBImageDecoder(32), RandomHorizontalFlip()],
-                               "boxes": [RaggedArrayDecoder(), TransformBoxes("image")],
-                               "mask": [MaskDecoder("image")], "index": [IntDecoder()]})
+    loader = Loader(
+        dst,
+        batch_size=4,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        pipelines={
+            "image": [RandomResizedCropRGBImageDecoder(32), RandomHorizontalFlip()],
+            "boxes": [RaggedArrayDecoder(), TransformBoxes("image")],
+            "mask": [MaskDecoder("image")],
+            "index": [IntDecoder()],
+        },
+    )
     with pytest.raises(LoaderError, match="sample 2, field 'mask'.*header and payload") as e:
         next(iter(loader))
     assert e.value.sample == 2 and e.value.field == "mask"
@@ -278,17 +391,34 @@ def test_documented_detection_pipeline(tmp_path):
     from ffload.loaders import FollowBoxes, NormalizeImage, RandomAffine, ToTensor, ToTorchImage
 
     rows = [(img, box, mask, [i]) for img, box, mask, i in rectangles(6)]
-    fields = {"image": FIELDS["image"], "boxes": FIELDS["boxes"], "mask": ImageArrayField("uint8", 1, compression="png"),
-              "labels": RaggedArrayField("int64")}
+    fields = {
+        "image": FIELDS["image"],
+        "boxes": FIELDS["boxes"],
+        "mask": ImageArrayField("uint8", 1, compression="png"),
+        "labels": RaggedArrayField("int64"),
+    }
     dst = write_dataset(str(tmp_path / "doc.beton"), fields, rows, 6)
-    loader = Loader(dst, batch_size=3, num_workers=1, order=OrderOption.SEQUENTIAL, pipelines={
-        "image": [RandomResizedCropRGBImageDecoder((40, 48)), RandomHorizontalFlip(),
-                  RandomAffine(10, translate=(0.1, 0.1)), ToTensor(), ToTorchImage(),
-                  NormalizeImage([0, 0, 0], [255, 255, 255], np.float32)],
-        "boxes": [RaggedArrayDecoder(max_length=5), TransformBoxes("image"), ToTensor()],
-        "labels": [RaggedArrayDecoder(max_length=5, fill=-1), FollowBoxes("boxes", fill=-1), ToTensor()],
-        "mask": [MaskDecoder("image", fill=255), ToTensor()],
-        "num_boxes": [BoxCountDecoder("boxes"), ToTensor()]}, custom_field_mapper={"num_boxes": "boxes"})
+    loader = Loader(
+        dst,
+        batch_size=3,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        pipelines={
+            "image": [
+                RandomResizedCropRGBImageDecoder((40, 48)),
+                RandomHorizontalFlip(),
+                RandomAffine(10, translate=(0.1, 0.1)),
+                ToTensor(),
+                ToTorchImage(),
+                NormalizeImage([0, 0, 0], [255, 255, 255], np.float32),
+            ],
+            "boxes": [RaggedArrayDecoder(max_length=5), TransformBoxes("image"), ToTensor()],
+            "labels": [RaggedArrayDecoder(max_length=5, fill=-1), FollowBoxes("boxes", fill=-1), ToTensor()],
+            "mask": [MaskDecoder("image", fill=255), ToTensor()],
+            "num_boxes": [BoxCountDecoder("boxes"), ToTensor()],
+        },
+        custom_field_mapper={"num_boxes": "boxes"},
+    )
     seen = 0
     for image, boxes, mask, labels, num_boxes in loader:
         assert image.shape == (3, 3, 40, 48) and image.dtype == torch.float32
@@ -308,13 +438,17 @@ def test_documented_detection_pipeline(tmp_path):
 
 def test_boxes_do_not_depend_on_num_workers_or_batch_size(tmp_path):
     dst = write_dataset(str(tmp_path / "w.lmdb"), FIELDS, rectangles(12, seed=9), 12)
-    pipelines = {"image": [RandomResizedCropRGBImageDecoder(32), RandomHorizontalFlip()],
-                 "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
-                 "mask": [MaskDecoder("image")], "index": [IntDecoder()]}
+    pipelines = {
+        "image": [RandomResizedCropRGBImageDecoder(32), RandomHorizontalFlip()],
+        "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
+        "mask": [MaskDecoder("image")],
+        "index": [IntDecoder()],
+    }
     runs = []
     for workers, batch_size in ((1, 12), (2, 5)):
-        loader = Loader(dst, batch_size=batch_size, num_workers=workers, order=OrderOption.RANDOM, seed=4,
-                        pipelines=pipelines)
+        loader = Loader(
+            dst, batch_size=batch_size, num_workers=workers, order=OrderOption.RANDOM, seed=4, pipelines=pipelines
+        )
         by_index = {}
         for _, boxes, mask, index in loader:
             for j, i in enumerate(index.tolist()):

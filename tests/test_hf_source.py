@@ -1,5 +1,6 @@
 """Hugging Face ``datasets`` sources, from datasets written in the test (no download): a Dataset
 object, a DatasetDict, a save_to_disk folder and Parquet files, each converted and compared."""
+
 from __future__ import annotations
 
 import io
@@ -18,7 +19,7 @@ datasets = pytest.importorskip("datasets")
 
 def _photos(n=8):
     img = data.coffee()
-    return [np.ascontiguousarray(img[10 * k:10 * k + 30, 7 * k:7 * k + 36]) for k in range(n)]
+    return [np.ascontiguousarray(img[10 * k : 10 * k + 30, 7 * k : 7 * k + 36]) for k in range(n)]
 
 
 def _png(rgb) -> bytes:
@@ -30,11 +31,21 @@ def _png(rgb) -> bytes:
 @pytest.fixture(scope="module")
 def hf():
     photos = _photos()
-    features = datasets.Features({"img": datasets.Image(), "caption": datasets.Value("string"),
-                                  "fine_label": datasets.ClassLabel(names=["cup", "bean", "saucer"])})
-    ds = datasets.Dataset.from_dict({"img": [{"bytes": _png(p), "path": None} for p in photos],
-                                     "caption": [f"c{k}" for k in range(len(photos))],
-                                     "fine_label": [k % 3 for k in range(len(photos))]}, features=features)
+    features = datasets.Features(
+        {
+            "img": datasets.Image(),
+            "caption": datasets.Value("string"),
+            "fine_label": datasets.ClassLabel(names=["cup", "bean", "saucer"]),
+        }
+    )
+    ds = datasets.Dataset.from_dict(
+        {
+            "img": [{"bytes": _png(p), "path": None} for p in photos],
+            "caption": [f"c{k}" for k in range(len(photos))],
+            "fine_label": [k % 3 for k in range(len(photos))],
+        },
+        features=features,
+    )
     return ds, photos
 
 

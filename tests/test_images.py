@@ -1,4 +1,5 @@
 """ffload.convert.images: files written with Pillow (a test-only dependency) decode to the pixels a viewer shows."""
+
 from __future__ import annotations
 
 import io
@@ -40,14 +41,18 @@ def write(tmp_path, name, data: bytes):
 
 # -- lossless formats are pixel exact ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt,ext,kw", [
-    ("PNG", "png", {}),
-    ("BMP", "bmp", {}),
-    ("TIFF", "tif", {}),
-    ("TIFF", "tiff", {"compression": "tiff_lzw"}),
-    ("TIFF", "TIF", {"compression": "tiff_adobe_deflate"}),
-    ("WEBP", "webp", {"lossless": True}),
-])
+
+@pytest.mark.parametrize(
+    "fmt,ext,kw",
+    [
+        ("PNG", "png", {}),
+        ("BMP", "bmp", {}),
+        ("TIFF", "tif", {}),
+        ("TIFF", "tiff", {"compression": "tiff_lzw"}),
+        ("TIFF", "TIF", {"compression": "tiff_adobe_deflate"}),
+        ("WEBP", "webp", {"lossless": True}),
+    ],
+)
 def test_lossless_rgb_is_pixel_exact(tmp_path, photo, fmt, ext, kw):
     path = write(tmp_path, f"img.{ext}", encode(Image.fromarray(photo), fmt, **kw))
     out = load_image(path)
@@ -78,17 +83,18 @@ def test_jpeg_with_trailing_bytes_after_eoi_decodes(photo):
 
 # -- orientation --------------------------------------------------------------------------------------------------
 
+
 def oriented(a, orientation):
     """What a viewer shows for a stored array ``a`` and EXIF/TIFF orientation 1-8 (TIFF 6.0 / EXIF 2.3 tables)."""
     return {
         1: a,
-        2: a[:, ::-1],                 # mirrored horizontally
-        3: a[::-1, ::-1],              # rotated 180
-        4: a[::-1],                    # mirrored vertically
-        5: a.transpose(1, 0, 2),       # transposed
-        6: np.rot90(a, -1),            # rotated 90 clockwise
+        2: a[:, ::-1],  # mirrored horizontally
+        3: a[::-1, ::-1],  # rotated 180
+        4: a[::-1],  # mirrored vertically
+        5: a.transpose(1, 0, 2),  # transposed
+        6: np.rot90(a, -1),  # rotated 90 clockwise
         7: a[::-1, ::-1].transpose(1, 0, 2),  # transversed
-        8: np.rot90(a, 1),             # rotated 90 counter-clockwise
+        8: np.rot90(a, 1),  # rotated 90 counter-clockwise
     }[orientation]
 
 
@@ -119,6 +125,7 @@ def test_lossless_orientation_is_exact(photo, fmt, orientation):
 
 
 # -- channel layouts ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("fmt", ["PNG", "BMP", "TIFF"])
 def test_gray_is_replicated(photo, fmt):
@@ -192,7 +199,7 @@ def sixteen_bit_values(shape, seed=0):
     """uint16 samples including the rounding edges of round(v / 257): 128 -> 0, 129 -> 1, 385 -> 1, 386 -> 2."""
     values = np.random.default_rng(seed).integers(0, 65536, shape, dtype=np.uint16)
     edges = np.array([0, 128, 129, 385, 386, 32767, 32768, 65406, 65407, 65535], np.uint16)
-    values.reshape(-1)[:len(edges)] = edges
+    values.reshape(-1)[: len(edges)] = edges
     return values
 
 
@@ -212,8 +219,9 @@ def test_sixteen_bit_rgb(ext, with_alpha):
     order = [2, 1, 0, 3] if with_alpha else [2, 1, 0]  # Pillow cannot write 16-bit RGB; OpenCV wants BGR(A)
     ok, buf = cv2.imencode(ext, np.ascontiguousarray(stored[..., order]))
     assert ok
-    np.testing.assert_array_equal(decode_image_bytes(buf.tobytes(), f"rgb16{ext}"),
-                                  np.round(rgb / 257.0).astype(np.uint8))
+    np.testing.assert_array_equal(
+        decode_image_bytes(buf.tobytes(), f"rgb16{ext}"), np.round(rgb / 257.0).astype(np.uint8)
+    )
 
 
 def test_float_tiff_in_unit_range():
@@ -249,6 +257,7 @@ def test_cmyk_jpeg(photo):
 
 
 # -- errors -------------------------------------------------------------------------------------------------------
+
 
 def assert_decode_error(path, *fragments):
     with pytest.raises(ImageDecodeError) as info:
@@ -291,7 +300,7 @@ def test_truncated_jpeg_with_end_marker_in_header(tmp_path, photo):
     comment = b"\xff\xfe" + (len(payload) + 2).to_bytes(2, "big") + payload
     with_comment = data[:2] + comment + data[2:]
     assert np.abs(decode_image_bytes(with_comment, "ok.jpg").astype(int) - decode_image_bytes(data, "x")).max() == 0
-    assert_decode_error(write(tmp_path, "cut.jpg", with_comment[:len(with_comment) * 3 // 4]), "truncated JPEG")
+    assert_decode_error(write(tmp_path, "cut.jpg", with_comment[: len(with_comment) * 3 // 4]), "truncated JPEG")
 
 
 def test_truncated_png(tmp_path, photo):
@@ -315,6 +324,7 @@ def test_corrupt_jpeg_header(tmp_path, photo):
 
 
 # -- in-memory arrays ---------------------------------------------------------------------------------------------
+
 
 def test_to_rgb_uint8_layouts(photo):
     gray = photo[..., 0]
@@ -344,15 +354,18 @@ def test_to_rgb_uint8_sample_types(photo):
         np.testing.assert_array_equal(to_rgb_uint8(values, "f"), np.rint(values.astype(np.float64) * 255))
 
 
-@pytest.mark.parametrize("array,fragment", [
-    (np.zeros((4, 4, 5), np.uint8), "shape"),
-    (np.zeros(16, np.uint8), "shape"),
-    (np.zeros((0, 4, 3), np.uint8), "empty image"),
-    (np.zeros((4, 4, 3), np.int32), "unsupported: sample type int32"),
-    (np.full((4, 4), 1.5), "[0, 1]"),
-    (np.full((4, 4), -0.1, np.float32), "[0, 1]"),
-    (np.full((4, 4), np.nan), "NaN"),
-])
+@pytest.mark.parametrize(
+    "array,fragment",
+    [
+        (np.zeros((4, 4, 5), np.uint8), "shape"),
+        (np.zeros(16, np.uint8), "shape"),
+        (np.zeros((0, 4, 3), np.uint8), "empty image"),
+        (np.zeros((4, 4, 3), np.int32), "unsupported: sample type int32"),
+        (np.full((4, 4), 1.5), "[0, 1]"),
+        (np.full((4, 4), -0.1, np.float32), "[0, 1]"),
+        (np.full((4, 4), np.nan), "NaN"),
+    ],
+)
 def test_to_rgb_uint8_rejects(array, fragment):
     from ffload.convert.images import ImageUnsupportedError
 
@@ -371,6 +384,7 @@ def test_image_extensions():
 
 
 # -- decoding from threads ------------------------------------------------------------------------------------------
+
 
 def test_decoding_from_threads_leaves_python_warnings_working(photo):
     import warnings
@@ -397,10 +411,10 @@ def _tiff_with_far_tag(image) -> bytes:
     ifd.tagtype[65000] = 4
     data = bytearray(encode(image, "TIFF", tiffinfo=ifd))
     first = int.from_bytes(data[4:8], "little")
-    for k in range(int.from_bytes(data[first:first + 2], "little")):
+    for k in range(int.from_bytes(data[first : first + 2], "little")):
         at = first + 2 + 12 * k
-        if int.from_bytes(data[at:at + 2], "little") == 65000:
-            data[at + 8:at + 12] = (0x7FFFFF00).to_bytes(4, "little")
+        if int.from_bytes(data[at : at + 2], "little") == 65000:
+            data[at + 8 : at + 12] = (0x7FFFFF00).to_bytes(4, "little")
             return bytes(data)
     raise AssertionError("tag 65000 not written")
 
@@ -415,8 +429,9 @@ def test_tiff_with_an_unrelated_tag_past_the_end_is_decoded(photo, caplog):
     np.testing.assert_array_equal(out, np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
     np.testing.assert_array_equal(out, photo)
     wide = _tiff_with_far_tag(Image.fromarray(sixteen_bit_values((40, 56))))  # the tifffile path reads tags too
-    np.testing.assert_array_equal(decode_image_bytes(wide, "far16.tif")[..., 0],
-                                  np.round(sixteen_bit_values((40, 56)) / 257.0))
+    np.testing.assert_array_equal(
+        decode_image_bytes(wide, "far16.tif")[..., 0], np.round(sixteen_bit_values((40, 56)) / 257.0)
+    )
 
 
 def _tiff(array, **kw) -> bytes:
@@ -445,7 +460,7 @@ def test_sixteen_bit_cmyk_tiff_is_stored_by_pillows_formula_on_exact_samples(pla
 def test_sixty_four_bit_integer_tiff_is_unsupported_not_overflowed():
     from ffload.convert.images import ImageUnsupportedError
 
-    values = np.full((8, 10), 2 ** 63, np.uint64)
+    values = np.full((8, 10), 2**63, np.uint64)
     with pytest.raises(ImageUnsupportedError, match=r"w64\.tif: unsupported: 64-bit unsigned integer samples"):
         decode_image_bytes(_tiff(values), "w64.tif")
 
@@ -473,4 +488,4 @@ def test_wide_samples_are_scaled_in_row_blocks():
     finally:
         tracemalloc.stop()
     np.testing.assert_array_equal(out, np.round(rgb / 257.0).astype(np.uint8))
-    assert peak < 2 * rgb.nbytes + out.nbytes + 8 * 2 ** 20, peak  # the file, the samples, the output, blocks
+    assert peak < 2 * rgb.nbytes + out.nbytes + 8 * 2**20, peak  # the file, the samples, the output, blocks

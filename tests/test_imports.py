@@ -6,6 +6,7 @@ fine until that function runs. So (1) every ``import`` statement of every module
 makes an edge of the module graph, which must have no cycle; (2) a fresh interpreter imports
 every module with no other ffload module loaded before it, which must succeed.
 """
+
 from __future__ import annotations
 
 import ast
@@ -45,8 +46,9 @@ def imported_modules(name: str, path: str, modules: dict[str, str]) -> set[str]:
     with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
-    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node)
-               for n in ast.walk(node)}
+    skipped = {
+        id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node) for n in ast.walk(node)
+    }
     found = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -56,7 +58,7 @@ def imported_modules(name: str, path: str, modules: dict[str, str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parent = package.split(".")[:len(package.split(".")) - node.level + 1]
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([base] if base else []))
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
         else:
@@ -75,7 +77,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         stack.pop()
@@ -111,10 +113,13 @@ def import_graph() -> dict[str, set[str]]:
 def graph_in_a_fresh_interpreter() -> dict[str, set[str]]:
     """:func:`import_graph`, parsed in a fresh interpreter: CPython 3.11.7's AST constructor is not thread-safe,
     and threads that earlier tests leave behind (ffcv's, numba's) make ast.parse fail at random here."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from test_imports import import_graph; "
-            "print(json.dumps({k: sorted(v) for k, v in import_graph().items()}))")
-    proc = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from test_imports import import_graph; "
+        "print(json.dumps({k: sorted(v) for k, v in import_graph().items()}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, os.path.dirname(__file__)], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     graph = {k: set(v) for k, v in json.loads(proc.stdout).items()}
     assert len(graph) > 40 and graph["ffload.convert.sources"]
@@ -127,8 +132,14 @@ def test_no_import_cycle():
 
 
 LAYERS = {  # room -> the rooms none of its modules may reach, directly or through others
-    "ffload._jit": ("ffload.codecs", "ffload.formats", "ffload.convert", "ffload.loaders", "ffload.recipes",
-                    "ffload.bench"),
+    "ffload._jit": (
+        "ffload.codecs",
+        "ffload.formats",
+        "ffload.convert",
+        "ffload.loaders",
+        "ffload.recipes",
+        "ffload.bench",
+    ),
     "ffload.codecs": ("ffload.formats", "ffload.convert", "ffload.loaders", "ffload.recipes", "ffload.bench"),
     "ffload.formats": ("ffload.convert", "ffload.loaders", "ffload.recipes", "ffload.bench"),
     "ffload.convert": ("ffload.loaders", "ffload.recipes", "ffload.bench", "ffload.cli"),
@@ -178,8 +189,14 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     cheap: an import-order bug of ffload needs only ffload's modules to be fresh)."""
     names = sorted(ffload_modules())
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-c", _IMPORT_EACH_ALONE, "ffload", *names], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH_ALONE, "ffload", *names],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
     assert len(names) > 40
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
 
@@ -190,14 +207,22 @@ def test_import_check_reports_a_failing_module(tmp_path):
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "a.py").write_text("from pkg.b import B\nA = 1\n")
     (tmp_path / "pkg" / "b.py").write_text("from pkg.a import A\nB = 2\n")  # a cycle: fails whichever comes first
-    proc = subprocess.run([sys.executable, "-c", _IMPORT_EACH_ALONE, "pkg", "pkg.a", "pkg.b"], capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH_ALONE, "pkg", "pkg.a", "pkg.b"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
     assert proc.returncode == 1
     assert "pkg.a: ImportError" in proc.stdout and "pkg.b: ImportError" in proc.stdout
 
 
-@pytest.mark.parametrize("module", ["ffload.convert.sources", "ffload.convert.sources.cifar",
-                                    "ffload.convert.sources.detect"])
+@pytest.mark.parametrize(
+    "module", ["ffload.convert.sources", "ffload.convert.sources.cifar", "ffload.convert.sources.detect"]
+)
 def test_sources_have_no_module_getattr(module):
     """The lazy re-export that hid the sources <-> cifar cycle is gone."""
     import importlib
+
     assert not hasattr(importlib.import_module(module), "__getattr__")

@@ -11,6 +11,7 @@ virtualenv instead of installing one.
 No extra is installed (``FFLOAD_EXTRAS=``): ffload itself is what these tests need, and CI's own step runs
 the README's first command with the test and ffcv extras from a clean clone under ``env -i``.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,10 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or not shutil.which("git") or not (REPO / ".git").exists(),
-                                reason="a git checkout on Linux only")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or not shutil.which("git") or not (REPO / ".git").exists(),
+    reason="a git checkout on Linux only",
+)
 
 
 def _fake_system_python(root: Path, *, with_venv: bool = True) -> Path:
@@ -47,20 +50,27 @@ def _fake_system_python(root: Path, *, with_venv: bool = True) -> Path:
     if pip.is_dir():  # the system pip, so that the refusal below is pip's own
         (lib / "site-packages" / "pip").symlink_to(pip)
     (lib / "EXTERNALLY-MANAGED").write_text(
-        "[externally-managed]\nError=This Python is managed by the system (test marker).\n")
+        "[externally-managed]\nError=This Python is managed by the system (test marker).\n"
+    )
     return root / "bin" / "python3"
 
 
 def _has_nvidia_gpu() -> bool:
     """What ``install.sh`` checks before choosing PyTorch's CPU-only index."""
     return os.path.exists("/proc/driver/nvidia/version") or (
-        shutil.which("nvidia-smi") is not None and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0)
+        shutil.which("nvidia-smi") is not None
+        and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    )
 
 
 def _clean_copy(dst: Path) -> Path:
     """The repository's tracked and untracked-but-not-ignored files, as a fresh clone has them."""
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                           cwd=REPO, check=True, capture_output=True).stdout.split(b"\0")
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    ).stdout.split(b"\0")
     for name in filter(None, files):
         src = REPO / os.fsdecode(name)
         if src.is_file():
@@ -71,16 +81,23 @@ def _clean_copy(dst: Path) -> Path:
 
 def _env(bindir: Path, **extra: str) -> dict:
     """``env -i``-like: a minimal PATH with the fake Python first, HOME kept for pip's cache."""
-    env = {"PATH": f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-           "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8"}
+    env = {
+        "PATH": f"{bindir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+    }
     env.update(extra)
     return env
 
 
 def test_install_script_on_an_externally_managed_python(tmp_path):
     python = _fake_system_python(tmp_path / "py")
-    refused = subprocess.run([str(python), "-m", "pip", "install", "--dry-run", "six"],
-                             env=_env(python.parent), capture_output=True, text=True)
+    refused = subprocess.run(
+        [str(python), "-m", "pip", "install", "--dry-run", "six"],
+        env=_env(python.parent),
+        capture_output=True,
+        text=True,
+    )
     if "No module named pip" not in refused.stderr:  # the system has a pip: it must refuse
         assert refused.returncode != 0
         assert "externally-managed-environment" in refused.stderr + refused.stdout
@@ -91,33 +108,57 @@ def test_install_script_on_an_externally_managed_python(tmp_path):
     # in its cache) keeps the fallback from installing a multi-GB CUDA build in a test.
     constraint = tmp_path / "constraints.txt"
     constraint.write_text(f"torch=={torch.__version__.split('+')[0]}\n")
-    run = subprocess.run(["bash", "scripts/install.sh"], cwd=repo, capture_output=True, text=True,
-                         env=_env(python.parent, FFLOAD_EXTRAS="", PIP_CONSTRAINT=str(constraint)), timeout=1200)
+    run = subprocess.run(
+        ["bash", "scripts/install.sh"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env=_env(python.parent, FFLOAD_EXTRAS="", PIP_CONSTRAINT=str(constraint)),
+        timeout=1200,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "source .venv/bin/activate" in run.stdout
     said = [line for line in run.stdout.splitlines() if "torch" in line]
     assert len(said) == 1 and said[0].startswith("install: installed torch "), run.stdout
     assert ("PyTorch's CPU-only index" in said[0]) != _has_nvidia_gpu(), said  # tried, or the index it came from
     venv_python = repo / ".venv" / "bin" / "python"
-    probe = subprocess.run([str(venv_python), "-c", "import sys, ffload, torch; "
-                            "print(sys.prefix != sys.base_prefix, torch.__version__, ffload.__file__)"],
-                           capture_output=True, text=True, cwd=tmp_path, env=_env(python.parent))
+    probe = subprocess.run(
+        [
+            str(venv_python),
+            "-c",
+            "import sys, ffload, torch; print(sys.prefix != sys.base_prefix, torch.__version__, ffload.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(python.parent),
+    )
     assert probe.returncode == 0, probe.stderr
     in_venv, torch_version, ffload_file = probe.stdout.split()
     assert in_venv == "True" and torch_version.split("+")[0] == torch.__version__.split("+")[0]
     assert f"installed torch {torch_version} (" in said[0]
     assert Path(ffload_file).resolve().is_relative_to(repo.resolve())  # the editable install of the copy
-    cli = subprocess.run([str(repo / ".venv" / "bin" / "ffload"), "--help"], capture_output=True, text=True,
-                         env=_env(python.parent))
+    cli = subprocess.run(
+        [str(repo / ".venv" / "bin" / "ffload"), "--help"], capture_output=True, text=True, env=_env(python.parent)
+    )
     assert cli.returncode == 0 and "convert" in cli.stdout
 
     # an active virtualenv is used as it is: .venv becomes a link to it, nothing new is created, and its torch is
     # kept (an index that serves nothing proves that no torch install was attempted)
     again = _clean_copy(tmp_path / "repo2")
-    run = subprocess.run(["bash", "scripts/install.sh"], cwd=again, capture_output=True, text=True,
-                         env=_env(repo / ".venv" / "bin", FFLOAD_EXTRAS="", VIRTUAL_ENV=str(repo / ".venv"),
-                                  FFLOAD_TORCH_INDEX=(tmp_path / "no-index").as_uri()),
-                         timeout=1200)
+    run = subprocess.run(
+        ["bash", "scripts/install.sh"],
+        cwd=again,
+        capture_output=True,
+        text=True,
+        env=_env(
+            repo / ".venv" / "bin",
+            FFLOAD_EXTRAS="",
+            VIRTUAL_ENV=str(repo / ".venv"),
+            FFLOAD_TORCH_INDEX=(tmp_path / "no-index").as_uri(),
+        ),
+        timeout=1200,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert (again / ".venv").is_symlink() and (again / ".venv").resolve() == (repo / ".venv").resolve()
     assert f"install: keeping the torch {torch_version} (" in run.stdout
@@ -132,8 +173,14 @@ def test_install_script_names_the_missing_venv_package(tmp_path):
         if found:
             (tools / name).symlink_to(found)
     repo = _clean_copy(tmp_path / "repo")
-    run = subprocess.run([shutil.which("bash"), "scripts/install.sh"], cwd=repo, capture_output=True, text=True,
-                         env={"PATH": f"{python.parent}:{tools}", "HOME": str(tmp_path)}, timeout=60)
+    run = subprocess.run(
+        [shutil.which("bash"), "scripts/install.sh"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        env={"PATH": f"{python.parent}:{tools}", "HOME": str(tmp_path)},
+        timeout=60,
+    )
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert run.returncode == 1
     lines = run.stderr.strip().splitlines()

@@ -3,6 +3,7 @@
 References are OpenCV's: ``cv2.imdecode`` (libjpeg-turbo, full size) then ``cv2.resize`` of the
 same crop box (INTER_AREA when shrinking, INTER_LINEAR when enlarging).
 """
+
 from __future__ import annotations
 
 import threading
@@ -42,15 +43,15 @@ def photos():
 
 @pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
 def test_random_resized_crop_within_two_grey_levels_of_full_decode(tmp_path, photos, suffix):
-    view = write(tmp_path / f"d{suffix}", {"image": RGBImageField("jpg", jpeg_quality=90)},
-                 [(p,) for p in photos] * 3)
+    view = write(tmp_path / f"d{suffix}", {"image": RGBImageField("jpg", jpeg_quality=90)}, [(p,) for p in photos] * 3)
     op = RandomResizedCropRGBImageDecoder(224)
     order = np.arange(15, dtype=np.int64)[::-1].copy()
     out = decode(op, view, "image", order, epoch=1, seed=3)
     col = view.metadata["image"]
     boxes = np.empty((15, 4), np.int64)  # the boxes of crops.py, same seed: the same as before
-    random_resized_crop_boxes(order, col["height"], col["width"], sample_seeds(3, 1, order), op.salt,
-                              0.08, 1.0, 3 / 4, 4 / 3, boxes)
+    random_resized_crop_boxes(
+        order, col["height"], col["width"], sample_seeds(3, 1, order), op.salt, 0.08, 1.0, 3 / 4, 4 / 3, boxes
+    )
     maes = []
     for row, i, box in zip(out, order, boxes):
         full = cv2.imdecode(payload(view, "image", int(i)), cv2.IMREAD_COLOR_RGB)
@@ -63,10 +64,18 @@ def test_random_resized_crop_within_two_grey_levels_of_full_decode(tmp_path, pho
 
 def test_center_crop_beton_and_lmdb_agree(tmp_path, photos):
     rows = [(p,) for p in photos]
-    a = decode(CenterCropRGBImageDecoder(160), write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, rows),
-               "image", [4, 0, 2])
-    b = decode(CenterCropRGBImageDecoder(160), write(tmp_path / "d.lmdb", {"image": RGBImageField("jpg")}, rows),
-               "image", [4, 0, 2])
+    a = decode(
+        CenterCropRGBImageDecoder(160),
+        write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, rows),
+        "image",
+        [4, 0, 2],
+    )
+    b = decode(
+        CenterCropRGBImageDecoder(160),
+        write(tmp_path / "d.lmdb", {"image": RGBImageField("jpg")}, rows),
+        "image",
+        [4, 0, 2],
+    )
     assert np.array_equal(a, b)
 
 
@@ -91,8 +100,24 @@ def test_resize_fused_flip_mirrors_the_row(photos):
         rows = []
         for flip in (False, True):
             out = np.zeros(oh * ow * 3, np.uint8)
-            resize_rgb(img.reshape(-1), 0, w * 3, h, w, 0.0, 0.0, h, w, interpolation(h, w, oh, ow), out, 0,
-                       oh, ow, flip, np.empty(scratch_size(oh, ow, w), np.uint16))
+            resize_rgb(
+                img.reshape(-1),
+                0,
+                w * 3,
+                h,
+                w,
+                0.0,
+                0.0,
+                h,
+                w,
+                interpolation(h, w, oh, ow),
+                out,
+                0,
+                oh,
+                ow,
+                flip,
+                np.empty(scratch_size(oh, ow, w), np.uint16),
+            )
             rows.append(out.reshape(oh, ow, 3))
         assert np.array_equal(rows[0][:, ::-1], rows[1])
 
@@ -105,7 +130,7 @@ def _cut(view, index, keep):
     """A copy of the region whose sample ``index`` keeps its first ``keep`` bytes, then zeros."""
     region = np.array(view.open_region())
     p, n = int(view.ptrs["image"][index]), int(view.sizes["image"][index])
-    region[p + keep:p + n] = 0
+    region[p + keep : p + n] = 0
     return region
 
 
@@ -113,7 +138,7 @@ def test_corrupt_jpeg_names_the_sample_with_libjpeg_turbos_message(tmp_path, pho
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(p,) for p in photos])
     region = np.array(view.open_region())
     p, n = int(view.ptrs["image"][3]), int(view.sizes["image"][3])
-    region[p + 2:p + n] = np.random.default_rng(0).integers(0, 256, n - 2, dtype=np.uint8)
+    region[p + 2 : p + n] = np.random.default_rng(0).integers(0, 256, n - 2, dtype=np.uint8)
     for op in (CenterCropRGBImageDecoder(64), RandomResizedCropRGBImageDecoder(64)):
         with pytest.raises(ValueError, match=r"field 'image', sample 3: corrupt JPEG \(\d+ bytes\): \w"):
             decode(op, view, "image", [0, 3], region=region)
@@ -125,7 +150,7 @@ def test_truncated_jpeg_is_an_error_named_with_libjpeg_turbos_warning(tmp_path, 
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg")}, [(tile,), (tile,)])
     region = _cut(view, 1, int(view.sizes["image"][1]) * 2 // 3)  # scan data cut: a warning
     p, n = int(view.ptrs["image"][1]), int(view.sizes["image"][1])
-    assert cv2.imdecode(region[p:p + n], cv2.IMREAD_COLOR_RGB) is None  # OpenCV refuses it too
+    assert cv2.imdecode(region[p : p + n], cv2.IMREAD_COLOR_RGB) is None  # OpenCV refuses it too
     with pytest.raises(ValueError, match=r"field 'image', sample 1: corrupt JPEG .*[Pp]remature end"):
         decode(SimpleRGBImageDecoder(), view, "image", [0, 1], region=region)
     assert decode(SimpleRGBImageDecoder(), view, "image", [0], region=region).shape == (1, 64, 80, 3)
@@ -166,7 +191,7 @@ def test_whole_image_decode_reads_the_frame_header_libjpeg_turbo_reads(photos):
     real = _encoded(np.ascontiguousarray(photos[0][:64, :32])).ravel()
     good = _encoded(np.ascontiguousarray(photos[1][:32, :32])).ravel()
     at = int(next(i for i in range(2, len(real) - 1) if real[i] == 0xFF and real[i + 1] == 0xC0))
-    sof = real[at:at + 2 + (int(real[at + 2]) << 8 | int(real[at + 3]))].copy()
+    sof = real[at : at + 2 + (int(real[at + 2]) << 8 | int(real[at + 3]))].copy()
     sof[5:9] = [0, 32, 0, 32]
     comment = np.concatenate([[0xFF, 0xFE, 0, len(sof) + 2], sof]).astype(np.uint8)
     hidden = np.concatenate([real[:2], comment, real[2:]])
@@ -240,7 +265,6 @@ def test_half_scale_only_where_it_stays_within_two_grey_levels(tmp_path, grainy,
         assert max(maes) <= 0.5, maes
 
 
-
 def test_decode_whole_at_half_scale_is_libjpeg_turbos_reduced_decode(photos):
     for p in photos[:3]:
         data = _encoded(p).ravel()
@@ -255,6 +279,7 @@ def test_scale_quality_script_measures_only_the_scaled_decode(tmp_path, grainy):
     levels off on grainy photos (the rule's measurement), an unreadable file is skipped by name."""
     import importlib.util
     from pathlib import Path
+
     script = Path(__file__).resolve().parents[1] / "scripts" / "jpeg_scale_quality.py"
     spec = importlib.util.spec_from_file_location("jpeg_scale_quality", script)
     module = importlib.util.module_from_spec(spec)
@@ -269,6 +294,7 @@ def test_scale_quality_script_measures_only_the_scaled_decode(tmp_path, grainy):
     assert np.all((diffs[4, 4.0] > 0.5) & (diffs[4, 4.0] < 3))
     assert len(skipped) == 1 and "bad.JPEG" in skipped[0]
 
+
 def test_fast_dct_is_close_to_the_accurate_decode_and_switches_back(tmp_path, photos):
     same = [(np.ascontiguousarray(p[:280, :400]),) for p in photos]
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)}, same)
@@ -280,8 +306,9 @@ def test_fast_dct_is_close_to_the_accurate_decode_and_switches_back(tmp_path, ph
     assert np.array_equal(accurate, np.stack(refs)) and np.array_equal(again, accurate)
     maes = [np.abs(f.astype(int) - a).mean() for f, a in zip(fast, accurate)]
     assert 0 < min(maes) and max(maes) <= 1.5, maes  # "about one grey level"
-    crops = [decode(RandomResizedCropRGBImageDecoder(160, fast_dct=f), view, "image", order, epoch=2)
-             for f in (False, True)]
+    crops = [
+        decode(RandomResizedCropRGBImageDecoder(160, fast_dct=f), view, "image", order, epoch=2) for f in (False, True)
+    ]
     assert 0 < np.abs(crops[0].astype(int) - crops[1]).mean() <= 1.5
 
 
@@ -298,6 +325,7 @@ def test_libraries_without_the_tj3_api_are_refused(tmp_path):
     assert turbojpeg.load([str(tmp_path / "missing.so")]) is None
     system = "/usr/lib/x86_64-linux-gnu/libturbojpeg.so.0"
     import os
+
     if os.path.exists(system) and turbojpeg._open(system) is None:  # Debian 12: TurboJPEG 2 only
         assert turbojpeg.load([system]) is None
     assert turbojpeg.load().path == turbojpeg.library().path
@@ -333,7 +361,7 @@ def test_fallback_is_used_and_reported_without_the_library(tmp_path, photos, gra
         ref = reference_resize(full, box, (side // 4, side // 4))
         assert np.abs(row.astype(int) - compiled).mean() <= 0.5 and np.abs(row.astype(int) - ref).mean() > 1
     region = np.array(view.open_region())
-    region[int(view.ptrs["image"][0]):int(view.ptrs["image"][0]) + 50] = 7
+    region[int(view.ptrs["image"][0]) : int(view.ptrs["image"][0]) + 50] = 7
     with pytest.raises(ValueError, match=r"field 'image', sample 0: corrupt JPEG"):
         decode(RandomResizedCropRGBImageDecoder(96), view, "image", [1, 0], region=region)
 
@@ -346,16 +374,23 @@ def test_compiled_decoder_is_cached_on_disk_across_processes(tmp_path, photos):
     import os
     import subprocess
     import sys
+
     path = str(tmp_path / "p.beton")
     write(path, {"image": RGBImageField("jpg", jpeg_quality=90)}, [(p,) for p in photos[:2]])
-    script = ("import json, sys; from ffload.codecs import jpeg; "
-              "from ffload.loaders import Loader, RandomResizedCropRGBImageDecoder; "
-              "loader = Loader(sys.argv[1], batch_size=2, num_workers=1, pipelines={'image': "
-              "[RandomResizedCropRGBImageDecoder((32, 32))]}); next(iter(loader)); loader.close(); "
-              "s = jpeg.decode_rows.stats; print(json.dumps([len(s.cache_hits), len(s.cache_misses)]))")
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"),
-               PYTHONPATH=os.pathsep.join(sys.path))
-    runs = [json.loads(subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True,
-                                      env=env, check=True, timeout=600).stdout.splitlines()[-1])
-            for _ in range(2)]
+    script = (
+        "import json, sys; from ffload.codecs import jpeg; "
+        "from ffload.loaders import Loader, RandomResizedCropRGBImageDecoder; "
+        "loader = Loader(sys.argv[1], batch_size=2, num_workers=1, pipelines={'image': "
+        "[RandomResizedCropRGBImageDecoder((32, 32))]}); next(iter(loader)); loader.close(); "
+        "s = jpeg.decode_rows.stats; print(json.dumps([len(s.cache_hits), len(s.cache_misses)]))"
+    )
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba-cache"), PYTHONPATH=os.pathsep.join(sys.path))
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", script, path], capture_output=True, text=True, env=env, check=True, timeout=600
+            ).stdout.splitlines()[-1]
+        )
+        for _ in range(2)
+    ]
     assert runs == [[0, 1], [1, 0]]  # compiled once, then loaded from the cache

@@ -1,5 +1,6 @@
 """LMDB at scale (issue 10, part 5): the writer grows LMDB's map as it goes (no map sized for
 the whole dataset up front), and the loader's process cache serves the grown file as .beton."""
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,10 @@ def test_lmdb_writer_grows_a_small_map_several_times(tmp_path):
     kw = dict(batch_size=8, num_workers=2, pipelines={"label": None})
     limit = 16 * 64 << 10
     for order in ("random", "quasi_random"):
-        with ffload.Loader(path, order=order, os_cache=False, cache_limit=limit, **kw) as cached, \
-                ffload.Loader(path, order=order, os_cache=True, **kw) as mapped:
+        with (
+            ffload.Loader(path, order=order, os_cache=False, cache_limit=limit, **kw) as cached,
+            ffload.Loader(path, order=order, os_cache=True, **kw) as mapped,
+        ):
             got = np.concatenate([b[0].numpy().copy() for b in cached])
             np.testing.assert_array_equal(got, np.concatenate([b[0].numpy().copy() for b in mapped]))
             np.testing.assert_array_equal(got[:, :8].copy().view(np.int64)[:, 0], cached.epoch_order(0))

@@ -1,5 +1,6 @@
 """ffload.Loader: contents, epochs and orders, determinism across workers, memory managers, buffer
 reuse, thread hygiene, error propagation and construction errors."""
+
 from __future__ import annotations
 
 import os
@@ -33,6 +34,7 @@ N = 101  # not a multiple of any batch size used below
 def digit_images(n):
     """(n, 8, 8, 3) uint8 RGB images from sklearn's handwritten digits, and their labels."""
     from sklearn.datasets import load_digits
+
     digits = load_digits()
     gray = (digits.images[:n] * 15).astype(np.uint8)
     return np.repeat(gray[..., None], 3, axis=3), digits.target[:n].astype(np.int64)
@@ -45,8 +47,13 @@ def digits():
 
 def write_digits(path, images, labels, write_mode="raw"):
     n = len(images)
-    fields = {"image": RGBImageField(write_mode), "label": IntField(), "index": IntField(),
-              "weight": FloatField(), "vec": NDArrayField(np.dtype("<f4"), (2,))}
+    fields = {
+        "image": RGBImageField(write_mode),
+        "label": IntField(),
+        "index": IntField(),
+        "weight": FloatField(),
+        "vec": NDArrayField(np.dtype("<f4"), (2,)),
+    }
     samples = ((images[i], labels[i], i, i / 4, np.array([i, -i], np.float32)) for i in range(n))
     return write_dataset(str(path), fields, samples, n)
 
@@ -96,12 +103,15 @@ class Negative(torch.nn.Module):
 
 def test_disabled_fields_and_custom_pipeline(dataset, digits):
     import cv2
+
     images, _ = digits
-    pipelines = {"label": None, "weight": None, "vec": None,
-                 "image": [CenterCropRGBImageDecoder((4, 4), ratio=1.0), ToTensor(), ToTorchImage(),
-                           Negative()]}
-    loader = ffload.Loader(dataset, batch_size=10, num_workers=1, order="sequential",
-                           pipelines=pipelines)
+    pipelines = {
+        "label": None,
+        "weight": None,
+        "vec": None,
+        "image": [CenterCropRGBImageDecoder((4, 4), ratio=1.0), ToTensor(), ToTorchImage(), Negative()],
+    }
+    loader = ffload.Loader(dataset, batch_size=10, num_workers=1, order="sequential", pipelines=pipelines)
     assert loader.field_names == ["image", "index"]
     assert [type(op) for op in loader.pipelines["index"]] == [IntDecoder, ToTensor]
     image, index = next(iter(loader))
@@ -116,14 +126,15 @@ def test_disabled_fields_and_custom_pipeline(dataset, digits):
 
 def test_loads_bytes_fields(tmp_path):
     blobs = [np.arange(i % 7 + 1, dtype=np.uint8) + 1 for i in range(20)]
-    path = write_dataset(str(tmp_path / "b.beton"), {"blob": BytesField(), "i": IntField()},
-                         ((b, i) for i, b in enumerate(blobs)), 20)
+    path = write_dataset(
+        str(tmp_path / "b.beton"), {"blob": BytesField(), "i": IntField()}, ((b, i) for i, b in enumerate(blobs)), 20
+    )
     loader = ffload.Loader(path, batch_size=6, num_workers=2, order="random")
     for blob, i in loader:
         assert blob.shape[1] == 7
         for row, k in zip(blob.numpy(), i.numpy()):
-            np.testing.assert_array_equal(row[:len(blobs[k])], blobs[k])
-            assert not row[len(blobs[k]):].any()
+            np.testing.assert_array_equal(row[: len(blobs[k])], blobs[k])
+            assert not row[len(blobs[k]) :].any()
 
 
 # ------------------------------------------------------------ epochs / orders
@@ -131,8 +142,9 @@ def test_loads_bytes_fields(tmp_path):
 @pytest.mark.parametrize("batch_size", [1, 7, N, 2 * N])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_every_sample_once_per_epoch(dataset, order, batch_size, drop_last):
-    loader = ffload.Loader(dataset, batch_size=batch_size, num_workers=2, order=order,
-                           drop_last=drop_last, pipelines=indices_only())
+    loader = ffload.Loader(
+        dataset, batch_size=batch_size, num_workers=2, order=order, drop_last=drop_last, pipelines=indices_only()
+    )
     expected_len = N // batch_size if drop_last else -(-N // batch_size)
     assert len(loader) == expected_len
     for _ in range(2):
@@ -152,42 +164,44 @@ def test_every_sample_once_per_epoch(dataset, order, batch_size, drop_last):
 
 @pytest.mark.parametrize("order", ["random", "quasi_random"])
 def test_epochs_reshuffle(dataset, order):
-    loader = ffload.Loader(dataset, batch_size=10, num_workers=2, order=order,
-                           pipelines=indices_only())
+    loader = ffload.Loader(dataset, batch_size=10, num_workers=2, order=order, pipelines=indices_only())
     e0, e1 = (np.concatenate(epoch_indices(loader)) for _ in range(2))
     assert not np.array_equal(e0, e1)
     assert loader.next_epoch == 2
-    again = ffload.Loader(dataset, batch_size=10, num_workers=1, order=order,
-                          pipelines=indices_only())
+    again = ffload.Loader(dataset, batch_size=10, num_workers=1, order=order, pipelines=indices_only())
     np.testing.assert_array_equal(np.concatenate(epoch_indices(again)), e0)
-    other_seed = ffload.Loader(dataset, batch_size=10, num_workers=1, order=order, seed=5,
-                               pipelines=indices_only())
+    other_seed = ffload.Loader(dataset, batch_size=10, num_workers=1, order=order, seed=5, pipelines=indices_only())
     assert not np.array_equal(np.concatenate(epoch_indices(other_seed)), e0)
 
 
 def test_indices_subset(dataset):
     subset = [40, 3, 77, 3, 12, 100]
-    seq = ffload.Loader(dataset, batch_size=4, num_workers=1, order="sequential", indices=subset,
-                        pipelines=indices_only())
+    seq = ffload.Loader(
+        dataset, batch_size=4, num_workers=1, order="sequential", indices=subset, pipelines=indices_only()
+    )
     assert len(seq) == 2
     np.testing.assert_array_equal(np.concatenate(epoch_indices(seq)), subset)
-    rnd = ffload.Loader(dataset, batch_size=4, num_workers=2, order="random",
-                        indices=np.array(subset), pipelines=indices_only())
+    rnd = ffload.Loader(
+        dataset, batch_size=4, num_workers=2, order="random", indices=np.array(subset), pipelines=indices_only()
+    )
     np.testing.assert_array_equal(np.sort(np.concatenate(epoch_indices(rnd))), np.sort(subset))
 
 
 def test_quasi_random_reads_few_pages_per_batch(tmp_path):
     # 2 MiB pages holding ~20 payloads of 100 kB each: 12 pages
     n = 240
-    path = write_dataset(str(tmp_path / "pages.beton"), {"blob": BytesField(), "i": IntField()},
-                         ((np.full(100_000, i % 251, np.uint8), i) for i in range(n)), n,
-                         page_size=1 << 21)
+    path = write_dataset(
+        str(tmp_path / "pages.beton"),
+        {"blob": BytesField(), "i": IntField()},
+        ((np.full(100_000, i % 251, np.uint8), i) for i in range(n)),
+        n,
+        page_size=1 << 21,
+    )
     pages = open_dataset(path).sample_pages
     assert len(np.unique(pages)) >= 12
 
     def pages_per_batch(order):
-        loader = ffload.Loader(path, batch_size=40, num_workers=1, order=order,
-                               pipelines={"blob": None})
+        loader = ffload.Loader(path, batch_size=40, num_workers=1, order=order, pipelines={"blob": None})
         got = [np.unique(pages[b[0].numpy()]).size for b in loader]
         loader.close()
         return np.mean(got)
@@ -197,9 +211,17 @@ def test_quasi_random_reads_few_pages_per_batch(tmp_path):
 
 # --------------------------------------------------------------- determinism
 def augmented():
-    return {"image": [RandomResizedCropRGBImageDecoder((6, 6), scale=(0.3, 1.0)),
-                      RandomHorizontalFlip(), Cutout(2), ToTensor()], "label": None,
-            "weight": None, "vec": None}
+    return {
+        "image": [
+            RandomResizedCropRGBImageDecoder((6, 6), scale=(0.3, 1.0)),
+            RandomHorizontalFlip(),
+            Cutout(2),
+            ToTensor(),
+        ],
+        "label": None,
+        "weight": None,
+        "vec": None,
+    }
 
 
 def run_epochs(path, epochs=2, **kw):
@@ -220,13 +242,14 @@ def assert_same_batches(a, b):
 
 @pytest.mark.smoke
 def test_same_batches_for_any_num_workers(dataset):
-    runs = [run_epochs(dataset, batch_size=8, num_workers=w, seed=3, order="random")
-            for w in (1, 2, 3)]
+    runs = [run_epochs(dataset, batch_size=8, num_workers=w, seed=3, order="random") for w in (1, 2, 3)]
     assert_same_batches(runs[0], runs[1])
     assert_same_batches(runs[0], runs[2])
+
     # the augmentation is random: the two epochs differ for the same samples
     def by_sample(epoch):
         return {int(i): img for img, idx in epoch for i, img in zip(idx, img)}
+
     e0, e1 = by_sample(runs[0][0]), by_sample(runs[0][1])
     assert sum(not torch.equal(e0[i], e1[i]) for i in e0) > N // 2
 
@@ -240,13 +263,19 @@ def test_os_cache_and_process_cache_give_identical_batches(dataset):
 def blob_cache(tmp_path, monkeypatch, payloads):
     """A .beton of BytesField payloads on 2 MiB pages, a process cache over it, and the list of
     ``(offset, bytes)`` every ``os.preadv`` reads."""
-    path = write_dataset(str(tmp_path / "blobs.beton"), {"blob": BytesField()},
-                         ((p,) for p in payloads), len(payloads), page_size=1 << 21)
+    path = write_dataset(
+        str(tmp_path / "blobs.beton"),
+        {"blob": BytesField()},
+        ((p,) for p in payloads),
+        len(payloads),
+        page_size=1 << 21,
+    )
     view = open_dataset(path)
     reads = []
     real_preadv = os.preadv
-    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: reads.append(
-        (off, sum(len(b) for b in bufs))) or real_preadv(fd, bufs, off))
+    monkeypatch.setattr(
+        os, "preadv", lambda fd, bufs, off: reads.append((off, sum(len(b) for b in bufs))) or real_preadv(fd, bufs, off)
+    )
     return view, ProcessCacheMemory(view, ["blob"]), reads
 
 
@@ -258,7 +287,7 @@ def test_process_cache_reads_each_page_once(tmp_path, monkeypatch):
         memory.prepare(batch)
         for i in batch:
             p, s = int(view.ptrs["blob"][i]), int(view.sizes["blob"][i])
-            np.testing.assert_array_equal(memory.region[p:p + s], payloads[i])
+            np.testing.assert_array_equal(memory.region[p : p + s], payloads[i])
     assert_no_block_read_twice(reads, memory.block)
     memory.close()
 
@@ -278,8 +307,14 @@ def test_pages_spanned():
 # ------------------------------------------------------------ buffer reuse
 def test_batch_valid_until_the_one_after_next_is_requested(dataset, digits):
     images, _ = digits
-    loader = ffload.Loader(dataset, batch_size=5, num_workers=3, batches_ahead=1, order="random",
-                           pipelines={"label": None, "weight": None, "vec": None})
+    loader = ffload.Loader(
+        dataset,
+        batch_size=5,
+        num_workers=3,
+        batches_ahead=1,
+        order="random",
+        pipelines={"label": None, "weight": None, "vec": None},
+    )
     previous = None
     for image, index in loader:
         # let every job queued so far run (the ones that may reuse a slot): the check below then
@@ -301,11 +336,9 @@ def test_cuda_batches_equal_cpu_batches(dataset):
         if device:
             image.append(ToDevice(device, non_blocking=True))
             label.append(ToDevice(device, non_blocking=True))
-        return {"image": image + [ToTorchImage()], "label": label, "index": None, "weight": None,
-                "vec": None}
+        return {"image": image + [ToTorchImage()], "label": label, "index": None, "weight": None, "vec": None}
 
-    gpu = ffload.Loader(dataset, batch_size=8, num_workers=3, batches_ahead=1, seed=4,
-                        pipelines=pipelines("cuda:0"))
+    gpu = ffload.Loader(dataset, batch_size=8, num_workers=3, batches_ahead=1, seed=4, pipelines=pipelines("cuda:0"))
     cpu = ffload.Loader(dataset, batch_size=8, num_workers=1, seed=4, pipelines=pipelines(None))
     assert gpu.pin_memory and not cpu.pin_memory
     for _ in range(2):
@@ -345,8 +378,7 @@ def test_context_manager_joins_threads(dataset):
 
 
 def test_new_iterator_supersedes_the_previous(dataset):
-    loader = ffload.Loader(dataset, batch_size=10, num_workers=2, order="sequential",
-                           pipelines=indices_only())
+    loader = ffload.Loader(dataset, batch_size=10, num_workers=2, order="sequential", pipelines=indices_only())
     first = iter(loader)
     next(first)
     second = iter(loader)
@@ -369,8 +401,13 @@ def test_worker_exception_names_the_sample(tmp_path, digits):
         f.seek(int(view.ptrs["image"][bad]))
         f.write(b"\0" * int(view.sizes["image"][bad]))
     baseline = threading.active_count()
-    loader = ffload.Loader(path, batch_size=4, num_workers=2, order="sequential",
-                           pipelines={"image": [CenterCropRGBImageDecoder(8, 1.0), ToTensor()]})
+    loader = ffload.Loader(
+        path,
+        batch_size=4,
+        num_workers=2,
+        order="sequential",
+        pipelines={"image": [CenterCropRGBImageDecoder(8, 1.0), ToTensor()]},
+    )
     it = iter(loader)
     got = []
     with pytest.raises(LoaderError, match=f"sample {bad}") as info:
@@ -397,30 +434,60 @@ CONSTRUCTION_ERRORS = [  # (Loader keyword arguments, the specific class, a key 
     pytest.param({"num_workers": 0}, ConfigurationError, "num_workers", id="num_workers-zero"),
     pytest.param({"order": "shuffle"}, ConfigurationError, "unknown order", id="order-unknown"),
     pytest.param({"seed": -1}, ConfigurationError, "seed", id="seed-negative"),
-    pytest.param({"pipelines": lambda: {"labels": [IntDecoder(), ToTensor()]}}, ConfigurationError,
-                 "'labels'.*'label'", id="pipelines-unknown-field"),
-    pytest.param({"pipelines": lambda: {"label": [CenterCropRGBImageDecoder(4), ToTensor()]}}, PipelineError,
-                 "field 'label'.*IntField", id="decoder-for-another-field-type"),
-    pytest.param({"pipelines": lambda: {"image": [ToTensor()]}}, PipelineError,
-                 "field 'image'.*must start with a decoder", id="pipeline-without-decoder"),
-    pytest.param({"pipelines": lambda: {"image": [CenterCropRGBImageDecoder(4), CenterCropRGBImageDecoder(4)]}},
-                 PipelineError, "field 'image'.*only the first", id="two-decoders"),
-    pytest.param({"pipelines": lambda: {"image": [CenterCropRGBImageDecoder(4), "flip"]}}, PipelineError,
-                 "field 'image'.*not an ffload Operation", id="item-not-an-operation"),
-    pytest.param({"pipelines": lambda: {"image": [CenterCropRGBImageDecoder(4), ToTorchImage()]}}, PipelineError,
-                 "field 'image'.*ToTorchImage", id="operation-on-wrong-stage"),
+    pytest.param(
+        {"pipelines": lambda: {"labels": [IntDecoder(), ToTensor()]}},
+        ConfigurationError,
+        "'labels'.*'label'",
+        id="pipelines-unknown-field",
+    ),
+    pytest.param(
+        {"pipelines": lambda: {"label": [CenterCropRGBImageDecoder(4), ToTensor()]}},
+        PipelineError,
+        "field 'label'.*IntField",
+        id="decoder-for-another-field-type",
+    ),
+    pytest.param(
+        {"pipelines": lambda: {"image": [ToTensor()]}},
+        PipelineError,
+        "field 'image'.*must start with a decoder",
+        id="pipeline-without-decoder",
+    ),
+    pytest.param(
+        {"pipelines": lambda: {"image": [CenterCropRGBImageDecoder(4), CenterCropRGBImageDecoder(4)]}},
+        PipelineError,
+        "field 'image'.*only the first",
+        id="two-decoders",
+    ),
+    pytest.param(
+        {"pipelines": lambda: {"image": [CenterCropRGBImageDecoder(4), "flip"]}},
+        PipelineError,
+        "field 'image'.*not an ffload Operation",
+        id="item-not-an-operation",
+    ),
+    pytest.param(
+        {"pipelines": lambda: {"image": [CenterCropRGBImageDecoder(4), ToTorchImage()]}},
+        PipelineError,
+        "field 'image'.*ToTorchImage",
+        id="operation-on-wrong-stage",
+    ),
     pytest.param({"pipelines": lambda: {"label": []}}, ConfigurationError, "'label' is empty", id="pipeline-empty"),
-    pytest.param({"pipelines": lambda: dict.fromkeys(ALL_FIELDS)}, ConfigurationError, "disabled",
-                 id="every-field-disabled"),
-    pytest.param({"indices": [0, N]}, ConfigurationError, r"indices\[1\] = 101 is out of range",
-                 id="indices-past-the-end"),
+    pytest.param(
+        {"pipelines": lambda: dict.fromkeys(ALL_FIELDS)}, ConfigurationError, "disabled", id="every-field-disabled"
+    ),
+    pytest.param(
+        {"indices": [0, N]}, ConfigurationError, r"indices\[1\] = 101 is out of range", id="indices-past-the-end"
+    ),
     pytest.param({"indices": [-1]}, ConfigurationError, "out of range", id="indices-negative"),
     pytest.param({"indices": np.ones(N, bool)}, ConfigurationError, "boolean mask", id="indices-boolean-mask"),
     pytest.param({"indices": []}, ConfigurationError, "empty", id="indices-empty"),
-    pytest.param({"distributed": True}, UnavailableError, "init_process_group",
-                 id="distributed-without-process-group"),
-    pytest.param({"pin_memory": True}, UnavailableError, "pin_memory=True needs CUDA", id="pin_memory-without-cuda",
-                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
+    pytest.param({"distributed": True}, UnavailableError, "init_process_group", id="distributed-without-process-group"),
+    pytest.param(
+        {"pin_memory": True},
+        UnavailableError,
+        "pin_memory=True needs CUDA",
+        id="pin_memory-without-cuda",
+        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here"),
+    ),
 ]
 
 
@@ -441,14 +508,24 @@ def test_a_missing_path_is_a_format_error(tmp_path):
 
 def test_images_of_several_sizes_need_a_crop_decoder(tmp_path):
     from skimage import data
+
     photo = data.astronaut()
-    images = [np.ascontiguousarray(photo[:20 + i, :30]) for i in range(4)]
-    path = write_dataset(str(tmp_path / "sizes.beton"), {"image": RGBImageField(), "i": IntField()},
-                         ((im, i) for i, im in enumerate(images)), 4)
+    images = [np.ascontiguousarray(photo[: 20 + i, :30]) for i in range(4)]
+    path = write_dataset(
+        str(tmp_path / "sizes.beton"),
+        {"image": RGBImageField(), "i": IntField()},
+        ((im, i) for i, im in enumerate(images)),
+        4,
+    )
     with pytest.raises(TypeError, match="field 'image'.*several sizes.*CenterCropRGBImageDecoder"):
         ffload.Loader(path, batch_size=2)
-    loader = ffload.Loader(path, batch_size=2, num_workers=1, order="sequential",
-                           pipelines={"image": [CenterCropRGBImageDecoder((10, 10)), ToTensor()]})
+    loader = ffload.Loader(
+        path,
+        batch_size=2,
+        num_workers=1,
+        order="sequential",
+        pipelines={"image": [CenterCropRGBImageDecoder((10, 10)), ToTensor()]},
+    )
     assert [tuple(b[0].shape) for b in loader] == [(2, 10, 10, 3)] * 2
 
 
@@ -460,8 +537,9 @@ def test_indices_of_one_image_size_load_with_the_default_decoder(tmp_path, suffi
     rng = np.random.default_rng(3)
     images = [rng.integers(0, 256, (8, 6, 3) if i % 3 else (5, 7, 3), dtype=np.uint8) for i in range(9)]
     blobs = [bytes([i]) * (2 if i % 3 else 40) for i in range(9)]
-    path = write_dataset(str(tmp_path / f"d{suffix}"), {"image": RGBImageField(), "blob": BytesField()},
-                         list(zip(images, blobs)), 9)
+    path = write_dataset(
+        str(tmp_path / f"d{suffix}"), {"image": RGBImageField(), "blob": BytesField()}, list(zip(images, blobs)), 9
+    )
     subset = [7, 1, 4, 5]
     loader = ffload.Loader(path, batch_size=4, num_workers=1, order="sequential", indices=subset)
     ((image, blob),) = list(loader)
@@ -469,29 +547,38 @@ def test_indices_of_one_image_size_load_with_the_default_decoder(tmp_path, suffi
     assert blob.shape == (4, 2) and blob[:, 0].tolist() == subset
     with pytest.raises(TypeError, match=r"several sizes \(sample 1 is 6x8 pixels, sample 3 7x5\)"):
         ffload.Loader(path, batch_size=4, indices=[1, 2, 3, 4])
-    with pytest.raises(TypeError, match=r"SimpleRGBImageDecoder needs images of one size.*sample 2 is 6x8 "
-                                        r"pixels, sample 6 7x5"):
+    with pytest.raises(
+        TypeError,
+        match=r"SimpleRGBImageDecoder needs images of one size.*sample 2 is 6x8 "
+        r"pixels, sample 6 7x5",
+    ):
         ffload.Loader(path, batch_size=4, indices=[2, 6], pipelines={"image": [SimpleRGBImageDecoder(), ToTensor()]})
 
 
 def test_two_identical_random_ops_draw_independently(dataset, digits):
     """Two flips in one pipeline must not always cancel out (each op mixes in its position)."""
     images, _ = digits
-    pipelines = {"image": [SimpleRGBImageDecoder(), RandomHorizontalFlip(), RandomHorizontalFlip(),
-                           ToTensor()], "label": None, "weight": None, "vec": None}
-    with ffload.Loader(dataset, batch_size=N, num_workers=1, order="sequential",
-                       pipelines=pipelines) as loader:
+    pipelines = {
+        "image": [SimpleRGBImageDecoder(), RandomHorizontalFlip(), RandomHorizontalFlip(), ToTensor()],
+        "label": None,
+        "weight": None,
+        "vec": None,
+    }
+    with ffload.Loader(dataset, batch_size=N, num_workers=1, order="sequential", pipelines=pipelines) as loader:
         batch, index = next(iter(loader))
-        flipped = [not np.array_equal(batch[j].numpy(), images[i])
-                   for j, i in enumerate(index.numpy())]
+        flipped = [not np.array_equal(batch[j].numpy(), images[i]) for j, i in enumerate(index.numpy())]
     # each sample is flipped an odd number of times with probability 1/2
     assert 20 < sum(flipped) < N - 20
 
 
 def test_for_loop_over_a_temporary_loader_sees_every_batch(dataset):
     """Nothing but the iterator references the loader: it must not shut down mid-epoch."""
-    seen = [len(b[0]) for b in ffload.Loader(dataset, batch_size=4, num_workers=1, batches_ahead=1,
-                                              order="sequential", pipelines=indices_only())]
+    seen = [
+        len(b[0])
+        for b in ffload.Loader(
+            dataset, batch_size=4, num_workers=1, batches_ahead=1, order="sequential", pipelines=indices_only()
+        )
+    ]
     assert sum(seen) == N and len(seen) == -(-N // 4)
 
 
@@ -499,13 +586,19 @@ def test_one_op_object_shared_by_two_pipelines(tmp_path):
     """declare() state lives on per-pipeline copies: a decoder shared by fields of different
     payload sizes decodes both correctly (no out-of-bounds writes)."""
     from ffload.loaders import BytesDecoder
+
     path = str(tmp_path / "two.beton")
     small = [np.arange(4, dtype=np.uint8) + i for i in range(6)]
     big = [np.full(20000, i, np.uint8) for i in range(6)]
     write_dataset(path, {"a": BytesField(), "b": BytesField()}, list(zip(small, big)), 6)
     shared = BytesDecoder()
-    with ffload.Loader(path, batch_size=3, num_workers=2, order="sequential",
-                       pipelines={"a": [shared, ToTensor()], "b": [shared, ToTensor()]}) as loader:
+    with ffload.Loader(
+        path,
+        batch_size=3,
+        num_workers=2,
+        order="sequential",
+        pipelines={"a": [shared, ToTensor()], "b": [shared, ToTensor()]},
+    ) as loader:
         rows = [(a.numpy().copy(), b.numpy().copy()) for a, b in loader]
     a = np.concatenate([r[0] for r in rows])
     b = np.concatenate([r[1] for r in rows])
@@ -517,8 +610,7 @@ def test_one_op_object_shared_by_two_pipelines(tmp_path):
 def test_last_batch_of_an_epoch_survives_the_next_iter(dataset):
     """The documented rule across epochs: starting the next epoch does not overwrite the batch
     just yielded (it stays valid until the batch after the next one is requested)."""
-    with ffload.Loader(dataset, batch_size=8, num_workers=2, order="sequential",
-                       pipelines=indices_only()) as loader:
+    with ffload.Loader(dataset, batch_size=8, num_workers=2, order="sequential", pipelines=indices_only()) as loader:
         last = None
         for (index,) in loader:
             last = index
@@ -534,6 +626,7 @@ def test_process_cache_concurrent_workers_read_each_page_once(tmp_path, monkeypa
     """Workers preparing overlapping batches at once: every page read exactly once, in parallel
     where the pages differ, and every payload correct."""
     import concurrent.futures
+
     n = 40
     payloads = [np.full(400_000 + 997 * i, i, np.uint8) for i in range(n)]
     view, memory, reads = blob_cache(tmp_path, monkeypatch, payloads)
@@ -544,7 +637,7 @@ def test_process_cache_concurrent_workers_read_each_page_once(tmp_path, monkeypa
     for i in range(n):
         p, s = int(view.ptrs["blob"][i]), int(view.sizes["blob"][i])
         if any(i in b for b in batches):
-            np.testing.assert_array_equal(memory.region[p:p + s], payloads[i])
+            np.testing.assert_array_equal(memory.region[p : p + s], payloads[i])
     assert_no_block_read_twice(reads, memory.block)
     memory.close()
 
@@ -553,9 +646,12 @@ def test_loader_left_alive_at_exit_exits_quietly(dataset):
     """A loader still referenced when the interpreter exits must not print tracebacks."""
     import subprocess
     import sys
-    code = ("import ffload\n"
-            f"loader = ffload.Loader({str(dataset)!r}, batch_size=8, num_workers=2)\n"
-            "batch = next(iter(loader))\n")
+
+    code = (
+        "import ffload\n"
+        f"loader = ffload.Loader({str(dataset)!r}, batch_size=8, num_workers=2)\n"
+        "batch = next(iter(loader))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr

@@ -1,4 +1,5 @@
 """Loader.state_dict / load_state_dict: resuming mid-epoch reproduces an uninterrupted run."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,16 +17,19 @@ BATCH = 6  # 9 batches per epoch, the last one of 5 samples
 @pytest.fixture(scope="module")
 def path(tmp_path_factory):
     from skimage import data
+
     photo = data.chelsea()  # (300, 451, 3)
-    images = [np.ascontiguousarray(photo[i:i + 24 + i % 5, 2 * i:2 * i + 20]) for i in range(N)]
+    images = [np.ascontiguousarray(photo[i : i + 24 + i % 5, 2 * i : 2 * i + 20]) for i in range(N)]
     dst = tmp_path_factory.mktemp("state") / "cats.beton"
-    return write_dataset(str(dst), {"image": RGBImageField("jpg"), "index": IntField()},
-                         ((im, i) for i, im in enumerate(images)), N)
+    return write_dataset(
+        str(dst), {"image": RGBImageField("jpg"), "index": IntField()}, ((im, i) for i, im in enumerate(images)), N
+    )
 
 
 def make_loader(path, **kw):
-    pipelines = {"image": [RandomResizedCropRGBImageDecoder((12, 12)), RandomHorizontalFlip(),
-                           RandomTranslate(2), ToTensor()]}
+    pipelines = {
+        "image": [RandomResizedCropRGBImageDecoder((12, 12)), RandomHorizontalFlip(), RandomTranslate(2), ToTensor()]
+    }
     args = dict(batch_size=BATCH, num_workers=2, order="random", seed=11, pipelines=pipelines)
     args.update(kw)
     return ffload.Loader(path, **args)
@@ -112,8 +116,14 @@ def test_load_state_dict_closes_the_live_iterator(path):
 def test_incompatible_states_are_rejected(path):
     loader = make_loader(path)
     state = loader.state_dict()
-    for key, value in [("seed", 12), ("batch_size", 5), ("order", "sequential"),
-                       ("drop_last", True), ("num_indices", 10), ("world_size", 2)]:
+    for key, value in [
+        ("seed", 12),
+        ("batch_size", 5),
+        ("order", "sequential"),
+        ("drop_last", True),
+        ("num_indices", 10),
+        ("world_size", 2),
+    ]:
         with pytest.raises(ValueError, match=key):
             loader.load_state_dict(dict(state, **{key: value}))
     with pytest.raises(ValueError, match="lacks epoch"):

@@ -1,5 +1,6 @@
 """Odd image files (tests/odd_images.py): each is stored with Pillow's pixels (or the documented 16-bit / float
 exception), or skipped as unsupported / corrupt / a bomb with an honest reason, and no decoder chatter is printed."""
+
 from __future__ import annotations
 
 import io
@@ -72,10 +73,17 @@ def test_the_jpeg_fast_path_is_pillows_decode():
                 buf = io.BytesIO()
                 Image.fromarray(photo).save(buf, "JPEG", quality=quality, subsampling=sub, progressive=progressive)
                 files.append(buf.getvalue())
-        for factor in (cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
-                       cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440):
-            files.append(cv2.imencode(".jpg", photo, [cv2.IMWRITE_JPEG_QUALITY, quality,
-                                                      cv2.IMWRITE_JPEG_SAMPLING_FACTOR, factor])[1].tobytes())
+        for factor in (
+            cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420,
+            cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422,
+            cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444,
+            cv2.IMWRITE_JPEG_SAMPLING_FACTOR_440,
+        ):
+            files.append(
+                cv2.imencode(
+                    ".jpg", photo, [cv2.IMWRITE_JPEG_QUALITY, quality, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, factor]
+                )[1].tobytes()
+            )
         files.append(cv2.imencode(".jpg", photo[..., 0], [cv2.IMWRITE_JPEG_QUALITY, quality])[1].tobytes())
     for k, data in enumerate(files):
         np.testing.assert_array_equal(decode_image_bytes(data, f"f{k}.jpg"), pillow_rgb(data), err_msg=str(k))
@@ -117,9 +125,28 @@ def test_converting_the_corpus_stores_the_rule_and_reports_every_skip_quietly(tm
     outcomes = write_odd_corpus(root)
     dst = tmp_path / "out.beton"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    run = subprocess.run([sys.executable, "-m", "ffload.cli", "convert", str(root), str(dst), "--on-error", "skip",
-                          "--json", "--num-workers", "1", "--write-mode", write_mode, "--quiet"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ffload.cli",
+            "convert",
+            str(root),
+            str(dst),
+            "--on-error",
+            "skip",
+            "--json",
+            "--num-workers",
+            "1",
+            "--write-mode",
+            write_mode,
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     for noise in ("[ WARN", "[ERROR", "TIFF", "JPEG", "Warning", "libpng", "Corrupt"):
         assert noise not in run.stderr, run.stderr

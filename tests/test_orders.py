@@ -1,5 +1,6 @@
 """Traversal orders (ffload.loaders.orders): permutations, determinism, page locality, and the
 DistributedSampler split, checked against torch's own sampler."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,8 +51,7 @@ def test_random_is_a_seeded_permutation_per_epoch():
 
 
 def _pages_per_batch(order, sample_pages, batch_size):
-    return [len(np.unique(sample_pages[order[i:i + batch_size]]))
-            for i in range(0, len(order), batch_size)]
+    return [len(np.unique(sample_pages[order[i : i + batch_size]])) for i in range(0, len(order), batch_size)]
 
 
 def test_quasi_random_is_a_permutation_with_few_pages_per_batch():
@@ -72,7 +72,7 @@ def test_quasi_random_is_a_permutation_with_few_pages_per_batch():
         assert np.mean(q) * 3 < np.mean(r)
     assert not np.array_equal(seen[0], seen[1])
     # shuffled within pages too: not the page's samples in storage order
-    assert not all(np.all(np.diff(seen[0][i:i + 50]) == 1) for i in range(0, 2000, 50))
+    assert not all(np.all(np.diff(seen[0][i : i + 50]) == 1) for i in range(0, 2000, 50))
     np.testing.assert_array_equal(seen[0], QuasiRandom(indices, 3, sample_pages, 32).sample_order(0))
 
 
@@ -101,8 +101,7 @@ def test_make_order_dispatches():
     idx = np.arange(10, dtype=np.int64)
     assert isinstance(make_order(OrderOption.SEQUENTIAL, idx, 0), Sequential)
     assert isinstance(make_order(OrderOption.RANDOM, idx, 0), Random)
-    assert isinstance(make_order(OrderOption.QUASI_RANDOM, idx, 0, np.zeros(10, np.int64), 4),
-                      QuasiRandom)
+    assert isinstance(make_order(OrderOption.QUASI_RANDOM, idx, 0, np.zeros(10, np.int64), 4), QuasiRandom)
 
 
 @pytest.mark.parametrize("n", [1, 7, 12, 13])
@@ -111,8 +110,7 @@ def test_make_order_dispatches():
 def test_distributed_split_matches_torch_sampler(n, world_size, drop_last):
     order = np.random.default_rng(n).permutation(n) + 100
     for rank in range(world_size):
-        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False,
-                                     drop_last=drop_last)
+        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=False, drop_last=drop_last)
         expected = order[np.array(list(sampler), dtype=np.int64)]
         got = distributed_split(order, rank, world_size, drop_last)
         np.testing.assert_array_equal(got, expected)

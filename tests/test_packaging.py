@@ -1,6 +1,7 @@
 """The distributions a user installs: ``python -m build`` gives a wheel and an sdist that ``twine check``
 accepts; the wheel holds the package only, the sdist also what its tests need; the metadata (PEP 621 in
 ``pyproject.toml``) carries the one version (``ffload.__version__``), the license and the Python range."""
+
 from __future__ import annotations
 
 import email
@@ -23,14 +24,22 @@ pytest.importorskip("twine")
 def dists(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dist")
     # --no-isolation: the build backend (setuptools) of this environment, no download
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)], check=True,
-                   capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return {"wheel": next(out.glob("*.whl")), "sdist": next(out.glob("*.tar.gz"))}
 
 
 def test_twine_accepts_both(dists):
-    check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dists.values())],
-                           capture_output=True, text=True, timeout=120)
+    check = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, dists.values())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.count("PASSED") == 2
 
@@ -57,8 +66,7 @@ def test_sdist_holds_what_its_tests_need(dists):
     root = f"ffload-{ffload.__version__}"
     with tarfile.open(dists["sdist"]) as sdist:
         names = set(sdist.getnames())
-    tracked = subprocess.run(["git", "ls-files", "tests", "scripts", "docs"], cwd=REPO, capture_output=True,
-                             text=True)
+    tracked = subprocess.run(["git", "ls-files", "tests", "scripts", "docs"], cwd=REPO, capture_output=True, text=True)
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")
     expected = {f"{root}/{name}" for name in tracked.stdout.split()}

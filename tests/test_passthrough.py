@@ -1,4 +1,5 @@
 """JPEG pass-through at conversion: source JPEG bytes stored as they are when the write mode allows."""
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ from ffload.loaders.samples import decode_image
 def photos(tmp_path_factory):
     """The demo photos: 3-channel JPEGs, grayscale JPEGs (class 'camera') and PNGs."""
     from ffload.convert.demo_data import build_photos_folder
+
     root = tmp_path_factory.mktemp("pt") / "photos"
     build_photos_folder(root, n_per_class=4)
     return root
@@ -43,7 +45,7 @@ def with_segment(jpeg: bytes, segment: bytes) -> bytes:
 
 def payload(view, region, i) -> bytes:
     p, n = int(view.ptrs["image"][i]), int(view.sizes["image"][i])
-    return region[p:p + n].tobytes()
+    return region[p : p + n].tobytes()
 
 
 def source_kind(data: bytes) -> str:
@@ -77,8 +79,9 @@ def test_passed_through_bytes_and_pixels_equal_the_source(tmp_path, photos, suff
 
 def test_reencode_forces_decode_and_encode(tmp_path, photos):
     src = ImageFolderSource(photos)
-    report = convert_dataset(src, str(tmp_path / "r.beton"), write_mode="jpg", num_workers=0, progress=False,
-                             reencode=True)
+    report = convert_dataset(
+        src, str(tmp_path / "r.beton"), write_mode="jpg", num_workers=0, progress=False, reencode=True
+    )
     assert report.passed_through == 0
     assert report.reencoded == {"reencode_requested": len(src)}
     view = open_dataset(str(tmp_path / "r.beton"))
@@ -92,8 +95,9 @@ def test_raw_and_smart_modes(tmp_path, photos):
     assert raw.passed_through == 0 and raw.reencoded == {}
     sizes = [read_jpeg_header(src.encoded(i)) for i in range(len(src))]
     threshold = int(np.median([h.width * h.height * 3 for h in sizes if h is not None]))
-    smart = convert_dataset(src, str(tmp_path / "smart.beton"), write_mode="smart", smart_threshold=threshold,
-                            num_workers=0, progress=False)
+    smart = convert_dataset(
+        src, str(tmp_path / "smart.beton"), write_mode="smart", smart_threshold=threshold, num_workers=0, progress=False
+    )
     view = open_dataset(str(tmp_path / "smart.beton"))
     region = view.open_region()
     kept = 0
@@ -116,18 +120,31 @@ def test_exif_orientation_max_resolution_and_stripping(tmp_path, photos):
     (root / "a" / "0_plain.jpg").write_bytes(jpeg)
     (root / "a" / "1_upright.jpg").write_bytes(with_segment(jpeg, exif_segment(1)))
     (root / "a" / "2_rotated.jpg").write_bytes(with_segment(jpeg, exif_segment(6)))
-    report = convert_dataset(ImageFolderSource(root), str(tmp_path / "o.beton"), write_mode="jpg",
-                             num_workers=0, progress=False)
+    report = convert_dataset(
+        ImageFolderSource(root), str(tmp_path / "o.beton"), write_mode="jpg", num_workers=0, progress=False
+    )
     assert report.passed_through == 2 and report.reencoded == {"exif_orientation": 1}
     view = open_dataset(str(tmp_path / "o.beton"))
     assert (view.metadata["image"]["width"][2], view.metadata["image"]["height"][2]) == (h.height, h.width)
 
-    small = convert_dataset(ImageFolderSource(root), str(tmp_path / "s.beton"), write_mode="jpg", num_workers=0,
-                            progress=False, max_resolution=max(h.width, h.height) - 1)
+    small = convert_dataset(
+        ImageFolderSource(root),
+        str(tmp_path / "s.beton"),
+        write_mode="jpg",
+        num_workers=0,
+        progress=False,
+        max_resolution=max(h.width, h.height) - 1,
+    )
     assert small.passed_through == 0 and small.reencoded == {"exif_orientation": 1, "max_resolution": 2}
 
-    stripped = convert_dataset(ImageFolderSource(root), str(tmp_path / "x.beton"), write_mode="jpg",
-                               num_workers=0, progress=False, strip_metadata=True)
+    stripped = convert_dataset(
+        ImageFolderSource(root),
+        str(tmp_path / "x.beton"),
+        write_mode="jpg",
+        num_workers=0,
+        progress=False,
+        strip_metadata=True,
+    )
     assert stripped.passed_through == 2
     view = open_dataset(str(tmp_path / "x.beton"))
     region = view.open_region()
@@ -164,23 +181,29 @@ def test_truncated_jpeg_still_fails_by_name(tmp_path, photos):
     bad = tmp_path / "f" / "a" / "cut.jpg"
     bad.write_bytes(jpeg[: len(jpeg) // 2])
     with pytest.raises(ConvertError, match="cut.jpg.*truncated JPEG"):
-        convert_dataset(ImageFolderSource(tmp_path / "f"), str(tmp_path / "o.beton"), write_mode="jpg",
-                        num_workers=0, progress=False)
+        convert_dataset(
+            ImageFolderSource(tmp_path / "f"),
+            str(tmp_path / "o.beton"),
+            write_mode="jpg",
+            num_workers=0,
+            progress=False,
+        )
 
 
 def test_verify_reencodes_a_jpeg_the_decoder_warns_about(tmp_path, photos):
     src = ImageFolderSource(photos)
     jpeg = next(d for d in map(src.encoded, range(len(src))) if source_kind(d) == "jpeg3")
     sos = jpeg.index(b"\xff\xda")
-    damaged = jpeg[: sos + 400] + jpeg[sos + 400: -2][: len(jpeg) // 3] + b"\xff\xd9"  # scan cut short
+    damaged = jpeg[: sos + 400] + jpeg[sos + 400 : -2][: len(jpeg) // 3] + b"\xff\xd9"  # scan cut short
     (tmp_path / "f" / "a").mkdir(parents=True)
     (tmp_path / "f" / "a" / "0.jpg").write_bytes(jpeg)
     (tmp_path / "f" / "a" / "1.jpg").write_bytes(damaged)
     folder = ImageFolderSource(tmp_path / "f")
     plain = convert_dataset(folder, str(tmp_path / "p.beton"), write_mode="jpg", num_workers=0, progress=False)
     assert plain.passed_through == 2
-    checked = convert_dataset(folder, str(tmp_path / "v.beton"), write_mode="jpg", num_workers=0, progress=False,
-                              verify=True)
+    checked = convert_dataset(
+        folder, str(tmp_path / "v.beton"), write_mode="jpg", num_workers=0, progress=False, verify=True
+    )
     assert checked.passed_through == 1 and checked.reencoded == {"decode_warning": 1}
     view = open_dataset(str(tmp_path / "v.beton"))
     decode_image(view, "image", 1)  # the re-encoded image loads
@@ -188,23 +211,50 @@ def test_verify_reencodes_a_jpeg_the_decoder_warns_about(tmp_path, photos):
 
 def test_in_memory_sources_are_reencoded(tmp_path):
     images = np.random.default_rng(1).integers(0, 256, (3, 16, 16, 3), np.uint8)
-    report = convert_dataset(ArraySource(images, np.arange(3)), str(tmp_path / "a.beton"), write_mode="jpg",
-                             num_workers=0, progress=False)
+    report = convert_dataset(
+        ArraySource(images, np.arange(3)), str(tmp_path / "a.beton"), write_mode="jpg", num_workers=0, progress=False
+    )
     assert report.passed_through == 0 and report.reencoded == {"no_source_bytes": 3}
 
 
 def test_cli_reports_pass_through(tmp_path, photos):
     root = tmp_path / "copy"
     shutil.copytree(photos, root)
-    out = CliRunner().invoke(main, ["convert", str(root), str(tmp_path / "c.beton"), "--write-mode", "jpg",
-                                    "--num-workers", "0", "--quiet", "--json", "--strip-metadata", "--verify"])
+    out = CliRunner().invoke(
+        main,
+        [
+            "convert",
+            str(root),
+            str(tmp_path / "c.beton"),
+            "--write-mode",
+            "jpg",
+            "--num-workers",
+            "0",
+            "--quiet",
+            "--json",
+            "--strip-metadata",
+            "--verify",
+        ],
+    )
     assert out.exit_code == 0, out.output
     summary = json.loads(out.output)
     n = summary["samples"]
     assert summary["passed_through"] + summary["reencoded"] == n
     assert summary["reencode_reasons"] == {"not_3_channel": 3, "not_jpeg": n // 4}
-    text = CliRunner().invoke(main, ["convert", str(root), str(tmp_path / "d.beton"), "--write-mode", "jpg",
-                                     "--num-workers", "0", "--quiet", "--reencode"])
+    text = CliRunner().invoke(
+        main,
+        [
+            "convert",
+            str(root),
+            str(tmp_path / "d.beton"),
+            "--write-mode",
+            "jpg",
+            "--num-workers",
+            "0",
+            "--quiet",
+            "--reencode",
+        ],
+    )
     assert text.exit_code == 0, text.output
     assert "JPEG kept      0" in text.output and f"reencode_requested: {n}" in text.output
 
@@ -214,6 +264,7 @@ def test_webdataset_members_pass_through(tmp_path, photos):
     import tarfile
 
     from ffload.convert.sources import detect_source
+
     src = ImageFolderSource(photos)
     jpegs = [d for d in map(src.encoded, range(len(src))) if source_kind(d) == "jpeg3"][:5]
     with tarfile.open(tmp_path / "train-000000.tar", "w") as tar:

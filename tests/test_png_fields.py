@@ -1,6 +1,7 @@
 """ImageArrayField(compression="png"): lossless round trips (uint8 / uint16, 1, 3, 4 channels),
 loader batches identical to the raw field's, corrupt PNGs named by sample and field (loader and
 `ffload verify`), the argument block, and ffcv reading the other fields."""
+
 from __future__ import annotations
 
 import io
@@ -49,8 +50,9 @@ def arrays(dtype, channels, n=N, seed=0, size=None):
     """Random full-range pixels, ``(H, W, C)`` of sizes varying per sample (or all ``size``)."""
     rng = np.random.default_rng(seed)
     top = np.iinfo(dtype).max
-    return [rng.integers(0, top, (size or (9 + i, 13 + 2 * i)) + (channels,), dtype=dtype, endpoint=True)
-            for i in range(n)]
+    return [
+        rng.integers(0, top, (size or (9 + i, 13 + 2 * i)) + (channels,), dtype=dtype, endpoint=True) for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
@@ -69,9 +71,12 @@ def test_round_trip_is_bit_exact(tmp_path, suffix):
                 np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(payload))), stored[i])
     # one image size: ImageArrayDecoder's batches are the stored arrays, decoded in the loader
     same = [arrays("uint16", 1, n=5, seed=9, size=(7, 11))]
-    one = write_dataset(str(tmp_path / f"s{suffix}"), {"d": ImageArrayField("uint16", 1, compression="png")},
-                        list(zip(*same)), 5)
-    batch, = Loader(one, batch_size=5, num_workers=1, order=OrderOption.SEQUENTIAL, pipelines={"d": [ImageArrayDecoder()]})
+    one = write_dataset(
+        str(tmp_path / f"s{suffix}"), {"d": ImageArrayField("uint16", 1, compression="png")}, list(zip(*same)), 5
+    )
+    (batch,) = Loader(
+        one, batch_size=5, num_workers=1, order=OrderOption.SEQUENTIAL, pipelines={"d": [ImageArrayDecoder()]}
+    )
     np.testing.assert_array_equal(batch[0], np.stack(same[0]))
 
 
@@ -88,8 +93,10 @@ def test_argument_blocks():
     raw, png = ImageArrayField("uint16", 1), ImageArrayField("uint16", 1, compression="png")
     # a raw field's block is the one written before PNG existed: datasets of either read alike
     assert bytes(raw.to_binary()).rstrip(b"\0") == b'ffload-field:{"kind":"image","dtype":"<u2","channels":1}'
-    assert bytes(png.to_binary()).rstrip(b"\0") == \
-        b'ffload-field:{"kind":"image","dtype":"<u2","channels":1,"compression":"png"}'
+    assert (
+        bytes(png.to_binary()).rstrip(b"\0")
+        == b'ffload-field:{"kind":"image","dtype":"<u2","channels":1,"compression":"png"}'
+    )
     assert BytesField.from_binary(raw.to_binary()) == raw and BytesField.from_binary(png.to_binary()) == png
     assert raw != png
 
@@ -111,9 +118,14 @@ def mask_rows(n=12, seed=3):
 
 
 def mask_fields(compression):
-    return {"image": RGBImageField("raw"), "classes": ImageArrayField("uint8", 1, compression=compression),
-            "instances": ImageArrayField("uint16", 1, compression=compression),
-            "boxes": RaggedArrayField("float32", (4,)), "labels": RaggedArrayField("int64"), "index": IntField()}
+    return {
+        "image": RGBImageField("raw"),
+        "classes": ImageArrayField("uint8", 1, compression=compression),
+        "instances": ImageArrayField("uint16", 1, compression=compression),
+        "boxes": RaggedArrayField("float32", (4,)),
+        "labels": RaggedArrayField("int64"),
+        "index": IntField(),
+    }
 
 
 @pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
@@ -122,11 +134,20 @@ def test_png_masks_load_exactly_as_raw_masks(tmp_path, suffix):
     raw = write_dataset(str(tmp_path / f"raw{suffix}"), mask_fields("raw"), rows, len(rows))
     png = write_dataset(str(tmp_path / f"png{suffix}"), mask_fields("png"), rows, len(rows))
     assert open_dataset(png).sizes["classes"].sum() < open_dataset(raw).sizes["classes"].sum()  # compressed
-    pipelines = {"image": [RandomResizedCropRGBImageDecoder((32, 40)), RandomHorizontalFlip(), RandomVerticalFlip(),
-                           RandomTranslate(5), RandomAffine(15)],
-                 "classes": [MaskDecoder("image", fill=255)], "instances": [MaskDecoder("image")],
-                 "boxes": [RaggedArrayDecoder(), TransformBoxes("image")],
-                 "labels": [RaggedArrayDecoder(fill=-1), FollowBoxes("boxes", -1)], "index": [IntDecoder()]}
+    pipelines = {
+        "image": [
+            RandomResizedCropRGBImageDecoder((32, 40)),
+            RandomHorizontalFlip(),
+            RandomVerticalFlip(),
+            RandomTranslate(5),
+            RandomAffine(15),
+        ],
+        "classes": [MaskDecoder("image", fill=255)],
+        "instances": [MaskDecoder("image")],
+        "boxes": [RaggedArrayDecoder(), TransformBoxes("image")],
+        "labels": [RaggedArrayDecoder(fill=-1), FollowBoxes("boxes", -1)],
+        "index": [IntDecoder()],
+    }
     runs = []
     for dst in (raw, png):
         loader = Loader(dst, batch_size=5, num_workers=2, order=OrderOption.RANDOM, seed=7, pipelines=pipelines)
@@ -138,10 +159,25 @@ def test_png_masks_load_exactly_as_raw_masks(tmp_path, suffix):
     assert any(np.any(b[2] > 255) for b in runs[1])  # 16-bit ids kept
     # the ImageArrayField crop decoders read PNG fields too
     for decoder in (CenterCropImageArrayDecoder(36), RandomCropImageArrayDecoder(36)):
-        got = [[np.array(x) for x in batch] for dst in (raw, png) for batch in Loader(
-            dst, batch_size=6, num_workers=1, order=OrderOption.SEQUENTIAL, seed=2,
-            pipelines={"image": None, "boxes": None, "labels": None, "index": None, "instances": None,
-                       "classes": [decoder, RandomHorizontalFlip()]})]
+        got = [
+            [np.array(x) for x in batch]
+            for dst in (raw, png)
+            for batch in Loader(
+                dst,
+                batch_size=6,
+                num_workers=1,
+                order=OrderOption.SEQUENTIAL,
+                seed=2,
+                pipelines={
+                    "image": None,
+                    "boxes": None,
+                    "labels": None,
+                    "index": None,
+                    "instances": None,
+                    "classes": [decoder, RandomHorizontalFlip()],
+                },
+            )
+        ]
         for x, y in zip(got[:2], got[2:]):
             np.testing.assert_array_equal(x[0], y[0])
 
@@ -161,14 +197,25 @@ def _corrupt_png(tmp_path, suffix=".beton"):
 
 def test_corrupt_png_names_the_sample_and_field(tmp_path):
     dst = _corrupt_png(tmp_path)
-    loader = Loader(dst, batch_size=6, num_workers=1, order=OrderOption.SEQUENTIAL,
-                    pipelines={"image": [RandomResizedCropRGBImageDecoder(24)], "classes": [MaskDecoder("image")],
-                               "instances": [MaskDecoder("image")], "boxes": None, "labels": None,
-                               "index": [IntDecoder()]})
+    loader = Loader(
+        dst,
+        batch_size=6,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        pipelines={
+            "image": [RandomResizedCropRGBImageDecoder(24)],
+            "classes": [MaskDecoder("image")],
+            "instances": [MaskDecoder("image")],
+            "boxes": None,
+            "labels": None,
+            "index": [IntDecoder()],
+        },
+    )
     with pytest.raises(LoaderError, match="sample 4, field 'instances'.*corrupt PNG") as e:
         next(iter(loader))
     assert e.value.sample == 4 and e.value.field == "instances"
     from ffload.verify import verify_dataset
+
     problems = verify_dataset(open_dataset(dst), num_workers=1)
     assert [(i, name) for i, name, _ in problems] == [(4, "instances")] and "corrupt PNG" in problems[0][2]
 
@@ -208,12 +255,20 @@ def ffcv_reads_png_fields_as_bytes(tmp: str):
 
     images = np.random.default_rng(1).integers(0, 255, (N, 12, 10, 3), dtype=np.uint8)
     masks = arrays("uint16", 1, seed=4)
-    fields = {"image": RGBImageField("raw"), "mask": ImageArrayField("uint16", 1, compression="png"),
-              "label": IntField()}
+    fields = {
+        "image": RGBImageField("raw"),
+        "mask": ImageArrayField("uint16", 1, compression="png"),
+        "label": IntField(),
+    }
     dst = write_dataset(str(Path(tmp) / "mixed.beton"), fields, [(images[i], masks[i], i) for i in range(N)], N)
-    loader = FfcvLoader(dst, batch_size=3, num_workers=1, order=FfcvOrder.SEQUENTIAL, drop_last=False,
-                        pipelines={"image": [SimpleRGBImageDecoder()], "mask": [BytesDecoder()],
-                                   "label": [FfcvIntDecoder()]})
+    loader = FfcvLoader(
+        dst,
+        batch_size=3,
+        num_workers=1,
+        order=FfcvOrder.SEQUENTIAL,
+        drop_last=False,
+        pipelines={"image": [SimpleRGBImageDecoder()], "mask": [BytesDecoder()], "label": [FfcvIntDecoder()]},
+    )
     seen = 0
     for image, mask, label in loader:
         for j in range(len(label)):
@@ -232,8 +287,9 @@ def test_export_writes_decoded_png_fields_as_npy(tmp_path):
     from ffload.convert.export import export_webdataset
 
     masks = arrays("uint16", 1, n=3, seed=6)
-    dst = write_dataset(str(tmp_path / "e.beton"), {"mask": ImageArrayField("uint16", 1, compression="png")},
-                        [(m,) for m in masks], 3)
+    dst = write_dataset(
+        str(tmp_path / "e.beton"), {"mask": ImageArrayField("uint16", 1, compression="png")}, [(m,) for m in masks], 3
+    )
     shards = export_webdataset(open_dataset(dst), str(tmp_path / "out" / "s-%02d.tar"))
     with tarfile.open(shards[0]) as tar:
         for i in range(3):

@@ -1,6 +1,7 @@
 """Provenance: every stored sample records where it came from (ImageFolder path, WebDataset shard
 and key, CIFAR file and row, array index), skipped inputs do not shift it, ``inspect`` shows it and
 ``export`` keeps it as the WebDataset key, in .beton, LMDB and sharded outputs."""
+
 from __future__ import annotations
 
 import io
@@ -31,7 +32,7 @@ def _png(rgb):
 
 def _crops(n):
     img = data.astronaut()
-    return [np.ascontiguousarray(img[9 * k % 480:9 * k % 480 + 24, 7 * k % 480:7 * k % 480 + 20]) for k in range(n)]
+    return [np.ascontiguousarray(img[9 * k % 480 : 9 * k % 480 + 24, 7 * k % 480 : 7 * k % 480 + 20]) for k in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,9 @@ def folder(tmp_path_factory):
 
 def _convert(root, dst, **kwargs):
     shard = {"shard_size": 1 << 22, "page_size": 1 << 21} if dst.endswith(".shards") else {}
-    return convert_dataset(str(root), dst, on_error="skip", progress=False, num_workers=2, chunk_size=2,
-                           **shard, **kwargs)
+    return convert_dataset(
+        str(root), dst, on_error="skip", progress=False, num_workers=2, chunk_size=2, **shard, **kwargs
+    )
 
 
 @pytest.mark.parametrize("name", OUTPUTS)
@@ -86,15 +88,16 @@ def test_sharded_origins_span_several_shards(tmp_path):
     assert dataset_origins(view).strings(0, 6) == good
     for k, path in enumerate(view.shards.paths):  # each shard alone: a standalone .beton with its part
         alone = dataset_origins(open_dataset(path))
-        assert alone.strings(0, len(alone)) == good[2 * k:2 * k + 2]
+        assert alone.strings(0, len(alone)) == good[2 * k : 2 * k + 2]
 
 
 def test_cli_inspect_shows_origins_and_skips_name_relative_paths(tmp_path, folder):
     root, good = folder
     dst = str(tmp_path / "c.beton")
     runner = CliRunner()
-    out = runner.invoke(main, ["convert", str(root), dst, "--on-error", "skip", "--json", "--quiet",
-                               "--num-workers", "1"])
+    out = runner.invoke(
+        main, ["convert", str(root), dst, "--on-error", "skip", "--json", "--quiet", "--num-workers", "1"]
+    )
     assert out.exit_code == 0, out.output
     skipped = json.loads(out.output)["skipped"]
     assert [(s["origin"], s["input"]) for s in skipped] == [("b/1 bad.png", str(root / "b" / "1 bad.png"))]
@@ -103,8 +106,10 @@ def test_cli_inspect_shows_origins_and_skips_name_relative_paths(tmp_path, folde
     info = json.loads(out.output)
     assert info["origins"]["source"]["source"] == "imagefolder"
     assert [e["origin"]["path"] for e in info["origins"]["first"]] == good[:3]
-    assert info["samples_asked"] == [{"index": 4, "origin": {"path": "b/2.png"}, "label": 1},
-                                     {"index": 6, "origin": {"path": "c/0.png"}, "label": 2}]
+    assert info["samples_asked"] == [
+        {"index": 4, "origin": {"path": "b/2.png"}, "label": 1},
+        {"index": 6, "origin": {"path": "c/0.png"}, "label": 2},
+    ]
     text = runner.invoke(main, ["inspect", dst, "--sample", "5"]).output
     assert "sample 5: path b/x.y.png (label 1)" in text
     bad = runner.invoke(main, ["inspect", dst, "--sample", "7"])
@@ -168,8 +173,9 @@ def test_cifar_and_array_origins(tmp_path):
     assert origins.describe(0) == {"file": "data_batch_1", "row": 0}
     assert origins.describe(7) == {"file": "data_batch_3", "row": 1}
     assert origin_key(origins.descriptor, origins[7]) == "data_batch_3/00000001"
-    convert_dataset(ArraySource(images[:4], [0, 1, 0, 1], name="mine"), str(tmp_path / "a.beton"), progress=False,
-                    num_workers=0)
+    convert_dataset(
+        ArraySource(images[:4], [0, 1, 0, 1], name="mine"), str(tmp_path / "a.beton"), progress=False, num_workers=0
+    )
     origins = dataset_origins(open_dataset(str(tmp_path / "a.beton")))
     assert origins.descriptor["source"] == "ArraySource" and origins.describe(3) == {"index": 3}
     assert origin_key(origins.descriptor, origins[3]) == "00000003"
@@ -221,8 +227,15 @@ def test_ffcv_style_reading_of_a_file_with_grown_origin_room_and_pages(tmp_path)
     rng = np.random.default_rng(3)
     blobs = [rng.integers(0, 256, size, np.uint8) for size in (1000, 0, 3 << 20, 70, 5 << 20, 12)]
     path = str(tmp_path / "grown.beton")
-    writer = BetonWriter(path, fields, len(blobs), page_size=2 << 20, reserve=1, origin_room=1,
-                         info={"origin": {"source": "imagefolder", "id": "path"}})
+    writer = BetonWriter(
+        path,
+        fields,
+        len(blobs),
+        page_size=2 << 20,
+        reserve=1,
+        origin_room=1,
+        info={"origin": {"source": "imagefolder", "id": "path"}},
+    )
     moves = []
     writer.before_grow = lambda: moves.append(writer.count)
     with writer:
@@ -231,21 +244,21 @@ def test_ffcv_style_reading_of_a_file_with_grown_origin_room_and_pages(tmp_path)
             writer.add(i, [m for m, _ in encoded], [p for _, p in encoded], origin=f"folder/{i:04d}-" + "x" * 300)
     assert moves and writer.page_size == 8 << 20  # the origin room and the page size both grew
     raw = np.fromfile(path, np.uint8)
-    header = raw[:HEADER_TYPE.itemsize].view(HEADER_TYPE)[0]
+    header = raw[: HEADER_TYPE.itemsize].view(HEADER_TYPE)[0]
     n, table_ptr = int(header["num_samples"]), int(header["alloc_table_ptr"])
     assert (int(header["version"]), int(header["num_fields"]), n) == (2, 2, len(blobs))
     desc_end = HEADER_TYPE.itemsize + 2 * FIELD_DESC_TYPE.itemsize
-    desc = raw[HEADER_TYPE.itemsize:desc_end].view(FIELD_DESC_TYPE)
+    desc = raw[HEADER_TYPE.itemsize : desc_end].view(FIELD_DESC_TYPE)
     assert [int(d["type_id"]) for d in desc] == [3, 1]
     mtype = metadata_dtype(list(fields.values()))
-    metadata = raw[desc_end:desc_end + n * mtype.itemsize].view(mtype)
+    metadata = raw[desc_end : desc_end + n * mtype.itemsize].view(mtype)
     table = raw[table_ptr:].view(ALLOC_TYPE)
     assert len(table) == n and int(header["page_size"]) == writer.page_size
     by_ptr = {int(ptr): int(size) for ptr, size in zip(table["ptr"], table["size"])}  # ffcv: size by offset
     for i, blob in enumerate(blobs):
         ptr = int(metadata["f0"]["ptr"][i])
         assert int(metadata["f1"][i]) == 7 * i and int(metadata["f0"]["size"][i]) == blob.size
-        assert np.array_equal(raw[ptr:ptr + by_ptr[ptr]], blob)
+        assert np.array_equal(raw[ptr : ptr + by_ptr[ptr]], blob)
         assert ptr // writer.page_size == (ptr + max(blob.size, 1) - 1) // writer.page_size  # within one page
     origins = dataset_origins(open_dataset(path))
     assert origins.strings(0, n) == [f"folder/{i:04d}-" + "x" * 300 for i in range(n)]

@@ -2,6 +2,7 @@
 namespace, its ``if TYPE_CHECKING:`` block re-exports exactly those names from those modules (so checkers see
 the types that ``__getattr__`` hides), and every public name imports, is documented with a one-line summary and
 has annotated parameters."""
+
 from __future__ import annotations
 
 import ast
@@ -10,8 +11,15 @@ import inspect
 
 import pytest
 
-LAZY = ["ffload", "ffload.loaders", "ffload.decoders", "ffload.transforms", "ffload.loaders.decoders",
-        "ffload.loaders.transforms", "ffload.convert"]
+LAZY = [
+    "ffload",
+    "ffload.loaders",
+    "ffload.decoders",
+    "ffload.transforms",
+    "ffload.loaders.decoders",
+    "ffload.loaders.transforms",
+    "ffload.convert",
+]
 PUBLIC = ["ffload", "ffload.loaders", "ffload.decoders", "ffload.transforms", "ffload.formats", "ffload.convert"]
 
 
@@ -61,6 +69,7 @@ def test_one_list_per_namespace():
     from ffload import decoders, loaders, transforms
     from ffload.loaders import decoders as loader_decoders
     from ffload.loaders import transforms as loader_transforms
+
     public = {**decoders._MODULES, **transforms._MODULES}
     assert public.items() <= loaders._MODULES.items()
     assert {**loader_decoders._MODULES, **loader_transforms._MODULES} == public
@@ -103,8 +112,11 @@ def unannotated(obj: object) -> list[str]:
     if not inspect.isfunction(function):  # object.__init__, an Enum's: nothing of ffload's to annotate
         return []
     signature = inspect.signature(function)
-    missing = [p.name for p in signature.parameters.values() if p.name not in ("self", "cls")
-               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.annotation is p.empty]
+    missing = [
+        p.name
+        for p in signature.parameters.values()
+        if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.annotation is p.empty
+    ]
     if not inspect.isclass(obj) and signature.return_annotation is signature.empty:
         missing.append("return")
     return missing
@@ -114,6 +126,7 @@ def test_summary_and_annotation_checks_fail_on_bad_input():
     def untyped(a, b: int, *args, **kwargs):
         """Wraps its first
         sentence."""
+
     assert summary_problem(untyped.__doc__).startswith("first line") and summary_problem(None) == "no docstring"
     assert summary_problem("One line.\n\n    More.") is None
     assert unannotated(untyped) == ["a", "return"]

@@ -1,5 +1,6 @@
 """Ragged arrays and N-channel / 16-bit images: round trips through .beton and LMDB, Loader
 batches, ffcv reading the file, and corrupt sizes refused at open."""
+
 from __future__ import annotations
 
 import json
@@ -42,17 +43,28 @@ def ragged_samples():
     """Boxes (K, 4) float32 with K = 0..3, multi-label int16 lists, keypoints (K, 5, 3) uint8,
     a 16-bit depth map, a grayscale (H, W) uint8 image and a 5-channel float32 image (sizes vary)."""
     rng = np.random.default_rng(7)
-    fields = {"boxes": RaggedArrayField("float32", (4,)), "labels": RaggedArrayField("int16"),
-              "points": RaggedArrayField(np.uint8, (5, 3)), "depth": ImageArrayField("uint16", 1),
-              "gray": ImageArrayField("uint8", 1), "spectral": ImageArrayField("float32", 5),
-              "label": IntField()}
+    fields = {
+        "boxes": RaggedArrayField("float32", (4,)),
+        "labels": RaggedArrayField("int16"),
+        "points": RaggedArrayField(np.uint8, (5, 3)),
+        "depth": ImageArrayField("uint16", 1),
+        "gray": ImageArrayField("uint8", 1),
+        "spectral": ImageArrayField("float32", 5),
+        "label": IntField(),
+    }
     samples = []
     for i in range(N):
-        samples.append((rng.random((i % 4, 4), dtype=np.float32), list(range(i % 5)),
-                        rng.integers(0, 255, (i % 3, 5, 3), dtype=np.uint8),
-                        rng.integers(0, 65535, (6 + i, 4 + i % 2, 1), dtype=np.uint16),
-                        rng.integers(0, 255, (8, 5 + i), dtype=np.uint8),
-                        rng.standard_normal((3, 2 + i, 5)).astype(np.float32), i))
+        samples.append(
+            (
+                rng.random((i % 4, 4), dtype=np.float32),
+                list(range(i % 5)),
+                rng.integers(0, 255, (i % 3, 5, 3), dtype=np.uint8),
+                rng.integers(0, 65535, (6 + i, 4 + i % 2, 1), dtype=np.uint16),
+                rng.integers(0, 255, (8, 5 + i), dtype=np.uint8),
+                rng.standard_normal((3, 2 + i, 5)).astype(np.float32),
+                i,
+            )
+        )
     return fields, samples
 
 
@@ -95,13 +107,30 @@ def test_round_trip(tmp_path, suffix):
 def test_loader_batches_equal_stored_arrays(tmp_path, suffix):
     fields, samples = ragged_samples()
     one_size = [(s[0], s[1], s[3][:6, :4], s[5][:, :2], s[6]) for s in samples]
-    dst = write_dataset(str(tmp_path / f"r{suffix}"),
-                        {k: fields[k] for k in ("boxes", "labels", "depth", "spectral", "label")}, one_size, N)
-    loader = Loader(dst, batch_size=4, num_workers=1, order=OrderOption.RANDOM, seed=3, drop_last=False,
-                    pipelines={"boxes": [RaggedArrayDecoder()], "labels": [RaggedArrayDecoder(max_length=2, fill=-1)],
-                               "depth": [ImageArrayDecoder()], "spectral": [ImageArrayDecoder()], "label": [IntDecoder()],
-                               "num_boxes": [RaggedLengthDecoder()], "num_labels": [RaggedLengthDecoder(2)]},
-                    custom_field_mapper={"num_boxes": "boxes", "num_labels": "labels"})
+    dst = write_dataset(
+        str(tmp_path / f"r{suffix}"),
+        {k: fields[k] for k in ("boxes", "labels", "depth", "spectral", "label")},
+        one_size,
+        N,
+    )
+    loader = Loader(
+        dst,
+        batch_size=4,
+        num_workers=1,
+        order=OrderOption.RANDOM,
+        seed=3,
+        drop_last=False,
+        pipelines={
+            "boxes": [RaggedArrayDecoder()],
+            "labels": [RaggedArrayDecoder(max_length=2, fill=-1)],
+            "depth": [ImageArrayDecoder()],
+            "spectral": [ImageArrayDecoder()],
+            "label": [IntDecoder()],
+            "num_boxes": [RaggedLengthDecoder()],
+            "num_labels": [RaggedLengthDecoder(2)],
+        },
+        custom_field_mapper={"num_boxes": "boxes", "num_labels": "labels"},
+    )
     seen = []
     for boxes, labels, depth, spectral, indices, num_boxes, num_labels in loader:
         assert boxes.shape[1:] == (3, 4) and boxes.dtype == np.float32  # K_max: the dataset's longest
@@ -124,8 +153,13 @@ def test_loader_batches_equal_stored_arrays(tmp_path, suffix):
 def test_default_pipelines_and_size_checks(tmp_path):
     fields, samples = ragged_samples()
     dst = write_dataset(str(tmp_path / "r.beton"), fields, samples, N)
-    loader = Loader(dst, batch_size=N, num_workers=1, order=OrderOption.SEQUENTIAL,
-                    pipelines={"depth": None, "gray": None, "spectral": None})
+    loader = Loader(
+        dst,
+        batch_size=N,
+        num_workers=1,
+        order=OrderOption.SEQUENTIAL,
+        pipelines={"depth": None, "gray": None, "spectral": None},
+    )
     boxes, labels, points, label = next(iter(loader))
     assert tuple(boxes.shape) == (N, 3, 4) and tuple(labels.shape) == (N, 4) and tuple(points.shape) == (N, 2, 5, 3)
     np.testing.assert_array_equal(points[4, :1].numpy(), samples[4][2])
@@ -134,13 +168,18 @@ def test_default_pipelines_and_size_checks(tmp_path):
     with pytest.raises(ValueError, match="max_length must be >= 0"):
         RaggedArrayDecoder(max_length=-1)
     with pytest.raises(ValueError, match="fill 300: values 300..300 do not fit uint8"):
-        Loader(dst, batch_size=2, pipelines={"points": [RaggedArrayDecoder(fill=300)], "depth": None, "gray": None,
-                                             "spectral": None})
+        Loader(
+            dst,
+            batch_size=2,
+            pipelines={"points": [RaggedArrayDecoder(fill=300)], "depth": None, "gray": None, "spectral": None},
+        )
 
 
 def test_ffcv_reads_the_other_fields_and_ours_as_bytes(tmp_path):
     pytest.importorskip("ffcv", reason="ffcv 1.0.2 (extra 'ffcv') is not installed")
-    run_isolated("test_ragged_fields", "ffcv_reads_the_other_fields_and_ours_as_bytes", str(tmp_path))  # ffcv corrupts numba's types: tests/isolated.py
+    run_isolated(
+        "test_ragged_fields", "ffcv_reads_the_other_fields_and_ours_as_bytes", str(tmp_path)
+    )  # ffcv corrupts numba's types: tests/isolated.py
 
 
 def ffcv_reads_the_other_fields_and_ours_as_bytes(tmp: str):
@@ -154,16 +193,29 @@ def ffcv_reads_the_other_fields_and_ours_as_bytes(tmp: str):
 
     fields, samples = ragged_samples()
     rgb = np.random.default_rng(0).integers(0, 255, (N, 12, 10, 3), dtype=np.uint8)
-    dst = write_dataset(str(tmp_path / "mixed.beton"),
-                        {"image": RGBImageField("raw"), **fields}, [(rgb[i],) + s for i, s in enumerate(samples)], N)
+    dst = write_dataset(
+        str(tmp_path / "mixed.beton"),
+        {"image": RGBImageField("raw"), **fields},
+        [(rgb[i],) + s for i, s in enumerate(samples)],
+        N,
+    )
     view = open_dataset(dst)
     # samples 0, 4 and 8 hold no boxes: those empty allocations must not hide the next payload
     # from ffcv's reader, which looks sizes up by offset
     assert len(set(view.ptrs["boxes"].tolist()) & set(view.ptrs["labels"].tolist())) == 0
     ours = [n for n, f in fields.items() if f.has_payload]
-    loader = FfcvLoader(dst, batch_size=4, num_workers=1, order=FfcvOrder.SEQUENTIAL, drop_last=False,
-                        pipelines={"image": [SimpleRGBImageDecoder()], "label": [FfcvIntDecoder()],
-                                   **{n: [BytesDecoder()] for n in ours}})
+    loader = FfcvLoader(
+        dst,
+        batch_size=4,
+        num_workers=1,
+        order=FfcvOrder.SEQUENTIAL,
+        drop_last=False,
+        pipelines={
+            "image": [SimpleRGBImageDecoder()],
+            "label": [FfcvIntDecoder()],
+            **{n: [BytesDecoder()] for n in ours},
+        },
+    )
     seen = 0
     for image, *payloads, label in loader:
         for j in range(len(label)):
@@ -198,12 +250,21 @@ def _patch_lmdb_field(path, position, field):
 
 
 @pytest.mark.parametrize("suffix", [".beton", ".lmdb"])
-@pytest.mark.parametrize("field, sizes, message", [
-    (RaggedArrayField("float32", (4,)), [16, 32, 7, 0],
-     "field 'x': sample 2: payload of 7 bytes is not a whole number of 16-byte rows"),
-    (ImageArrayField("uint16", 3), [14, 8 + 6 * 5, 8 + 6 * 5, 8],
-     "field 'x': sample 3: payload of 8 bytes is not the 8-byte header plus a positive number of 6-byte pixels"),
-])
+@pytest.mark.parametrize(
+    "field, sizes, message",
+    [
+        (
+            RaggedArrayField("float32", (4,)),
+            [16, 32, 7, 0],
+            "field 'x': sample 2: payload of 7 bytes is not a whole number of 16-byte rows",
+        ),
+        (
+            ImageArrayField("uint16", 3),
+            [14, 8 + 6 * 5, 8 + 6 * 5, 8],
+            "field 'x': sample 3: payload of 8 bytes is not the 8-byte header plus a positive number of 6-byte pixels",
+        ),
+    ],
+)
 def test_corrupt_sizes_refused_at_open(tmp_path, suffix, field, sizes, message):
     # payloads of the given sizes written as plain bytes, then described as `field`
     dst = str(tmp_path / f"bad{suffix}")
@@ -254,20 +315,22 @@ def test_crop_decoders_for_several_sizes(tmp_path, suffix):
     off = {"depth": None, "gray": None, "spectral": None, "boxes": None, "labels": None, "points": None}
 
     def batch(pipelines, seed=0):
-        loader = Loader(dst, batch_size=N, num_workers=1, order=OrderOption.SEQUENTIAL, seed=seed,
-                        pipelines=off | pipelines)
+        loader = Loader(
+            dst, batch_size=N, num_workers=1, order=OrderOption.SEQUENTIAL, seed=seed, pipelines=off | pipelines
+        )
         return [np.asarray(x) for x in next(iter(loader))]
 
-    centre, random, label = batch({"depth": [CenterCropImageArrayDecoder((5, 3))],
-                                   "spectral": [RandomCropImageArrayDecoder((3, 2))]})
+    centre, random, label = batch(
+        {"depth": [CenterCropImageArrayDecoder((5, 3))], "spectral": [RandomCropImageArrayDecoder((3, 2))]}
+    )
     assert centre.dtype == np.uint16 and centre.shape == (N, 5, 3, 1) and random.shape == (N, 3, 2, 5)
     positions = set()
     for i in range(N):
         depth = samples[i][3]
         top, left = round((depth.shape[0] - 5) / 2), round((depth.shape[1] - 3) / 2)  # torchvision's rule
-        np.testing.assert_array_equal(centre[i], depth[top:top + 5, left:left + 3])
+        np.testing.assert_array_equal(centre[i], depth[top : top + 5, left : left + 3])
         spectral = samples[i][5]
-        found = [x for x in range(spectral.shape[1] - 1) if np.array_equal(spectral[:, x:x + 2], random[i])]
+        found = [x for x in range(spectral.shape[1] - 1) if np.array_equal(spectral[:, x : x + 2], random[i])]
         assert len(found) == 1  # a window of the stored image
         positions.add(found[0])
     assert len(positions) > 2  # not always the same place
@@ -308,7 +371,7 @@ def test_argument_block_and_unknown_kinds():
     assert BytesField.from_binary(block) == field
     unknown = np.zeros(ARG_SIZE, np.uint8)
     text = b'ffload-field:{"kind":"mesh","faces":3}'
-    unknown[:len(text)] = np.frombuffer(text, np.uint8)
+    unknown[: len(text)] = np.frombuffer(text, np.uint8)
     assert type(BytesField.from_binary(unknown)) is BytesField  # a newer ffload's kind: plain bytes
     bad = ImageArrayField("uint8", 2).to_binary()
     bad[bytes(bad).index(b"2}")] = ord("0")  # channels 0

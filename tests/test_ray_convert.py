@@ -1,5 +1,6 @@
 """Conversion with ``engine='ray'``: the same output as a local conversion, bad inputs and failed
 Ray tasks reported by file. A local Ray instance (2 CPUs, loopback, no dashboard) per module."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -18,15 +19,18 @@ from ffload.convert import ConvertError, convert_dataset
 from ffload.convert.sources import ImageFolderSource, IndexableSource
 from ffload.errors import ConfigurationError
 
-needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                               reason="ray is not installed (pip install 'ffload[ray]')")
+needs_ray = pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install 'ffload[ray]')"
+)
 
 
 @pytest.fixture(scope="module")
 def ray_instance():
     import ray
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False, configure_logging=False)
+
+    ray.init(
+        num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False
+    )
     yield ray
     ray.shutdown()
 
@@ -36,6 +40,7 @@ def photos(tmp_path_factory):
     """The demo ImageFolder (crops of scikit-image / scikit-learn photos; JPEG, grayscale JPEG, PNG)
     plus one corrupt JPEG."""
     from ffload.convert.demo_data import build_photos_folder
+
     root = tmp_path_factory.mktemp("ray") / "photos"
     build_photos_folder(root, n_per_class=4)
     bad = root / "camera" / "camera_0001b.JPEG"
@@ -143,8 +148,9 @@ def test_chunks_in_flight_are_bounded(photos, ray_instance, monkeypatch):
 def test_a_task_that_keeps_dying_is_reported_by_its_samples(tmp_path, ray_instance):
     ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test
     source = IndexableSource(_Images(crash=5, driver=os.getpid()), name="images")
-    report = convert_dataset(source, str(tmp_path / "x.beton"), engine="ray", chunk_size=4, on_error="skip",
-                             progress=False)
+    report = convert_dataset(
+        source, str(tmp_path / "x.beton"), engine="ray", chunk_size=4, on_error="skip", progress=False
+    )
     assert report.samples == 4  # the chunk 4..7 is left out
     assert [name for name, _ in report.skipped] == [source.describe(i) for i in range(4, 8)]
     assert "Ray task for samples 4..7" in report.skipped[0][1]
@@ -159,8 +165,9 @@ def test_cli_engine_ray(tmp_path, photos, ray_instance):
     (good / "camera" / "camera_0001b.JPEG").unlink()
     runner = CliRunner()
     for name, extra in (("local.beton", []), ("ray.beton", ["--engine", "ray"])):
-        result = runner.invoke(main, ["convert", str(good), str(tmp_path / name), "--quiet", "--write-mode", "jpg",
-                                      *extra])
+        result = runner.invoke(
+            main, ["convert", str(good), str(tmp_path / name), "--quiet", "--write-mode", "jpg", *extra]
+        )
         assert result.exit_code == 0, result.output
     assert same_output(tmp_path / "local.beton", tmp_path / "ray.beton")
     result = runner.invoke(main, ["convert", str(good), str(tmp_path / "z.beton"), "--address", "auto"])
@@ -176,10 +183,12 @@ def test_missing_ray_names_the_install(tmp_path, photos, monkeypatch):
 
 # ---- Ray tasks writing shards (engine='ray' with shard_size) -------------------------------------
 
+
 def stored_samples(path) -> tuple[np.ndarray, list[list[bytes]]]:
     """Every sample of the dataset at ``path``: its metadata rows with the payload pointers zeroed
     (they depend on the layout), and its payloads' bytes."""
     from ffload.formats import open_dataset
+
     view = open_dataset(str(path))
     region = view.open_region()
     meta = view.metadata.copy()
@@ -219,10 +228,12 @@ def test_ray_tasks_write_the_shards_of_the_local_conversion(tmp_path, photos, ra
     ours, theirs = (dataset_origins(open_dataset(str(p))) for p in (local, remote))  # provenance per task shard
     assert theirs.strings(0, 44) == ours.strings(0, 44) and len(set(ours.strings(0, 44))) == 44
     names = shard_files(remote)  # only the manifest's shards: no partial file left
-    tasks = sorted({name[:len("shard-00000")] for name in names})
+    tasks = sorted({name[: len("shard-00000")] for name in names})
     assert len(tasks) >= 2  # 2 CPUs: at least one task each
-    assert all(name.startswith("shard-") and name.endswith(".beton") and len(name) == len("shard-00000-000.beton")
-               for name in names)
+    assert all(
+        name.startswith("shard-") and name.endswith(".beton") and len(name) == len("shard-00000-000.beton")
+        for name in names
+    )
     assert all(os.path.getsize(remote / name) <= 5_000_000 for name in names)
 
 
@@ -237,8 +248,9 @@ def test_ray_shards_a_bad_input_fails_by_name_and_leaves_nothing(tmp_path, photo
 def test_ray_shards_a_task_that_keeps_dying_is_reported_and_the_rest_is_kept(tmp_path, ray_instance):
     ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test
     source = IndexableSource(_Images(crash=5, driver=os.getpid()), name="images")
-    report = convert_dataset(source, str(tmp_path / "x"), engine="ray", shard_size="5MB", page_size=1 << 21,
-                             on_error="skip", progress=False)
+    report = convert_dataset(
+        source, str(tmp_path / "x"), engine="ray", shard_size="5MB", page_size=1 << 21, on_error="skip", progress=False
+    )
     # 8 samples on 2 CPUs: tasks of 4 samples; the one holding sample 5 died on every try
     assert report.samples == 4 and [name for name, _ in report.skipped] == [source.describe(i) for i in range(4, 8)]
     assert "Ray task for samples 4..7" in report.skipped[0][1]
@@ -253,8 +265,9 @@ def test_ray_shards_of_a_task_that_died_after_closing_one_are_removed(tmp_path, 
     # 880 KiB images, 2 MiB pages, 5 MB shards: two images fill a shard; the task of samples 4..7
     # closes shard-00001-000 (4, 5) when it adds 6, then dies at sample 7 on every try
     source = IndexableSource(_Images(crash=7, driver=os.getpid(), side=548), name="images")
-    report = convert_dataset(source, str(tmp_path / "x"), engine="ray", shard_size="5MB", page_size=1 << 21,
-                             on_error="skip", progress=False)
+    report = convert_dataset(
+        source, str(tmp_path / "x"), engine="ray", shard_size="5MB", page_size=1 << 21, on_error="skip", progress=False
+    )
     assert report.samples == 4 and len(report.skipped) == 4
     assert shard_files(tmp_path / "x") == ["shard-00000-000.beton", "shard-00000-001.beton"]  # nothing else left
 
@@ -278,14 +291,18 @@ def test_ray_shards_progress_counts_each_sample_once_across_retries(tmp_path, ra
     from ffload.convert.ray_shards import ray_written_shards
     from ffload.formats.fields.image import RGBImageField
     from ffload.formats.fields.scalars import IntField
+
     ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test
     marker = tmp_path / "died"
     source = IndexableSource(_Images(crash=6, driver=os.getpid(), once=str(marker)), name="images")
     encoder = SampleEncoder(source, [RGBImageField(), IntField()])
     (tmp_path / "out").mkdir()
     steps = []
-    results = list(ray_written_shards(encoder, ["image", "label"], 5 << 20, 1 << 21, {}, 1,
-                                      folder=str(tmp_path / "out"), on_progress=steps.append))
+    results = list(
+        ray_written_shards(
+            encoder, ["image", "label"], 5 << 20, 1 << 21, {}, 1, folder=str(tmp_path / "out"), on_progress=steps.append
+        )
+    )
     assert marker.exists()  # the task of samples 4..7 died after reporting samples 4 and 5, and ran again
     assert sum(steps) == 8
     assert [int(label) for r in results for label in r.labels] == source.dataset.targets
@@ -293,6 +310,7 @@ def test_ray_shards_progress_counts_each_sample_once_across_retries(tmp_path, ra
 
 def test_progress_tally_keeps_each_tasks_highest_count():
     from ffload.convert.ray_shards import ProgressTally
+
     tally = ProgressTally()
     tally.report(3, 40)
     tally.report(3, 10)  # a retried task starts again from zero
@@ -307,6 +325,7 @@ def test_ray_shards_uploaded_by_the_tasks(tmp_path, photos, ray_instance):
     from s3_server import s3_environment
 
     from ffload.storage import open_filesystem
+
     good = tmp_path / "good"
     shutil.copytree(photos, good)
     (good / "camera" / "camera_0001b.JPEG").unlink()
@@ -318,11 +337,12 @@ def test_ray_shards_uploaded_by_the_tasks(tmp_path, photos, ray_instance):
         fs, _ = open_filesystem("s3://bkt/ds", options)
         down = tmp_path / "down"
         for path in fs.find("bkt/ds"):  # the manifest and the shards, in their version folder
-            (down / path[len("bkt/ds/"):]).parent.mkdir(parents=True, exist_ok=True)
-            fs.get_file(path, str(down / path[len("bkt/ds/"):]))
+            (down / path[len("bkt/ds/") :]).parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(path, str(down / path[len("bkt/ds/") :]))
         (version,) = [p for p in os.listdir(down) if p != "manifest.json"]
-        assert version.startswith("v-") and shard_files(down) == [f"{version}/{name}" for name in
-                                                                   sorted(os.listdir(down / version))]
+        assert version.startswith("v-") and shard_files(down) == [
+            f"{version}/{name}" for name in sorted(os.listdir(down / version))
+        ]
         convert_dataset(good, str(tmp_path / "local"), num_workers=0, **kw)
         assert same_samples(tmp_path / "local", down)
         assert report.bytes == sum(p.stat().st_size for p in down.rglob("*") if p.is_file())
@@ -336,12 +356,21 @@ def test_ray_shards_uploaded_by_the_tasks(tmp_path, photos, ray_instance):
         # a task that died after uploading a shard: its shard is deleted, the rest is the dataset
         crashing = IndexableSource(_Images(crash=7, driver=os.getpid(), side=548), name="images")
         ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-        report = convert_dataset(crashing, "s3://bkt/crash", engine="ray", storage_options=options, on_error="skip",
-                                 shard_size="5MB", page_size=1 << 21, progress=False)
+        report = convert_dataset(
+            crashing,
+            "s3://bkt/crash",
+            engine="ray",
+            storage_options=options,
+            on_error="skip",
+            shard_size="5MB",
+            page_size=1 << 21,
+            progress=False,
+        )
         manifest = json.loads(fs.cat("bkt/crash/manifest.json"))
         assert report.samples == 4 and len(manifest["shards"]) == 2  # task 1's uploaded shard is gone
-        assert sorted(p[len("bkt/crash/"):] for p in fs.find("bkt/crash")) == sorted(
-            ["manifest.json"] + [entry["path"] for entry in manifest["shards"]])
+        assert sorted(p[len("bkt/crash/") :] for p in fs.find("bkt/crash")) == sorted(
+            ["manifest.json"] + [entry["path"] for entry in manifest["shards"]]
+        )
         assert len(task_folders()) == 1  # the killed task's; the next task on this node removes it
         convert_dataset(good, "s3://bkt/again", engine="ray", storage_options=options, **kw)
         assert task_folders() == []

@@ -1,6 +1,7 @@
 """The README's Python examples (its Convert and Load sections) type-check as a user's script under
 ``mypy --strict``: the lazy exports keep their types (``TYPE_CHECKING`` imports), ``py.typed`` ships, and the
 public signatures are annotated. The examples' free names (a user's arrays and dataset) are declared first."""
+
 from __future__ import annotations
 
 import re
@@ -29,8 +30,11 @@ def readme_examples(text: str, sections: tuple[str, ...] = SECTIONS) -> list[str
     blocks = []
     for section in re.split(r"^## ", text, flags=re.M)[1:]:
         if section.splitlines()[0].strip() in sections:
-            blocks += [textwrap.dedent(b) for b in re.findall(r"^( *)```python\n(.*?)^\1```", section, re.M | re.S)
-                       for b in [b[1]]]
+            blocks += [
+                textwrap.dedent(b)
+                for b in re.findall(r"^( *)```python\n(.*?)^\1```", section, re.M | re.S)
+                for b in [b[1]]
+            ]
     return blocks
 
 
@@ -49,13 +53,29 @@ def mypy_report(tmp_path_factory: pytest.TempPathFactory) -> str:
     examples (after :data:`PRELUDE`), and :data:`WRONG_CALL`, which must fail."""
     pytest.importorskip("mypy")
     tmp = tmp_path_factory.mktemp("mypy")
-    (tmp / "readme_examples.py").write_text(PRELUDE + "\n".join(readme_examples(
-        (REPO / "README.md").read_text(encoding="utf-8"))), encoding="utf-8")
+    (tmp / "readme_examples.py").write_text(
+        PRELUDE + "\n".join(readme_examples((REPO / "README.md").read_text(encoding="utf-8"))), encoding="utf-8"
+    )
     (tmp / "wrong_call.py").write_text(WRONG_CALL, encoding="utf-8")
-    result = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent",
-                             "--ignore-missing-imports", "--no-incremental", "--cache-dir", str(tmp / "cache"),
-                             str(tmp / "readme_examples.py"), str(tmp / "wrong_call.py")],
-                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--follow-imports=silent",
+            "--ignore-missing-imports",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp / "cache"),
+            str(tmp / "readme_examples.py"),
+            str(tmp / "wrong_call.py"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     assert result.returncode in (0, 1), result.stdout + result.stderr  # 2: mypy itself failed
     return result.stdout
 

@@ -1,5 +1,6 @@
 """The ResNet-9 recipe: model size, schedule, data preparation and its cache, bad input, and short
 CPU training runs (CIFAR layout through both formats, the digits demo)."""
+
 from __future__ import annotations
 
 import json
@@ -41,19 +42,22 @@ def cifar_dir(tmp_path_factory):
 
 # ---------------------------------------------------------------------------------- model
 
+
 def test_resnet9_parameter_count_matches_ffcv_architecture():
     # FFCV's CIFAR ResNet-9 (examples/cifar/train_cifar.py). conv_bn(i, o, k) has a bias-free
     # conv (i*o*k*k weights) and a BatchNorm with weight and bias (2*o).
     def conv_bn(i, o, k=3):
         return i * o * k * k + 2 * o
 
-    expected = (conv_bn(3, 64)                 # 1,856
-                + conv_bn(64, 128, k=5)        # 205,056
-                + 2 * conv_bn(128, 128)        # 295,424 (residual block)
-                + conv_bn(128, 256)            # 295,424
-                + 2 * conv_bn(256, 256)        # 1,180,672 (residual block)
-                + conv_bn(256, 128)            # 295,168
-                + 128 * 10)                    # 1,280 (Linear, no bias); Mul(0.2) has none
+    expected = (
+        conv_bn(3, 64)  # 1,856
+        + conv_bn(64, 128, k=5)  # 205,056
+        + 2 * conv_bn(128, 128)  # 295,424 (residual block)
+        + conv_bn(128, 256)  # 295,424
+        + 2 * conv_bn(256, 256)  # 1,180,672 (residual block)
+        + conv_bn(256, 128)  # 295,168
+        + 128 * 10
+    )  # 1,280 (Linear, no bias); Mul(0.2) has none
     assert expected == 2_274_880
     model = resnet9(num_classes=10, width=1.0)
     assert sum(p.numel() for p in model.parameters()) == expected
@@ -80,6 +84,7 @@ def test_resnet9_output_is_scaled_linear_head():
 
 # ------------------------------------------------------------------------------ schedule
 
+
 def test_lr_schedule_is_ffcv_triangle():
     s = lr_schedule(RecipeConfig(epochs=24, lr_peak_epoch=5), iters_per_epoch=10)
     assert s.shape == (240,)
@@ -92,6 +97,7 @@ def test_lr_schedule_is_ffcv_triangle():
 
 
 # ------------------------------------------------------------------- data and its cache
+
 
 def test_prepare_data_converts_once_and_reuses_cache(cifar_dir, tmp_path, monkeypatch):
     import ffload.convert
@@ -114,8 +120,7 @@ def test_prepare_data_converts_once_and_reuses_cache(cifar_dir, tmp_path, monkey
     monkeypatch.setattr(ffload.convert, "convert_dataset", real)
     first = prepare_data(cifar_dir, tmp_path / "cache", "beton", num_workers=0, progress=False)
     assert not first.cache_hit
-    assert (first.layout, first.num_train, first.num_test, first.num_classes) == (
-        "cifar", 300, 100, 10)
+    assert (first.layout, first.num_train, first.num_test, first.num_classes) == ("cifar", 300, 100, 10)
     assert first.image_shape == (32, 32)
     again = prepare_data(cifar_dir, tmp_path / "cache", "beton", num_workers=0, progress=False)
     assert again.cache_hit and again.train_path == first.train_path
@@ -125,8 +130,7 @@ def test_prepare_data_converts_once_and_reuses_cache(cifar_dir, tmp_path, monkey
     assert not lmdb.cache_hit and lmdb.train_path.endswith("train.lmdb")
     st = os.stat(cifar_dir / "test_batch")
     os.utime(cifar_dir / "test_batch", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    changed = prepare_data(cifar_dir, tmp_path / "cache", "beton", num_workers=0,
-                           progress=False)
+    changed = prepare_data(cifar_dir, tmp_path / "cache", "beton", num_workers=0, progress=False)
     assert not changed.cache_hit and changed.train_path != first.train_path
 
 
@@ -140,16 +144,14 @@ def test_prepare_data_accepts_imagefolder_and_torchvision_root(cifar_dir, tmp_pa
             folder = tmp_path / "folder" / split / f"class{labels[i]}"
             folder.mkdir(parents=True, exist_ok=True)
             Image.fromarray(images[i]).save(folder / f"{i}.png")
-    data = prepare_data(tmp_path / "folder", tmp_path / "cache", "beton", num_workers=0,
-                        progress=False)
+    data = prepare_data(tmp_path / "folder", tmp_path / "cache", "beton", num_workers=0, progress=False)
     assert (data.layout, data.num_train, data.num_test) == ("imagefolder", 30, 10)
     # a test split without one of the train classes would shift the labels
     for split, name in (("train", "a"), ("train", "b"), ("test", "b")):
         (tmp_path / "uneven" / split / name).mkdir(parents=True)
         Image.fromarray(images[0]).save(tmp_path / "uneven" / split / name / "0.png")
     with pytest.raises(RecipeError, match="different classes"):
-        prepare_data(tmp_path / "uneven", tmp_path / "cache", "beton", num_workers=0,
-                     progress=False)
+        prepare_data(tmp_path / "uneven", tmp_path / "cache", "beton", num_workers=0, progress=False)
     # torchvision's root (the folder containing cifar-10-batches-py) is accepted too
     assert recipe.detect_layout(cifar_dir.parent) == ("cifar", cifar_dir)
 
@@ -189,8 +191,7 @@ def test_bad_device_out_and_options_fail_before_training(cifar_dir, tmp_path):
     blocker.write_text("x")
     res = _run_cli(["--data", cifar_dir, "--out", blocker / "out", "--device", "cpu"])
     assert res.exit_code == 1 and "--out" in res.output and "cannot write" in res.output
-    res = _run_cli(["--data", cifar_dir, "--out", tmp_path / "o", "--device", "cpu",
-                    "--cache-dir", blocker / "cache"])
+    res = _run_cli(["--data", cifar_dir, "--out", tmp_path / "o", "--device", "cpu", "--cache-dir", blocker / "cache"])
     assert res.exit_code == 1 and "cannot convert" in res.output and "a_file" in res.output
     if not torch.cuda.is_available():
         res = _run_cli(["--data", cifar_dir, "--out", tmp_path / "o", "--device", "cuda"])
@@ -199,21 +200,56 @@ def test_bad_device_out_and_options_fail_before_training(cifar_dir, tmp_path):
     assert res.exit_code == 2 and "mutually exclusive" in res.output
     res = _run_cli(["--out", tmp_path / "o"])
     assert res.exit_code == 2 and "--data" in res.output
-    res = _run_cli(["--data", cifar_dir, "--out", tmp_path / "o", "--device", "cpu",
-                    "--batch-size", "1000", "--cache-dir", tmp_path / "cache"])
+    res = _run_cli(
+        [
+            "--data",
+            cifar_dir,
+            "--out",
+            tmp_path / "o",
+            "--device",
+            "cpu",
+            "--batch-size",
+            "1000",
+            "--cache-dir",
+            tmp_path / "cache",
+        ]
+    )
     assert res.exit_code == 1 and "larger than the training set" in res.output
     assert not (tmp_path / "o" / "metrics.json").exists()
 
 
 # ------------------------------------------------------------------------- training runs
 
+
 @pytest.mark.parametrize("fmt", ["beton", "lmdb"])
 def test_smoke_run_through_cli_writes_reports(cifar_dir, tmp_path, fmt):
     out = tmp_path / "run"
     # lr 2 at batch 512 = 0.078 at batch 20: enough to learn in 15 steps
-    res = _run_cli(["--data", cifar_dir, "--out", out, "--format", fmt, "--epochs", 1,
-                    "--batch-size", 20, "--lr", 2, "--width", 0.25, "--device", "cpu",
-                    "--num-workers", 2, "--price-per-hour", 3.6, "--no-progress"])
+    res = _run_cli(
+        [
+            "--data",
+            cifar_dir,
+            "--out",
+            out,
+            "--format",
+            fmt,
+            "--epochs",
+            1,
+            "--batch-size",
+            20,
+            "--lr",
+            2,
+            "--width",
+            0.25,
+            "--device",
+            "cpu",
+            "--num-workers",
+            2,
+            "--price-per-hour",
+            3.6,
+            "--no-progress",
+        ]
+    )
     assert res.exit_code == 0, res.output
     assert "train loss" in res.output and "data wait" in res.output
     assert "final test accuracy" in res.output and "cost: $" in res.output
@@ -239,8 +275,15 @@ def test_smoke_run_through_cli_writes_reports(cifar_dir, tmp_path, fmt):
 
 
 def test_digits_demo_beats_chance(tmp_path):
-    m = run_recipe(None, tmp_path / "demo", RecipeConfig(epochs=4, batch_size=64, width=0.125),
-                   device="cpu", num_workers=2, demo=True, progress=False)
+    m = run_recipe(
+        None,
+        tmp_path / "demo",
+        RecipeConfig(epochs=4, batch_size=64, width=0.125),
+        device="cpu",
+        num_workers=2,
+        demo=True,
+        progress=False,
+    )
     assert (tmp_path / "demo" / "digits" / "train").is_dir()
     assert m["data"]["layout"] == "imagefolder" and m["data"]["num_classes"] == 10
     assert m["data"]["num_train"] + m["data"]["num_test"] == 1797
@@ -250,9 +293,18 @@ def test_digits_demo_beats_chance(tmp_path):
 
 def test_same_seed_same_run(cifar_dir, tmp_path):
     config = RecipeConfig(epochs=1, batch_size=50, width=0.125, seed=5)
-    runs = [run_recipe(cifar_dir, tmp_path / f"run{i}", config, device="cpu",
-                       num_workers=1 + i, cache_dir=tmp_path / "cache", progress=False)
-            for i in range(2)]  # 1 and 2 loader threads
+    runs = [
+        run_recipe(
+            cifar_dir,
+            tmp_path / f"run{i}",
+            config,
+            device="cpu",
+            num_workers=1 + i,
+            cache_dir=tmp_path / "cache",
+            progress=False,
+        )
+        for i in range(2)
+    ]  # 1 and 2 loader threads
     assert runs[1]["data"]["cache_hit"] and not runs[0]["data"]["cache_hit"]
     assert runs[0]["iteration_losses"] == runs[1]["iteration_losses"]
     assert runs[0]["final_test_accuracy"] == runs[1]["final_test_accuracy"]

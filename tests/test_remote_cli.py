@@ -6,6 +6,7 @@ a JSON field, 2 MiB pages (several data pages); ``bad.beton`` is the same file w
 of two samples wiped. Every remote answer is compared with the local one; requests are counted
 by the servers.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,13 @@ def folder(tmp_path_factory) -> str:
         image = np.kron(base, np.ones((8, 8, 1), np.uint8)) + rng.integers(0, 40, (h, w, 3), dtype=np.uint8)
         samples.append((image, i % 7, {"i": i}))
     good = str(root / "good.beton")
-    write_dataset(good, {"image": RGBImageField("proportion", compress_probability=0.5), "label": IntField(),
-                         "doc": JSONField()}, samples, N, page_size=PAGE)
+    write_dataset(
+        good,
+        {"image": RGBImageField("proportion", compress_probability=0.5), "label": IntField(), "doc": JSONField()},
+        samples,
+        N,
+        page_size=PAGE,
+    )
     shutil.copy(good, root / "bad.beton")
     view = open_dataset(good)
     assert all(view.metadata["image"]["mode"][i] == JPG for i in BAD), "BAD must be JPEG samples"
@@ -134,8 +140,13 @@ def test_storage_options_reach_the_filesystem(remote, monkeypatch):
         denied = _cli("inspect", remote.url("good.beton"))
         assert denied.exit_code == 1 and "access denied (401)" in denied.output
     for command in ("inspect", "verify"):
-        result = _cli(command, remote.url("good.beton"), "--storage-options", json.dumps(options), "--quiet"
-                      if command == "verify" else "--json")
+        result = _cli(
+            command,
+            remote.url("good.beton"),
+            "--storage-options",
+            json.dumps(options),
+            "--quiet" if command == "verify" else "--json",
+        )
         assert result.exit_code == 0, result.output
     bad = _cli("verify", remote.url("good.beton"), "--storage-options", "[1]")
     assert bad.exit_code == 2 and "JSON object" in bad.output
@@ -143,6 +154,7 @@ def test_storage_options_reach_the_filesystem(remote, monkeypatch):
 
 def test_verify_url_cache_dir_and_max_requests(remote, tmp_path, monkeypatch):
     import ffload.loaders.pagedsamples as pagedsamples_module
+
     pools = []
     real = pagedsamples_module.remote_page_pool
     monkeypatch.setattr(pagedsamples_module, "remote_page_pool", lambda *args: pools.append(args) or real(*args))
@@ -150,8 +162,9 @@ def test_verify_url_cache_dir_and_max_requests(remote, tmp_path, monkeypatch):
     blocked.write_bytes(b"")
     result = _cli("verify", remote.url("good.beton"), "--quiet", "--cache-dir", str(blocked / "cache"))
     assert result.exit_code != 0 and str(blocked / "cache") in result.output  # the folder given is the one used
-    result = _cli("verify", remote.url("good.beton"), "--quiet", "--cache-dir", str(tmp_path / "cache"),
-                  "--max-requests", "1")
+    result = _cli(
+        "verify", remote.url("good.beton"), "--quiet", "--cache-dir", str(tmp_path / "cache"), "--max-requests", "1"
+    )
     assert result.exit_code == 0, result.output
     assert [(args[4], args[5]) for args in pools] == [(str(blocked / "cache"), 8), (str(tmp_path / "cache"), 1)]
     assert _cli("verify", remote.url("good.beton"), "--max-requests", "0").exit_code == 2

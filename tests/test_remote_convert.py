@@ -1,4 +1,5 @@
 """ffload convert with s3:// SRC and DST against a real S3 server (moto on 127.0.0.1)."""
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,9 @@ def test_remote_image_folder_lists_once_in_torchvision_order(s3):
     assert s3.lists - lists == 1
     local = ImageFolderSource(s3.root)
     assert remote.classes == local.classes and np.array_equal(remote.labels, local.labels)
-    assert [remote.describe(i)[len("s3://bkt/folder/"):] for i in range(len(remote))] == \
-           [os.path.relpath(p, s3.root) for p, _ in local.samples]
+    assert [remote.describe(i)[len("s3://bkt/folder/") :] for i in range(len(remote))] == [
+        os.path.relpath(p, s3.root) for p, _ in local.samples
+    ]
     for i in (0, 6, len(local) - 1):
         assert remote.encoded(i) == local.encoded(i)
         assert np.array_equal(remote[i][0], local[i][0]) and remote[i][1] == local[i][1]
@@ -82,8 +84,22 @@ def test_remote_source_errors(s3):
 def test_convert_remote_to_remote_is_the_local_conversion(s3, tmp_path, workers):
     dst = f"s3://bkt/out/w{workers}/train.beton"
     options = json.dumps(s3.storage_options())
-    result = CliRunner().invoke(main, ["convert", "s3://bkt/folder", dst, "--write-mode", "jpg", "--quiet",
-                                       "--num-workers", str(workers), "--storage-options", options, "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "convert",
+            "s3://bkt/folder",
+            dst,
+            "--write-mode",
+            "jpg",
+            "--quiet",
+            "--num-workers",
+            str(workers),
+            "--storage-options",
+            options,
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["samples"] == sum(CLASSES.values())
     convert_dataset(str(s3.root), str(tmp_path / "local.beton"), write_mode="jpg", num_workers=0, progress=False)

@@ -6,6 +6,7 @@ reached the way a user reaches an emulator: ``STORAGE_EMULATOR_HOST`` (gcsfs's v
 the emulator does not serve) is turned off with its own switch before gcsfs is imported. The
 emulator has no fault injection: retries and server restarts are tested against S3 and HTTP.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,8 +60,13 @@ def _emulator():
 def gcs(tmp_path_factory):
     local = str(tmp_path_factory.mktemp("gcs") / "train.beton")
     images = np.random.default_rng(1).integers(0, 256, (N, 96, 96, 3), dtype=np.uint8)
-    write_dataset(local, {"image": RGBImageField(write_mode="raw"), "label": IntField()},
-                  ((images[i], i) for i in range(N)), N, page_size=PAGE)
+    write_dataset(
+        local,
+        {"image": RGBImageField(write_mode="raw"), "label": IntField()},
+        ((images[i], i) for i in range(N)),
+        N,
+        page_size=PAGE,
+    )
     with _emulator() as endpoint:
         upload_file(local, URL)
         yield endpoint, local
@@ -71,7 +77,7 @@ def test_range_reads(gcs):
     data = open(local, "rb").read()
     obj = RemoteObject(URL, {"endpoint_url": endpoint, "token": "anon"})
     assert obj.size == len(data)
-    assert obj.read(100, 3 * PAGE // 2) == data[100:3 * PAGE // 2] and obj.requests == 1
+    assert obj.read(100, 3 * PAGE // 2) == data[100 : 3 * PAGE // 2] and obj.requests == 1
     with pytest.raises(StorageError, match=r"^gs://bkt/ds/missing\.beton: cannot read its size: no such object"):
         RemoteObject("gs://bkt/ds/missing.beton")
 
@@ -79,8 +85,9 @@ def test_range_reads(gcs):
 @pytest.mark.parametrize("order", ["random", "quasi_random"])
 def test_loader_batches_equal_local(gcs, tmp_path, order):
     _, local = gcs
-    remote = ffload.Loader(URL, batch_size=4, num_workers=2, order=order, seed=1, cache_limit=4 * PAGE,
-                           cache_dir=str(tmp_path))
+    remote = ffload.Loader(
+        URL, batch_size=4, num_workers=2, order=order, seed=1, cache_limit=4 * PAGE, cache_dir=str(tmp_path)
+    )
     with remote, ffload.Loader(local, batch_size=4, num_workers=2, order=order, seed=1) as here:
         labels = []
         for (image, label), (image_l, label_l) in zip(remote, here):

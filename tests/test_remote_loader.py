@@ -7,6 +7,7 @@ compared with the same loader over the local file. The tests taking ``remote`` r
 both servers (``remote.url``, ``remote.server``: both have ``kill``, ``start``, ``fail_next``,
 ``reset_max`` and ``max_in_flight``).
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,13 @@ URL = "s3://bkt/ds/train.beton"
 def local(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("remote") / "train.beton")
     images = np.random.default_rng(0).integers(0, 256, (N, 96, 96, 3), dtype=np.uint8)
-    write_dataset(path, {"image": RGBImageField(write_mode="raw"), "label": IntField()},
-                  ((images[i], i) for i in range(N)), N, page_size=PAGE)
+    write_dataset(
+        path,
+        {"image": RGBImageField(write_mode="raw"), "label": IntField()},
+        ((images[i], i) for i in range(N)),
+        N,
+        page_size=PAGE,
+    )
     return path
 
 
@@ -80,8 +86,9 @@ def test_remote_view_is_the_local_view(remote):
 @pytest.mark.parametrize("order", ["random", "quasi_random"])
 def test_batches_equal_local_with_a_small_cache(remote, tmp_path, order):
     limit = 5 * PAGE  # 5 of the 9 data pages
-    loader = ffload.Loader(remote.url, batch_size=4, num_workers=2, order=order, seed=3, cache_limit=limit,
-                           cache_dir=str(tmp_path))
+    loader = ffload.Loader(
+        remote.url, batch_size=4, num_workers=2, order=order, seed=3, cache_limit=limit, cache_dir=str(tmp_path)
+    )
     local = ffload.Loader(remote.local, batch_size=4, num_workers=2, order=order, seed=3)
     with loader, local:
         pool = loader.memory
@@ -105,8 +112,15 @@ def test_batches_equal_local_with_a_small_cache(remote, tmp_path, order):
 def test_cold_quasi_random_epoch_gets_each_page_once(remote, tmp_path):
     view = open_dataset(remote.url)
     bound = view.data_size // PAGE + 10
-    loader = ffload.Loader(remote.url, batch_size=8, num_workers=2, order="quasi_random", seed=5,
-                           cache_limit=16 * PAGE, cache_dir=str(tmp_path))
+    loader = ffload.Loader(
+        remote.url,
+        batch_size=8,
+        num_workers=2,
+        order="quasi_random",
+        seed=5,
+        cache_limit=16 * PAGE,
+        cache_dir=str(tmp_path),
+    )
     with loader:
         labels = np.concatenate([label.numpy().copy() for _, label in loader])
         cold = loader.memory.source.requests  # opening reads included
@@ -120,8 +134,17 @@ def test_cold_quasi_random_epoch_gets_each_page_once(remote, tmp_path):
 
 def test_concurrent_requests_are_bounded(remote, tmp_path):
     remote.server.reset_max()
-    with ffload.Loader(remote.url, batch_size=4, num_workers=2, order="random", seed=9, cache_limit=5 * PAGE,
-                       cache_dir=str(tmp_path), max_requests=2, indices=np.arange(0, N, 3)) as loader:
+    with ffload.Loader(
+        remote.url,
+        batch_size=4,
+        num_workers=2,
+        order="random",
+        seed=9,
+        cache_limit=5 * PAGE,
+        cache_dir=str(tmp_path),
+        max_requests=2,
+        indices=np.arange(0, N, 3),
+    ) as loader:
         for _ in loader:
             pass
         assert loader.memory.source.requests > 10
@@ -129,8 +152,15 @@ def test_concurrent_requests_are_bounded(remote, tmp_path):
 
 
 def test_injected_503s_are_retried(remote, tmp_path):
-    loader = ffload.Loader(remote.url, batch_size=4, num_workers=2, order="quasi_random", seed=2,
-                           cache_limit=4 * PAGE, cache_dir=str(tmp_path))
+    loader = ffload.Loader(
+        remote.url,
+        batch_size=4,
+        num_workers=2,
+        order="quasi_random",
+        seed=2,
+        cache_limit=4 * PAGE,
+        cache_dir=str(tmp_path),
+    )
     local = ffload.Loader(remote.local, batch_size=4, num_workers=2, order="quasi_random", seed=2)
     with loader, local:
         remote.server.fail_next(6, 503)  # the first page GETs answer 503 (S3's SlowDown for moto)
@@ -142,8 +172,16 @@ def test_injected_503s_are_retried(remote, tmp_path):
 
 def test_server_killed_mid_epoch(remote, tmp_path):
     server = remote.server
-    loader = ffload.Loader(remote.url, batch_size=4, num_workers=2, order="quasi_random", seed=7,
-                           cache_limit=4 * PAGE, cache_dir=str(tmp_path), read_ahead=PAGE)
+    loader = ffload.Loader(
+        remote.url,
+        batch_size=4,
+        num_workers=2,
+        order="quasi_random",
+        seed=7,
+        cache_limit=4 * PAGE,
+        cache_dir=str(tmp_path),
+        read_ahead=PAGE,
+    )
     local = ffload.Loader(remote.local, batch_size=4, num_workers=2, order="quasi_random", seed=7)
     restart = threading.Timer(1.5, server.start)
     seen = []
@@ -162,13 +200,19 @@ def test_server_killed_mid_epoch(remote, tmp_path):
 
 
 def test_http_missing_object_and_no_ranges_are_clear_errors(http):
-    with pytest.raises(StorageError, match=r"^http://127\.0\.0\.1:\d+/ds/missing\.beton: cannot read its size: "
-                                           r"no such object"):
+    with pytest.raises(
+        StorageError,
+        match=r"^http://127\.0\.0\.1:\d+/ds/missing\.beton: cannot read its size: "
+        r"no such object",
+    ):
         ffload.Loader(http.url("ds/missing.beton"), batch_size=4)
     http.server.ranges = "ignore"  # a server answering 200 and the whole file to a range request
     try:
-        with pytest.raises(StorageError, match=r"train\.beton: the server answered a request for bytes \d+\.\.\d+ "
-                                               r".*does not support HTTP range requests"):
+        with pytest.raises(
+            StorageError,
+            match=r"train\.beton: the server answered a request for bytes \d+\.\.\d+ "
+            r".*does not support HTTP range requests",
+        ):
             ffload.Loader(http.url("train.beton"), batch_size=4)
     finally:
         http.server.ranges = "bytes"
@@ -200,5 +244,7 @@ def test_missing_object_and_remote_lmdb_refused(s3):
 
 
 def test_cache_limit_must_hold_a_batch(s3):
-    with pytest.raises(ConfigurationError, match=r"cache_limit=2097152 bytes cannot hold .*raise cache_limit to at least 16777216"):
+    with pytest.raises(
+        ConfigurationError, match=r"cache_limit=2097152 bytes cannot hold .*raise cache_limit to at least 16777216"
+    ):
         ffload.Loader(URL, batch_size=8, cache_limit=PAGE)

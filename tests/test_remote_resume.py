@@ -2,6 +2,7 @@
 and resumed uploads the bytes of an uninterrupted local conversion, and nothing before it is
 complete. The conversion runs in a child process (tests/test_resume.py's ``run``), against a real
 S3 server (moto on 127.0.0.1)."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,21 @@ def test_cli_resume_to_a_url_reports_where_it_resumed(s3, tmp_path, photos, monk
     dst = "s3://bkt/resume/cli.beton"
     folder, journal = _staged(dst)
     killed_at = run(photos, dst, resume=False, kill_after=4, journal=journal)
-    result = CliRunner().invoke(main, ["convert", str(photos), dst, "--write-mode", "proportion", "--resume",
-                                       "--num-workers", "0", "--quiet", "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "convert",
+            str(photos),
+            dst,
+            "--write-mode",
+            "proportion",
+            "--resume",
+            "--num-workers",
+            "0",
+            "--quiet",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["dst"] == dst and report["resumed_from"] >= killed_at > 0

@@ -9,6 +9,7 @@ would show). The corpora are listed in :data:`CORPORA`: ordinary photos from ``s
 scikit-learn in common formats, and the odd files of :mod:`odd_images` (palette / planar / 16-bit
 TIFFs, APNG, WebP with EXIF, BMP variants, broken files), converted with ``on_error='skip'``.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,13 @@ def write_photos(root) -> None:
     from sklearn.datasets import load_sample_images
 
     china, flower = (np.ascontiguousarray(im[::4, ::4]) for im in load_sample_images().images)
-    photos = {"astronaut": data.astronaut()[::3, ::3], "coffee": data.coffee()[::3, ::3],
-              "chelsea": data.chelsea()[::2, ::2], "china": china, "flower": flower}
+    photos = {
+        "astronaut": data.astronaut()[::3, ::3],
+        "coffee": data.coffee()[::3, ::3],
+        "chelsea": data.chelsea()[::2, ::2],
+        "china": china,
+        "flower": flower,
+    }
     gray = {"camera": data.camera()[::4, ::4], "moon": data.moon()[::4, ::4]}
     for k, (name, rgb) in enumerate(photos.items()):
         folder = os.path.join(root, f"c{k % 2}")
@@ -111,13 +117,14 @@ def test_no_stale_bytes_where_the_data_moved(tmp_path):
     rng = np.random.default_rng(0)
     blobs = [rng.integers(1, 256, size, np.uint8) for size in (300_000, 3 << 20, 1000)]
     dst = str(tmp_path / "g.beton")
-    write_dataset(dst, {"blob": BytesField(), "label": IntField()}, [(b, k) for k, b in enumerate(blobs)], 3,
-                  page_size=2 << 20)
+    write_dataset(
+        dst, {"blob": BytesField(), "label": IntField()}, [(b, k) for k, b in enumerate(blobs)], 3, page_size=2 << 20
+    )
     view = open_dataset(dst)
     first = int(min(view.ptrs["blob"]))
     assert view.page_size == 4 << 20 and first == 4 << 20  # grown once: the data moved from 2 MiB to 4 MiB
     with open(dst, "rb") as f:
         head = f.read(first)
-    assert not any(head[2 << 20:])  # the old data region is zeros
+    assert not any(head[2 << 20 :])  # the old data region is zeros
     for k, b in enumerate(blobs):
         assert np.array_equal(view.payload("blob", k), b)

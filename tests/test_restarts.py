@@ -1,6 +1,7 @@
 """Crops decoded from a JPEG's restart segments (ffload.codecs.restarts through jpeg.decode_rows)
 on real photos: the same pixels as the usual path and as a full decode, only the box's segments
 read, and anything unusual left to the usual path."""
+
 from __future__ import annotations
 
 import cv2
@@ -14,8 +15,9 @@ from ffload.loaders.decoders.rgb import RandomResizedCropRGBImageDecoder
 from tests import test_jpeg
 from tests.test_decoders import decode, write
 
-pytestmark = pytest.mark.skipif(jpeg.backend() != "turbojpeg" or not restarts.AVAILABLE,
-                                reason="no TurboJPEG 3 library or no memchr")
+pytestmark = pytest.mark.skipif(
+    jpeg.backend() != "turbojpeg" or not restarts.AVAILABLE, reason="no TurboJPEG 3 library or no memchr"
+)
 
 photos = test_jpeg.photos  # the fixture: five ImageNet-sized photos (long side 430 px)
 
@@ -23,8 +25,16 @@ SAMPLING = {"4:2:0": 0x221111, "4:2:2": 0x211111, "4:4:4": 0x111111, "4:4:0": 0x
 
 
 def encode(rgb, interval, sampling="4:2:0", progressive=False):
-    params = [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_RST_INTERVAL, interval,
-              cv2.IMWRITE_JPEG_SAMPLING_FACTOR, SAMPLING[sampling], cv2.IMWRITE_JPEG_PROGRESSIVE, int(progressive)]
+    params = [
+        cv2.IMWRITE_JPEG_QUALITY,
+        90,
+        cv2.IMWRITE_JPEG_RST_INTERVAL,
+        interval,
+        cv2.IMWRITE_JPEG_SAMPLING_FACTOR,
+        SAMPLING[sampling],
+        cv2.IMWRITE_JPEG_PROGRESSIVE,
+        int(progressive),
+    ]
     return cv2.imencode(".jpg", np.ascontiguousarray(rgb[..., ::-1]), params)[1].ravel()
 
 
@@ -42,11 +52,27 @@ def decode_boxes(payloads, boxes, out_hw, cut=True):
     cut_buf = np.empty(int(sizes.max()) + 16 if cut else 0, np.uint8)
     starts = np.empty(restarts.starts_size(h, w) if cut else 0, np.int64)
     status = np.zeros(b, np.int64)
-    bad = jpeg.decode_rows(jpeg.thread_handle(), np.arange(b, dtype=np.int64), np.zeros(b, np.uint8), h, w,
-                           ptrs, sizes, region, np.asarray(boxes, np.int64), np.zeros(b, bool), out.reshape(-1),
-                           out_hw[0], out_hw[1], np.empty(int((h * w).max()) * 3, np.uint8), cut_buf, starts,
-                           np.empty(scratch_size(out_hw[0], out_hw[1], int(w.max())), np.uint16), status,
-                           np.zeros(2, np.int64))
+    bad = jpeg.decode_rows(
+        jpeg.thread_handle(),
+        np.arange(b, dtype=np.int64),
+        np.zeros(b, np.uint8),
+        h,
+        w,
+        ptrs,
+        sizes,
+        region,
+        np.asarray(boxes, np.int64),
+        np.zeros(b, bool),
+        out.reshape(-1),
+        out_hw[0],
+        out_hw[1],
+        np.empty(int((h * w).max()) * 3, np.uint8),
+        cut_buf,
+        starts,
+        np.empty(scratch_size(out_hw[0], out_hw[1], int(w.max())), np.uint16),
+        status,
+        np.zeros(2, np.int64),
+    )
     return bad, status, out
 
 
@@ -73,7 +99,7 @@ def test_boxes_from_restart_segments_have_the_full_decodes_pixels(photos, sampli
         assert bad == -1
         if hi is None:
             for row, full, (y, x, bh, bw) in zip(out, fulls, boxes):
-                np.testing.assert_array_equal(row, full[y:y + bh, x:x + bw])
+                np.testing.assert_array_equal(row, full[y : y + bh, x : x + bw])
         else:
             np.testing.assert_array_equal(out, decode_boxes(payloads, boxes, out_hw, cut=False)[2])
 
@@ -90,7 +116,7 @@ def test_only_the_boxs_segments_are_read(photos, sampling, interval):
     sof, sos_end, *_ = restarts.headers(good, 0, good.size)
     starts = np.empty(4, np.int64)
     assert restarts.segment_starts(good, sos_end, good.size, 2, starts) == 2
-    damaged[starts[0]:starts[1] - 2] = np.resize(np.array([0xFF, 0x00], np.uint8), starts[1] - 2 - starts[0])
+    damaged[starts[0] : starts[1] - 2] = np.resize(np.array([0xFF, 0x00], np.uint8), starts[1] - 2 - starts[0])
     box = [[200, 200, 64, 64]]
     bad, status, out = decode_boxes([damaged], box, (64, 64), cut=False)
     assert (bad, status[0]) == (0, jpeg.FAILED)
@@ -125,7 +151,7 @@ def test_headers_describe_what_may_be_cut(photos):
     assert restarts.headers(grey, 0, grey.size)[4:] == (8, 8, 2, True)
     progressive = encode(rgb, 4, progressive=True)
     assert restarts.headers(progressive, 0, progressive.size)[7] is False  # SOF2: never cut
-    truncated = encode(rgb, 4)[:sof + 20]
+    truncated = encode(rgb, 4)[: sof + 20]
     assert restarts.headers(truncated, 0, truncated.size)[1] == -1
 
 
@@ -148,4 +174,6 @@ def test_loader_crops_ffload_written_restart_files_like_plain_ones(tmp_path, pho
     assert restarts.headers(payload, 0, payload.size)[6] == 1
     order = np.arange(len(rows), dtype=np.int64)
     op = RandomResizedCropRGBImageDecoder(128)
-    np.testing.assert_array_equal(decode(op, marked, "image", order, epoch=2), decode(op, plain, "image", order, epoch=2))
+    np.testing.assert_array_equal(
+        decode(op, marked, "image", order, epoch=2), decode(op, plain, "image", order, epoch=2)
+    )

@@ -1,5 +1,6 @@
 """Resumable .beton conversion: a conversion killed with SIGKILL and resumed gives the bytes of an
 uninterrupted one; a resume with other arguments or a changed source is refused."""
+
 from __future__ import annotations
 
 import json
@@ -45,6 +46,7 @@ RUNNER = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     from ffload.convert.demo_data import build_photos_folder
+
     root = tmp_path_factory.mktemp("resume") / "photos"
     build_photos_folder(root, n_per_class=4)
     return root
@@ -55,8 +57,9 @@ def run(src, dst, resume: bool, kill_after: int | None = None, journal: str | No
     journal (``journal``, default: beside ``dst``) records that many samples. Returns the samples
     the journal recorded at the kill (None when it ran to the end)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(src), str(dst), "1" if resume else "0"], env=env,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(src), str(dst), "1" if resume else "0"], env=env, stderr=subprocess.PIPE
+    )
     if journal is None:
         journal = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.partial.json")
     if kill_after is None:
@@ -107,8 +110,21 @@ def test_resume_late_kill_and_cli_report(tmp_path, photos):
     run(photos, reference, resume=False)
     dst = tmp_path / "y.beton"
     killed_at = run(photos, dst, resume=False, kill_after=n - 4)
-    out = CliRunner().invoke(main, ["convert", str(photos), str(dst), "--write-mode", "proportion", "--resume",
-                                    "--num-workers", "0", "--quiet", "--json"])
+    out = CliRunner().invoke(
+        main,
+        [
+            "convert",
+            str(photos),
+            str(dst),
+            "--write-mode",
+            "proportion",
+            "--resume",
+            "--num-workers",
+            "0",
+            "--quiet",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     summary = json.loads(out.output)
     assert summary["samples"] == n and 0 < summary["resumed_from"] <= n
@@ -122,25 +138,32 @@ def killed_partial(photos, dst) -> None:
 
 def test_resume_refuses_other_arguments_a_changed_source_and_lmdb(tmp_path, photos):
     import shutil
+
     src = tmp_path / "src"
     shutil.copytree(photos, src)
     dst = tmp_path / "z.beton"
     killed_partial(src, dst)
     with pytest.raises(ConfigurationError, match="other arguments.*fields"):
-        convert_dataset(ImageFolderSource(src), str(dst), write_mode="jpg", num_workers=0, progress=False,
-                        resume=True)
+        convert_dataset(ImageFolderSource(src), str(dst), write_mode="jpg", num_workers=0, progress=False, resume=True)
     with pytest.raises(ConfigurationError, match="other arguments.*reencode: was False, now True"):
-        convert_dataset(ImageFolderSource(src), str(dst), write_mode="proportion", num_workers=0, progress=False,
-                        resume=True, reencode=True)
+        convert_dataset(
+            ImageFolderSource(src),
+            str(dst),
+            write_mode="proportion",
+            num_workers=0,
+            progress=False,
+            resume=True,
+            reencode=True,
+        )
     victim = sorted((src / "chelsea").iterdir())[0]
     victim.write_bytes(victim.read_bytes() + b"\0")  # same path, other content
     with pytest.raises(ConfigurationError, match="the source changed"):
-        convert_dataset(ImageFolderSource(src), str(dst), write_mode="proportion", num_workers=0, progress=False,
-                        resume=True)
+        convert_dataset(
+            ImageFolderSource(src), str(dst), write_mode="proportion", num_workers=0, progress=False, resume=True
+        )
     assert (tmp_path / ".z.beton.partial").exists()  # a refused resume leaves the partial output
     with pytest.raises(ConfigurationError, match=".beton outputs only"):
-        convert_dataset(ImageFolderSource(src), str(tmp_path / "z.lmdb"), num_workers=0, progress=False,
-                        resume=True)
+        convert_dataset(ImageFolderSource(src), str(tmp_path / "z.lmdb"), num_workers=0, progress=False, resume=True)
     # without --resume, a new conversion starts over and cleans up
     convert_dataset(ImageFolderSource(src), str(dst), write_mode="proportion", num_workers=0, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "z.beton"]
@@ -150,8 +173,7 @@ def test_checkpoint_then_resume_with_grown_pages(tmp_path):
     """The writer's own checkpoint/resume across a page-size growth (a sample larger than a page)."""
     fields = {"blob": BytesField(), "label": IntField()}
     rng = np.random.default_rng(0)
-    samples = [(rng.integers(0, 256, size, np.uint8), i) for i, size in
-               enumerate([1000, 3 << 20, 5000, 9 << 20, 10])]
+    samples = [(rng.integers(0, 256, size, np.uint8), i) for i, size in enumerate([1000, 3 << 20, 5000, 9 << 20, 10])]
     encoded = [[f.encode(v, i) for f, v in zip(fields.values(), s)] for i, s in enumerate(samples)]
 
     def add(writer, i):
@@ -177,8 +199,13 @@ def test_checkpoint_then_resume_with_grown_pages(tmp_path):
         f.write(b"garbage after the checkpoint")
     w.abort()
     assert grown == [1, 3]
-    resumed = BetonWriter(part, fields, 5, origin_room=room,
-                          resume=(state, np.concatenate(metas), np.concatenate(allocs), b"".join(origins)))
+    resumed = BetonWriter(
+        part,
+        fields,
+        5,
+        origin_room=room,
+        resume=(state, np.concatenate(metas), np.concatenate(allocs), b"".join(origins)),
+    )
     with resumed:
         add(resumed, 4)
     assert open(part, "rb").read() == open(ref, "rb").read()
@@ -194,13 +221,19 @@ def test_a_journal_that_cannot_be_continued_is_named_and_its_partial_output_kept
     records = bytearray(origins_path.read_bytes())
     records[:4] = (1 << 30).to_bytes(4, "little")  # the first origin record now runs past the file
     origins_path.write_bytes(bytes(records))
-    with pytest.raises(ConfigurationError, match=r"\.z\.beton\.partial\.json: cannot resume from this journal "
-                                                 r"\(truncated origin record\)"):
-        convert_dataset(ImageFolderSource(photos), str(dst), write_mode="proportion", num_workers=0, progress=False,
-                        resume=True)
+    with pytest.raises(
+        ConfigurationError,
+        match=r"\.z\.beton\.partial\.json: cannot resume from this journal "
+        r"\(truncated origin record\)",
+    ):
+        convert_dataset(
+            ImageFolderSource(photos), str(dst), write_mode="proportion", num_workers=0, progress=False, resume=True
+        )
     assert (tmp_path / ".z.beton.partial").stat().st_size >= journal["data_start"] + journal["data_bytes"]
     journal_path.write_text(json.dumps(dict(journal, version=1)))  # a journal of the earlier layout
-    out = CliRunner().invoke(main, ["convert", str(photos), str(dst), "--write-mode", "proportion", "--resume",
-                                    "--num-workers", "0", "--quiet"])
+    out = CliRunner().invoke(
+        main,
+        ["convert", str(photos), str(dst), "--write-mode", "proportion", "--resume", "--num-workers", "0", "--quiet"],
+    )
     assert out.exit_code == 1 and "not an ffload conversion journal (version 2)" in out.output, out.output
     assert "Traceback" not in out.output and (tmp_path / ".z.beton.partial").exists()

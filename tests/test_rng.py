@@ -1,4 +1,5 @@
 """Counter-based per-sample randomness (ffload.loaders.rng)."""
+
 from __future__ import annotations
 
 import os
@@ -72,11 +73,14 @@ def test_salts_give_independent_streams():
 
 
 def test_salts_and_seeds_are_stable_across_processes():
-    code = ("from ffload.loaders.rng import op_salt, sample_seeds; "
-            "print(int(op_salt('RandomHorizontalFlip', 'image')), int(sample_seeds(5, 2, [7])[0]))")
+    code = (
+        "from ffload.loaders.rng import op_salt, sample_seeds; "
+        "print(int(op_salt('RandomHorizontalFlip', 'image')), int(sample_seeds(5, 2, [7])[0]))"
+    )
     # this process hashes strings with a random PYTHONHASHSEED, the child with a fixed one
     env = dict(os.environ, PYTHONHASHSEED="1")
-    child = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
-                           text=True).stdout.split()
+    child = subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+    ).stdout.split()
     here = [str(int(op_salt("RandomHorizontalFlip", "image"))), str(int(sample_seeds(5, 2, [7])[0]))]
     assert child == here

@@ -5,6 +5,7 @@ The data: an ImageFolder of 300 real photo crops (sklearn's two sample photos, 9
 27 KiB each, 2 MiB pages: 75 samples a page), converted once unsharded and once with a shard size
 that gives several shards; every sharded result is compared with the unsharded one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,6 +37,7 @@ def photo_folder(root: Path) -> tuple[list[np.ndarray], list[int]]:
     """``root/<class>/NNNN.png``: N crops of sklearn's sample photos (class 0: china, 1: flower),
     in ImageFolder order. Returns the crops (RGB) and labels in that order."""
     from sklearn.datasets import load_sample_images
+
     photos = load_sample_images().images
     rng = np.random.default_rng(0)
     images, labels = [], []
@@ -43,7 +45,7 @@ def photo_folder(root: Path) -> tuple[list[np.ndarray], list[int]]:
         label = i * 2 // N
         photo = photos[label]
         y, x = rng.integers(0, photo.shape[0] - SIDE), rng.integers(0, photo.shape[1] - SIDE)
-        crop = np.ascontiguousarray(photo[y:y + SIDE, x:x + SIDE])
+        crop = np.ascontiguousarray(photo[y : y + SIDE, x : x + SIDE])
         folder = root / str(label)
         folder.mkdir(parents=True, exist_ok=True)
         cv2.imwrite(str(folder / f"{i:04d}.png"), cv2.cvtColor(crop, cv2.COLOR_RGB2BGR))
@@ -59,8 +61,10 @@ def converted(tmp_path_factory):
     images, labels = photo_folder(tmp / "src")
     one, sharded = tmp / "one.beton", tmp / "train.shards"
     for dst, extra in ((one, []), (sharded, ["--shard-size", SHARD])):
-        result = CliRunner().invoke(main, ["convert", str(tmp / "src"), str(dst), "--num-workers", "2", "--quiet",
-                                           "--page-size", str(PAGE), *extra])
+        result = CliRunner().invoke(
+            main,
+            ["convert", str(tmp / "src"), str(dst), "--num-workers", "2", "--quiet", "--page-size", str(PAGE), *extra],
+        )
         assert result.exit_code == 0, result.output
     return str(one), str(sharded), images, labels
 
@@ -70,7 +74,9 @@ def test_manifest_and_standalone_shards(converted):
     manifest = json.loads(Path(sharded, MANIFEST).read_text("utf8"))
     assert manifest["format"] == "ffload-shards" and manifest["version"] == 1
     assert manifest["num_samples"] == N and manifest["info"] == {
-        "classes": ["0", "1"], "origin": {"source": "imagefolder", "id": "path"}}
+        "classes": ["0", "1"],
+        "origin": {"source": "imagefolder", "id": "path"},
+    }
     assert [f["name"] for f in manifest["fields"]] == ["image", "label"]
     shards = manifest["shards"]
     assert len(shards) >= 3 and sorted(os.listdir(sharded)) == sorted([MANIFEST] + [s["path"] for s in shards])
@@ -86,7 +92,7 @@ def test_manifest_and_standalone_shards(converted):
         region = view.open_region()
         for j in range(view.num_samples):
             assert bytes(view.payload("image", j, region)) == images[start + j].tobytes()
-        assert view.metadata["label"].tolist() == labels[start:start + view.num_samples]
+        assert view.metadata["label"].tolist() == labels[start : start + view.num_samples]
         start += view.num_samples
     # the whole dataset: the same fields, metadata and payload bytes as the unsharded file
     a, b = open_dataset(one), open_dataset(sharded)
@@ -102,7 +108,7 @@ def test_manifest_and_standalone_shards(converted):
     gap = slice(int(layout.bases[0] + layout.sizes[0]), int(layout.bases[1]))
     assert gap.stop > gap.start and not np.asarray(rb[gap]).any()
     head = open(layout.paths[1], "rb").read(4096)
-    assert bytes(rb[int(layout.bases[1]):int(layout.bases[1]) + 4096]) == head
+    assert bytes(rb[int(layout.bases[1]) : int(layout.bases[1]) + 4096]) == head
     assert open_dataset(os.path.join(sharded, MANIFEST)).num_samples == N  # the manifest opens it too
 
 
@@ -133,9 +139,11 @@ def _page_groups(view) -> np.ndarray:
     return np.unique(view.sample_pages, return_inverse=True)[1]
 
 
-CACHES = {"os": (True, None),  # the shards mapped into one range
-          "blocks": (False, 3 * PAGE),  # a small block cache: blocks evicted
-          "pool": (False, 16 * PAGE)}  # quasi_random: the page pool (each page inside one shard)
+CACHES = {
+    "os": (True, None),  # the shards mapped into one range
+    "blocks": (False, 3 * PAGE),  # a small block cache: blocks evicted
+    "pool": (False, 16 * PAGE),
+}  # quasi_random: the page pool (each page inside one shard)
 
 
 @pytest.mark.parametrize("order", ORDERS)
@@ -144,12 +152,17 @@ def test_sharded_loader_yields_the_unsharded_batches(converted, order, cache):
     from ffload.loaders.memory.os_cache import OSCacheMemory
     from ffload.loaders.memory.pagepool import PagePoolMemory
     from ffload.loaders.memory.process_cache import ProcessCacheMemory
+
     one, sharded, images, _ = converted
     os_cache, limit = CACHES[cache]
-    with ffload.Loader(sharded, batch_size=16, num_workers=1, order=order, os_cache=os_cache,
-                       cache_limit=limit) as loader:
-        kind = {"os": OSCacheMemory, "blocks": ProcessCacheMemory,
-                "pool": PagePoolMemory if order == "quasi_random" else ProcessCacheMemory}[cache]
+    with ffload.Loader(
+        sharded, batch_size=16, num_workers=1, order=order, os_cache=os_cache, cache_limit=limit
+    ) as loader:
+        kind = {
+            "os": OSCacheMemory,
+            "blocks": ProcessCacheMemory,
+            "pool": PagePoolMemory if order == "quasi_random" else ProcessCacheMemory,
+        }[cache]
         assert type(loader.memory) is kind
     a = _epochs(one, order, os_cache, cache_limit=limit)
     b = _epochs(sharded, order, os_cache, cache_limit=limit)
@@ -193,6 +206,7 @@ def test_state_dict_resume_on_shards(converted):
 
 def _rank_main(rank, path, init_file, out_dir):
     import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         for order in ORDERS:
@@ -209,10 +223,16 @@ def _rank_main(rank, path, init_file, out_dir):
 
 def test_distributed_split_covers_each_index_once(tmp_path):
     import torch.multiprocessing as mp
+
     n = 45  # odd: DistributedSampler pads one rank by one sample
-    path = write_dataset(str(tmp_path / "ints"), {"index": IntField(), "blob": BytesField()},
-                         ((i, np.full(300_000, i, np.uint8)) for i in range(n)), n, page_size=PAGE,
-                         shard_size="5MiB")
+    path = write_dataset(
+        str(tmp_path / "ints"),
+        {"index": IntField(), "blob": BytesField()},
+        ((i, np.full(300_000, i, np.uint8)) for i in range(n)),
+        n,
+        page_size=PAGE,
+        shard_size="5MiB",
+    )
     assert len(open_dataset(path).shards.paths) >= 3
     mp.spawn(_rank_main, args=(path, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
     for order in ORDERS:
@@ -225,9 +245,14 @@ def test_distributed_split_covers_each_index_once(tmp_path):
 
 def test_a_sample_larger_than_the_shard_size_gets_its_own_shard(tmp_path):
     sizes = [1000, 3_000_000, 1000, 1000]
-    dst = write_dataset(str(tmp_path / "big"), {"blob": BytesField()},
-                        ((np.full(s, i, np.uint8),) for i, s in enumerate(sizes)), len(sizes), page_size=PAGE,
-                        shard_size=5 << 20)
+    dst = write_dataset(
+        str(tmp_path / "big"),
+        {"blob": BytesField()},
+        ((np.full(s, i, np.uint8),) for i, s in enumerate(sizes)),
+        len(sizes),
+        page_size=PAGE,
+        shard_size=5 << 20,
+    )
     shards = json.loads(Path(dst, MANIFEST).read_text())["shards"]
     assert [s["num_samples"] for s in shards] == [1, 1, 2]
     assert shards[1]["bytes"] > 5 << 20  # its page grew to 4 MiB: alone, over the size
@@ -241,6 +266,7 @@ def test_metadata_rows_grow_past_the_first_page(tmp_path):
     """A shard reserves the rows its first page's padding holds; more samples double the room and
     move the data once (BetonWriter(reserve=...)); the file reads back whole."""
     from ffload.formats.beton import BetonWriter
+
     path = str(tmp_path / "grown.beton")
     with BetonWriter(path, {"label": IntField(), "blob": BytesField()}, 10, PAGE, reserve=3) as writer:
         for i in range(10):
@@ -256,6 +282,7 @@ def test_metadata_rows_grow_past_the_first_page(tmp_path):
 
 def test_truncated_missing_and_corrupt_shards(converted, tmp_path):
     import shutil
+
     sharded = str(tmp_path / "copy")
     shutil.copytree(converted[1], sharded)
     victim = os.path.join(sharded, "shard-00001.beton")
@@ -287,12 +314,17 @@ def test_truncated_missing_and_corrupt_shards(converted, tmp_path):
 @pytest.mark.parametrize("os_cache", [True, False])
 def test_a_shard_truncated_under_the_loader_is_named(converted, tmp_path, os_cache):
     import shutil
+
     sharded = str(tmp_path / "copy")
     shutil.copytree(converted[1], sharded)
     loader = ffload.Loader(sharded, batch_size=N, num_workers=1, order="sequential", os_cache=os_cache)
     victim = os.path.join(sharded, "shard-00002.beton")
     os.truncate(victim, os.path.getsize(victim) // 2)
-    cause = "the file shrank from .* bytes while it was being read" if os_cache else "shard ends at byte .* its manifest says"
+    cause = (
+        "the file shrank from .* bytes while it was being read"
+        if os_cache
+        else "shard ends at byte .* its manifest says"
+    )
     with pytest.raises(LoaderError, match=rf"shard-00002\.beton:? {cause}"):
         next(iter(loader))
     loader.close()
@@ -312,13 +344,14 @@ def test_refusals(tmp_path):
     with pytest.raises(ConfigurationError, match="--resume .* not supported with --shard-size"):
         convert_dataset(src, str(tmp_path / "y"), shard_size="1GB", resume=True, progress=False)
     assert os.listdir(tmp_path) == []
-    assert parse_size("1GB") == 10 ** 9 and parse_size("512MiB") == 512 << 20 and parse_size(4096) == 4096
+    assert parse_size("1GB") == 10**9 and parse_size("512MiB") == 512 << 20 and parse_size(4096) == 4096
     assert parse_size("1.5 GiB") == 3 << 29
 
 
 def test_interrupted_convert_leaves_no_destination(tmp_path):
-    proc = start_slow_conversion(tmp_path / "out", "np.full((300, 300, 3), i % 256, np.uint8)",
-                                 shard_size="5MB", page_size=PAGE)
+    proc = start_slow_conversion(
+        tmp_path / "out", "np.full((300, 300, 3), i % 256, np.uint8)", shard_size="5MB", page_size=PAGE
+    )
     deadline = time.monotonic() + 30
     while not any(".tmp-" in n and os.listdir(tmp_path / n) for n in os.listdir(tmp_path)):
         assert time.monotonic() < deadline and proc.poll() is None
@@ -332,6 +365,7 @@ def test_interrupted_convert_leaves_no_destination(tmp_path):
 def test_ffcv_reads_each_shard(converted):
     pytest.importorskip("ffcv", reason="ffcv 1.0.2 (extra 'ffcv') is not installed")
     from isolated import run_isolated
+
     run_isolated("test_shards", "ffcv_reads_shards", converted[0], converted[1])  # tests/isolated.py
 
 
@@ -343,8 +377,14 @@ def ffcv_reads_shards(one: str, sharded: str):
     from ffcv.loader import Loader, OrderOption
 
     def read(path):
-        loader = Loader(path, batch_size=50, num_workers=1, order=OrderOption.SEQUENTIAL, drop_last=False,
-                        pipelines={"image": [SimpleRGBImageDecoder()], "label": [IntDecoder()]})
+        loader = Loader(
+            path,
+            batch_size=50,
+            num_workers=1,
+            order=OrderOption.SEQUENTIAL,
+            drop_last=False,
+            pipelines={"image": [SimpleRGBImageDecoder()], "label": [IntDecoder()]},
+        )
         return [(np.asarray(i).copy(), np.asarray(lab).ravel().copy()) for i, lab in loader]
 
     whole = read(one)
@@ -356,13 +396,14 @@ def ffcv_reads_shards(one: str, sharded: str):
         got = read(os.path.join(sharded, s["path"]))
         got_images = np.concatenate([i for i, _ in got])
         assert len(got_images) == s["num_samples"]
-        assert np.array_equal(got_images, images[start:start + s["num_samples"]])
-        assert np.array_equal(np.concatenate([lab for _, lab in got]), labels[start:start + s["num_samples"]])
+        assert np.array_equal(got_images, images[start : start + s["num_samples"]])
+        assert np.array_equal(np.concatenate([lab for _, lab in got]), labels[start : start + s["num_samples"]])
         start += s["num_samples"]
     assert start == len(images) == N
 
 
 # ---- object storage ------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def s3(converted):
@@ -373,6 +414,7 @@ def s3(converted):
     from s3_server import s3_environment
 
     from ffload.storage import upload_file
+
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     with s3_environment("bkt") as server:
         for name in os.listdir(converted[1]):
@@ -393,8 +435,15 @@ def test_remote_sharded_view_is_the_local_view(converted, s3, url):
 
 @pytest.mark.parametrize("order", ["random", "quasi_random"])
 def test_remote_sharded_loader_equals_local(converted, s3, tmp_path, order):
-    remote = ffload.Loader("s3://bkt/ds/train", batch_size=4, num_workers=2, order=order, seed=5,
-                           cache_limit=5 * PAGE, cache_dir=str(tmp_path))  # 5 of the data pages
+    remote = ffload.Loader(
+        "s3://bkt/ds/train",
+        batch_size=4,
+        num_workers=2,
+        order=order,
+        seed=5,
+        cache_limit=5 * PAGE,
+        cache_dir=str(tmp_path),
+    )  # 5 of the data pages
     local = ffload.Loader(converted[1], batch_size=4, num_workers=2, order=order, seed=5)
     with remote, local:
         for _ in range(2):
@@ -408,7 +457,7 @@ def test_remote_sharded_loader_equals_local(converted, s3, tmp_path, order):
 def remote_layout(fs, prefix: str) -> tuple[dict, list[str]]:
     """The manifest at ``prefix`` and every object under it (paths relative to ``prefix``)."""
     manifest = json.loads(fs.cat(f"{prefix}/{MANIFEST}").decode("utf8"))
-    return manifest, sorted(p[len(prefix) + 1:] for p in fs.find(prefix))
+    return manifest, sorted(p[len(prefix) + 1 :] for p in fs.find(prefix))
 
 
 def test_remote_sharded_convert(converted, s3, tmp_path):
@@ -417,6 +466,7 @@ def test_remote_sharded_convert(converted, s3, tmp_path):
     report = convert_dataset(src, "s3://bkt/out/train", **kw)
     assert report.dst == "s3://bkt/out/train" and report.format == "shards"
     from ffload.storage import open_filesystem
+
     fs, _ = open_filesystem("s3://bkt/out/train")
     manifest, objects = remote_layout(fs, "bkt/out/train")
     # the shards in one version folder, the manifest naming them beside it
@@ -424,7 +474,8 @@ def test_remote_sharded_convert(converted, s3, tmp_path):
     assert len(version) == 1 and version.pop().startswith("v-")
     assert objects == sorted([MANIFEST] + [entry["path"] for entry in manifest["shards"]])
     assert [os.path.basename(entry["path"]) for entry in manifest["shards"]] == sorted(
-        name for name in os.listdir(converted[1]) if name != MANIFEST)
+        name for name in os.listdir(converted[1]) if name != MANIFEST
+    )
     remote, local = open_dataset("s3://bkt/out/train"), open_dataset(converted[1])
     assert np.array_equal(remote.metadata, local.metadata)
     with pytest.raises(FileExistsError):
@@ -445,14 +496,18 @@ def test_bad_manifests_are_refused(tmp_path):
     dst = write_dataset(str(tmp_path / "d"), {"label": IntField()}, [(i,) for i in range(5)], 5, shard_size="1GB")
     path = os.path.join(dst, MANIFEST)
     good = json.loads(Path(path).read_text())
-    cases = [("{not json", "not UTF-8 JSON"),
-             (dict(good, format="other"), "not a sharded dataset manifest"),
-             (dict(good, version=2), "unsupported sharded dataset version 2"),
-             (dict(good, num_samples=6), "says 6 samples but its shards add up to 5"),
-             (dict(good, shards=[dict(good["shards"][0], path="../x.beton")]), "must be relative"),
-             (dict(good, shards=[dict(good["shards"][0], num_samples=4)]), "says 5 samples but its shards add up to 4"),
-             (dict(good, fields=[{"name": "label", "type": "FloatField", "type_id": 0, "arguments": {}}]),
-              "fields .* differ from the manifest's")]
+    cases = [
+        ("{not json", "not UTF-8 JSON"),
+        (dict(good, format="other"), "not a sharded dataset manifest"),
+        (dict(good, version=2), "unsupported sharded dataset version 2"),
+        (dict(good, num_samples=6), "says 6 samples but its shards add up to 5"),
+        (dict(good, shards=[dict(good["shards"][0], path="../x.beton")]), "must be relative"),
+        (dict(good, shards=[dict(good["shards"][0], num_samples=4)]), "says 5 samples but its shards add up to 4"),
+        (
+            dict(good, fields=[{"name": "label", "type": "FloatField", "type_id": 0, "arguments": {}}]),
+            "fields .* differ from the manifest's",
+        ),
+    ]
     for content, message in cases:
         Path(path).write_text(content if isinstance(content, str) else json.dumps(content))
         with pytest.raises(FormatError, match=message):
@@ -471,7 +526,9 @@ def test_overwrite_swaps_the_whole_directory_and_the_cli_refuses_lmdb(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["d"]
     view = open_dataset(dst)
     assert view.metadata["index"].tolist() == list(range(30))
-    result = CliRunner().invoke(main, ["convert", str(tmp_path / "src"), str(tmp_path / "x.lmdb"), "--shard-size", "1GB"])
+    result = CliRunner().invoke(
+        main, ["convert", str(tmp_path / "src"), str(tmp_path / "x.lmdb"), "--shard-size", "1GB"]
+    )
     assert result.exit_code == 1 and "LMDB" in result.output
 
 
@@ -482,6 +539,7 @@ def test_sharded_read_ahead_advises_inside_the_shards(converted, unit):
     every payload of the batch."""
     from ffload.loaders.memory.readahead import ADVISE_PAGE, ReadAhead
     from ffload.loaders.memory.schedule import batch_blocks, payload_columns
+
     _, sharded, _, _ = converted
     view = open_dataset(sharded)
     columns = payload_columns(view, ["image"])

@@ -1,4 +1,5 @@
 """ffload.convert.sources and ffload.convert.cifar: labels, order, pixels and errors of every source kind."""
+
 from __future__ import annotations
 
 import os
@@ -30,11 +31,12 @@ def crops(photos, n, size, seed):
     for k in range(n):
         photo = photos[k % len(photos)]
         y, x = rng.integers(0, photo.shape[0] - size), rng.integers(0, photo.shape[1] - size)
-        out.append(photo[y:y + size, x:x + size])
+        out.append(photo[y : y + size, x : x + size])
     return np.stack(out)
 
 
 # -- ImageFolderSource --------------------------------------------------------------------------------------------
+
 
 @pytest.fixture()
 def image_folder(tmp_path, photos):
@@ -70,8 +72,17 @@ def image_folder(tmp_path, photos):
     (root / "dog" / "notes.txt").write_text("not an image")
     # Classes sort as sorted(): 'Cat' < 'bird' < 'dog' ('.ipynb_checkpoints' is hidden). Inside a class, directories
     # sort by path ('bird' < 'bird/sub'; 'dog/a' < 'dog/a b' < 'dog/a/x'), then file names within a directory.
-    order = [("Cat/x.Png", 0), ("bird/z.TIFF", 1), ("bird/sub/w.jpeg", 1), ("dog/a.JPG", 2), ("dog/b.png", 2),
-             ("dog/e.png", 2), ("dog/a/p.png", 2), ("dog/a b/q.png", 2), ("dog/a/x/r.png", 2)]
+    order = [
+        ("Cat/x.Png", 0),
+        ("bird/z.TIFF", 1),
+        ("bird/sub/w.jpeg", 1),
+        ("dog/a.JPG", 2),
+        ("dog/b.png", 2),
+        ("dog/e.png", 2),
+        ("dog/a/p.png", 2),
+        ("dog/a b/q.png", 2),
+        ("dog/a/x/r.png", 2),
+    ]
     return root, [(rel, label, written[rel], not rel.lower().endswith(("jpg", "jpeg"))) for rel, label in order]
 
 
@@ -149,6 +160,7 @@ def test_image_folder_errors(tmp_path, photos):
 
 # -- ArraySource / IndexableSource --------------------------------------------------------------------------------
 
+
 def test_array_source(photos):
     images = crops(photos, 6, 20, seed=4)
     labels = np.array([0, 1, 2, 0, 1, 2])
@@ -210,8 +222,14 @@ def test_indexable_source_pil_and_arrays(photos):
     palette_image = Image.fromarray(rgb).convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
     palette = np.array(palette_image.getpalette(), np.uint8).reshape(-1, 3)
     cmyk = np.random.default_rng(9).integers(0, 256, (16, 16, 4), dtype=np.uint8)
-    items = [(Image.fromarray(rgb), 0), (palette_image, 1), (Image.fromarray(cmyk, "CMYK"), 2),
-             (Image.fromarray(rgb[..., 1]), np.int64(1)), (rgb, 0), (Image.fromarray(rgb).convert("RGBA"), 2)]
+    items = [
+        (Image.fromarray(rgb), 0),
+        (palette_image, 1),
+        (Image.fromarray(cmyk, "CMYK"), 2),
+        (Image.fromarray(rgb[..., 1]), np.int64(1)),
+        (rgb, 0),
+        (Image.fromarray(rgb).convert("RGBA"), 2),
+    ]
     dataset = ToyDataset(items, classes=["a", "b", "c"], targets=[0, 1, 2, 1, 0, 2])
     src = IndexableSource(dataset)
     assert isinstance(src, Source)
@@ -252,39 +270,65 @@ def test_indexable_source_errors(photos):
 
 # -- CIFAR --------------------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def cifar_arrays(photos):
     """Real-photo 32x32 crops: 53 train (uneven batches), 11 test."""
     rng = np.random.default_rng(12)
-    return {"train_images": crops(photos, 53, 32, seed=13), "test_images": crops(photos, 11, 32, seed=14),
-            "train_labels": rng.integers(0, 10, 53), "test_labels": rng.integers(0, 10, 11),
-            "train_fine": rng.integers(0, 100, 53), "test_fine": rng.integers(0, 100, 11),
-            "train_coarse": rng.integers(0, 20, 53), "test_coarse": rng.integers(0, 20, 11)}
+    return {
+        "train_images": crops(photos, 53, 32, seed=13),
+        "test_images": crops(photos, 11, 32, seed=14),
+        "train_labels": rng.integers(0, 10, 53),
+        "test_labels": rng.integers(0, 10, 11),
+        "train_fine": rng.integers(0, 100, 53),
+        "test_fine": rng.integers(0, 100, 11),
+        "train_coarse": rng.integers(0, 20, 53),
+        "test_coarse": rng.integers(0, 20, 11),
+    }
 
 
 @pytest.fixture()
 def cifar10(tmp_path, cifar_arrays):
     a = cifar_arrays
-    return write_cifar10_folder(tmp_path / "cifar-10-batches-py", a["train_images"], a["train_labels"],
-                                a["test_images"], a["test_labels"])
+    return write_cifar10_folder(
+        tmp_path / "cifar-10-batches-py", a["train_images"], a["train_labels"], a["test_images"], a["test_labels"]
+    )
 
 
 @pytest.fixture()
 def cifar100(tmp_path, cifar_arrays):
     a = cifar_arrays
-    return write_cifar100_folder(tmp_path / "cifar-100-python", a["train_images"], a["train_fine"],
-                                 a["train_coarse"], a["test_images"], a["test_fine"], a["test_coarse"])
+    return write_cifar100_folder(
+        tmp_path / "cifar-100-python",
+        a["train_images"],
+        a["train_fine"],
+        a["train_coarse"],
+        a["test_images"],
+        a["test_fine"],
+        a["test_coarse"],
+    )
 
 
 def test_fixture_has_the_official_pickle_structure(cifar10, cifar_arrays):
     """What the dataset page's ``pickle.load(f, encoding='bytes')`` and torchvision's ``encoding='latin1'`` see."""
-    assert sorted(os.listdir(cifar10)) == ["batches.meta", "data_batch_1", "data_batch_2", "data_batch_3",
-                                           "data_batch_4", "data_batch_5", "readme.html", "test_batch"]
+    assert sorted(os.listdir(cifar10)) == [
+        "batches.meta",
+        "data_batch_1",
+        "data_batch_2",
+        "data_batch_3",
+        "data_batch_4",
+        "data_batch_5",
+        "readme.html",
+        "test_batch",
+    ]
     raw = open(os.path.join(cifar10, "data_batch_1"), "rb").read()
     ops = list(pickletools.genops(raw))
     assert ops[0][0].name == "PROTO" and ops[0][1] == 2
-    assert {arg for op, arg, _ in ops if op.name == "GLOBAL"} == {"numpy.core.multiarray _reconstruct",
-                                                                  "numpy ndarray", "numpy dtype"}
+    assert {arg for op, arg, _ in ops if op.name == "GLOBAL"} == {
+        "numpy.core.multiarray _reconstruct",
+        "numpy ndarray",
+        "numpy dtype",
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # numpy 2 warns on the numpy.core name
         as_bytes = pickle.loads(raw, encoding="bytes")
@@ -298,8 +342,11 @@ def test_fixture_has_the_official_pickle_structure(cifar10, cifar_arrays):
     assert as_bytes[b"labels"] == list(cifar_arrays["train_labels"][:11])
     np.testing.assert_array_equal(as_latin1["data"], as_bytes[b"data"])
     meta = read_cifar_pickle(os.path.join(cifar10, "batches.meta"))
-    assert meta == {"num_cases_per_batch": 11, "label_names": [n.encode() for n in CIFAR10_LABEL_NAMES],
-                    "num_vis": 3072}
+    assert meta == {
+        "num_cases_per_batch": 11,
+        "label_names": [n.encode() for n in CIFAR10_LABEL_NAMES],
+        "num_vis": 3072,
+    }
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -322,6 +369,7 @@ def test_cifar10_round_trip(cifar10, cifar_arrays, train):
 def test_cifar_class_names_reach_the_dataset(tmp_path, cifar10):
     from ffload.convert import convert_dataset
     from ffload.formats import open_dataset
+
     dst = convert_dataset(CIFARSource(cifar10, train=False), str(tmp_path / "c.beton"), progress=False).dst
     assert open_dataset(dst).info["classes"] == list(CIFAR10_LABEL_NAMES)
 
@@ -364,18 +412,21 @@ def test_cifar_missing_batch_named(cifar10):
 def test_cifar_corrupt_batch_named(cifar10):
     path = os.path.join(cifar10, "data_batch_2")
     raw = open(path, "rb").read()
-    open(path, "wb").write(raw[:len(raw) // 2])
+    open(path, "wb").write(raw[: len(raw) // 2])
     with pytest.raises(SourceError, match=r"data_batch_2: corrupt CIFAR file"):
         CIFARSource(cifar10)
 
 
-@pytest.mark.parametrize("content,fragment", [
-    ({b"labels": [0, 1], b"data": np.zeros((2, 100), np.uint8)}, "(N, 3072) uint8"),
-    ({b"labels": [0], b"data": np.zeros((2, 3072), np.uint8)}, "must hold 2 integers"),
-    ({b"labels": [0, 10], b"data": np.zeros((2, 3072), np.uint8)}, "outside [0, 10)"),
-    ({b"labels": [0, 1]}, "expected 'data' and 'labels'"),
-    ([1, 2, 3], "expected a pickled dict"),
-])
+@pytest.mark.parametrize(
+    "content,fragment",
+    [
+        ({b"labels": [0, 1], b"data": np.zeros((2, 100), np.uint8)}, "(N, 3072) uint8"),
+        ({b"labels": [0], b"data": np.zeros((2, 3072), np.uint8)}, "must hold 2 integers"),
+        ({b"labels": [0, 10], b"data": np.zeros((2, 3072), np.uint8)}, "outside [0, 10)"),
+        ({b"labels": [0, 1]}, "expected 'data' and 'labels'"),
+        ([1, 2, 3], "expected a pickled dict"),
+    ],
+)
 def test_cifar_malformed_batch(cifar10, content, fragment):
     with open(os.path.join(cifar10, "test_batch"), "wb") as f:
         f.write(py2_pickle(content))
@@ -392,11 +443,14 @@ class _Exploit:
         return self.func, self.args
 
 
-@pytest.mark.parametrize("make", [
-    lambda marker: _Exploit(os.system, f"touch {marker}"),
-    lambda marker: {b"data": _Exploit(eval, f"open({str(marker)!r}, 'w')"), b"labels": []},
-    lambda marker: _Exploit(np.save, str(marker), np.zeros(1)),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda marker: _Exploit(os.system, f"touch {marker}"),
+        lambda marker: {b"data": _Exploit(eval, f"open({str(marker)!r}, 'w')"), b"labels": []},
+        lambda marker: _Exploit(np.save, str(marker), np.zeros(1)),
+    ],
+)
 def test_cifar_malicious_pickle_refused(tmp_path, cifar10, make):
     marker = tmp_path / "pwned"
     with open(os.path.join(cifar10, "data_batch_1"), "wb") as f:
@@ -416,6 +470,7 @@ def test_cifar_label_kind_checked(cifar10, cifar100):
 
 
 # -- detect_source ------------------------------------------------------------------------------------------------
+
 
 def test_detect_source(tmp_path, cifar10, cifar100, image_folder, cifar_arrays):
     src = detect_source(cifar10)
@@ -462,6 +517,7 @@ def test_cifar_repickled_by_numpy2_is_read(tmp_path):
     import pickle
 
     from ffload.convert.sources.cifar import read_cifar_pickle
+
     data = np.arange(2 * 3072, dtype=np.uint8).reshape(2, 3072)
     path = tmp_path / "data_batch_1"
     with open(path, "wb") as f:

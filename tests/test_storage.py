@@ -1,4 +1,5 @@
 """ffload.storage against a real S3 server (moto on 127.0.0.1, tests/s3_server.py)."""
+
 from __future__ import annotations
 
 import os
@@ -103,8 +104,9 @@ def test_credentials_from_the_aws_files(s3, tmp_path, monkeypatch):
     fs, path = open_filesystem("s3://bkt/profile.bin")
     fs.pipe_file(path, b"from ~/.aws")
     user = s3.create_user("profile-tester")
-    (tmp_path / "credentials").write_text(f"[ffload]\naws_access_key_id = {user['key']}\n"
-                                          f"aws_secret_access_key = {user['secret']}\n")
+    (tmp_path / "credentials").write_text(
+        f"[ffload]\naws_access_key_id = {user['key']}\naws_secret_access_key = {user['secret']}\n"
+    )
     (tmp_path / "config").write_text("[profile ffload]\nregion = us-east-1\n")
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(k)

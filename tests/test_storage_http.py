@@ -1,4 +1,5 @@
 """ffload.storage over http(s):// against a real HTTP server on 127.0.0.1 (tests/http_server.py)."""
+
 from __future__ import annotations
 
 import os
@@ -62,13 +63,16 @@ def test_5xx_and_dropped_connections_are_retried(http):
     assert info.value.transient
 
 
-@pytest.mark.parametrize("status, cause", [(404, "no such object"), (401, r"access denied \(401\)"),
-                                           (403, r"access denied \(403\)")])
+@pytest.mark.parametrize(
+    "status, cause", [(404, "no such object"), (401, r"access denied \(401\)"), (403, r"access denied \(403\)")]
+)
 def test_permanent_statuses_name_the_url(http, status, cause):
     obj = RemoteObject(http.url("data.bin"), retry=FAST)
     before = http.requests
     http.fail_next(1, status)
-    with pytest.raises(StorageError, match=rf"^http://127\.0\.0\.1:\d+/data\.bin: cannot read bytes 0\.\.3: {cause}") as info:
+    with pytest.raises(
+        StorageError, match=rf"^http://127\.0\.0\.1:\d+/data\.bin: cannot read bytes 0\.\.3: {cause}"
+    ) as info:
         obj.read(0, 3)
     assert not info.value.transient and info.value.path == http.url("data.bin")
     assert http.requests - before == 1  # not retried
@@ -86,8 +90,11 @@ def test_server_ignoring_ranges_is_refused(http):
     http.ranges = "ignore"  # 200 and the whole file for every GET, like python -m http.server
     assert obj.read(0, len(DATA)) == DATA  # the whole object is what a 200 holds
     before = http.requests
-    with pytest.raises(StorageError, match=r"data\.bin: the server answered a request for bytes 0\.\.3 .*HTTP 200 "
-                                           r"and the whole object: it does not support HTTP range requests") as info:
+    with pytest.raises(
+        StorageError,
+        match=r"data\.bin: the server answered a request for bytes 0\.\.3 .*HTTP 200 "
+        r"and the whole object: it does not support HTTP range requests",
+    ) as info:
         obj.read(0, 3)  # the first bytes of the object would be right here: still refused
     assert not info.value.transient and http.requests - before == 1
     http.ranges = "none"  # and says so: refused at open
@@ -100,8 +107,11 @@ def test_connection_refused_is_transient(http):
     impatient = RemoteObject(http.url("data.bin"), retry=RetryPolicy(attempts=2, base_delay=0.01))
     http.kill()
     try:
-        with pytest.raises(StorageError, match=r"cannot read bytes 0\.\.3 after 2 attempts: connection failed "
-                                               r"\(ClientConnectorError") as info:
+        with pytest.raises(
+            StorageError,
+            match=r"cannot read bytes 0\.\.3 after 2 attempts: connection failed "
+            r"\(ClientConnectorError",
+        ) as info:
             impatient.read(0, 3)
         assert info.value.transient
         with pytest.raises(StorageError, match=r"cannot read its size after 2 attempts: connection failed"):

@@ -11,6 +11,7 @@ This file is also the program torchrun starts (``python -m torch.distributed.run
 MODE ...``, see ``_worker``), and the driver of the Ray Train test (which runs only where Ray
 Train is installed).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,8 +34,8 @@ import ffload
 from ffload.formats import open_dataset
 
 WORLD = 2
-N = 45             # samples per split: not divisible by the world size
-GLOBAL_BATCH = 8   # the recipe's --batch-size: 4 per rank
+N = 45  # samples per split: not divisible by the world size
+GLOBAL_BATCH = 8  # the recipe's --batch-size: 4 per rank
 RANK_BATCH = GLOBAL_BATCH // WORLD
 EPOCHS = 2
 SEED = 3
@@ -44,17 +45,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # --------------------------------------------------------------------------- launching
 
+
 def _torchrun(*args: str, timeout: float = LAUNCH_TIMEOUT_S) -> tuple[int, str]:
     """Run this file under torchrun with WORLD local processes on the loopback interface;
     ``(exit status, stdout + stderr)``. Fails the test when the launch exceeds ``timeout``
     seconds (after killing torchrun and every rank)."""
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={WORLD}", "--max-restarts=0", "--monitor-interval=0.5",
-           __file__, *map(str, args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={WORLD}",
+        "--max-restarts=0",
+        "--monitor-interval=0.5",
+        __file__,
+        *map(str, args),
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -67,8 +82,7 @@ def _torchrun(*args: str, timeout: float = LAUNCH_TIMEOUT_S) -> tuple[int, str]:
 def _expected_share(order: np.ndarray, rank: int, drop_last: bool) -> np.ndarray:
     """Rank ``rank``'s samples of an epoch whose global order is ``order``: the positions
     ``DistributedSampler(shuffle=False)`` gives that rank, looked up in ``order``."""
-    sampler = DistributedSampler(range(len(order)), num_replicas=WORLD, rank=rank, shuffle=False,
-                                 drop_last=drop_last)
+    sampler = DistributedSampler(range(len(order)), num_replicas=WORLD, rank=rank, shuffle=False, drop_last=drop_last)
     return order[list(sampler)]
 
 
@@ -101,25 +115,27 @@ def recipe_runs(index_folder, tmp_path_factory):
 
 # --------------------------------------------------------------------------- tests
 
+
 def test_recipe_ranks_share_each_epoch_disjointly(recipe_runs):
     out, _ = recipe_runs[1]
     metrics = json.loads((out / "metrics.json").read_text())
     train_path = metrics["data"]["train_path"]
     labels = np.asarray(open_dataset(train_path).metadata["label"])
     np.testing.assert_array_equal(labels, np.arange(N))  # what the loop sees is the index
-    single = ffload.Loader(train_path, batch_size=RANK_BATCH, order="random", seed=SEED,
-                           drop_last=True, pipelines={"image": None})
+    single = ffload.Loader(
+        train_path, batch_size=RANK_BATCH, order="random", seed=SEED, drop_last=True, pipelines={"image": None}
+    )
     batches = N // WORLD // RANK_BATCH  # 5: drop_last keeps whole batches of the 22 per rank
     for epoch in range(EPOCHS):
         seen = [np.load(out / f"rank{r}-train.npy")[epoch] for r in range(WORLD)]
         assert len(seen[0]) == len(seen[1]) == batches * RANK_BATCH  # same batch count
-        assert not set(seen[0]) & set(seen[1])                         # disjoint
+        assert not set(seen[0]) & set(seen[1])  # disjoint
         order = single.epoch_order(epoch)
         for rank in range(WORLD):
-            expected = _expected_share(order, rank, drop_last=True)[:batches * RANK_BATCH]
+            expected = _expected_share(order, rank, drop_last=True)[: batches * RANK_BATCH]
             np.testing.assert_array_equal(seen[rank], expected)
         # together: the epoch's order, less the tail that drop_last leaves out (< WORLD batches)
-        assert set(seen[0]) | set(seen[1]) == set(order[:WORLD * batches * RANK_BATCH])
+        assert set(seen[0]) | set(seen[1]) == set(order[: WORLD * batches * RANK_BATCH])
     single.close()
 
 
@@ -151,8 +167,7 @@ def test_recipe_reduces_metrics_and_rank0_reports(recipe_runs):
 def test_recipe_same_seed_same_run_for_any_num_workers(recipe_runs):
     (out1, _), (out2, _) = recipe_runs[1], recipe_runs[2]
     for rank in range(WORLD):
-        np.testing.assert_array_equal(np.load(out1 / f"rank{rank}-train.npy"),
-                                      np.load(out2 / f"rank{rank}-train.npy"))
+        np.testing.assert_array_equal(np.load(out1 / f"rank{rank}-train.npy"), np.load(out2 / f"rank{rank}-train.npy"))
     m1, m2 = (json.loads((o / "metrics.json").read_text()) for o in (out1, out2))
     assert m2["data"]["cache_hit"] and m1["num_workers"] == 1 and m2["num_workers"] == 2
     assert m1["iteration_losses"] == m2["iteration_losses"]  # same batches, same augmentation
@@ -164,8 +179,7 @@ def test_mid_epoch_checkpoint_resumes_on_two_ranks(recipe_runs, tmp_path):
     for phase in ("resume-first", "resume-second"):  # two launches: new processes resume
         rc, output = _torchrun(phase, train_path, tmp_path)
         assert rc == 0, output[-6000:]
-    single = ffload.Loader(train_path, batch_size=RANK_BATCH, order="random", seed=SEED,
-                           pipelines={"image": None})
+    single = ffload.Loader(train_path, batch_size=RANK_BATCH, order="random", seed=SEED, pipelines={"image": None})
     per_rank = -(-N // WORLD)  # 23: padded by one sample, as DistributedSampler pads
     states = [json.loads((tmp_path / f"state{rank}.json").read_text()) for rank in range(WORLD)]
     assert states[0] == states[1]  # one checkpoint (rank 0's) serves every rank
@@ -175,11 +189,13 @@ def test_mid_epoch_checkpoint_resumes_on_two_ranks(recipe_runs, tmp_path):
         first = np.load(tmp_path / f"first{rank}.npy")
         before, after = first[per_rank:], np.load(tmp_path / f"second{rank}.npy")
         assert len(before) == 3 * RANK_BATCH
-        epochs = [first[:per_rank], np.concatenate([before, after[:per_rank - len(before)]]),
-                  after[per_rank - len(before):]]
+        epochs = [
+            first[:per_rank],
+            np.concatenate([before, after[: per_rank - len(before)]]),
+            after[per_rank - len(before) :],
+        ]
         for epoch, seen in enumerate(epochs):  # nothing repeated, nothing skipped
-            np.testing.assert_array_equal(seen, _expected_share(single.epoch_order(epoch), rank,
-                                                                drop_last=False))
+            np.testing.assert_array_equal(seen, _expected_share(single.epoch_order(epoch), rank, drop_last=False))
     single.close()
 
 
@@ -197,14 +213,20 @@ def test_a_dying_rank_ends_the_launch():
     assert "exitcode" in output or "ChildFailedError" in output, output[-3000:]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                    reason="Ray Train is not installed (pip install 'ray[train]')")
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="Ray Train is not installed (pip install 'ray[train]')"
+)
 def test_ray_train_torchtrainer_runs_the_recipe(index_folder, tmp_path):
     # Ray Train initialises the process group itself; the recipe joins it (docs/distributed.md)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     try:
-        proc = subprocess.run([sys.executable, __file__, "ray", index_folder, tmp_path], env=env,
-                              capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, __file__, "ray", index_folder, tmp_path],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=LAUNCH_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the Ray Train run did not finish in {LAUNCH_TIMEOUT_S} s: {e.output}")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
@@ -212,11 +234,13 @@ def test_ray_train_torchtrainer_runs_the_recipe(index_folder, tmp_path):
     assert metrics["world_size"] == WORLD
     steps = N // WORLD // RANK_BATCH
     assert len(metrics["iteration_losses"]) == steps
-    assert metrics["epochs"][0]["images_per_second"] * metrics["epochs"][0]["epoch_seconds"] \
-        == pytest.approx(WORLD * steps * RANK_BATCH)
+    assert metrics["epochs"][0]["images_per_second"] * metrics["epochs"][0]["epoch_seconds"] == pytest.approx(
+        WORLD * steps * RANK_BATCH
+    )
 
 
 # --------------------------------------------------------------------------- torchrun side
+
 
 class _Recorder:
     """A recipe loader that keeps the labels (here: sample indices) of every batch it yields."""
@@ -255,9 +279,28 @@ def _run_recipe(data: str, out: str, cache: str, workers: str) -> None:
         return tuple(recorders)
 
     recipe.make_loaders = recording_loaders
-    args = ["--data", data, "--out", out, "--cache-dir", cache, "--num-workers", workers,
-            "--epochs", EPOCHS, "--batch-size", GLOBAL_BATCH, "--width", 0.25, "--seed", SEED,
-            "--device", "cpu", "--no-progress", "--distributed"]
+    args = [
+        "--data",
+        data,
+        "--out",
+        out,
+        "--cache-dir",
+        cache,
+        "--num-workers",
+        workers,
+        "--epochs",
+        EPOCHS,
+        "--batch-size",
+        GLOBAL_BATCH,
+        "--width",
+        0.25,
+        "--seed",
+        SEED,
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--distributed",
+    ]
     recipe_command.main(args=list(map(str, args)), standalone_mode=False)
     rank = int(os.environ["RANK"])
     train, test = recorders
@@ -272,9 +315,16 @@ def _resume(phase: str, path: str, out: str) -> None:
     Every step is a collective (as a DDP step is): unequal batch counts would hang."""
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    loader = ffload.Loader(path, batch_size=RANK_BATCH, order="random", seed=SEED,
-                           distributed=True, drop_last=False, num_workers=1,
-                           pipelines={"image": None})
+    loader = ffload.Loader(
+        path,
+        batch_size=RANK_BATCH,
+        order="random",
+        seed=SEED,
+        distributed=True,
+        drop_last=False,
+        num_workers=1,
+        pipelines={"image": None},
+    )
     seen = []
 
     def step(batch):
@@ -311,8 +361,7 @@ def _close(out: str) -> None:
         done.write_text("")
     group.close()
     if group.rank == 1:
-        (Path(out) / "rank1-closed").write_text(
-            "rank 0 had finished" if done.exists() else "rank 0 had not finished")
+        (Path(out) / "rank1-closed").write_text("rank 0 had finished" if done.exists() else "rank 0 had not finished")
 
 
 def _die() -> None:
@@ -334,19 +383,31 @@ def _ray_train(data: str, out: str) -> None:
         from ffload.recipes.run import run_recipe
         from ffload.recipes.training import RecipeConfig
 
-        run_recipe(config["data"], config["out"], RecipeConfig(epochs=1, batch_size=GLOBAL_BATCH,
-                                                               width=0.25, seed=SEED),
-                   device="cpu", num_workers=1, cache_dir=config["cache"], progress=False,
-                   distributed=True)
+        run_recipe(
+            config["data"],
+            config["out"],
+            RecipeConfig(epochs=1, batch_size=GLOBAL_BATCH, width=0.25, seed=SEED),
+            device="cpu",
+            num_workers=1,
+            cache_dir=config["cache"],
+            progress=False,
+            distributed=True,
+        )
 
-    ray.init(num_cpus=WORLD, include_dashboard=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}})
+    ray.init(
+        num_cpus=WORLD,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env={"env_vars": {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}},
+    )
     try:
         config = {"data": data, "out": f"{out}/run", "cache": f"{out}/cache"}
-        TorchTrainer(train_fn, train_loop_config=config,
-                     scaling_config=ScalingConfig(num_workers=WORLD, use_gpu=False,
-                                                  resources_per_worker={"CPU": 1}),
-                     run_config=RunConfig(storage_path=f"{out}/ray", name="recipe")).fit()
+        TorchTrainer(
+            train_fn,
+            train_loop_config=config,
+            scaling_config=ScalingConfig(num_workers=WORLD, use_gpu=False, resources_per_worker={"CPU": 1}),
+            run_config=RunConfig(storage_path=f"{out}/ray", name="recipe"),
+        ).fit()
     finally:
         ray.shutdown()
 

@@ -1,5 +1,6 @@
 """Transforms (ffload.loaders.transforms: flip, crop, erase, normalize) and torch-stage operations
 (ffload.loaders.transforms.torch_ops), checked against numpy references that draw from the same per-sample generators."""
+
 from __future__ import annotations
 
 import types
@@ -27,7 +28,7 @@ VIEW = types.SimpleNamespace(fields={"image": FIELD, "mask": RGBImageField(), "l
 def batch():
     """(24, 32, 40, 3) uint8 crops of the astronaut photo."""
     img = data.astronaut()
-    return np.stack([img[7 * k:7 * k + 32, 11 * k:11 * k + 40] for k in range(24)])
+    return np.stack([img[7 * k : 7 * k + 32, 11 * k : 11 * k + 40] for k in range(24)])
 
 
 def context(n, epoch=0, seed=0):
@@ -86,8 +87,8 @@ def test_translate_matches_pad_and_crop_reference(batch, padding):
         y, x = draws(s, op.salt, 2, 2 * padding + 1, 2 * padding + 1)
         canvas = np.empty((h + 2 * padding, w + 2 * padding, 3), np.uint8)
         canvas[:] = (9, 200, 31)
-        canvas[padding:padding + h, padding:padding + w] = xi
-        assert np.array_equal(oi, canvas[y:y + h, x:x + w])
+        canvas[padding : padding + h, padding : padding + w] = xi
+        assert np.array_equal(oi, canvas[y : y + h, x : x + w])
 
 
 @pytest.mark.parametrize("size", [1, 8, 13])
@@ -99,9 +100,9 @@ def test_cutout_matches_numpy_reference(batch, size):
     for xi, oi, s in zip(batch, out, ctx.seeds):
         y0, x0 = draws(s, op.salt, 2, max(h - size + 1, 1), max(w - size + 1, 1))
         ref = xi.copy()
-        ref[y0:y0 + size, x0:x0 + size] = (1, 2, 3)  # FFCV's rule: always inside the image
+        ref[y0 : y0 + size, x0 : x0 + size] = (1, 2, 3)  # FFCV's rule: always inside the image
         assert np.array_equal(oi, ref)
-        assert (np.all(oi == (1, 2, 3), axis=-1).sum() >= min(size, h) * min(size, w))
+        assert np.all(oi == (1, 2, 3), axis=-1).sum() >= min(size, h) * min(size, w)
 
 
 def test_random_ops_are_deterministic_and_epoch_dependent(batch):
@@ -206,10 +207,10 @@ def test_normalize_checks():
         NormalizeImage(MEAN, STD).declare(Spec((8, 8, 4), np.dtype(np.uint8)), FIELD, VIEW)
     with pytest.raises(TypeError, match="after ToTensor"):  # numpy has no bfloat16
         NormalizeImage(MEAN, STD, torch.bfloat16).declare(Spec((8, 8, 3), np.dtype(np.uint8)), FIELD, VIEW)
-    spec = NormalizeImage(MEAN, STD, torch.bfloat16).declare(Spec((3, 8, 8), torch.uint8, on_torch=True, channels_first=True),
-                                                             FIELD, VIEW)
+    spec = NormalizeImage(MEAN, STD, torch.bfloat16).declare(
+        Spec((3, 8, 8), torch.uint8, on_torch=True, channels_first=True), FIELD, VIEW
+    )
     assert spec.dtype == torch.bfloat16
-
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
@@ -236,7 +237,9 @@ def test_normalize_uint16_torch_stage(dtype):
         x_t = stage(x_t, None, context(4))
     assert spec.dtype == dtype and x_t.dtype == dtype and x_t.shape == (4, 1, 5, 6)
     ref = (x.astype(np.float64) - 30000.0) / 20000.0
-    assert np.allclose(x_t.float().numpy().transpose(0, 2, 3, 1), ref, rtol=0, atol=2e-3 if dtype == torch.float16 else 1e-6)
+    assert np.allclose(
+        x_t.float().numpy().transpose(0, 2, 3, 1), ref, rtol=0, atol=2e-3 if dtype == torch.float16 else 1e-6
+    )
     assert torch.isfinite(x_t).all()
 
 

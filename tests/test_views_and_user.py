@@ -1,5 +1,6 @@
 """Two augmented views of one field from one read (``custom_field_mapper``) and user transforms
 (``PythonTransform``) inside the loader."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,7 +21,7 @@ from ffload.loaders import (
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     img = data.astronaut()
-    crops = np.stack([np.ascontiguousarray(img[9 * k:9 * k + 64, 7 * k:7 * k + 64]) for k in range(20)])
+    crops = np.stack([np.ascontiguousarray(img[9 * k : 9 * k + 64, 7 * k : 7 * k + 64]) for k in range(20)])
     path = str(tmp_path_factory.mktemp("views") / "p.beton")
     write_dataset(path, {"image": RGBImageField("raw"), "label": IntField()}, [(crops[i], i) for i in range(20)], 20)
     return path, crops
@@ -30,8 +31,15 @@ def _two_views(path, workers):
     def crop():
         return [RandomResizedCropRGBImageDecoder((32, 32)), RandomHorizontalFlip(), ToTensor()]
 
-    with ffload.Loader(path, batch_size=6, num_workers=workers, order="random", seed=5,
-                       pipelines={"image": crop(), "image2": crop()}, custom_field_mapper={"image2": "image"}) as loader:
+    with ffload.Loader(
+        path,
+        batch_size=6,
+        num_workers=workers,
+        order="random",
+        seed=5,
+        pipelines={"image": crop(), "image2": crop()},
+        custom_field_mapper={"image2": "image"},
+    ) as loader:
         assert loader.field_names == ["image", "label", "image2"]
         return [tuple(t.numpy().copy() for t in batch) for batch in loader]
 
@@ -51,8 +59,9 @@ def test_two_views_differ_and_do_not_depend_on_workers(photos):
 def test_mapper_errors_name_the_problem(photos):
     path, _ = photos
     with pytest.raises(ValueError, match="custom_field_mapper 'image2' -> 'nope'"):
-        ffload.Loader(path, batch_size=4, pipelines={"image2": [SimpleRGBImageDecoder()]},
-                      custom_field_mapper={"image2": "nope"})
+        ffload.Loader(
+            path, batch_size=4, pipelines={"image2": [SimpleRGBImageDecoder()]}, custom_field_mapper={"image2": "nope"}
+        )
     with pytest.raises(ValueError, match="needs a new name"):
         ffload.Loader(path, batch_size=4, custom_field_mapper={"image2": "image"})  # no pipeline for the view
 
@@ -70,8 +79,14 @@ def test_python_transform_receives_the_declared_type_and_a_per_sample_seed(photo
     runs = []
     for workers in (1, 2):
         op = PythonTransform(fn, (16, 16, 3), np.uint8, input_type=input_type)
-        with ffload.Loader(path, batch_size=8, num_workers=workers, order="random", seed=2,
-                           pipelines={"image": [SimpleRGBImageDecoder(), op, ToTensor()]}) as loader:
+        with ffload.Loader(
+            path,
+            batch_size=8,
+            num_workers=workers,
+            order="random",
+            seed=2,
+            pipelines={"image": [SimpleRGBImageDecoder(), op, ToTensor()]},
+        ) as loader:
             runs.append([(im.numpy().copy(), lab.numpy().copy()) for im, lab in loader])
     assert seen == {"numpy": {"ndarray"}, "tensor": {"Tensor"}, "pil": {"Image"}}[input_type]
     flipped = 0
@@ -88,6 +103,8 @@ def test_python_transform_receives_the_declared_type_and_a_per_sample_seed(photo
 def test_python_transform_wrong_output_is_named(photos):
     path, _ = photos
     op = PythonTransform(lambda x: x, (8, 8, 3))
-    with ffload.Loader(path, batch_size=4, num_workers=1, pipelines={"image": [SimpleRGBImageDecoder(), op, ToTensor()]}) as loader:
+    with ffload.Loader(
+        path, batch_size=4, num_workers=1, pipelines={"image": [SimpleRGBImageDecoder(), op, ToTensor()]}
+    ) as loader:
         with pytest.raises(ffload.loaders.LoaderError, match=r"returned uint8\[64, 64, 3\], declared uint8\[8, 8, 3\]"):
             next(iter(loader))

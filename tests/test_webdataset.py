@@ -1,5 +1,6 @@
 """WebDataset shards: read as a conversion source (brace patterns, WebDataset's key/extension
 layout, cls/json labels) and written by ``export_webdataset``, round-trip tested."""
+
 from __future__ import annotations
 
 import io
@@ -21,7 +22,7 @@ from ffload.formats import IntField, JSONField, RGBImageField, open_dataset, wri
 
 def _photos(n=10):
     img = data.astronaut()
-    return [np.ascontiguousarray(img[8 * k:8 * k + 40 + k, 5 * k:5 * k + 32]) for k in range(n)]
+    return [np.ascontiguousarray(img[8 * k : 8 * k + 40 + k, 5 * k : 5 * k + 32]) for k in range(n)]
 
 
 def _add(tar, name, blob):
@@ -98,8 +99,9 @@ def test_gzipped_shards_are_read(tmp_path, suffix):
     assert src.describe(4) == f"{paths[1]}:s1/004"  # messages name the shard as given
     copies = set(src.copies.paths.values())
     assert len(copies) == 2 and all(os.path.exists(c) for c in copies)
-    out = convert_dataset(str(tmp_path / f"part-{{0..1}}{suffix}"), str(tmp_path / "w.beton"), num_workers=2,
-                          progress=False)  # auto-detection of a gzipped pattern, forked workers
+    out = convert_dataset(
+        str(tmp_path / f"part-{{0..1}}{suffix}"), str(tmp_path / "w.beton"), num_workers=2, progress=False
+    )  # auto-detection of a gzipped pattern, forked workers
     assert out.samples == 6
     view = open_dataset(str(tmp_path / "w.beton"))
     assert view.metadata["label"].tolist() == [k % 3 for k in range(6)]
@@ -108,6 +110,7 @@ def test_gzipped_shards_are_read(tmp_path, suffix):
         np.testing.assert_array_equal(view.payload("image", k, region).reshape(photos[k].shape), photos[k])
     del src, out
     import gc
+
     gc.collect()
     assert not any(os.path.exists(c) for c in copies)  # the temporary copies go with the source
 
@@ -133,6 +136,7 @@ def test_gzipped_shard_errors_name_the_shard(tmp_path):
     with pytest.raises(SourceError, match=r"part-1\.tar\.gz: corrupt or truncated gzip stream"):
         WebDatasetSource(str(tmp_path))
     import gzip
+
     with gzip.open(paths[1], "wb") as f:
         f.write(b"gzip, but no tar inside" * 100)
     with pytest.raises(SourceError, match=r"part-1\.tar\.gz: not a tar archive, nor a gzipped one"):
@@ -168,8 +172,12 @@ def test_gzipped_shards_read_back_by_webdataset(tmp_path):
 def test_export_round_trip(tmp_path, mode):
     photos = _photos(10)
     src = str(tmp_path / "d.beton")
-    write_dataset(src, {"image": RGBImageField(mode, jpeg_quality=90), "label": IntField(), "meta": JSONField()},
-                  [(p, k % 4, {"k": k}) for k, p in enumerate(photos)], len(photos))
+    write_dataset(
+        src,
+        {"image": RGBImageField(mode, jpeg_quality=90), "label": IntField(), "meta": JSONField()},
+        [(p, k % 4, {"k": k}) for k, p in enumerate(photos)],
+        len(photos),
+    )
     view = open_dataset(src)
     shards = export_webdataset(view, str(tmp_path / "out" / "train-%06d.tar"), maxcount=4)
     assert [os.path.basename(s) for s in shards] == ["train-000000.tar", "train-000001.tar", "train-000002.tar"]
@@ -185,16 +193,14 @@ def test_export_round_trip(tmp_path, mode):
             assert back.encoded(k) == view.payload("image", k, region).tobytes()
     with tarfile.open(shards[0]) as tar:
         names = tar.getnames()
-        assert names[:3] == ["00000000.jpg" if mode == "jpg" else "00000000.png", "00000000.cls",
-                             "00000000.meta.json"]
+        assert names[:3] == ["00000000.jpg" if mode == "jpg" else "00000000.png", "00000000.cls", "00000000.meta.json"]
         assert json.loads(tar.extractfile("00000001.meta.json").read()) == {"k": 1}
 
 
 def test_export_leaves_nothing_when_it_fails(tmp_path):
     photos = _photos(6)
     src = str(tmp_path / "d.beton")
-    write_dataset(src, {"image": RGBImageField("raw"), "label": IntField()},
-                  [(p, 0) for p in photos], len(photos))
+    write_dataset(src, {"image": RGBImageField("raw"), "label": IntField()}, [(p, 0) for p in photos], len(photos))
     view = open_dataset(src)
     out = tmp_path / "out"
     out.mkdir()
@@ -213,14 +219,24 @@ def test_cli_export_then_convert_detects_the_shards(tmp_path):
 
     photos = _photos(5)
     src = str(tmp_path / "d.beton")
-    write_dataset(src, {"image": RGBImageField("raw"), "label": IntField()},
-                  [(p, k) for k, p in enumerate(photos)], len(photos))
+    write_dataset(
+        src, {"image": RGBImageField("raw"), "label": IntField()}, [(p, k) for k, p in enumerate(photos)], len(photos)
+    )
     runner = CliRunner()
     out = runner.invoke(main, ["export", src, str(tmp_path / "s" / "part-%03d.tar"), "--maxcount", "2", "--quiet"])
     assert out.exit_code == 0, out.output
     assert "3 shard(s)" in out.output
-    back = runner.invoke(main, ["convert", str(tmp_path / "s" / "part-{000..002}.tar"), str(tmp_path / "b.lmdb"),
-                                "--quiet", "--num-workers", "0"])
+    back = runner.invoke(
+        main,
+        [
+            "convert",
+            str(tmp_path / "s" / "part-{000..002}.tar"),
+            str(tmp_path / "b.lmdb"),
+            "--quiet",
+            "--num-workers",
+            "0",
+        ],
+    )
     assert back.exit_code == 0, back.output
     view = open_dataset(str(tmp_path / "b.lmdb"))
     assert view.num_samples == 5 and view.metadata["label"].tolist() == list(range(5))
@@ -254,8 +270,9 @@ def test_copies_left_by_dead_processes_are_removed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     (tmp_path / "tmp" / f"ffload-wds-{dead}-x1y2" / "sub").mkdir(parents=True)  # SIGKILLed: left behind
     (tmp_path / "tmp" / f"ffload-wds-{os.getppid()}-k3m4").mkdir()  # its process lives: kept
     (tmp_path / "tmp" / "ffload-wds-other").mkdir()  # no pid in the name: not ours to judge
@@ -266,8 +283,9 @@ def test_copies_left_by_dead_processes_are_removed(tmp_path, monkeypatch):
     assert f"ffload-wds-{dead}-x1y2" not in left
     assert f"ffload-wds-{os.getppid()}-k3m4" in left and "ffload-wds-other" in left
     ours = [e for e in left if e.startswith(f"ffload-wds-{os.getpid()}-")]
-    assert len(ours) == 1 and all(os.path.dirname(c) == str(tmp_path / "tmp" / ours[0])
-                                  for c in src.copies.paths.values())
+    assert len(ours) == 1 and all(
+        os.path.dirname(c) == str(tmp_path / "tmp" / ours[0]) for c in src.copies.paths.values()
+    )
 
 
 def test_image_folder_with_a_stray_gzipped_tar_is_not_taken_for_shards(tmp_path):
@@ -277,8 +295,11 @@ def test_image_folder_with_a_stray_gzipped_tar_is_not_taken_for_shards(tmp_path)
     (tmp_path / "cat").mkdir()
     (tmp_path / "cat" / "0.png").write_bytes(_png(photos[0]))
     _gz_shards(tmp_path, photos, ".tar.gz")  # left in the root (a backup, a download)
-    with pytest.raises(SourceError, match=r"both WebDataset shards \(part-0\.tar\.gz.*\) and an ImageFolder "
-                                          r"\(cat/.*--source webdataset or --source imagefolder"):
+    with pytest.raises(
+        SourceError,
+        match=r"both WebDataset shards \(part-0\.tar\.gz.*\) and an ImageFolder "
+        r"\(cat/.*--source webdataset or --source imagefolder",
+    ):
         detect_source(str(tmp_path))
     assert isinstance(detect_source(str(tmp_path), kind="imagefolder"), ImageFolderSource)
     assert isinstance(detect_source(str(tmp_path), kind="webdataset"), WebDatasetSource)

@@ -10,6 +10,7 @@ compiles or loads: a shared library through :func:`llvmlite.binding.load_library
 numba's on-disk cache is keyed on the calling module's source, not on this one: after changing
 the code :func:`extern` generates, delete the ``__pycache__/*.nbi``/``*.nbc`` files of its users.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,23 +30,29 @@ def extern(symbol: str, ret: str, args: str):
     ``args`` is ``'i'`` (a C ``int``) or ``'p'`` (64 bits: ``size_t``, a pointer, an 8-byte struct
     passed by value). It takes integers, converts each to its C type and returns an ``int64``;
     nopython code only. Arities 1, 2, 3 and 6."""
+
     def build(argtys):
         if len(argtys) != len(args) or not all(isinstance(t, types.Integer) for t in argtys):
             return None
 
         def codegen(context, builder, sig, values):
             fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_LLVM[ret], [_LLVM[a] for a in args]), symbol)
-            result = builder.call(fn, [context.cast(builder, v, t, _NUMBA[a])
-                                       for v, t, a in zip(values, sig.args, args)])
+                builder.module, ir.FunctionType(_LLVM[ret], [_LLVM[a] for a in args]), symbol
+            )
+            result = builder.call(
+                fn, [context.cast(builder, v, t, _NUMBA[a]) for v, t, a in zip(values, sig.args, args)]
+            )
             return context.cast(builder, result, _NUMBA[ret], types.int64)
+
         return types.int64(*argtys), codegen
 
     # one fixed arity each: numba's lowering does not fold *args of an intrinsic
-    by_arity = {1: lambda typingctx, a: build((a,)),
-                2: lambda typingctx, a, b: build((a, b)),
-                3: lambda typingctx, a, b, c: build((a, b, c)),
-                6: lambda typingctx, a, b, c, d, e, f: build((a, b, c, d, e, f))}
+    by_arity = {
+        1: lambda typingctx, a: build((a,)),
+        2: lambda typingctx, a, b: build((a, b)),
+        3: lambda typingctx, a, b, c: build((a, b, c)),
+        6: lambda typingctx, a, b, c, d, e, f: build((a, b, c, d, e, f)),
+    }
     return intrinsic(by_arity[len(args)])
 
 

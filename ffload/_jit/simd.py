@@ -53,6 +53,7 @@ inlined (``cache=True`` in :mod:`ffload.codecs.resize`, :mod:`ffload.loaders.tra
 :mod:`ffload.loaders.transforms.warp`) is not recompiled when only this file changes. A reinstall
 touches every file; while editing, clear the ``__pycache__/*.nb[ic]`` files.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -68,8 +69,9 @@ def unpack_network(n: int) -> list:
     levels = []
     g = 1
     while g < n:
-        pairs = [(base + j, base + j + g, base + 2 * j, base + 2 * j + 1)
-                 for base in range(0, n, 2 * g) for j in range(g)]
+        pairs = [
+            (base + j, base + j + g, base + 2 * j, base + 2 * j + 1) for base in range(0, n, 2 * g) for j in range(g)
+        ]
         levels.append((g, pairs))
         g *= 2
     return levels
@@ -90,8 +92,10 @@ def _transpose(bits: int, n: int):
     """An ``@intrinsic`` transposing an ``n x n`` block of ``bits``-bit elements."""
     vector = ir.VectorType(ir.IntType(bits), n)
     i64 = ir.IntType(64)
-    levels = [(pairs, [ir.Constant(ir.VectorType(ir.IntType(32), n), m) for m in unpack_masks(n, g)])
-              for g, pairs in unpack_network(n)]
+    levels = [
+        (pairs, [ir.Constant(ir.VectorType(ir.IntType(32), n), m) for m in unpack_masks(n, g)])
+        for g, pairs in unpack_network(n)
+    ]
 
     def typer(typingctx, src, src_stride, dst, dst_stride):
         if not all(isinstance(t, types.Integer) for t in (src, src_stride, dst, dst_stride)):
@@ -179,8 +183,9 @@ def _mulhi(builder, x, weight):
     """``(x * weight) >> 16`` per lane of the ``uint16`` vector ``x`` and the ``uint16`` scalar
     ``weight``: the high half of a 16-bit product (LLVM's unsigned fixed-point multiply with scale
     16, ``llvm.umul.fix``: one ``pmulhuw`` / ``umull`` + shift per vector)."""
-    return _vector_intrinsic(builder, "umul.fix", x.type, [x, _splat(builder, weight, x.type),
-                                                           ir.Constant(ir.IntType(32), 16)])
+    return _vector_intrinsic(
+        builder, "umul.fix", x.type, [x, _splat(builder, weight, x.type), ir.Constant(ir.IntType(32), 16)]
+    )
 
 
 def _add_sat(builder, a, b):
@@ -204,8 +209,11 @@ def _weigh_u8():
             x = builder.zext(builder.load(builder.inttoptr(s, source.as_pointer()), align=1), v16)
             x = builder.shl(x, ir.Constant(v16, [8] * lanes))
             at = builder.inttoptr(d, v16.as_pointer())
-            acc = builder.select(builder.icmp_unsigned("!=", add, ir.Constant(add.type, 0)),
-                                 builder.load(at, align=1), _splat(builder, builder.trunc(first, i16), v16))
+            acc = builder.select(
+                builder.icmp_unsigned("!=", add, ir.Constant(add.type, 0)),
+                builder.load(at, align=1),
+                _splat(builder, builder.trunc(first, i16), v16),
+            )
             builder.store(_add_sat(builder, acc, _mulhi(builder, x, builder.trunc(w, i16))), at, align=1)
             return context.get_dummy_value()
 
@@ -271,8 +279,7 @@ def widen_rgb(src, start, n, dst, dst_start):
     ``src[start:]`` (1-D C-contiguous ``uint8`` and ``uint32`` arrays; the caller keeps both
     ranges inside them): four pixels per :func:`rgb_to_rgbx4` while its 16-byte read stays inside
     ``src``, the rest one by one."""
-    u1, u2, u3, u4, u12, u16 = (np.uint64(1), np.uint64(2), np.uint64(3), np.uint64(4), np.uint64(12),
-                                np.uint64(16))
+    u1, u2, u3, u4, u12, u16 = (np.uint64(1), np.uint64(2), np.uint64(3), np.uint64(4), np.uint64(12), np.uint64(16))
     s, d, end = np.uint64(start), np.uint64(dst_start), np.uint64(src.shape[0])
     src_at, dst_at = np.uint64(src.ctypes.data), np.uint64(dst.ctypes.data)
     done, count = np.uint64(0), np.uint64(n)
@@ -293,8 +300,7 @@ def narrow_rgb(src, src_start, n, dst, start):
     (``uint32``) as ``3 n`` bytes of RGB at ``dst[start:]`` (``uint8``), four pixels per
     :func:`rgbx_to_rgb4` while its 16-byte write stays inside those ``3 n`` bytes (nothing after
     them is touched), the rest one by one."""
-    u1, u2, u3, u4, u12, u16 = (np.uint64(1), np.uint64(2), np.uint64(3), np.uint64(4), np.uint64(12),
-                                np.uint64(16))
+    u1, u2, u3, u4, u12, u16 = (np.uint64(1), np.uint64(2), np.uint64(3), np.uint64(4), np.uint64(12), np.uint64(16))
     s, d, count = np.uint64(src_start), np.uint64(start), np.uint64(n)
     src_at, dst_at = np.uint64(src.ctypes.data), np.uint64(dst.ctypes.data)
     done = np.uint64(0)

@@ -48,6 +48,7 @@ Modules, the harness of ``ffload bench`` first:
 * ``peers/baselines``: ffcv's ``Loader`` and the ``DataLoader`` baselines.
 * ``peers/ceiling``: the measured JPEG decode ceiling and its decoders.
 """
+
 from __future__ import annotations
 
 from .cli import bench_command
@@ -63,8 +64,34 @@ from .report import format_ratios, format_rows, plot_throughput, write_results
 from .runners import run_worker
 from .summary import RATIO_PAIRS, compute_ratios, summarize
 
-__all__ = ["ArrayImages", "BenchConfig", "CENTER_RATIO", "DECODERS", "DEFAULT_BATCH_SIZE", "KINDS", "Measurement",
-           "PILImageFolder", "PIPELINES", "RATIO_PAIRS", "bench_command", "center_box", "choose_pipeline",
-           "compute_ratios", "describe_dataset", "ffcv_available", "format_conditions", "format_ratios",
-           "format_rows", "measure", "measure_decode_ceiling", "measurement_conditions", "plan_configs",
-           "plot_throughput", "rrc_box", "run_rounds", "run_worker", "summarize", "write_results"]
+__all__ = [
+    "ArrayImages",
+    "BenchConfig",
+    "CENTER_RATIO",
+    "DECODERS",
+    "DEFAULT_BATCH_SIZE",
+    "KINDS",
+    "Measurement",
+    "PILImageFolder",
+    "PIPELINES",
+    "RATIO_PAIRS",
+    "bench_command",
+    "center_box",
+    "choose_pipeline",
+    "compute_ratios",
+    "describe_dataset",
+    "ffcv_available",
+    "format_conditions",
+    "format_ratios",
+    "format_rows",
+    "measure",
+    "measure_decode_ceiling",
+    "measurement_conditions",
+    "plan_configs",
+    "plot_throughput",
+    "rrc_box",
+    "run_rounds",
+    "run_worker",
+    "summarize",
+    "write_results",
+]

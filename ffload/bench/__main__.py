@@ -1,4 +1,5 @@
 """``python -m ffload.bench PATH``: the ``ffload bench`` command."""
+
 from __future__ import annotations
 
 from .cli import bench_command

@@ -1,4 +1,5 @@
 """``ffload bench PATH``: the click command (registered lazily by :mod:`ffload.cli`)."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ def _parse_workers(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {text!r}", param_hint="--workers-list") from None
+        raise click.BadParameter(
+            f"expected comma-separated integers, got {text!r}", param_hint="--workers-list"
+        ) from None
     if not values or min(values) < 1:
         raise click.BadParameter(f"expected integers >= 1, got {text!r}", param_hint="--workers-list") from None
     return sorted(set(values))
@@ -29,37 +32,87 @@ def _parse_workers(text: str) -> list[int]:
 def _header(path: str, info: dict, pipeline: str, size: int, batch_size: int, epochs: int, repeats: int) -> str:
     """The report's first line: the dataset, the pipeline and the protocol."""
     shape = f"{info['size'][1]}x{info['size'][0]}" if info["one_size"] and pipeline == "simple" else f"{size}x{size}"
-    return (f"{path} ({info['format']}, {info['num_samples']} samples, {info['jpeg_samples']} JPEG): pipeline "
-            f"{pipeline} -> {shape} + flip, batch {batch_size}, {epochs} epochs (epoch 0 reported apart), "
-            f"{repeats} round(s)")
+    return (
+        f"{path} ({info['format']}, {info['num_samples']} samples, {info['jpeg_samples']} JPEG): pipeline "
+        f"{pipeline} -> {shape} + flip, batch {batch_size}, {epochs} epochs (epoch 0 reported apart), "
+        f"{repeats} round(s)"
+    )
 
 
 @click.command("bench", cls=FfloadCommand)
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--pipeline", type=click.Choice(("auto",) + PIPELINES), default="auto", show_default=True,
-              help="auto: simple (decode + flip) for images of one size, else rrc (RandomResizedCrop + flip).")
-@click.option("--size", type=click.IntRange(min=1), default=224, show_default=True,
-              help="Output side of the rrc / center pipelines, pixels.")
-@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Epochs per measurement; epoch 0 (warm-up, compilation) is reported apart.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Default: 512 for the simple pipeline, 128 for the crops.")
+@click.option(
+    "--pipeline",
+    type=click.Choice(("auto",) + PIPELINES),
+    default="auto",
+    show_default=True,
+    help="auto: simple (decode + flip) for images of one size, else rrc (RandomResizedCrop + flip).",
+)
+@click.option(
+    "--size",
+    type=click.IntRange(min=1),
+    default=224,
+    show_default=True,
+    help="Output side of the rrc / center pipelines, pixels.",
+)
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Epochs per measurement; epoch 0 (warm-up, compilation) is reported apart.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Default: 512 for the simple pipeline, 128 for the crops.",
+)
 @click.option("--num-workers", type=click.IntRange(min=1), default=None, help="Default: all CPUs.")
-@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Interleaved rounds (medians are reported).")
-@click.option("--compare", is_flag=True,
-              help="Also measure ffcv's Loader, PyTorch DataLoader baselines and the decode ceiling.")
-@click.option("--source-folder", type=click.Path(exists=True, file_okay=False), default=None,
-              help="The ImageFolder PATH was converted from, for the DataLoader + PIL baseline.")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="Write a PNG of images/s against num_workers (measures every --workers-list value).")
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Interleaved rounds (medians are reported).",
+)
+@click.option(
+    "--compare", is_flag=True, help="Also measure ffcv's Loader, PyTorch DataLoader baselines and the decode ceiling."
+)
+@click.option(
+    "--source-folder",
+    type=click.Path(exists=True, file_okay=False),
+    default=None,
+    help="The ImageFolder PATH was converted from, for the DataLoader + PIL baseline.",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write a PNG of images/s against num_workers (measures every --workers-list value).",
+)
 @click.option("--workers-list", default=None, help="Worker counts for --plot, e.g. 1,2 (default: 1 and --num-workers).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N samples.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=1), default=None, help="Seconds per measurement.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def bench_command(path, pipeline, size, epochs, batch_size, num_workers, repeats, compare, source_folder,
-                  plot, workers_list, limit, seed, timeout, as_json):
+def bench_command(
+    path,
+    pipeline,
+    size,
+    epochs,
+    batch_size,
+    num_workers,
+    repeats,
+    compare,
+    source_folder,
+    plot,
+    workers_list,
+    limit,
+    seed,
+    timeout,
+    as_json,
+):
     """Measure loading speed of PATH (a .beton file or an LMDB directory): images/s per epoch,
     time to the first batch, peak RSS; with --compare, side by side with ffcv, PyTorch
     DataLoader and the measured JPEG decode ceiling, each loader in its own process, rounds
@@ -74,16 +127,20 @@ def bench_command(path, pipeline, size, epochs, batch_size, num_workers, repeats
     workers = _parse_workers(workers_list) if workers_list else sorted({1, num_workers})
     if not plot:
         workers = [num_workers]
-    configs, notes = plan_configs(path, info, pipeline, batch_size, workers, epochs, size, compare,
-                                  source_folder, seed, limit)
+    configs, notes = plan_configs(
+        path, info, pipeline, batch_size, workers, epochs, size, compare, source_folder, seed, limit
+    )
     header = _header(path, info, pipeline, size, batch_size, epochs, repeats)
     conditions = measurement_conditions()
 
     def progress(result):
         if not as_json:
-            status = (f"{result['img_s']:.0f} img/s" if "error" not in result else f"FAILED: {result['error'][:300]}")
-            click.echo(f"  [{result['round'] + 1}/{repeats}] {result['name']} ({result['config']['num_workers']} "
-                       f"workers): {status}", err=True)
+            status = f"{result['img_s']:.0f} img/s" if "error" not in result else f"FAILED: {result['error'][:300]}"
+            click.echo(
+                f"  [{result['round'] + 1}/{repeats}] {result['name']} ({result['config']['num_workers']} "
+                f"workers): {status}",
+                err=True,
+            )
 
     if not as_json:  # the report's first lines, once, before the progress lines
         click.echo(header)
@@ -97,8 +154,21 @@ def bench_command(path, pipeline, size, epochs, batch_size, num_workers, repeats
         except (ValueError, OSError) as e:
             raise click.ClickException(f"--plot {plot}: {e}") from e
     if as_json:
-        click.echo(json.dumps({"header": header, "conditions": conditions, "dataset": info, "rows": rows,
-                               "ratios": ratios, "notes": notes, "runs": results, "plot": plot}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "header": header,
+                    "conditions": conditions,
+                    "dataset": info,
+                    "rows": rows,
+                    "ratios": ratios,
+                    "notes": notes,
+                    "runs": results,
+                    "plot": plot,
+                },
+                indent=2,
+            )
+        )
     else:
         click.echo(format_rows(rows))
         if ratios:

@@ -1,6 +1,7 @@
 """The conditions of a measurement, recorded next to every benchmark result (as airbench states
 its runtime, GPU and library versions): ffload's version and git commit, the versions of
 Python and the libraries that do the work, the CPUs and the device."""
+
 from __future__ import annotations
 
 import os
@@ -75,12 +76,25 @@ def measurement_conditions() -> dict:
     commit = _git(root, "rev-parse", "HEAD")
     status = _git(root, "status", "--porcelain", "--untracked-files=no") if commit else None
     torch_version, device = _torch()
-    out = {"ffload": __version__, "git_commit": commit, "git_dirty": None if status is None else bool(status),
-           "python": platform.python_version(), "torch": torch_version}
+    out = {
+        "ffload": __version__,
+        "git_commit": commit,
+        "git_dirty": None if status is None else bool(status),
+        "python": platform.python_version(),
+        "torch": torch_version,
+    }
     out.update({name: _version(name) for name in _LIBRARIES})
-    out.update({"opencv": _opencv_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-                "cpus_available": available_cpus(), "cpu_model": _cpu_model(),
-                "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "device": device})
+    out.update(
+        {
+            "opencv": _opencv_version(),
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "cpus_available": available_cpus(),
+            "cpu_model": _cpu_model(),
+            "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            "device": device,
+        }
+    )
     return out
 
 
@@ -88,7 +102,12 @@ def format_conditions(conditions: dict) -> str:
     """One line of :func:`measurement_conditions`' dict for a text report."""
     commit = conditions["git_commit"]
     commit = "no git checkout" if commit is None else commit[:12] + (" (dirty)" if conditions["git_dirty"] else "")
-    libraries = ", ".join(f"{name} {conditions[name]}" for name in ("python", "torch", "numba", "numpy", "opencv",
-                                                                      "ffcv", "pillow") if conditions.get(name))
-    return (f"conditions: ffload {conditions['ffload']} ({commit}); {libraries}; {conditions['cpus_available']} of "
-            f"{conditions['cpu_count']} CPUs ({conditions['cpu_model']}); device {conditions['device']}")
+    libraries = ", ".join(
+        f"{name} {conditions[name]}"
+        for name in ("python", "torch", "numba", "numpy", "opencv", "ffcv", "pillow")
+        if conditions.get(name)
+    )
+    return (
+        f"conditions: ffload {conditions['ffload']} ({commit}); {libraries}; {conditions['cpus_available']} of "
+        f"{conditions['cpu_count']} CPUs ({conditions['cpu_model']}); device {conditions['device']}"
+    )

@@ -1,4 +1,5 @@
 """What one measurement is: :class:`BenchConfig`, the loader kinds and the pipelines they run."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -26,15 +27,21 @@ DEEPLAKE_PIPELINES = ("dl_simple", "dl_complex")
 DEEPLAKE_STACKS = {
     "dl_simple": "resize of the centre square to size, RandomAffine(20), horizontal flip, Normalize",
     "dl_complex": "resize of the centre square to size, RandomAffine(20), horizontal and vertical flips, "
-                  "RandomPerspective(0.5, p=0.5), ColorJitter(0.2, 0.2, 0.2, 0.2), Normalize",
+    "RandomPerspective(0.5, p=0.5), ColorJitter(0.2, 0.2, 0.2, 0.2), Normalize",
 }
 """Deep Lake's "simple" and "complex" stacks, as every peer runs them: bilinear warps (ffload's
 are bilinear; torchvision's RandomAffine defaults to nearest), ImageNet mean/std. Deep Lake
 resizes the whole image to a square; here every peer takes the centre square first, so the
 geometry is the same for all (the decoders crop, they do not stretch)."""
 
-DEEPLAKE_PARAMS = {"degrees": 20.0, "distortion_scale": 0.5, "perspective_p": 0.5, "jitter": 0.2,
-                   "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+DEEPLAKE_PARAMS = {
+    "degrees": 20.0,
+    "distortion_scale": 0.5,
+    "perspective_p": 0.5,
+    "jitter": 0.2,
+    "mean": (0.485, 0.456, 0.406),
+    "std": (0.229, 0.224, 0.225),
+}
 """The parameters of :data:`DEEPLAKE_STACKS` (mean/std in units of ``x / 255``)."""
 
 CENTER_RATIO = 224 / 256

@@ -7,6 +7,7 @@ longer side drawn from :data:`LONGER_SIDE` and given film grain (Gaussian, :data
 per channel, from one fixed noise field), then saved as JPEG at :data:`JPEG_QUALITY`: ~430 px,
 ~98 KB mean.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ def build_photo_jpegs(root: str, n_images: int, seed: int = 0) -> None:
             size = (max(1, round(w * scale)), max(1, round(h * scale)))
             bgr = cv2.resize(bgr, size, interpolation=cv2.INTER_CUBIC if scale > 1 else cv2.INTER_AREA)
             y, x = (int(rng.integers(0, 1024 - s + 1)) for s in bgr.shape[:2])
-            noisy = np.clip(bgr + grain[y:y + bgr.shape[0], x:x + bgr.shape[1]], 0, 255).astype(np.uint8)
+            noisy = np.clip(bgr + grain[y : y + bgr.shape[0], x : x + bgr.shape[1]], 0, 255).astype(np.uint8)
             out = os.path.join(root, cls, os.path.splitext(name)[0] + ".JPEG")
             if not cv2.imwrite(out, noisy, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY]):
                 raise OSError(f"{out}: OpenCV could not write the image")
@@ -65,6 +66,6 @@ def raw_crops(folder: str, n: int, side: int = 32, seed: int = 0):
         h, w = image.shape[:2]
         c = int(min(h, w) * rng.uniform(0.3, 1.0))
         y, x = int(rng.integers(0, h - c + 1)), int(rng.integers(0, w - c + 1))
-        images[k] = cv2.resize(image[y:y + c, x:x + c], (side, side), interpolation=cv2.INTER_AREA)
+        images[k] = cv2.resize(image[y : y + c, x : x + c], (side, side), interpolation=cv2.INTER_AREA)
         labels[k] = label
     return images, labels

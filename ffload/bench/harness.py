@@ -1,6 +1,7 @@
 """The harness: each measurement in a fresh Python subprocess (:func:`measure`), so that
 imports, JIT compilation, threads and memory of one measurement do not leak into the next, and
 rounds that interleave the loaders (:func:`run_rounds`) so that machine noise hits all alike."""
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,7 @@ def measure(cfg: BenchConfig, timeout: float | None = None) -> dict:
         return {**failed, "error": f"timed out after {timeout} s", "stderr_tail": _tail(e.stderr)}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_TAG) and proc.returncode == 0:
-            return json.loads(line[len(RESULT_TAG):])
+            return json.loads(line[len(RESULT_TAG) :])
     tail = _tail(proc.stderr)
     last = tail[-1] if tail else "no output"
     return {**failed, "error": f"exit status {proc.returncode}: {last}", "stderr_tail": tail}
@@ -58,8 +59,12 @@ def _tail(text, lines: int = 20) -> list[str]:
     return [line for line in (text or "").splitlines() if line.strip()][-lines:]
 
 
-def run_rounds(configs: Sequence[BenchConfig], repeats: int = 1, timeout: float | None = None,
-               on_result: Callable[[dict], None] | None = None) -> list[dict]:
+def run_rounds(
+    configs: Sequence[BenchConfig],
+    repeats: int = 1,
+    timeout: float | None = None,
+    on_result: Callable[[dict], None] | None = None,
+) -> list[dict]:
     """Measure every config ``repeats`` times, interleaved: round r runs ``configs`` in order
     (ffload, ffcv, dataloader, ...) before round r + 1 starts.
 

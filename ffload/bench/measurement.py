@@ -1,5 +1,6 @@
 """What one measurement reports (:class:`Measurement`) and how a process measures itself: the
 epoch clock and the resident set size (Linux ``/proc``)."""
+
 from __future__ import annotations
 
 import math

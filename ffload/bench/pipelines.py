@@ -1,5 +1,6 @@
 """The pipelines every loader runs: the FFCV-style operation lists (ffload's and ffcv's
 classes of the same names) and the crop boxes of the PIL baseline."""
+
 from __future__ import annotations
 
 import math
@@ -31,9 +32,11 @@ def build_pipelines(cfg: BenchConfig, ops: Mapping) -> dict:
 
 def _decoder(cfg: BenchConfig, ops: Mapping, size: tuple[int, int]):
     extra = {"fast_dct": True} if cfg.fast_dct else {}  # ffload's option (BenchConfig checks)
-    return {"simple": lambda: ops["SimpleRGBImageDecoder"](**extra),
-            "rrc": lambda: ops["RandomResizedCropRGBImageDecoder"](size, **extra),
-            "center": lambda: ops["CenterCropRGBImageDecoder"](size, ratio=CENTER_RATIO, **extra)}[cfg.pipeline]()
+    return {
+        "simple": lambda: ops["SimpleRGBImageDecoder"](**extra),
+        "rrc": lambda: ops["RandomResizedCropRGBImageDecoder"](size, **extra),
+        "center": lambda: ops["CenterCropRGBImageDecoder"](size, ratio=CENTER_RATIO, **extra),
+    }[cfg.pipeline]()
 
 
 def deeplake_ops(cfg: BenchConfig, ops: Mapping) -> list:
@@ -43,18 +46,25 @@ def deeplake_ops(cfg: BenchConfig, ops: Mapping) -> list:
     import numpy as np
 
     p = DEEPLAKE_PARAMS
-    stack = [ops["CenterCropRGBImageDecoder"]((cfg.size, cfg.size), ratio=1.0), ops["RandomAffine"](p["degrees"]),
-             ops["RandomHorizontalFlip"]()]
+    stack = [
+        ops["CenterCropRGBImageDecoder"]((cfg.size, cfg.size), ratio=1.0),
+        ops["RandomAffine"](p["degrees"]),
+        ops["RandomHorizontalFlip"](),
+    ]
     if cfg.pipeline == "dl_complex":
         j = p["jitter"]
-        stack += [ops["RandomVerticalFlip"](), ops["RandomPerspective"](p["distortion_scale"], p=p["perspective_p"]),
-                  ops["ColorJitter"](j, j, j, j)]
+        stack += [
+            ops["RandomVerticalFlip"](),
+            ops["RandomPerspective"](p["distortion_scale"], p=p["perspective_p"]),
+            ops["ColorJitter"](j, j, j, j),
+        ]
     mean, std = 255 * np.array(p["mean"]), 255 * np.array(p["std"])
     return stack + [ops["NormalizeImage"](mean, std, np.float32), ops["ToTensor"](), ops["ToTorchImage"]()]
 
 
-def rrc_box(width: int, height: int, rng: random.Random, scale=(0.08, 1.0),
-            ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+def rrc_box(
+    width: int, height: int, rng: random.Random, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
+) -> tuple[int, int, int, int]:
     """A ``RandomResizedCrop`` box ``(left, top, right, bottom)`` in pixels, drawn with
     torchvision's ``RandomResizedCrop.get_params`` rule (10 tries of area fraction in ``scale``
     and log-uniform aspect ratio in ``ratio``, then the centred crop clamped to ``ratio``)."""

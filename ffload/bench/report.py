@@ -1,5 +1,6 @@
 """Reports of :func:`ffload.bench.summarize` rows: markdown tables of the rows and of the
 ratios, a PNG of images/s against ``num_workers``, and the results files every script writes."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,11 @@ def _fmt(value, spec: str) -> str:
 def format_rows(rows: Sequence[dict]) -> str:
     """A markdown table of :func:`summarize` rows (``-`` for missing values; failed rows show
     the first error)."""
-    lines = ["| loader | workers | batch | img/s (epochs 1+, median) | epoch 0 s | first batch s "
-             "| spawn to first batch s | peak RSS MiB | RSS growth MiB | runs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| loader | workers | batch | img/s (epochs 1+, median) | epoch 0 s | first batch s "
+        "| spawn to first batch s | peak RSS MiB | RSS growth MiB | runs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         rss = r["peak_rss_mb"]
         if rss is not None and r["kind"].startswith("dataloader") and r["peak_rss_children_mb"]:
@@ -26,10 +29,12 @@ def format_rows(rows: Sequence[dict]) -> str:
             rss_text = _fmt(rss, ".0f")
         failed = r["errors"][0][:300].replace("|", "\\|") if r["errors"] else ""
         runs = str(r["runs"]) + (f" ({len(r['errors'])} failed: {failed})" if failed else "")
-        lines.append(f"| {r['name']} | {r['num_workers']} | {r['batch_size']} | {_fmt(r['img_s'], '.0f')} | "
-                     f"{_fmt(r['epoch0_s'], '.2f')} | {_fmt(r['first_batch_s'], '.2f')} | "
-                     f"{_fmt(r['first_batch_total_s'], '.2f')} | {rss_text} | "
-                     f"{_fmt(r['rss_growth_mb'], '+.1f')} | {runs} |")
+        lines.append(
+            f"| {r['name']} | {r['num_workers']} | {r['batch_size']} | {_fmt(r['img_s'], '.0f')} | "
+            f"{_fmt(r['epoch0_s'], '.2f')} | {_fmt(r['first_batch_s'], '.2f')} | "
+            f"{_fmt(r['first_batch_total_s'], '.2f')} | {rss_text} | "
+            f"{_fmt(r['rss_growth_mb'], '+.1f')} | {runs} |"
+        )
     return "\n".join(lines)
 
 
@@ -45,9 +50,11 @@ def format_ratios(ratios: Sequence[dict], targets: Mapping[tuple[str, str], tupl
         if target is not None and q["ratio"] is not None:
             op, value = target
             met = "yes" if (q["ratio"] >= value if op == ">=" else q["ratio"] <= value) else "NO"
-        lines.append(f"| {q['numerator']} / {q['denominator']} | {q['num_workers']} | "
-                     f"{_fmt(q['ratio'], '.2f')}{'x' if q['ratio'] is not None else ''} | "
-                     f"{f'{target[0]} {target[1]}x' if target else '-'} | {met} |")
+        lines.append(
+            f"| {q['numerator']} / {q['denominator']} | {q['num_workers']} | "
+            f"{_fmt(q['ratio'], '.2f')}{'x' if q['ratio'] is not None else ''} | "
+            f"{f'{target[0]} {target[1]}x' if target else '-'} | {met} |"
+        )
     return "\n".join(lines)
 
 
@@ -104,4 +111,3 @@ def write_results(out: str, text: str, data: Mapping) -> None:
         f.write(text)
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(data, f, indent=2, default=str)
-

@@ -6,6 +6,7 @@
 Nothing here imports ``ffload`` at module level: the worker loads this package by path, so that
 ``import ffload`` is part of the ffload measurement (``import_s``, ``first_batch_s``).
 """
+
 from __future__ import annotations
 
 import time
@@ -28,9 +29,18 @@ def run_ffload(cfg: BenchConfig) -> LoaderSetup:
     t1 = time.perf_counter()
     indices = None if cfg.limit is None else list(range(cfg.limit))
     ops = {name: getattr(ffload.loaders, name) for name in ffload.loaders.__all__}  # imported on first use
-    loader = ffload.Loader(cfg.path, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
-                           order="random", os_cache=True, pipelines=build_pipelines(cfg, ops),
-                           drop_last=False, seed=cfg.seed, indices=indices, batches_ahead=3)
+    loader = ffload.Loader(
+        cfg.path,
+        batch_size=cfg.batch_size,
+        num_workers=cfg.num_workers,
+        order="random",
+        os_cache=True,
+        pipelines=build_pipelines(cfg, ops),
+        drop_last=False,
+        seed=cfg.seed,
+        indices=indices,
+        batches_ahead=3,
+    )
     return LoaderSetup(loader, start, import_s, time.perf_counter() - t1, len(loader.indices), close=loader.close)
 
 
@@ -58,11 +68,22 @@ def run_loader(cfg: BenchConfig, spawned: float | None = None) -> Measurement:
         total = first_wall - spawned - setup.setup_s
     base = records[1] if len(records) >= 3 else records[0]
     return Measurement(
-        name=cfg.name, kind=cfg.kind, config=cfg.to_dict(), dataset_samples=setup.dataset_samples,
-        epochs=records, img_s=median_after_warmup(records), first_batch=first_batch,
-        epoch0_s=records[0].seconds, import_torch_s=import_torch_s, import_s=setup.import_s,
-        build_s=setup.build_s, first_batch_s=None if first is None else first - setup.start,
-        first_batch_total_s=total, setup_s=setup.setup_s, rss_growth_mb=records[-1].rss_mb - base.rss_mb)
+        name=cfg.name,
+        kind=cfg.kind,
+        config=cfg.to_dict(),
+        dataset_samples=setup.dataset_samples,
+        epochs=records,
+        img_s=median_after_warmup(records),
+        first_batch=first_batch,
+        epoch0_s=records[0].seconds,
+        import_torch_s=import_torch_s,
+        import_s=setup.import_s,
+        build_s=setup.build_s,
+        first_batch_s=None if first is None else first - setup.start,
+        first_batch_total_s=total,
+        setup_s=setup.setup_s,
+        rss_growth_mb=records[-1].rss_mb - base.rss_mb,
+    )
 
 
 def run_decode_ceiling(cfg: BenchConfig) -> Measurement:
@@ -73,13 +94,23 @@ def run_decode_ceiling(cfg: BenchConfig) -> Measurement:
     t0 = time.perf_counter()
     indices, payloads = load_jpeg_payloads(cfg.path, cfg.image_field, cfg.limit)
     setup_s = time.perf_counter() - t0
-    ceiling = measure_decode_ceiling(payloads, cfg.num_workers, cfg.epochs, DECODERS[cfg.decoder](),
-                                     [f"{cfg.path}: sample {i}" for i in indices])
+    ceiling = measure_decode_ceiling(
+        payloads, cfg.num_workers, cfg.epochs, DECODERS[cfg.decoder](), [f"{cfg.path}: sample {i}" for i in indices]
+    )
     return Measurement(
-        name=cfg.name, kind=cfg.kind, config=cfg.to_dict(), dataset_samples=len(payloads), epochs=ceiling.threads,
-        img_s=ceiling.threads_img_s, setup_s=setup_s, decoder=cfg.decoder,
-        single_thread_img_s=ceiling.single_thread_img_s, threads_img_s=ceiling.threads_img_s,
-        payload_bytes_mean=sum(p.size for p in payloads) / len(payloads), single_thread_epochs=ceiling.single_thread)
+        name=cfg.name,
+        kind=cfg.kind,
+        config=cfg.to_dict(),
+        dataset_samples=len(payloads),
+        epochs=ceiling.threads,
+        img_s=ceiling.threads_img_s,
+        setup_s=setup_s,
+        decoder=cfg.decoder,
+        single_thread_img_s=ceiling.single_thread_img_s,
+        threads_img_s=ceiling.threads_img_s,
+        payload_bytes_mean=sum(p.size for p in payloads) / len(payloads),
+        single_thread_epochs=ceiling.single_thread,
+    )
 
 
 def run_worker(cfg: BenchConfig, spawned: float | None = None) -> Measurement:

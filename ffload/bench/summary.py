@@ -1,5 +1,6 @@
 """Rows and ratios of one invocation: medians over rounds (:func:`summarize`) and ratios of
 those medians (:func:`compute_ratios`), so that every ratio divides figures of the same run."""
+
 from __future__ import annotations
 
 import statistics
@@ -41,13 +42,30 @@ def summarize(results: Sequence[dict]) -> list[dict]:
     for (name, workers), runs in groups.items():
         ok = [r for r in runs if "error" not in r]
         cfg = runs[0]["config"]
-        row = {"name": name, "kind": runs[0]["kind"], "path": cfg["path"], "pipeline": cfg["pipeline"],
-               "batch_size": cfg["batch_size"], "num_workers": workers, "epochs": cfg["epochs"],
-               "runs": len(ok), "errors": [r["error"] for r in runs if "error" in r],
-               "img_s_runs": [r["img_s"] for r in ok]}
+        row = {
+            "name": name,
+            "kind": runs[0]["kind"],
+            "path": cfg["path"],
+            "pipeline": cfg["pipeline"],
+            "batch_size": cfg["batch_size"],
+            "num_workers": workers,
+            "epochs": cfg["epochs"],
+            "runs": len(ok),
+            "errors": [r["error"] for r in runs if "error" in r],
+            "img_s_runs": [r["img_s"] for r in ok],
+        }
         row["img_s"] = _median(row["img_s_runs"])
-        for key in ("epoch0_s", "first_batch_s", "first_batch_total_s", "import_torch_s", "import_s",
-                    "build_s", "rss_growth_mb", "single_thread_img_s", "threads_img_s"):
+        for key in (
+            "epoch0_s",
+            "first_batch_s",
+            "first_batch_total_s",
+            "import_torch_s",
+            "import_s",
+            "build_s",
+            "rss_growth_mb",
+            "single_thread_img_s",
+            "threads_img_s",
+        ):
             row[key] = _median(r.get(key) for r in ok)
         for key in ("peak_rss_mb", "peak_rss_children_mb"):
             row[key] = max((r[key] for r in ok), default=None)
@@ -55,8 +73,12 @@ def summarize(results: Sequence[dict]) -> list[dict]:
         row["first_batch"] = ok[0].get("first_batch") if ok else None
         rows.append(row)
         if row["kind"] == "decode_ceiling":
-            single = dict(row, name=name + SINGLE_THREAD_SUFFIX, kind="decode_single_thread",
-                          img_s_runs=[r["single_thread_img_s"] for r in ok])
+            single = dict(
+                row,
+                name=name + SINGLE_THREAD_SUFFIX,
+                kind="decode_single_thread",
+                img_s_runs=[r["single_thread_img_s"] for r in ok],
+            )
             single["img_s"] = _median(single["img_s_runs"])
             rows.append(single)
     return rows
@@ -73,6 +95,12 @@ def compute_ratios(rows: Sequence[dict], pairs: Sequence[tuple[str, str]]) -> li
             if name != num or (den, workers) not in by_key:
                 continue
             a, b = row["img_s"], by_key[(den, workers)]["img_s"]
-            out.append({"numerator": num, "denominator": den, "num_workers": workers,
-                        "ratio": a / b if a is not None and b else None})
+            out.append(
+                {
+                    "numerator": num,
+                    "denominator": den,
+                    "num_workers": workers,
+                    "ratio": a / b if a is not None and b else None,
+                }
+            )
     return out

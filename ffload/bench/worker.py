@@ -5,6 +5,7 @@
 ``BOOTSTRAP``), without importing ``ffload`` first; this module and the ones it imports must
 therefore use relative imports and import ``ffload`` only inside functions.
 """
+
 from __future__ import annotations
 
 import json

@@ -55,6 +55,7 @@ Fallback: without a TurboJPEG 3 library (:func:`backend` is ``'opencv'``), JPEG 
 by ``cv2.imdecode`` at 1/k scale (k = 8 / M: the same factor as step 2) one call per sample from
 Python, then resized by the same compiled resize; a ``RuntimeWarning`` says so once per process.
 """
+
 from __future__ import annotations
 
 import threading
@@ -86,6 +87,7 @@ if _lib is not None:
     _get, _header, _scale = tj.NUMBA["tj3Get"], tj.NUMBA["tj3DecompressHeader"], tj.NUMBA["tj3SetScalingFactor"]
     _crop, _decompress = tj.NUMBA["tj3SetCroppingRegion"], tj.NUMBA["tj3Decompress8"]
 else:
+
     @njit(nogil=True, cache=True)
     def _absent(*args):
         """Stands for the tj3 functions without a library (decode_rows never calls it: handle 0)."""
@@ -106,9 +108,12 @@ def warn_if_fallback() -> None:
     """Emit, once per process, a ``RuntimeWarning`` that JPEGs decode through the OpenCV fallback."""
     if _lib is None and not _warned:
         _warned.append(True)
-        warnings.warn("ffload: no TurboJPEG 3 library found (pip install turbojpeg==0.0.2); JPEG "
-                      "images decode through the slower OpenCV fallback, one Python call per sample",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "ffload: no TurboJPEG 3 library found (pip install turbojpeg==0.0.2); JPEG "
+            "images decode through the slower OpenCV fallback, one Python call per sample",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 class _Handle:
@@ -177,10 +182,11 @@ def decode_whole(data: np.ndarray, out: np.ndarray, m: int = 8) -> str:
     with the accurate IDCT and no cropping region. Returns ``""``, or libjpeg-turbo's message for
     an error or a warning (the module's warnings rule; the failed handle is replaced)."""
     handle = thread_handle()
-    if (_lib.tj3SetScalingFactor(handle, tj.pack2(*scale_fraction(m))) != 0
-            or _lib.tj3SetCroppingRegion(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0
-            or _lib.tj3Decompress8(handle, data.ctypes.data, data.size, out.ctypes.data, out.shape[1] * 3,
-                                   tj.TJPF_RGB) != 0):
+    if (
+        _lib.tj3SetScalingFactor(handle, tj.pack2(*scale_fraction(m))) != 0
+        or _lib.tj3SetCroppingRegion(handle, tj.pack2(0, 0), tj.pack2(0, 0)) != 0
+        or _lib.tj3Decompress8(handle, data.ctypes.data, data.size, out.ctypes.data, out.shape[1] * 3, tj.TJPF_RGB) != 0
+    ):
         return failure_message(handle)
     return ""
 
@@ -255,8 +261,9 @@ its symbols must never be loaded by a process without it (the fallback compiles 
 
 
 @njit(nogil=True, cache=_CACHE)
-def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch, cut_buf, starts, flip, out, d0,
-                 tmp, info):
+def _decode_jpeg(
+    handle, region, p, n, height, width, box, out_h, out_w, scratch, cut_buf, starts, flip, out, d0, tmp, info
+):
     """Decode one JPEG and resize its box into ``out[d0:]``; returns a status code.
 
     An image decoded whole (no DCT scaling, the box is the image) whose frame header
@@ -326,14 +333,49 @@ def _decode_jpeg(handle, region, p, n, height, width, box, out_h, out_w, scratch
         copy_rgb(scratch, ((top - ry) * rw + left - rx) * 3, rw * 3, out, d0, out_h, out_w, flip)
         return OK
     f = m / 8
-    resize_rgb(scratch, 0, rw * 3, rh, rw, top * f - ry, left * f - rx, h * f, w * f,
-               interpolation(h, w, out_h, out_w), out, d0, out_h, out_w, flip, tmp)
+    resize_rgb(
+        scratch,
+        0,
+        rw * 3,
+        rh,
+        rw,
+        top * f - ry,
+        left * f - rx,
+        h * f,
+        w * f,
+        interpolation(h, w, out_h, out_w),
+        out,
+        d0,
+        out_h,
+        out_w,
+        flip,
+        tmp,
+    )
     return OK
 
 
 @njit(nogil=True, cache=_CACHE)
-def decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, boxes, flips,
-                out, out_h, out_w, scratch, cut_buf, starts, tmp, status, info):
+def decode_rows(
+    handle,
+    indices,
+    modes,
+    heights,
+    widths,
+    ptrs,
+    sizes,
+    region,
+    boxes,
+    flips,
+    out,
+    out_h,
+    out_w,
+    scratch,
+    cut_buf,
+    starts,
+    tmp,
+    status,
+    info,
+):
     """Decode, crop, resize (and flip) every row of a batch into ``out``.
 
     Args:
@@ -375,20 +417,54 @@ def decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, bo
             if h == out_h and w == out_w:
                 copy_rgb(region, start, width * 3, out, b * row, out_h, out_w, flips[b])
             else:
-                resize_rgb(region, start, width * 3, h, w, 0.0, 0.0, h, w, interpolation(h, w, out_h, out_w),
-                           out, b * row, out_h, out_w, flips[b], tmp)
+                resize_rgb(
+                    region,
+                    start,
+                    width * 3,
+                    h,
+                    w,
+                    0.0,
+                    0.0,
+                    h,
+                    w,
+                    interpolation(h, w, out_h, out_w),
+                    out,
+                    b * row,
+                    out_h,
+                    out_w,
+                    flips[b],
+                    tmp,
+                )
         elif handle == 0:
             status[b] = PENDING
         else:
-            status[b] = _decode_jpeg(handle, region, p, n, height, width, boxes[b], out_h, out_w,
-                                     scratch, cut_buf, starts, flips[b], out, b * row, tmp, info)
+            status[b] = _decode_jpeg(
+                handle,
+                region,
+                p,
+                n,
+                height,
+                width,
+                boxes[b],
+                out_h,
+                out_w,
+                scratch,
+                cut_buf,
+                starts,
+                flips[b],
+                out,
+                b * row,
+                tmp,
+                info,
+            )
             if status[b] < 0:
                 return b
     return -1
 
 
-def _decode_rows_opencv(indices, heights, widths, ptrs, sizes, region, boxes, flips, out, out_h, out_w, tmp,
-                        status, info):
+def _decode_rows_opencv(
+    indices, heights, widths, ptrs, sizes, region, boxes, flips, out, out_h, out_w, tmp, status, info
+):
     """The fallback for the :data:`PENDING` rows (JPEGs): ``cv2.imdecode`` at 1/k, k = 8 / M
     (:func:`scale_numerator`, the compiled path's factor), then the compiled resize of the box's
     exact area (fractional edges in the reduced image). A frame header (:func:`frame_size`)
@@ -407,7 +483,7 @@ def _decode_rows_opencv(indices, heights, widths, ptrs, sizes, region, boxes, fl
             info[:] = fw, fh
             status[b] = BAD_SIZE
             return b
-        image = cv2.imdecode(region[p:p + n], flags[k])
+        image = cv2.imdecode(region[p : p + n], flags[k])
         if image is None:
             status[b] = FAILED
             return b
@@ -422,11 +498,43 @@ def _decode_rows_opencv(indices, heights, widths, ptrs, sizes, region, boxes, fl
         if k == 1 and (ch, cw) == (out_h, out_w):
             copy_rgb(src, (top * w + left) * 3, stride, out, b * row, out_h, out_w, bool(flips[b]))
         elif k == 1:
-            resize_rgb(src, (top * w + left) * 3, stride, ch, cw, 0.0, 0.0, ch, cw,
-                       interpolation(ch, cw, out_h, out_w), out, b * row, out_h, out_w, bool(flips[b]), tmp)
+            resize_rgb(
+                src,
+                (top * w + left) * 3,
+                stride,
+                ch,
+                cw,
+                0.0,
+                0.0,
+                ch,
+                cw,
+                interpolation(ch, cw, out_h, out_w),
+                out,
+                b * row,
+                out_h,
+                out_w,
+                bool(flips[b]),
+                tmp,
+            )
         else:
-            resize_rgb(src, 0, stride, image.shape[0], image.shape[1], top / k, left / k, ch / k, cw / k,
-                       interpolation(ch, cw, out_h, out_w), out, b * row, out_h, out_w, bool(flips[b]), tmp)
+            resize_rgb(
+                src,
+                0,
+                stride,
+                image.shape[0],
+                image.shape[1],
+                top / k,
+                left / k,
+                ch / k,
+                cw / k,
+                interpolation(ch, cw, out_h, out_w),
+                out,
+                b * row,
+                out_h,
+                out_w,
+                bool(flips[b]),
+                tmp,
+            )
         status[b] = OK
     return -1
 
@@ -446,8 +554,7 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast
     """
     batch = len(indices)
     if out.shape[0] != batch or out.shape[3:] != (3,) or not out.flags.c_contiguous:
-        raise ConfigurationError(f"decode_batch: out must be a C-contiguous ({batch}, H, W, 3) array, got "
-                                 f"{out.shape}")
+        raise ConfigurationError(f"decode_batch: out must be a C-contiguous ({batch}, H, W, 3) array, got {out.shape}")
     out_h, out_w = out.shape[1], out.shape[2]
     modes, heights, widths = metadata["mode"], metadata["height"], metadata["width"]
     h = heights[indices].astype(np.int64)
@@ -460,11 +567,31 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast
     info = np.zeros(2, np.int64)
     flat = out.reshape(-1)
     handle = thread_handle(fast_dct)
-    bad = decode_rows(handle, indices, modes, heights, widths, ptrs, sizes, region, boxes, flips,
-                      flat, out_h, out_w, scratch, cut_buf, starts, tmp, status, info)
+    bad = decode_rows(
+        handle,
+        indices,
+        modes,
+        heights,
+        widths,
+        ptrs,
+        sizes,
+        region,
+        boxes,
+        flips,
+        flat,
+        out_h,
+        out_w,
+        scratch,
+        cut_buf,
+        starts,
+        tmp,
+        status,
+        info,
+    )
     if bad < 0 and handle == 0:
-        bad = _decode_rows_opencv(indices, heights, widths, ptrs, sizes, region, boxes, flips, flat, out_h,
-                                  out_w, tmp, status, info)
+        bad = _decode_rows_opencv(
+            indices, heights, widths, ptrs, sizes, region, boxes, flips, flat, out_h, out_w, tmp, status, info
+        )
     if bad < 0:
         return -1, OK, ""
     code = int(status[bad])

@@ -1,5 +1,6 @@
 """JPEG encoding for conversion: libjpeg(-turbo) through OpenCV (no numba; OpenCV imported on the first
 encode), so that importing it stays light; the decoders live in :mod:`.jpeg` and :mod:`.turbojpeg`."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,9 +16,11 @@ def encode_jpeg(image: np.ndarray, quality: int, restart_interval: int = 0) -> n
     """
     import cv2
 
-    ok, data = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
-                            [int(cv2.IMWRITE_JPEG_QUALITY), int(quality),
-                             int(cv2.IMWRITE_JPEG_RST_INTERVAL), int(restart_interval)])
+    ok, data = cv2.imencode(
+        ".jpg",
+        cv2.cvtColor(image, cv2.COLOR_RGB2BGR),
+        [int(cv2.IMWRITE_JPEG_QUALITY), int(quality), int(cv2.IMWRITE_JPEG_RST_INTERVAL), int(restart_interval)],
+    )
     if not ok:
         raise FieldError(f"JPEG encoding failed for a {image.shape} image")
     return data.reshape(-1)

@@ -34,6 +34,7 @@ Offsets are unsigned (no negative-index wraparound checks), numba does no bounds
 block transposes load and store through raw addresses: :func:`resize_rgb` checks its buffers'
 dtypes, strides and sizes before it writes anything.
 """
+
 from __future__ import annotations
 
 import math
@@ -207,8 +208,9 @@ def _resize_exact(src, yo, wy, yn, xi, wx, xn, x_lo, cols, dst, dst_start, out_h
 
 
 @njit(nogil=True, cache=True)
-def resize_rgb(src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, mode,
-               dst, dst_start, out_h, out_w, flip, tmp):
+def resize_rgb(
+    src, src_start, src_stride, src_h, src_w, y0, x0, win_h, win_w, mode, dst, dst_start, out_h, out_w, flip, tmp
+):
     """Resize a window of an RGB image into an output row.
 
     Strips of 16 output rows, four steps each: the vertical pass (tap by tap, 32 bytes of a row

@@ -38,6 +38,7 @@ offsets into ``data`` are absolute (the caller's ``p`` included). ``jpeg.py``'s 
 on disk by numba, keyed on their own source: after editing this module, delete
 ``ffload/loaders/__pycache__/*.nbi`` and ``*.nbc``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,10 +52,12 @@ finds no segment and JPEGs are decoded the usual way."""
 if AVAILABLE:
     _memchr = extern("memchr", "p", "pip")
 else:
+
     @njit(nogil=True, cache=False)
     def _memchr(pointer, byte, size):
         """Stands for ``memchr`` where the C library has none: no byte found."""
         return 0
+
 
 NO_LAYOUT = (-1, -1, -1, -1, 0, 0, 0, False)
 
@@ -126,8 +129,7 @@ def headers(data, p, n):
             if sof < 0:
                 break
             ns = np.int64(data[a + 4]) if length >= 3 else np.int64(-1)
-            cuttable = (sequential and height > 0 and ns == comps and length == 6 + 2 * ns
-                        and hmax <= 4 and vmax <= 4)
+            cuttable = sequential and height > 0 and ns == comps and length == 6 + 2 * ns and hmax <= 4 and vmax <= 4
             mcu_w = 8 if comps == 1 else 8 * hmax
             mcu_h = 8 if comps == 1 else 8 * vmax
             return sof, i + 2 + length, height, width, mcu_w, mcu_h, interval, cuttable
@@ -222,12 +224,23 @@ def plan(data, p, n, layout, y0, x0, y1, x1, m, starts):
     r0, r1, c0, c1 = crop_rect(y0, x0, y1, x1, m, height, width, mcu_w, mcu_h, interval)
     per_row = (width + mcu_w - 1) // mcu_w // interval
     need = (r1 - 1) * per_row + c1
-    if (r0 < 0 or (r1 - r0) * (c1 - c0) * 10 > r1 * per_row * 9 or need >= starts.shape[0]
-            or segment_starts(data, p + sos_end, p + n, need, starts) != need):
+    if (
+        r0 < 0
+        or (r1 - r0) * (c1 - c0) * 10 > r1 * per_row * 9
+        or need >= starts.shape[0]
+        or segment_starts(data, p + sos_end, p + n, need, starts) != need
+    ):
         return -1, -1, -1, -1, 0, 0, 0
     span = interval * mcu_w  # pixels per segment column
-    return (r0, r1, c0, c1, per_row, min(height - r0 * mcu_h, (r1 - r0) * mcu_h),
-            min(width - c0 * span, (c1 - c0) * span))
+    return (
+        r0,
+        r1,
+        c0,
+        c1,
+        per_row,
+        min(height - r0 * mcu_h, (r1 - r0) * mcu_h),
+        min(width - c0 * span, (c1 - c0) * span),
+    )
 
 
 def starts_size(heights, widths) -> int:
@@ -250,7 +263,7 @@ def cut(data, p, sof, sos_end, starts, per_row, r0, r1, c0, c1, height, width, o
     :func:`plan` checks). Returns its length (bytes): at most that of the JPEG's own bytes up to
     the end of its last segment plus the EOI, as each row's first marker takes the place of the
     one that ended the row before it."""
-    out[:sos_end] = data[p:p + sos_end]
+    out[:sos_end] = data[p : p + sos_end]
     out[sof + 5] = height >> 8
     out[sof + 6] = height & 0xFF
     out[sof + 7] = width >> 8
@@ -266,7 +279,7 @@ def cut(data, p, sof, sos_end, starts, per_row, r0, r1, c0, c1, height, width, o
             n += 2
         a = starts[first]
         b = starts[last + 1] - 2
-        out[n:n + b - a] = data[a:b]
+        out[n : n + b - a] = data[a:b]
         for s in range(first, last):  # the markers inside the row: the byte after each 0xFF
             j += 1
             out[n + starts[s + 1] - 1 - a] = 0xD0 + ((j - 1) & 7)

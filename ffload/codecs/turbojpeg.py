@@ -42,6 +42,7 @@ library it loaded. (Calling the ctypes function pointers from numba, as before, 
 process's addresses into the code, so numba refused to cache it and every process recompiled the
 image decoders: seconds before the first batch.)
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -169,14 +170,17 @@ def library() -> TurboJPEG | None:
     return _LIBRARY[0]
 
 
-NUMBA = {name: extern(name, ret, args) for name, (ret, args) in {
-    "tj3Get": ("i", "pi"),
-    "tj3DecompressHeader": ("i", "ppp"),
-    "tj3SetScalingFactor": ("i", "pp"),
-    "tj3SetCroppingRegion": ("i", "ppp"),
-    "tj3Decompress8": ("i", "ppppii"),
-    "tj3GetErrorCode": ("i", "p"),
-}.items()}
+NUMBA = {
+    name: extern(name, ret, args)
+    for name, (ret, args) in {
+        "tj3Get": ("i", "pi"),
+        "tj3DecompressHeader": ("i", "ppp"),
+        "tj3SetScalingFactor": ("i", "pp"),
+        "tj3SetCroppingRegion": ("i", "ppp"),
+        "tj3Decompress8": ("i", "ppppii"),
+        "tj3GetErrorCode": ("i", "p"),
+    }.items()
+}
 """The functions :mod:`ffload.codecs.jpeg` calls from compiled code, by ``turbojpeg.h`` name
 (C types as in :data:`_SIGNATURES`). Call :func:`library` first: without the library the symbols
 do not resolve."""

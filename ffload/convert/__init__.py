@@ -14,6 +14,7 @@ into ``.beton`` files and LMDB databases: sources, image normalisation, parallel
 - ``provenance``: each sample's origin. ``export``: WebDataset shards out. ``demo_data``: sample data.
 - ``sources``: the input datasets.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -9,6 +9,7 @@ An engine is a function ``engine(conversion, writer)`` that gets the samples enc
 (:func:`ffload.convert.ray_engine.write_ray_chunks`) or Ray tasks writing shards
 (:func:`ffload.convert.ray_shards.write_ray_shards`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -70,16 +71,26 @@ class ConvertReport:
 
     def as_dict(self) -> dict:
         """JSON-able summary."""
-        return {"dst": self.dst, "format": self.format, "samples": self.samples,
-                "classes": self.classes, "bytes": self.bytes,
-                "bytes_per_sample": round(self.bytes_per_sample, 1), "seconds": round(self.seconds, 3),
-                "images_per_second": round(self.samples / self.seconds, 1) if self.seconds else None,
-                "workers": self.workers, "passed_through": self.passed_through,
-                "reencoded": sum(self.reencoded.values()), "reencode_reasons": dict(self.reencoded),
-                "resumed_from": self.resumed_from,
-                "label_counts": None if self.label_counts is None else self.label_counts.tolist(),
-                "skipped": [{"input": i, "cause": c, "origin": o} for (i, c), o in
-                            zip(self.skipped, self.skipped_origins + [None] * len(self.skipped))]}
+        return {
+            "dst": self.dst,
+            "format": self.format,
+            "samples": self.samples,
+            "classes": self.classes,
+            "bytes": self.bytes,
+            "bytes_per_sample": round(self.bytes_per_sample, 1),
+            "seconds": round(self.seconds, 3),
+            "images_per_second": round(self.samples / self.seconds, 1) if self.seconds else None,
+            "workers": self.workers,
+            "passed_through": self.passed_through,
+            "reencoded": sum(self.reencoded.values()),
+            "reencode_reasons": dict(self.reencoded),
+            "resumed_from": self.resumed_from,
+            "label_counts": None if self.label_counts is None else self.label_counts.tolist(),
+            "skipped": [
+                {"input": i, "cause": c, "origin": o}
+                for (i, c), o in zip(self.skipped, self.skipped_origins + [None] * len(self.skipped))
+            ],
+        }
 
 
 def _disk_full(e: Exception) -> bool:
@@ -101,8 +112,12 @@ def resolve_source(source, options: ConvertOptions):
     from ffload.convert.sources import detect_source
 
     if isinstance(source, (str, os.PathLike)):
-        return detect_source(os.fspath(source), kind=options.source_kind, storage_options=options.storage_options,
-                             max_pixels=options.max_pixels)
+        return detect_source(
+            os.fspath(source),
+            kind=options.source_kind,
+            storage_options=options.storage_options,
+            max_pixels=options.max_pixels,
+        )
     if getattr(source, "max_pixels", options.max_pixels) != options.max_pixels:
         source = copy.copy(source)
         source.max_pixels = options.max_pixels
@@ -115,8 +130,9 @@ def open_journal(dst: str, fields: dict, source, arguments: dict, options: Conve
     Raises ConfigurationError as :meth:`ConversionJournal.load` does, leaving the files in place."""
     from ffload.convert.journal import ConversionJournal, source_fingerprint
 
-    journal = ConversionJournal(dst, fields, len(source), arguments, source_fingerprint(source),
-                                options.checkpoint_seconds)
+    journal = ConversionJournal(
+        dst, fields, len(source), arguments, source_fingerprint(source), options.checkpoint_seconds
+    )
     try:
         state = journal.load() if options.resume else None
     except BaseException:
@@ -170,27 +186,38 @@ class Conversion:
         # entries the source left out while listing (ImageFolderSource: unreadable folders, FIFOs, loops)
         unreadable = getattr(source, "unreadable", [])
         if unreadable and options.on_error == "fail":
-            raise ConvertError(f"{unreadable[0][0]}: {unreadable[0][1]} ({len(unreadable)} unreadable entries; "
-                               f"--on-error skip lists them and goes on)", path=unreadable[0][0])
+            raise ConvertError(
+                f"{unreadable[0][0]}: {unreadable[0][1]} ({len(unreadable)} unreadable entries; "
+                f"--on-error skip lists them and goes on)",
+                path=unreadable[0][0],
+            )
         self.classes = getattr(source, "classes", None)
         descriptor, self.origin_of = source_origins(source)
         self.info = {"classes": [str(c) for c in self.classes]} if self.classes else {}  # read back as view.info
         self.info["origin"] = descriptor  # how to read the origin strings (ffload.formats.origins)
-        self.encoder = SampleEncoder(source, list(self.fields.values()), passthrough=not options.reencode,
-                                     strip_metadata=options.strip_metadata, verify=options.verify,
-                                     max_pixels=options.max_pixels)
+        self.encoder = SampleEncoder(
+            source,
+            list(self.fields.values()),
+            passthrough=not options.reencode,
+            strip_metadata=options.strip_metadata,
+            verify=options.verify,
+            max_pixels=options.max_pixels,
+        )
         self.journal = state = None
         if self.format == "beton":
-            self.journal, state = open_journal(dst, self.fields, source, options.resume_arguments(self.fields,
-                                                                                                  self.info), options)
+            self.journal, state = open_journal(
+                dst, self.fields, source, options.resume_arguments(self.fields, self.info), options
+            )
         elif options.resume:  # (sharded outputs refused it above, saying why)
             raise ConfigurationError(f"{dst}: resume=True / --resume works for .beton outputs only")
         self.state = state
         self.start, self.written = (state["next_index"], state["count"]) if state else (0, 0)
         # (input, cause, origin) per skipped input
-        self.skipped: list[tuple] = ([(tuple(s) + (None,))[:3] for s in state["skipped"]] if state else
-                                     [(path, cause, left_out_origin(source, path)) for path, cause in
-                                      getattr(source, "left_out", [])])
+        self.skipped: list[tuple] = (
+            [(tuple(s) + (None,))[:3] for s in state["skipped"]]
+            if state
+            else [(path, cause, left_out_origin(source, path)) for path, cause in getattr(source, "left_out", [])]
+        )
         self.outcomes: Counter = Counter(state["outcomes"] if state else {})
         self.bar = None
 
@@ -226,7 +253,7 @@ class Conversion:
 
     def adopt_labels(self, labels: np.ndarray, samples: int) -> None:
         """Count ``samples`` written elsewhere (a Ray task's shards), with their ``(k,) int64`` labels."""
-        self.labels[self.written:self.written + len(labels)] = labels
+        self.labels[self.written : self.written + len(labels)] = labels
         self.written += samples
 
     def run(self, engine: Callable[[Conversion, object], None]) -> ConvertReport:
@@ -240,26 +267,46 @@ class Conversion:
         options, journal, t0 = self.options, self.journal, time.perf_counter()
         if options.progress:
             from tqdm import tqdm
-            self.bar = tqdm(total=self.num_samples, initial=self.start, unit="img",
-                            desc=f"convert -> {os.path.basename(self.dst)}", smoothing=0.1)
+
+            self.bar = tqdm(
+                total=self.num_samples,
+                initial=self.start,
+                unit="img",
+                desc=f"convert -> {os.path.basename(self.dst)}",
+                smoothing=0.1,
+            )
         try:
-            opener = journal and journal.writer(options.page_size, self.state, self.info,
-                                                origin_room(self.num_samples, self.origin_of))
-            with dataset_writer(self.dst, self.fields, self.num_samples, overwrite=options.overwrite,
-                                page_size=options.page_size, tmp=journal and journal.partial, info=self.info,
-                                shard_size=options.shard_size, open_writer=opener) as writer:
+            opener = journal and journal.writer(
+                options.page_size, self.state, self.info, origin_room(self.num_samples, self.origin_of)
+            )
+            with dataset_writer(
+                self.dst,
+                self.fields,
+                self.num_samples,
+                overwrite=options.overwrite,
+                page_size=options.page_size,
+                tmp=journal and journal.partial,
+                info=self.info,
+                shard_size=options.shard_size,
+                open_writer=opener,
+            ) as writer:
                 if journal is not None:
                     if self.label_pos is not None:
-                        self.labels[:self.written] = writer.metadata[f"f{self.label_pos}"][:self.written]
+                        self.labels[: self.written] = writer.metadata[f"f{self.label_pos}"][: self.written]
                     journal.commit(writer, self.start, self.skipped, self.outcomes, force=True)
                 engine(self, writer)
                 if self.written == 0:
-                    raise ConvertError(f"{getattr(self.source, 'name', 'source')}: every input failed; first: "
-                                       f"{self.skipped[0][0]}: {self.skipped[0][1]}")
+                    raise ConvertError(
+                        f"{getattr(self.source, 'name', 'source')}: every input failed; first: "
+                        f"{self.skipped[0][0]}: {self.skipped[0][1]}"
+                    )
         except Exception as e:  # OSError from our writes, lmdb.Error from LMDB's
             if _disk_full(e):
-                raise ConvertError(f"{self.dst}: no space left on the device while writing; nothing was "
-                                   f"written (the partial output was removed)", path=self.dst) from e
+                raise ConvertError(
+                    f"{self.dst}: no space left on the device while writing; nothing was "
+                    f"written (the partial output was removed)",
+                    path=self.dst,
+                ) from e
             raise
         finally:
             if journal is not None:
@@ -274,9 +321,18 @@ class Conversion:
         counts = None
         if self.label_pos is not None and written and self.labels[:written].min() >= 0:
             counts = np.bincount(self.labels[:written], minlength=len(classes) if classes else 0)
-        return ConvertReport(dst=self.dst, format=self.format, samples=written,
-                             classes=len(classes) if classes else None, bytes=path_bytes(self.dst), seconds=seconds,
-                             skipped=[(name, cause) for name, cause, _ in self.skipped],
-                             skipped_origins=[origin for _, _, origin in self.skipped], label_counts=counts,
-                             workers=self.workers, passed_through=outcomes.pop("passed_through", 0),
-                             reencoded=dict(sorted(outcomes.items())), resumed_from=self.start)
+        return ConvertReport(
+            dst=self.dst,
+            format=self.format,
+            samples=written,
+            classes=len(classes) if classes else None,
+            bytes=path_bytes(self.dst),
+            seconds=seconds,
+            skipped=[(name, cause) for name, cause, _ in self.skipped],
+            skipped_origins=[origin for _, _, origin in self.skipped],
+            label_counts=counts,
+            workers=self.workers,
+            passed_through=outcomes.pop("passed_through", 0),
+            reencoded=dict(sorted(outcomes.items())),
+            resumed_from=self.start,
+        )

@@ -6,6 +6,7 @@ core :class:`~ffload.convert.conversion.Conversion` with one engine: :func:`writ
 :func:`~ffload.convert.ray_engine.write_ray_chunks` or :func:`~ffload.convert.ray_shards.write_ray_shards`.
 A URL destination is converted into a local staging file or folder, then uploaded.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,9 @@ if TYPE_CHECKING:
     from ffload.convert.sources.base import Source
 
 
-def convert_dataset(source: str | os.PathLike[str] | Source, dst: str, *, options: ConvertOptions | None = None,
-                    **keywords: Any) -> ConvertReport:
+def convert_dataset(
+    source: str | os.PathLike[str] | Source, dst: str, *, options: ConvertOptions | None = None, **keywords: Any
+) -> ConvertReport:
     """Convert an image source into a ``.beton`` file, an ``.lmdb`` directory or ``.beton`` shards.
 
     ``dst``'s suffix picks the format (``.beton`` file or ``.lmdb`` directory); with
@@ -88,8 +90,10 @@ def convert_dataset(source: str | os.PathLike[str] | Source, dst: str, *, option
 def write_local(conversion: Conversion, writer) -> None:
     """The local engine: ``conversion.workers`` forked processes encode chunks
     (:func:`~ffload.convert.encode.encoded_chunks`), written here in source order."""
-    conversion.write_chunks(writer, encoded_chunks(conversion.encoder, conversion.workers,
-                                                   conversion.options.chunk_size, start=conversion.start))
+    conversion.write_chunks(
+        writer,
+        encoded_chunks(conversion.encoder, conversion.workers, conversion.options.chunk_size, start=conversion.start),
+    )
 
 
 def _convert_to_path(source, dst: str, options: ConvertOptions, shard_url: str | None = None) -> ConvertReport:
@@ -134,8 +138,12 @@ def _convert_to_remote(source, dst: str, options: ConvertOptions) -> ConvertRepo
     from ffload.storage import remote_exists, upload_file
 
     if format_for_path(dst) != "beton":
-        raise ConfigurationError(f"{dst}: only .beton outputs can be written to object storage (an LMDB directory is "
-                                 "read through a local memory map)", path=dst, hint="convert to a .beton URL")
+        raise ConfigurationError(
+            f"{dst}: only .beton outputs can be written to object storage (an LMDB directory is "
+            "read through a local memory map)",
+            path=dst,
+            hint="convert to a .beton URL",
+        )
     if not options.overwrite and remote_exists(dst, options.storage_options):
         raise FileExistsError(f"{dst} already exists (use --overwrite / overwrite=True to replace it)")
     folder = remote_staging_dir(dst)
@@ -185,8 +193,12 @@ def _convert_to_remote_shards(source, dst: str, options: ConvertOptions) -> Conv
     folder = tempfile.mkdtemp(prefix="ffload-upload-")
     try:
         local = os.path.join(folder, "dataset")
-        report = _convert_to_path(source, local, dataclasses.replace(options, overwrite=False),
-                                  shard_url=f"{prefix}/{version}" if ray else None)
+        report = _convert_to_path(
+            source,
+            local,
+            dataclasses.replace(options, overwrite=False),
+            shard_url=f"{prefix}/{version}" if ray else None,
+        )
         with open(os.path.join(local, MANIFEST), encoding="utf8") as fp:
             manifest = json.load(fp)
         for entry in manifest["shards"]:
@@ -197,7 +209,8 @@ def _convert_to_remote_shards(source, dst: str, options: ConvertOptions) -> Conv
             json.dump(manifest, fp, ensure_ascii=False, indent=1)
         upload_file(os.path.join(local, MANIFEST), f"{prefix}/{MANIFEST}", storage)
         report.bytes = sum(entry["bytes"] for entry in manifest["shards"]) + os.path.getsize(
-            os.path.join(local, MANIFEST))
+            os.path.join(local, MANIFEST)
+        )
     except BaseException:
         _remove_remote([f"{prefix}/{version}"], storage, recursive=True)
         raise

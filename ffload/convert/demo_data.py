@@ -9,6 +9,7 @@
 scikit-learn / scikit-image are needed only when these functions run (``pip install scikit-learn scikit-image``).
 Images are written with OpenCV; the output depends only on the arguments (``seed`` included).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,8 +25,19 @@ __all__ = ["digits_images", "build_digits_folder", "build_photos_folder", "PHOTO
 
 logger = logging.getLogger(__name__)
 
-PHOTO_CLASSES = ("astronaut", "camera", "chelsea", "china", "coffee", "flower", "hubble", "immunohistochemistry",
-                 "motorcycle", "retina", "rocket")
+PHOTO_CLASSES = (
+    "astronaut",
+    "camera",
+    "chelsea",
+    "china",
+    "coffee",
+    "flower",
+    "hubble",
+    "immunohistochemistry",
+    "motorcycle",
+    "retina",
+    "rocket",
+)
 """Class names of :func:`build_photos_folder`; ``camera`` is a grayscale photo (written as grayscale files)."""
 
 _JPEG_QUALITY = 90
@@ -76,8 +88,7 @@ def digits_images(size: int = 32) -> tuple[np.ndarray, np.ndarray]:
     return np.repeat(big[..., None], 3, axis=3), digits.target.astype(np.int64)
 
 
-def build_digits_folder(root: str | os.PathLike, size: int = 32, test_fraction: float = 0.2,
-                        seed: int = 0) -> dict:
+def build_digits_folder(root: str | os.PathLike, size: int = 32, test_fraction: float = 0.2, seed: int = 0) -> dict:
     """Write the sklearn digits as ``root/train/<digit>/<index>.png`` and ``root/test/<digit>/<index>.png``.
 
     ``<index>`` is the 4-digit position in ``load_digits()``. The split is stratified: in each class,
@@ -124,10 +135,17 @@ def _load_photos() -> dict:
     sample = datasets.load_sample_images()
     by_file = {os.path.splitext(os.path.basename(f))[0]: img for f, img in zip(sample.filenames, sample.images)}
     return {
-        "astronaut": skdata.astronaut(), "camera": skdata.camera(), "chelsea": skdata.chelsea(),
-        "china": by_file["china"], "coffee": skdata.coffee(), "flower": by_file["flower"],
-        "hubble": skdata.hubble_deep_field(), "immunohistochemistry": skdata.immunohistochemistry(),
-        "motorcycle": skdata.stereo_motorcycle()[0], "retina": skdata.retina(), "rocket": skdata.rocket(),
+        "astronaut": skdata.astronaut(),
+        "camera": skdata.camera(),
+        "chelsea": skdata.chelsea(),
+        "china": by_file["china"],
+        "coffee": skdata.coffee(),
+        "flower": by_file["flower"],
+        "hubble": skdata.hubble_deep_field(),
+        "immunohistochemistry": skdata.immunohistochemistry(),
+        "motorcycle": skdata.stereo_motorcycle()[0],
+        "retina": skdata.retina(),
+        "rocket": skdata.rocket(),
     }
 
 
@@ -144,7 +162,7 @@ def _random_view(photo: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     else:
         cw, ch = w, h
     y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-    crop = photo[y:y + ch, x:x + cw]
+    crop = photo[y : y + ch, x : x + cw]
     longer = int(rng.integers(300, 501))
     scale = longer / max(ch, cw)
     size = (max(1, int(round(cw * scale))), max(1, int(round(ch * scale))))
@@ -185,8 +203,7 @@ def build_photos_folder(root: str | os.PathLike, n_per_class: int = 20, seed: in
                 _write(os.path.join(class_dir, f"{name}_{k:04d}.png"), view)
                 summary["num_png"] += 1
             else:
-                _write(os.path.join(class_dir, f"{name}_{k:04d}.JPEG"), view,
-                       (cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY))
+                _write(os.path.join(class_dir, f"{name}_{k:04d}.JPEG"), view, (cv2.IMWRITE_JPEG_QUALITY, _JPEG_QUALITY))
                 summary["num_jpeg"] += 1
         summary["per_class"][name] = n_per_class
     summary["num_images"] = summary["num_jpeg"] + summary["num_png"]

@@ -12,6 +12,7 @@ sized from the bytes per sample seen so far, so that a chunk fills about half a 
 What one sample becomes is :class:`SampleEncoder`'s job: the fields' ``encode``, or for a file-backed
 source and an image field, the source JPEG's own bytes where :mod:`~ffload.convert.passthrough` allows.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -89,7 +90,7 @@ class EncodedChunk:
                 if hi <= self.slab_used:
                     payloads.append(head[lo:hi])
                 else:
-                    payloads.append(tail[lo - self.slab_used:hi - self.slab_used])
+                    payloads.append(tail[lo - self.slab_used : hi - self.slab_used])
             yield int(idx), metas, payloads
 
 
@@ -114,14 +115,21 @@ class SampleEncoder:
             ``None``: no limit). A source decoding its own ``src[i]`` applies its own ``max_pixels``.
     """
 
-    def __init__(self, source, fields: Sequence[Field], passthrough: bool = True,
-                 strip_metadata: bool = False, verify: bool = False,
-                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
+    def __init__(
+        self,
+        source,
+        fields: Sequence[Field],
+        passthrough: bool = True,
+        strip_metadata: bool = False,
+        verify: bool = False,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    ):
         self.source, self.fields = source, list(fields)
         self.passthrough, self.strip_metadata, self.verify = passthrough, strip_metadata, verify
         self.max_pixels = max_pixels
-        self.image_fields = (len(self.fields) == 2 and isinstance(self.fields[0], RGBImageField)
-                             and isinstance(self.fields[1], IntField))
+        self.image_fields = (
+            len(self.fields) == 2 and isinstance(self.fields[0], RGBImageField) and isinstance(self.fields[1], IntField)
+        )
         self.from_bytes = self.image_fields and hasattr(source, "encoded") and hasattr(source, "labels")
 
     def __len__(self) -> int:
@@ -159,8 +167,11 @@ class SampleEncoder:
             reason = "raw"
         if reason is None:  # stored as it is: no decode applies the limit, so its header does here
             check_pixels(header.height, header.width, self.max_pixels, self.describe(i))
-        if reason is None and self.verify and decode_problem(data, header, self.describe(i),
-                                                              self.max_pixels) is not None:
+        if (
+            reason is None
+            and self.verify
+            and decode_problem(data, header, self.describe(i), self.max_pixels) is not None
+        ):
             reason = "decode_warning"
         if reason is None:
             meta = np.zeros((), dtype=image_field.metadata_type)
@@ -171,8 +182,9 @@ class SampleEncoder:
         return [(meta, payload), label], reason if meta["mode"] == JPG else None
 
 
-def encode_chunk(encoder: SampleEncoder, start: int, stop: int,
-                 slab: memoryview | None = None, slab_index: int = -1) -> EncodedChunk:
+def encode_chunk(
+    encoder: SampleEncoder, start: int, stop: int, slab: memoryview | None = None, slab_index: int = -1
+) -> EncodedChunk:
     """Read and encode source samples ``start..stop-1``; errors are collected, not raised.
 
     Payloads are written into ``slab`` while they fit (in stream order), the rest into the
@@ -207,13 +219,23 @@ def encode_chunk(encoder: SampleEncoder, start: int, stop: int,
             n = p.nbytes
             sizes[j, k] = n
             if not tail and used + n <= room:  # keep the stream order: slab first, then tail
-                slab[used:used + n] = memoryview(np.ascontiguousarray(p)).cast("B")
+                slab[used : used + n] = memoryview(np.ascontiguousarray(p)).cast("B")
                 used += n
             else:
                 tail.append(p.tobytes())
     k = len(ok)
-    return EncodedChunk(start, stop, np.asarray(ok, dtype=np.int64), meta[:k], sizes[:k],
-                        slab_index, used, b"".join(tail), errors, outcomes)
+    return EncodedChunk(
+        start,
+        stop,
+        np.asarray(ok, dtype=np.int64),
+        meta[:k],
+        sizes[:k],
+        slab_index,
+        used,
+        b"".join(tail),
+        errors,
+        outcomes,
+    )
 
 
 def _worker_start() -> None:
@@ -267,8 +289,9 @@ class ChunkSizer:
         return start, self.next_start
 
 
-def encoded_chunks(encoder: SampleEncoder, num_workers: int | None, chunk_size: int | None = None,
-                   start: int = 0) -> Iterator[tuple[EncodedChunk, memoryview | None]]:
+def encoded_chunks(
+    encoder: SampleEncoder, num_workers: int | None, chunk_size: int | None = None, start: int = 0
+) -> Iterator[tuple[EncodedChunk, memoryview | None]]:
     """Encode samples ``start..N-1`` of ``encoder``'s source with ``num_workers`` processes (0:
     in this process), yielding ``(chunk, slab buffer)`` in source order; the slab is valid until
     the next chunk is requested. The pool is terminated and the slabs released when the
@@ -320,4 +343,3 @@ def encoded_chunks(encoder: SampleEncoder, num_workers: int | None, chunk_size: 
         _STATE.clear()
         # the slabs are unmapped when the last view of them (a yielded chunk) is gone
         slabs.clear()
-

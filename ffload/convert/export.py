@@ -25,6 +25,7 @@ each closed at ``maxcount`` samples or ``maxsize`` bytes, whichever comes first.
 written under a temporary name and renamed when complete; an error removes every shard of the
 run, so the output appears only whole.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -74,7 +75,10 @@ def _members(view: DatasetView, i: int, region, image_name: str | None) -> Itera
         elif isinstance(field, BytesField):
             yield f"{name}.bin", view.payload(name, i, region).tobytes()
         elif isinstance(field, NDArrayField):
-            yield f"{name}.npy", _npy(np.frombuffer(view.payload(name, i, region), dtype=field.dtype).reshape(field.shape))
+            yield (
+                f"{name}.npy",
+                _npy(np.frombuffer(view.payload(name, i, region), dtype=field.dtype).reshape(field.shape)),
+            )
 
 
 ORIGIN_BATCH = 4096  # origins read per range read
@@ -122,8 +126,9 @@ def _npy(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def export_webdataset(view: DatasetView, pattern: str, maxcount: int = 100_000, maxsize: int = 3_000_000_000,
-                      progress: bool = False) -> list[str]:
+def export_webdataset(
+    view: DatasetView, pattern: str, maxcount: int = 100_000, maxsize: int = 3_000_000_000, progress: bool = False
+) -> list[str]:
     """Write every sample of ``view`` to WebDataset shards named ``pattern % shard_number``.
 
     Args:
@@ -156,6 +161,7 @@ def export_webdataset(view: DatasetView, pattern: str, maxcount: int = 100_000, 
     bar = None
     if progress:
         from tqdm import tqdm
+
         bar = tqdm(total=view.num_samples, unit="sample", desc=f"export {os.path.basename(view.path)}")
 
     def close():

@@ -25,6 +25,7 @@ the source's fingerprint (file-backed sources: every file's path, size and modif
 length, labels and classes) or an argument that changes the bytes written differs from the journal's.
 The journal files are locked (``flock``) while a conversion runs: a second conversion to the same DST is refused.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -56,8 +57,16 @@ def source_fingerprint(source) -> str:
     Raises OSError when a file cannot be stat'ed."""
     digest = hashlib.sha256()
     classes = getattr(source, "classes", None)
-    digest.update(json.dumps([type(source).__name__, getattr(source, "name", None), len(source),
-                              list(classes) if classes is not None else None]).encode())
+    digest.update(
+        json.dumps(
+            [
+                type(source).__name__,
+                getattr(source, "name", None),
+                len(source),
+                list(classes) if classes is not None else None,
+            ]
+        ).encode()
+    )
     labels = getattr(source, "labels", None)
     if labels is not None:
         digest.update(np.ascontiguousarray(labels, dtype=np.int64).tobytes())
@@ -88,8 +97,15 @@ class ConversionJournal:
         FileNotFoundError: ``dst``'s folder does not exist.
     """
 
-    def __init__(self, dst: str, fields: dict[str, Field], num_samples: int, arguments: dict, fingerprint: str,
-                 checkpoint_seconds: float = 1.0):
+    def __init__(
+        self,
+        dst: str,
+        fields: dict[str, Field],
+        num_samples: int,
+        arguments: dict,
+        fingerprint: str,
+        checkpoint_seconds: float = 1.0,
+    ):
         self.dst = os.path.abspath(dst)
         parent, base = os.path.split(self.dst)
         if not os.path.isdir(parent):
@@ -97,7 +113,8 @@ class ConversionJournal:
         self.partial = os.path.join(parent, f".{base}.partial")
         self.kept = False  # set when the journal's checkpoint cannot be continued: discard() keeps the files
         self.path, self.meta_path, self.alloc_path, self.origins_path = (
-            self.partial + s for s in (".json", ".meta", ".alloc", ".origins"))
+            self.partial + s for s in (".json", ".meta", ".alloc", ".origins")
+        )
         self.fields, self.num_samples = dict(fields), int(num_samples)
         self.arguments, self.fingerprint = json.loads(json.dumps(arguments)), fingerprint
         self.checkpoint_seconds = float(checkpoint_seconds)
@@ -108,8 +125,10 @@ class ConversionJournal:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock)
-            raise ConfigurationError(f"{self.dst}: another conversion to this destination is running "
-                                     f"(it holds {self.partial}.lock)", path=self.dst) from None
+            raise ConfigurationError(
+                f"{self.dst}: another conversion to this destination is running (it holds {self.partial}.lock)",
+                path=self.dst,
+            ) from None
 
     def load(self) -> dict | None:
         """The journal of an earlier run, checked against this one; None when there is none.
@@ -121,8 +140,10 @@ class ConversionJournal:
         """
         if not os.path.exists(self.path):
             if os.path.exists(self.partial):
-                raise ConfigurationError(f"{self.partial}: a partial output without a journal (the run was "
-                                         f"killed while its pages grew); convert again without --resume")
+                raise ConfigurationError(
+                    f"{self.partial}: a partial output without a journal (the run was "
+                    f"killed while its pages grew); convert again without --resume"
+                )
             return None
         try:
             with open(self.path, "rb") as f:
@@ -131,33 +152,47 @@ class ConversionJournal:
             raise ConfigurationError(f"{self.path}: unreadable journal ({e}); convert again without --resume") from e
         if journal.get("format") != FORMAT or journal.get("version") != VERSION:
             raise ConfigurationError(f"{self.path}: not an ffload conversion journal (version {VERSION})")
-        for key, here, label in (("dst", self.dst, "destination"), ("fingerprint", self.fingerprint, "source"),
-                                 ("num_samples", self.num_samples, "number of samples")):
+        for key, here, label in (
+            ("dst", self.dst, "destination"),
+            ("fingerprint", self.fingerprint, "source"),
+            ("num_samples", self.num_samples, "number of samples"),
+        ):
             if journal.get(key) != here:
-                raise ConfigurationError(f"{self.dst}: cannot resume: the {label} changed since the interrupted "
-                                         f"run (journal {journal.get(key)!r}, now {here!r}); convert again "
-                                         f"without --resume", path=self.dst)
+                raise ConfigurationError(
+                    f"{self.dst}: cannot resume: the {label} changed since the interrupted "
+                    f"run (journal {journal.get(key)!r}, now {here!r}); convert again "
+                    f"without --resume",
+                    path=self.dst,
+                )
         theirs = journal.get("arguments", {})
         changed = sorted(k for k in set(theirs) | set(self.arguments) if theirs.get(k) != self.arguments.get(k))
         if changed:
             detail = "; ".join(f"{k}: was {theirs.get(k)!r}, now {self.arguments.get(k)!r}" for k in changed)
-            raise ConfigurationError(f"{self.dst}: cannot resume with other arguments than the interrupted run "
-                                     f"({detail}); convert again without --resume", path=self.dst)
-        need = ((self.partial, journal["data_start"] + journal["data_bytes"]),
-                (self.meta_path, journal["metadata_rows"] * self.mtype.itemsize),
-                (self.alloc_path, journal["alloc_rows"] * ALLOC_TYPE.itemsize),
-                (self.origins_path, journal.get("origin_bytes", 0)))
+            raise ConfigurationError(
+                f"{self.dst}: cannot resume with other arguments than the interrupted run "
+                f"({detail}); convert again without --resume",
+                path=self.dst,
+            )
+        need = (
+            (self.partial, journal["data_start"] + journal["data_bytes"]),
+            (self.meta_path, journal["metadata_rows"] * self.mtype.itemsize),
+            (self.alloc_path, journal["alloc_rows"] * ALLOC_TYPE.itemsize),
+            (self.origins_path, journal.get("origin_bytes", 0)),
+        )
         for path, size in need:
             if not os.path.exists(path) or os.path.getsize(path) < size:
-                raise ConfigurationError(f"{path}: shorter than the journal records ({size} bytes); convert "
-                                         f"again without --resume", path=path)
+                raise ConfigurationError(
+                    f"{path}: shorter than the journal records ({size} bytes); convert again without --resume",
+                    path=path,
+                )
         return journal
 
     def start(self) -> None:
         """Begin a conversion from scratch: remove an earlier run's partial output and journal."""
         if os.path.exists(self.path):
-            logger.warning("%s: discarding the partial output of an interrupted conversion (use --resume to "
-                           "continue it)", self.dst)
+            logger.warning(
+                "%s: discarding the partial output of an interrupted conversion (use --resume to continue it)", self.dst
+            )
         self._remove_files()
         for path in (self.meta_path, self.alloc_path, self.origins_path):
             open(path, "wb").close()
@@ -166,6 +201,7 @@ class ConversionJournal:
         """``open_writer`` for :func:`ffload.formats.atomic.dataset_writer`: a new BetonWriter (storing
         ``info``, reserving ``origin_room`` bytes for the origin block) on the partial path, or one
         continuing it at ``journal``'s checkpoint; checkpoints are invalidated before pages grow."""
+
         def open_writer(path: str) -> BetonWriter:
             resume = None
             if journal is not None:
@@ -179,16 +215,26 @@ class ConversionJournal:
                 state = {k: journal.get(k) for k in ("count", "page_size", "data_start", "data_bytes", "origins")}
                 resume = (state, meta, allocs, origins)
             try:
-                writer = BetonWriter(path, self.fields, self.num_samples, page_size or DEFAULT_PAGE_SIZE,
-                                     resume=resume, info=info, origin_room=origin_room)
+                writer = BetonWriter(
+                    path,
+                    self.fields,
+                    self.num_samples,
+                    page_size or DEFAULT_PAGE_SIZE,
+                    resume=resume,
+                    info=info,
+                    origin_room=origin_room,
+                )
             except ConfigurationError as e:
                 if resume is None:
                     raise
                 self.kept = True
-                raise ConfigurationError(f"{self.path}: cannot resume from this journal ({e}); convert again "
-                                         "without --resume", path=self.path) from e
+                raise ConfigurationError(
+                    f"{self.path}: cannot resume from this journal ({e}); convert again without --resume",
+                    path=self.path,
+                ) from e
             writer.before_grow = self._invalidate
             return writer
+
         return open_writer
 
     def commit(self, writer: BetonWriter, next_index: int, skipped: list, outcomes: dict, force: bool = False) -> None:
@@ -199,18 +245,31 @@ class ConversionJournal:
             return
         self._last = now
         state, meta, allocs, origins = writer.checkpoint()
-        for path, rows in ((self.meta_path, meta.tobytes()), (self.alloc_path, allocs.tobytes()),
-                           (self.origins_path, origins)):
+        for path, rows in (
+            (self.meta_path, meta.tobytes()),
+            (self.alloc_path, allocs.tobytes()),
+            (self.origins_path, origins),
+        ):
             with open(path, "ab") as f:
                 f.write(rows)
                 f.flush()
                 os.fsync(f.fileno())
-        journal = {"format": FORMAT, "version": VERSION, "dst": self.dst, "fingerprint": self.fingerprint,
-                   "arguments": self.arguments, "num_samples": self.num_samples, "next_index": int(next_index),
-                   "samples": state["count"], **state, "metadata_rows": state["count"],
-                   "alloc_rows": os.path.getsize(self.alloc_path) // ALLOC_TYPE.itemsize,
-                   "origin_bytes": os.path.getsize(self.origins_path),
-                   "skipped": [list(s) for s in skipped], "outcomes": dict(outcomes)}
+        journal = {
+            "format": FORMAT,
+            "version": VERSION,
+            "dst": self.dst,
+            "fingerprint": self.fingerprint,
+            "arguments": self.arguments,
+            "num_samples": self.num_samples,
+            "next_index": int(next_index),
+            "samples": state["count"],
+            **state,
+            "metadata_rows": state["count"],
+            "alloc_rows": os.path.getsize(self.alloc_path) // ALLOC_TYPE.itemsize,
+            "origin_bytes": os.path.getsize(self.origins_path),
+            "skipped": [list(s) for s in skipped],
+            "outcomes": dict(outcomes),
+        }
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(journal, f)

@@ -6,6 +6,7 @@ arguments, ``ffload convert`` from its command-line options. The conversion itse
 this object (:mod:`ffload.convert.conversion`, the engines), so an option has one name, one
 default and one check.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,17 +26,24 @@ RESUME_OPTIONS = ("page_size", "on_error", "reencode", "strip_metadata", "verify
 :meth:`ffload.convert.journal.ConversionJournal.load`)."""
 
 
-def image_fields(write_mode: str = "raw", max_resolution: int | None = None, jpeg_quality: int = 90,
-                 smart_threshold: int | None = None,
-                 compress_probability: float = 0.5,
-                 jpeg_restart_interval: int | None = None) -> dict[str, Field]:
+def image_fields(
+    write_mode: str = "raw",
+    max_resolution: int | None = None,
+    jpeg_quality: int = 90,
+    smart_threshold: int | None = None,
+    compress_probability: float = 0.5,
+    jpeg_restart_interval: int | None = None,
+) -> dict[str, Field]:
     """The fields of an image-classification dataset: ``image`` (RGBImageField) then ``label`` (IntField).
 
     The order is that of FFCV's examples. Raises ConfigurationError naming a bad argument
     (RGBImageField's checks)."""
-    return {"image": RGBImageField(write_mode, max_resolution, smart_threshold, jpeg_quality,
-                                   compress_probability, jpeg_restart_interval),
-            "label": IntField()}
+    return {
+        "image": RGBImageField(
+            write_mode, max_resolution, smart_threshold, jpeg_quality, compress_probability, jpeg_restart_interval
+        ),
+        "label": IntField(),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,15 +142,18 @@ class ConvertOptions:
     def __post_init__(self):
         for name, choices in (("on_error", ON_ERROR), ("engine", ENGINES)):
             if getattr(self, name) not in choices:
-                raise ConfigurationError(f"{name} must be {' or '.join(map(repr, choices))}, "
-                                         f"got {getattr(self, name)!r}")
+                raise ConfigurationError(
+                    f"{name} must be {' or '.join(map(repr, choices))}, got {getattr(self, name)!r}"
+                )
         for name, least in (("num_workers", 0), ("chunk_size", 1), ("max_pixels", 1), ("checkpoint_seconds", 0)):
             value = getattr(self, name)
             if value is not None and not value >= least:
-                raise ConfigurationError(f"{name} must be >= {least}{'' if name == 'checkpoint_seconds' else ' or None'}"
-                                         f", got {value!r}")
-        if self.fields is not None and not (isinstance(self.fields, dict) and
-                                            all(isinstance(f, Field) for f in self.fields.values())):
+                raise ConfigurationError(
+                    f"{name} must be >= {least}{'' if name == 'checkpoint_seconds' else ' or None'}, got {value!r}"
+                )
+        if self.fields is not None and not (
+            isinstance(self.fields, dict) and all(isinstance(f, Field) for f in self.fields.values())
+        ):
             raise ConfigurationError(f"fields must be a dict of name -> Field, got {self.fields!r}")
         self.dataset_fields()  # the image options, checked by RGBImageField
         if self.shard_size is not None:
@@ -152,8 +163,14 @@ class ConvertOptions:
         """The fields to write: ``fields``, or new :func:`image_fields` of the image options."""
         if self.fields is not None:
             return self.fields
-        return image_fields(self.write_mode, self.max_resolution, self.jpeg_quality, self.smart_threshold,
-                            self.compress_probability, self.jpeg_restart_interval)
+        return image_fields(
+            self.write_mode,
+            self.max_resolution,
+            self.jpeg_quality,
+            self.smart_threshold,
+            self.compress_probability,
+            self.jpeg_restart_interval,
+        )
 
     def as_keywords(self) -> dict:
         """The options as :func:`~ffload.convert.convert_dataset`'s keyword arguments, by field
@@ -164,5 +181,8 @@ class ConvertOptions:
         """The JSON object a ``.beton`` conversion's journal records and a ``resume`` compares:
         each field's type and arguments, ``info`` (the dataset-level JSON: class names, origin
         descriptor) and the :data:`RESUME_OPTIONS`."""
-        return {"fields": {k: [type(f).__name__, f.arguments()] for k, f in fields.items()}, "info": info,
-                **{name: getattr(self, name) for name in RESUME_OPTIONS}}
+        return {
+            "fields": {k: [type(f).__name__, f.arguments()] for k, f in fields.items()},
+            "info": info,
+            **{name: getattr(self, name) for name in RESUME_OPTIONS},
+        }

@@ -27,6 +27,7 @@ Without ``--verify`` the entropy-coded data is not decoded at conversion; a JPEG
 libjpeg only warns about) is then stored, and the loader refuses it by name. :func:`decode_problem` is the
 ``--verify`` check: one full decode through TurboJPEG, as the loader decodes (warnings count as failures).
 """
+
 from __future__ import annotations
 
 import struct
@@ -99,7 +100,7 @@ def _segments(data: bytes):
             continue
         if marker == 0xD9 or pos + 4 > n:
             raise _Unreadable
-        end = pos + 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        end = pos + 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
         if end > n or end < pos + 4:
             raise _Unreadable
         yield marker, pos, end
@@ -119,14 +120,14 @@ def exif_orientation(exif: bytes) -> int:
     magic, ifd = struct.unpack(order + "HI", exif[2:8])
     if magic != 42 or ifd + 2 > len(exif):
         return 0
-    (count,) = struct.unpack(order + "H", exif[ifd:ifd + 2])
+    (count,) = struct.unpack(order + "H", exif[ifd : ifd + 2])
     for k in range(count):
         entry = ifd + 2 + 12 * k
         if entry + 12 > len(exif):
             return 0
-        tag, kind, n = struct.unpack(order + "HHI", exif[entry:entry + 8])
+        tag, kind, n = struct.unpack(order + "HHI", exif[entry : entry + 8])
         if tag == 0x0112:
-            value = struct.unpack(order + "H", exif[entry + 8:entry + 10])[0]
+            value = struct.unpack(order + "H", exif[entry + 8 : entry + 10])[0]
             return value if kind == 3 and n == 1 and 1 <= value <= 8 else 0
     return 1
 
@@ -138,9 +139,9 @@ def read_jpeg_header(data: bytes) -> JpegHeader | None:
     try:
         for marker, start, end in _segments(data):
             if marker in _FRAMES and frame is None:
-                frame = (marker, data[start + 4:end])
-            elif marker == 0xE1 and data[start + 4:start + 10] == b"Exif\0\0":
-                value = exif_orientation(data[start + 10:end])
+                frame = (marker, data[start + 4 : end])
+            elif marker == 0xE1 and data[start + 4 : start + 10] == b"Exif\0\0":
+                value = exif_orientation(data[start + 10 : end])
                 if value != 1:  # any block asking for a transform (or unreadable) decides
                     orientation = value
             if marker in _STRIPPED:
@@ -204,8 +205,9 @@ def strip_jpeg_metadata(data: bytes, header: JpegHeader) -> bytes:
     return b"".join(pieces)
 
 
-def decode_problem(data: bytes, header: JpegHeader, name: str,
-                   max_pixels: int | None = DEFAULT_MAX_PIXELS) -> str | None:
+def decode_problem(
+    data: bytes, header: JpegHeader, name: str, max_pixels: int | None = DEFAULT_MAX_PIXELS
+) -> str | None:
     """Decode ``data`` fully as the loader does (TurboJPEG 3 to RGB, no scaling or crop; a warning is a
     failure), or through :func:`~ffload.convert.images.decode_image_bytes` (with ``max_pixels``, its pixel
     limit) without TurboJPEG.

@@ -7,6 +7,7 @@ the path relative to its root; WebDataset: shard and ``__key__``; CIFAR: batch f
 Hugging Face: the row); any other source (:class:`~.sources.ArraySource`,
 :class:`~.sources.IndexableSource`, a user's own) is described by its sample index.
 """
+
 from __future__ import annotations
 
 import os

@@ -16,6 +16,7 @@ Every node needs ffload (and the source's files, at the same paths) installed; R
 task's arguments, not the package. Follows Ray's task API (``ray.remote``, ``ray.put``, ``ray.get``).
 A sharded conversion skips the driver's writing altogether: :mod:`.ray_shards`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -93,14 +94,28 @@ def failure_errors(encoder: SampleEncoder, start: int, stop: int, error: BaseExc
 
 def _failed_chunk(encoder: SampleEncoder, start: int, stop: int, error: BaseException) -> EncodedChunk:
     """A chunk whose samples ``start..stop-1`` all failed (:func:`failure_errors`)."""
-    return EncodedChunk(start, stop, np.zeros(0, np.int64), np.zeros(0, metadata_dtype(encoder.fields)),
-                        np.zeros((0, len(encoder.fields)), np.int64), -1, 0, b"",
-                        failure_errors(encoder, start, stop, error), Counter())
+    return EncodedChunk(
+        start,
+        stop,
+        np.zeros(0, np.int64),
+        np.zeros(0, metadata_dtype(encoder.fields)),
+        np.zeros((0, len(encoder.fields)), np.int64),
+        -1,
+        0,
+        b"",
+        failure_errors(encoder, start, stop, error),
+        Counter(),
+    )
 
 
-def ray_encoded_chunks(encoder: SampleEncoder, chunk_size: int | None = None, start: int = 0,
-                       address: str | None = None, max_in_flight: int | None = None,
-                       max_retries: int = MAX_RETRIES) -> Iterator[tuple[EncodedChunk, None]]:
+def ray_encoded_chunks(
+    encoder: SampleEncoder,
+    chunk_size: int | None = None,
+    start: int = 0,
+    address: str | None = None,
+    max_in_flight: int | None = None,
+    max_retries: int = MAX_RETRIES,
+) -> Iterator[tuple[EncodedChunk, None]]:
     """Encode samples ``start..N-1`` of ``encoder``'s source with Ray tasks, yielding
     ``(chunk, None)`` in source order (the interface of ``encoded_chunks``; payloads in ``tail``).
 
@@ -146,5 +161,7 @@ def write_ray_chunks(conversion: Conversion, writer) -> None:
     ``options.ray_address`` encode chunks (:func:`ray_encoded_chunks`, ``options.chunk_size``),
     written here in source order through ``writer``: the bytes of a local conversion."""
     options = conversion.options
-    conversion.write_chunks(writer, ray_encoded_chunks(conversion.encoder, options.chunk_size,
-                                                       start=conversion.start, address=options.ray_address))
+    conversion.write_chunks(
+        writer,
+        ray_encoded_chunks(conversion.encoder, options.chunk_size, start=conversion.start, address=options.ray_address),
+    )

@@ -39,6 +39,7 @@ samples it has encoded so far to a small Ray actor (:class:`ProgressTally`) afte
 driver polls it while it waits, so the bar moves as the cluster works, not only as whole tasks
 finish (a retried task's count restarts from zero: the tally keeps each task's highest count).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -129,10 +130,22 @@ def _task_folder(url: str, task: int) -> str:
     return folder
 
 
-def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop: int, task: int,
-                      folder: str | None, url: str | None, shard_size: int, page_size: int, info: dict,
-                      label_pos: int | None, stop_at_error: bool,
-                      storage_options: dict | None = None, tally=None) -> ShardTaskResult:
+def write_task_shards(
+    encoder: SampleEncoder,
+    names: list[str],
+    start: int,
+    stop: int,
+    task: int,
+    folder: str | None,
+    url: str | None,
+    shard_size: int,
+    page_size: int,
+    info: dict,
+    label_pos: int | None,
+    stop_at_error: bool,
+    storage_options: dict | None = None,
+    tally=None,
+) -> ShardTaskResult:
     """The Ray task: encode source samples ``start..stop-1`` and write them as shards named
     :func:`task_shard_name` ``(task, k)`` into ``folder`` (a local dataset's temporary
     directory) or, with ``url``, upload each under that prefix as soon as it is complete (then
@@ -161,8 +174,16 @@ def write_task_shards(encoder: SampleEncoder, names: list[str], start: int, stop
         upload_file(local, f"{url}/{entry['path']}", storage_options)
         os.remove(local)
 
-    writer = ShardFiles(target, dict(zip(names, fields)), stop - start, shard_size, page_size, info=info,
-                        name=lambda k: task_shard_name(task, k), on_close=None if url is None else upload)
+    writer = ShardFiles(
+        target,
+        dict(zip(names, fields)),
+        stop - start,
+        shard_size,
+        page_size,
+        info=info,
+        name=lambda k: task_shard_name(task, k),
+        on_close=None if url is None else upload,
+    )
     labels, errors, outcomes = [], [], Counter()
     try:
         sizer = ChunkSizer(stop, 1, fixed=False, start=start)
@@ -197,18 +218,29 @@ def samples_per_task(encoder: SampleEncoder, shard_size: int, cpus: int) -> int:
     fail are left to the tasks to report), at most ``ceil(N / cpus)``."""
     n = len(encoder)
     probes = np.unique(np.linspace(0, n - 1, min(PROBE_SAMPLES, n)).astype(np.int64))
-    sizes = [int(chunk.sizes.sum()) for chunk in (encode_chunk(encoder, int(i), int(i) + 1) for i in probes)
-             if len(chunk.ok)]
+    sizes = [
+        int(chunk.sizes.sum()) for chunk in (encode_chunk(encoder, int(i), int(i) + 1) for i in probes) if len(chunk.ok)
+    ]
     per_sample = max(1.0, float(np.mean(sizes))) if sizes else 1.0
     by_size = int(SHARD_FILL * shard_size // per_sample)
     return int(np.clip(by_size, 1, math.ceil(n / max(1, cpus))))
 
 
-def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int, page_size: int, info: dict,
-                       label_pos: int | None, folder: str | None = None, url: str | None = None,
-                       on_error: str = "fail", address: str | None = None,
-                       storage_options: dict | None = None, max_retries: int = MAX_RETRIES,
-                       on_progress: Callable[[int], None] | None = None) -> Iterator[ShardTaskResult]:
+def ray_written_shards(
+    encoder: SampleEncoder,
+    names: list[str],
+    shard_size: int,
+    page_size: int,
+    info: dict,
+    label_pos: int | None,
+    folder: str | None = None,
+    url: str | None = None,
+    on_error: str = "fail",
+    address: str | None = None,
+    storage_options: dict | None = None,
+    max_retries: int = MAX_RETRIES,
+    on_progress: Callable[[int], None] | None = None,
+) -> Iterator[ShardTaskResult]:
     """Write every sample of ``encoder``'s source as shards from Ray tasks
     (:func:`write_task_shards`), yielding each task's :class:`ShardTaskResult` in sample order.
 
@@ -238,8 +270,25 @@ def ray_written_shards(encoder: SampleEncoder, names: list[str], shard_size: int
         shared = ray.put(encoder)
         bounds = [(a, min(n, a + per_task)) for a in range(0, n, per_task)]
         tally = ray.remote(num_cpus=0)(ProgressTally).remote() if on_progress is not None else None
-        refs = [task.remote(shared, names, a, b, t, folder, url, shard_size, page_size, info, label_pos,
-                            on_error == "fail", storage_options, tally) for t, (a, b) in enumerate(bounds)]
+        refs = [
+            task.remote(
+                shared,
+                names,
+                a,
+                b,
+                t,
+                folder,
+                url,
+                shard_size,
+                page_size,
+                info,
+                label_pos,
+                on_error == "fail",
+                storage_options,
+                tally,
+            )
+            for t, (a, b) in enumerate(bounds)
+        ]
         seen: dict[int, int] = {}  # samples per task counted into on_progress so far
 
         def advance(counts: dict[int, int]) -> None:
@@ -282,11 +331,20 @@ def write_ray_shards(conversion: Conversion, writer, url: str | None = None) -> 
     :class:`~ffload.formats.shards.ShardedWriter`) adopts them in task order and writes the manifest."""
     options = conversion.options
     bar = conversion.bar
-    results = ray_written_shards(conversion.encoder, list(conversion.fields), writer.shard_size, writer.page_size,
-                                 writer.info, conversion.label_pos, folder=writer.path, url=url,
-                                 on_error=options.on_error, address=options.ray_address,
-                                 storage_options=options.storage_options,
-                                 on_progress=None if bar is None else bar.update)
+    results = ray_written_shards(
+        conversion.encoder,
+        list(conversion.fields),
+        writer.shard_size,
+        writer.page_size,
+        writer.info,
+        conversion.label_pos,
+        folder=writer.path,
+        url=url,
+        on_error=options.on_error,
+        address=options.ray_address,
+        storage_options=options.storage_options,
+        on_progress=None if bar is None else bar.update,
+    )
     try:
         for result in results:
             conversion.take(result.errors, result.outcomes)

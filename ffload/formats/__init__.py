@@ -4,6 +4,7 @@ datasets (a directory of ``.beton`` shards and a JSON manifest, ``shards.py``).
 ``open_dataset(path)`` returns the :class:`DatasetView` the loader reads; ``dataset_writer`` and
 ``write_dataset`` create files atomically. See ``beton.py`` and ``lmdb/`` (its package docstring) for the layouts.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,13 +28,30 @@ from ffload.storage import is_remote
 
 LMDB_MAGIC = b"\xde\xc0\xef\xbe"  # MDB_meta.mm_magic (0xBEEFC0DE) after the 16-byte page header
 
-__all__ = ["open_dataset", "write_dataset", "dataset_writer", "format_for_path", "DatasetView",
-           "DatasetError", "Field", "FieldError", "RGBImageField", "IntField", "FloatField",
-           "BytesField", "NDArrayField", "JSONField", "RaggedArrayField", "ImageArrayField", "image_sizes"]
+__all__ = [
+    "open_dataset",
+    "write_dataset",
+    "dataset_writer",
+    "format_for_path",
+    "DatasetView",
+    "DatasetError",
+    "Field",
+    "FieldError",
+    "RGBImageField",
+    "IntField",
+    "FloatField",
+    "BytesField",
+    "NDArrayField",
+    "JSONField",
+    "RaggedArrayField",
+    "ImageArrayField",
+    "image_sizes",
+]
 
 
-def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS,
-                 storage_options: dict | None = None) -> DatasetView:
+def open_dataset(
+    path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS, storage_options: dict | None = None
+) -> DatasetView:
     """Open a ``.beton`` file, an LMDB directory or a sharded dataset (format detected from the contents).
 
     The LMDB directory is an ffload one; the format comes from the contents, not the name.
@@ -68,10 +86,16 @@ def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS,
         raise DatasetError(f"{path}: no such file or directory")
     elif is_sharded(path):
         view = open_sharded(path)
-    elif os.path.isdir(path) and not os.path.exists(os.path.join(path, "data.mdb")) and any(
-            name.endswith(".beton") for name in os.listdir(path)):
-        raise DatasetError(f"{path}: holds .beton files but no manifest.json: not a (complete) sharded dataset; "
-                           "open one of its .beton files, or convert again", path=path)
+    elif (
+        os.path.isdir(path)
+        and not os.path.exists(os.path.join(path, "data.mdb"))
+        and any(name.endswith(".beton") for name in os.listdir(path))
+    ):
+        raise DatasetError(
+            f"{path}: holds .beton files but no manifest.json: not a (complete) sharded dataset; "
+            "open one of its .beton files, or convert again",
+            path=path,
+        )
     elif os.path.isdir(path):
         view = open_lmdb(path)
     else:
@@ -86,9 +110,12 @@ def open_dataset(path: str, max_pixels: int | None = DEFAULT_MAX_PIXELS,
 
 
 def _refuse_remote_lmdb(url: str) -> ConfigurationError:
-    return ConfigurationError(f"{url}: LMDB datasets cannot be read from object storage: LMDB reads its data.mdb "
-                              "through a local memory map (mmap), which a remote object does not have",
-                              path=url, hint="convert it to .beton (ffload convert), or download the directory")
+    return ConfigurationError(
+        f"{url}: LMDB datasets cannot be read from object storage: LMDB reads its data.mdb "
+        "through a local memory map (mmap), which a remote object does not have",
+        path=url,
+        hint="convert it to .beton (ffload convert), or download the directory",
+    )
 
 
 def _open_remote(url: str, storage_options: dict | None) -> DatasetView:
@@ -101,6 +128,7 @@ def _open_remote(url: str, storage_options: dict | None) -> DatasetView:
         return open_sharded(url, storage_options)
     if not url.endswith(".beton"):  # a prefix holding a manifest, or an object
         from ffload.storage import remote_exists
+
         if remote_exists(manifest_location(url, True)[0], storage_options):
             return open_sharded(url, storage_options)
     remote = RemoteObject(url, storage_options)
@@ -120,15 +148,27 @@ def _check_image_pixels(view: DatasetView, max_pixels: int) -> None:
         worst = int(np.argmax(pixels > max_pixels))
         if pixels[worst] > max_pixels:
             height, width = (int(v) for v in sizes[worst])
-            raise DatasetError(f"{view.path}: sample {worst}, field {name!r}: its metadata declares a "
-                               f"{width}x{height} image ({height * width:,} pixels), above the limit of "
-                               f"{max_pixels:,} pixels (corrupt or hostile; pass max_pixels= / "
-                               f"--max-pixels to allow it)", path=view.path, field=name, sample=worst)
+            raise DatasetError(
+                f"{view.path}: sample {worst}, field {name!r}: its metadata declares a "
+                f"{width}x{height} image ({height * width:,} pixels), above the limit of "
+                f"{max_pixels:,} pixels (corrupt or hostile; pass max_pixels= / "
+                f"--max-pixels to allow it)",
+                path=view.path,
+                field=name,
+                sample=worst,
+            )
 
 
-def write_dataset(dst: str, fields: dict[str, Field], samples: Iterable[Sequence], num_samples: int,
-                  overwrite: bool = False, page_size: int | None = None, info: dict | None = None,
-                  shard_size: int | str | None = None) -> str:
+def write_dataset(
+    dst: str,
+    fields: dict[str, Field],
+    samples: Iterable[Sequence],
+    num_samples: int,
+    overwrite: bool = False,
+    page_size: int | None = None,
+    info: dict | None = None,
+    shard_size: int | str | None = None,
+) -> str:
     """Encode ``samples`` in this process and write them to ``dst`` atomically.
 
     ``samples`` are tuples of values in field order; ``dst`` is ``.beton`` or ``.lmdb`` by suffix

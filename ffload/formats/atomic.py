@@ -21,6 +21,7 @@ The guarantees, at every instant of a conversion (Ctrl-C, SIGTERM and SIGKILL in
   longer alive. SIGINT/SIGTERM are held back during the swap itself, so a signal lands before it (old
   dataset kept) or after it (new one in place), never between two renames.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -52,8 +53,9 @@ def format_for_path(path: str) -> str:
     """``'beton'`` or ``'lmdb'`` from the destination's suffix; ConfigurationError (a ValueError) else."""
     suffix = os.path.splitext(os.path.normpath(path))[1].lower()
     if suffix not in FORMATS:
-        raise ConfigurationError(f"{path}: cannot tell the output format from the suffix {suffix!r} "
-                                 f"(use one of {', '.join(FORMATS)})")
+        raise ConfigurationError(
+            f"{path}: cannot tell the output format from the suffix {suffix!r} (use one of {', '.join(FORMATS)})"
+        )
     return FORMATS[suffix]
 
 
@@ -104,8 +106,11 @@ def writer_lock(dst: str) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
-            raise DatasetBusyError(f"{dst} is being written by process {holder}", path=dst,
-                                   hint="wait for it to finish, or write elsewhere") from None
+            raise DatasetBusyError(
+                f"{dst} is being written by process {holder}",
+                path=dst,
+                hint="wait for it to finish, or write elsewhere",
+            ) from None
         try:  # the holder before us may have unlinked the file between our open and our flock
             same = os.path.samestat(os.fstat(fd), os.stat(path))
         except FileNotFoundError:
@@ -180,8 +185,9 @@ def _signals_held_back() -> Iterator[None]:
         yield
         return
     pending: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: pending.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: pending.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:
@@ -201,8 +207,9 @@ def _swap_in(tmp: str, dst: str, litter: list[str]) -> None:
         if not os.path.lexists(dst) or (os.path.isfile(tmp) and not os.path.isdir(dst)):
             os.rename(tmp, dst)  # new name, or a file replacing a file: one atomic rename
         elif not _exchange(tmp, dst):
-            old = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.old-{os.getpid()}-"
-                                                     f"{uuid.uuid4().hex[:8]}")
+            old = os.path.join(
+                os.path.dirname(dst), f".{os.path.basename(dst)}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            )
             os.rename(dst, old)  # a SIGKILL from here to the next rename is repaired by recover()
             try:
                 os.rename(tmp, dst)
@@ -215,10 +222,17 @@ def _swap_in(tmp: str, dst: str, litter: list[str]) -> None:
 
 
 @contextmanager
-def dataset_writer(dst: str, fields: dict[str, Field], num_samples: int, overwrite: bool = False,
-                   page_size: int | None = None, tmp: str | None = None,
-                   open_writer: Callable[[str], DatasetWriter] | None = None,
-                   info: dict | None = None, shard_size: int | str | None = None) -> Iterator[DatasetWriter]:
+def dataset_writer(
+    dst: str,
+    fields: dict[str, Field],
+    num_samples: int,
+    overwrite: bool = False,
+    page_size: int | None = None,
+    tmp: str | None = None,
+    open_writer: Callable[[str], DatasetWriter] | None = None,
+    info: dict | None = None,
+    shard_size: int | str | None = None,
+) -> Iterator[DatasetWriter]:
     """Context manager yielding a :class:`~.writer.DatasetWriter` that writes ``dst`` atomically.
 
     The writer takes ``add(index, metas, payloads)``; the guarantees are those of the module

@@ -27,6 +27,7 @@ live in the padding between the metadata and the first page, which ffcv's reader
 finds the metadata right after the field descriptors and the pages through the allocation table),
 so ffcv reads such files unchanged; a file without them has zeros there and ``info`` is ``{}``.
 """
+
 from __future__ import annotations
 
 import io
@@ -44,10 +45,17 @@ from ffload.formats.view import DatasetView, check_field_values, dataset_error
 from ffload.formats.writer import DatasetWriter
 
 VERSION = 2
-HEADER_TYPE = np.dtype([("version", "<u2"), ("num_fields", "<u2"), ("page_size", "<u4"),
-                        ("num_samples", "<u8"), ("alloc_table_ptr", "<u8")], align=True)
-FIELD_DESC_TYPE = np.dtype([("type_id", "<u1"), ("name", ("<u1", 16)),
-                            ("arguments", ("<u1", (1024,)))], align=True)
+HEADER_TYPE = np.dtype(
+    [
+        ("version", "<u2"),
+        ("num_fields", "<u2"),
+        ("page_size", "<u4"),
+        ("num_samples", "<u8"),
+        ("alloc_table_ptr", "<u8"),
+    ],
+    align=True,
+)
+FIELD_DESC_TYPE = np.dtype([("type_id", "<u1"), ("name", ("<u1", 16)), ("arguments", ("<u1", (1024,)))], align=True)
 ALLOC_TYPE = np.dtype([("sample_id", "<u8"), ("ptr", "<u8"), ("size", "<u8")])
 
 MIN_PAGE_SIZE = 1 << 21  # 2 MiB, ffcv's minimum
@@ -69,8 +77,9 @@ def check_page_size(page_size: int) -> int:
     """Validate a user page size (bytes): a power of two in [2 MiB, 2 GiB]. Raises ConfigurationError."""
     page_size = int(page_size)
     if page_size & (page_size - 1) or not MIN_PAGE_SIZE <= page_size <= MAX_PAGE_SIZE:
-        raise ConfigurationError(f"page_size must be a power of two between {MIN_PAGE_SIZE} and "
-                                 f"{MAX_PAGE_SIZE} bytes, got {page_size}")
+        raise ConfigurationError(
+            f"page_size must be a power of two between {MIN_PAGE_SIZE} and {MAX_PAGE_SIZE} bytes, got {page_size}"
+        )
     return page_size
 
 
@@ -81,8 +90,9 @@ def field_descriptors(fields: dict[str, Field]) -> np.ndarray:
         try:
             encoded = name.encode("ascii")
         except UnicodeEncodeError:
-            raise ConfigurationError(f"field name {name!r} must be ASCII (.beton stores 16 ASCII bytes)",
-                                     field=name) from None
+            raise ConfigurationError(
+                f"field name {name!r} must be ASCII (.beton stores 16 ASCII bytes)", field=name
+            ) from None
         if not 0 < len(encoded) <= NAME_LEN or b"\0" in encoded:
             raise ConfigurationError(f"field name {name!r} must be 1..{NAME_LEN} ASCII characters", field=name)
         desc[i]["type_id"] = f.type_id
@@ -121,16 +131,27 @@ class BetonWriter(DatasetWriter):
     """Called (no arguments) before the page size grows, which moves the data written so far:
     a checkpoint taken before then no longer describes the file (see :meth:`checkpoint`)."""
 
-    def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
-                 page_size: int = DEFAULT_PAGE_SIZE, resume: tuple[dict, np.ndarray, np.ndarray, bytes] | None = None,
-                 info: dict | None = None, reserve: int | None = None, origin_room: int = 0):
+    def __init__(
+        self,
+        path: str,
+        fields: dict[str, Field],
+        num_samples: int,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        resume: tuple[dict, np.ndarray, np.ndarray, bytes] | None = None,
+        info: dict | None = None,
+        reserve: int | None = None,
+        origin_room: int = 0,
+    ):
         super().__init__(path, fields, num_samples, info)
         self.origins = OriginLog()
         self._origin_room = max(0, int(origin_room))
         self.page_size = check_page_size(page_size)
         self._desc = field_descriptors(self.fields)
-        self._info_block = (INFO_MAGIC + np.uint64(len(self._info_json)).astype("<u8").tobytes() + self._info_json
-                            if self._info_json else b"")
+        self._info_block = (
+            INFO_MAGIC + np.uint64(len(self._info_json)).astype("<u8").tobytes() + self._info_json
+            if self._info_json
+            else b""
+        )
         rows = self.num_samples if reserve is None else max(1, min(int(reserve), self.num_samples))
         self._reserve_rows(rows)
         self._data_start = _align(self._head_end, self.page_size)
@@ -148,11 +169,12 @@ class BetonWriter(DatasetWriter):
         rows reserved, the info block and the origin room end (the data starts at the next page)."""
         metadata = np.zeros(rows, dtype=metadata_dtype(self._field_list))
         if getattr(self, "metadata", None) is not None:
-            metadata[:self.count] = self.metadata[:self.count]
+            metadata[: self.count] = self.metadata[: self.count]
         self.metadata = metadata
         self._columns = [self.metadata[f"f{k}"] for k in range(len(self._field_list))]
-        self._head_end = (HEADER_TYPE.itemsize + self._desc.nbytes + self.metadata.nbytes + len(self._info_block)
-                          + self._origin_room)
+        self._head_end = (
+            HEADER_TYPE.itemsize + self._desc.nbytes + self.metadata.nbytes + len(self._info_block) + self._origin_room
+        )
 
     def _origin_room_with(self, origin: str | None) -> int:
         """The origin room needed once ``origin`` is added: the current one, or doubled (at least)."""
@@ -170,8 +192,12 @@ class BetonWriter(DatasetWriter):
         rows = self.metadata.shape[0]
         if self.count >= rows:
             rows = min(self.num_samples, 2 * rows)
-        head = (self._head_end + (rows - self.metadata.shape[0]) * self.metadata.itemsize
-                + self._origin_room_with(origin) - self._origin_room)
+        head = (
+            self._head_end
+            + (rows - self.metadata.shape[0]) * self.metadata.itemsize
+            + self._origin_room_with(origin)
+            - self._origin_room
+        )
         pos = _align(self._pos, page) if page != self.page_size else self._pos
         if total > page - pos % page and pos % page:
             pos = _align(pos, page)
@@ -193,10 +219,19 @@ class BetonWriter(DatasetWriter):
         self._out.flush()
         os.fsync(self._fp.fileno())
         (count, allocs), self._marks = self._marks, (self.count, len(self._allocs))
-        state = {"count": self.count, "page_size": self.page_size, "data_start": self._data_start,
-                 "data_bytes": self._pos, "origins": self.origins.given}
-        return (state, self.metadata[count:self.count].copy(), np.array(self._allocs[allocs:], dtype=ALLOC_TYPE),
-                self.origins.records(count))
+        state = {
+            "count": self.count,
+            "page_size": self.page_size,
+            "data_start": self._data_start,
+            "data_bytes": self._pos,
+            "origins": self.origins.given,
+        }
+        return (
+            state,
+            self.metadata[count : self.count].copy(),
+            np.array(self._allocs[allocs:], dtype=ALLOC_TYPE),
+            self.origins.records(count),
+        )
 
     def _restore(self, state: dict, metadata: np.ndarray, allocs: np.ndarray, origins: bytes) -> None:
         """Take up a file at a :meth:`checkpoint`: ``metadata``/``allocs``/``origins`` are all the
@@ -204,12 +239,16 @@ class BetonWriter(DatasetWriter):
         ValueError) for a state that does not fit this writer."""
         count = int(state["count"])
         if count > self.num_samples or len(metadata) != count or metadata.dtype != self.metadata.dtype:
-            raise ConfigurationError(f"checkpoint of {count} samples does not fit {self.num_samples} samples "
-                             f"of {len(metadata)} metadata rows")
+            raise ConfigurationError(
+                f"checkpoint of {count} samples does not fit {self.num_samples} samples "
+                f"of {len(metadata)} metadata rows"
+            )
         self.origins.extend_records(origins, bool(state.get("origins")))
         if len(self.origins) != count or self.origins.block_size() > self._origin_room:
-            raise ConfigurationError(f"checkpoint of {count} samples has {len(self.origins)} origins, or more than the "
-                             f"{self._origin_room} bytes reserved for them")
+            raise ConfigurationError(
+                f"checkpoint of {count} samples has {len(self.origins)} origins, or more than the "
+                f"{self._origin_room} bytes reserved for them"
+            )
         self.page_size = check_page_size(state["page_size"])
         self._data_start, self._pos = int(state["data_start"]), int(state["data_bytes"])
         if self._data_start != _align(self._head_end, self.page_size):
@@ -238,7 +277,7 @@ class BetonWriter(DatasetWriter):
         page_left = self.page_size - self._pos % self.page_size
         if total > page_left and self._pos % self.page_size:
             self._pad(page_left)
-        records = [column[index:index + 1] for column in self._columns]
+        records = [column[index : index + 1] for column in self._columns]
         for pos, data in self._lay_out(records, metas, payloads, self._pos, empty_gap=1):
             self._allocs.append((index, pos, data.nbytes))
             self._out.write(data if data.nbytes else b"\0")
@@ -253,8 +292,10 @@ class BetonWriter(DatasetWriter):
         new, larger pages, so only the data region's start moves (data shifted once)."""
         new_page = _next_pow2(sample_bytes)
         if new_page > MAX_PAGE_SIZE:
-            raise FieldError(f"sample {self.count} needs {sample_bytes} bytes; a .beton page holds "
-                             f"at most {MAX_PAGE_SIZE}", sample=self.count)
+            raise FieldError(
+                f"sample {self.count} needs {sample_bytes} bytes; a .beton page holds at most {MAX_PAGE_SIZE}",
+                sample=self.count,
+            )
         if self.before_grow is not None:
             self.before_grow()
         self.page_size = new_page
@@ -277,8 +318,9 @@ class BetonWriter(DatasetWriter):
                 os.pwrite(self._fp.fileno(), data, new_start + start)
                 end = start
             for start in range(self._data_start, min(new_start, self._data_start + self._pos), chunk):
-                os.pwrite(self._fp.fileno(), bytes(min(chunk, min(new_start, self._data_start + self._pos) - start)),
-                          start)
+                os.pwrite(
+                    self._fp.fileno(), bytes(min(chunk, min(new_start, self._data_start + self._pos) - start)), start
+                )
         self._data_start = new_start
         self._out.seek(self._data_start + self._pos)
 
@@ -287,8 +329,13 @@ class BetonWriter(DatasetWriter):
         header; fsync."""
         origins = self.origins.block()
         if self._pos == 0:  # no payloads at all: the table follows the rows written (as in ffcv), info, origins
-            self._data_start = (HEADER_TYPE.itemsize + self._desc.nbytes + self.count * self.metadata.itemsize
-                                + len(self._info_block) + len(origins))
+            self._data_start = (
+                HEADER_TYPE.itemsize
+                + self._desc.nbytes
+                + self.count * self.metadata.itemsize
+                + len(self._info_block)
+                + len(origins)
+            )
             self._out.seek(self._data_start)
         if self._pos % self.page_size:
             self._pad(self.page_size - self._pos % self.page_size)
@@ -308,8 +355,9 @@ class BetonWriter(DatasetWriter):
         header["num_samples"] = self.count
         header["alloc_table_ptr"] = self._data_start + self._pos
         # the info and origin blocks follow the rows written (fewer than reserved when inputs were skipped)
-        head = (header.tobytes() + self._desc.tobytes() + self.metadata[: self.count].tobytes() + self._info_block
-                + origins)
+        head = (
+            header.tobytes() + self._desc.tobytes() + self.metadata[: self.count].tobytes() + self._info_block + origins
+        )
         os.pwrite(self._fp.fileno(), head, 0)
         os.fsync(self._fp.fileno())
 
@@ -326,8 +374,9 @@ def read_header(path: str, source) -> np.void:
         raise dataset_error(path, "not a .beton dataset (file shorter than the header)")
     header = np.frombuffer(raw, dtype=HEADER_TYPE)[0]
     if int(header["version"]) != VERSION:
-        raise dataset_error(path, f"not a .beton v{VERSION} dataset (format version field reads "
-                          f"{int(header['version'])})")
+        raise dataset_error(
+            path, f"not a .beton v{VERSION} dataset (format version field reads {int(header['version'])})"
+        )
     num_fields, page_size, table_ptr = (int(header[k]) for k in ("num_fields", "page_size", "alloc_table_ptr"))
     if num_fields == 0 or page_size == 0 or page_size & (page_size - 1):
         raise dataset_error(path, f"corrupt header (num_fields={num_fields}, page_size={page_size})")
@@ -355,9 +404,9 @@ def read_info(path: str, source, start: int, end: int, head: bytes) -> tuple[dic
         DatasetError: a block that runs past ``end`` or whose JSON is not an object.
     """
     size = len(INFO_MAGIC) + 8
-    if end - start < size or len(head) < size or head[:len(INFO_MAGIC)] != INFO_MAGIC:
+    if end - start < size or len(head) < size or head[: len(INFO_MAGIC)] != INFO_MAGIC:
         return {}, None
-    length = int(np.frombuffer(head[len(INFO_MAGIC):size], "<u8")[0])
+    length = int(np.frombuffer(head[len(INFO_MAGIC) : size], "<u8")[0])
     if length > end - start - size:
         raise dataset_error(path, f"info block of {length} bytes at {start} runs past the data at {end} (corrupt file)")
     try:
@@ -380,13 +429,15 @@ def read_fields(path: str, source, num_fields: int) -> dict[str, Field]:
     for k, d in enumerate(desc):
         raw_name = d["name"].tobytes()
         name = raw_name.split(b"\0", 1)[0].decode("ascii", "replace")
-        if not name or not name.isprintable() or not name.isascii() or raw_name[len(name):].strip(b"\0"):
-            raise dataset_error(path, f"field {k}: its name {raw_name!r} is not 1..{NAME_LEN} printable ASCII "
-                                      "characters, NUL padded (corrupt field descriptor)")
+        if not name or not name.isprintable() or not name.isascii() or raw_name[len(name) :].strip(b"\0"):
+            raise dataset_error(
+                path,
+                f"field {k}: its name {raw_name!r} is not 1..{NAME_LEN} printable ASCII "
+                "characters, NUL padded (corrupt field descriptor)",
+            )
         cls = FIELD_TYPES.get(int(d["type_id"]))
         if cls is None:
-            raise dataset_error(path, f"field {name!r} has unknown type id {int(d['type_id'])} "
-                              "(a custom ffcv field)")
+            raise dataset_error(path, f"field {name!r} has unknown type id {int(d['type_id'])} (a custom ffcv field)")
         if name in fields:
             raise dataset_error(path, f"duplicate field name {name!r}")
         try:
@@ -404,10 +455,13 @@ def read_allocation_table(path: str, source, header: np.void, fields: dict[str, 
     table = np.frombuffer(source.read(table_ptr, int(source.size)), dtype=ALLOC_TYPE)
     payload_fields = [name for name, f in fields.items() if f.has_payload]
     if table.size != n * len(payload_fields):
-        raise dataset_error(path, f"the allocation table holds {table.size} payloads, but {n} samples of "
-                                  f"{len(payload_fields)} field(s) with payloads ({', '.join(payload_fields) or 'none'})"
-                                  f" have {n * len(payload_fields)}: a field's type does not match the data "
-                                  "(corrupt field type or table)")
+        raise dataset_error(
+            path,
+            f"the allocation table holds {table.size} payloads, but {n} samples of "
+            f"{len(payload_fields)} field(s) with payloads ({', '.join(payload_fields) or 'none'})"
+            f" have {n * len(payload_fields)}: a field's type does not match the data "
+            "(corrupt field type or table)",
+        )
     return table
 
 
@@ -415,13 +469,18 @@ def check_allocations(path: str, table: np.ndarray, num_samples: int, meta_end: 
     """Every allocation of ``table`` lies between the metadata's end ``meta_end`` and the table at
     ``table_ptr`` (bytes) and names a sample below ``num_samples``. Raises DatasetError."""
     ends = table["ptr"] + table["size"]
-    if table.size and (ends.max() > table_ptr or table["ptr"].min() < meta_end
-                       or table["sample_id"].max() >= num_samples or np.any(ends < table["ptr"])):
+    if table.size and (
+        ends.max() > table_ptr
+        or table["ptr"].min() < meta_end
+        or table["sample_id"].max() >= num_samples
+        or np.any(ends < table["ptr"])
+    ):
         raise dataset_error(path, "allocation table points outside the data region")
 
 
-def payload_sizes(path: str, fields: dict[str, Field], metadata: np.ndarray,
-                  table: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def payload_sizes(
+    path: str, fields: dict[str, Field], metadata: np.ndarray, table: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Each payload's offset (from the metadata) and size (from its allocation), checked by its field.
 
     A payload's allocation is looked up by (ptr, sample id). A zero-size payload shares its offset
@@ -441,8 +500,11 @@ def payload_sizes(path: str, fields: dict[str, Field], metadata: np.ndarray,
     n = metadata.shape[0]
     order = np.lexsort((table["sample_id"], table["ptr"]))
     t_ptr, t_sid, t_size = table["ptr"][order], table["sample_id"][order], table["size"][order]
-    pointers = {name: f.get_pointer(metadata[f"f{k}"]).astype(np.uint64)
-                for k, (name, f) in enumerate(fields.items()) if f.has_payload}
+    pointers = {
+        name: f.get_pointer(metadata[f"f{k}"]).astype(np.uint64)
+        for k, (name, f) in enumerate(fields.items())
+        if f.has_payload
+    }
     sid = np.arange(n, dtype=np.uint64)
     ptrs, sizes = {}, {}
     for k, (name, f) in enumerate(fields.items()):
@@ -453,16 +515,17 @@ def payload_sizes(path: str, fields: dict[str, Field], metadata: np.ndarray,
         pos = np.searchsorted(t_ptr, p)
         pos_c = np.minimum(pos, max(len(t_ptr) - 1, 0))
         nxt = np.minimum(pos_c + 1, max(len(t_ptr) - 1, 0))
-        found = (pos < len(t_ptr)) & (t_ptr[pos_c] == p) & (t_sid[pos_c] == sid) if len(t_ptr) \
-            else np.zeros(n, bool)
-        shared = found & (nxt > pos_c) & (t_ptr[nxt] == p) & (t_sid[nxt] == sid) if len(t_ptr) \
-            else np.zeros(n, bool)
+        found = (pos < len(t_ptr)) & (t_ptr[pos_c] == p) & (t_sid[pos_c] == sid) if len(t_ptr) else np.zeros(n, bool)
+        shared = found & (nxt > pos_c) & (t_ptr[nxt] == p) & (t_sid[nxt] == sid) if len(t_ptr) else np.zeros(n, bool)
         for i in np.flatnonzero(~found | shared):  # rare: the offset is not first, or is shared
             lo, hi = np.searchsorted(t_ptr, p[i]), np.searchsorted(t_ptr, p[i], side="right")
             group = lo + np.flatnonzero(t_sid[lo:hi] == i)
             if group.size == 0:
-                raise dataset_error(path, f"sample {int(i)}, field {name!r}: payload offset {int(p[i])} is "
-                                  "not in the allocation table (corrupt file)")
+                raise dataset_error(
+                    path,
+                    f"sample {int(i)}, field {name!r}: payload offset {int(p[i])} is "
+                    "not in the allocation table (corrupt file)",
+                )
             group = group[np.argsort(t_size[group], kind="stable")]
             rank = [m for m in pointers if pointers[m][i] == p[i]].index(name)
             pos_c[i] = group[min(rank, group.size - 1)]
@@ -509,20 +572,34 @@ def open_beton(path: str, source=None) -> DatasetView:
     mtype = metadata_dtype(list(fields.values()))
     meta_end = desc_end + n * mtype.itemsize
     if meta_end > size or not meta_end <= table_ptr:
-        raise dataset_error(path, f"truncated or corrupt: metadata ends at {meta_end}, allocation table "
-                          f"at {table_ptr}, file size {size} bytes")
+        raise dataset_error(
+            path,
+            f"truncated or corrupt: metadata ends at {meta_end}, allocation table "
+            f"at {table_ptr}, file size {size} bytes",
+        )
     table = read_allocation_table(path, source, header, fields)
     # the metadata and the head of the info block after it, in one read
     info_end = int(table["ptr"].min()) if table.size else table_ptr
     info_head = len(INFO_MAGIC) + 8 if info_end - meta_end >= len(INFO_MAGIC) + 8 else 0
     block = source.read(desc_end, meta_end + info_head)
-    metadata = np.frombuffer(bytearray(block[:meta_end - desc_end]), dtype=mtype) if n else np.zeros(0, mtype)
-    info, origins_at = read_info(path, source, meta_end, info_end, block[meta_end - desc_end:])
+    metadata = np.frombuffer(bytearray(block[: meta_end - desc_end]), dtype=mtype) if n else np.zeros(0, mtype)
+    info, origins_at = read_info(path, source, meta_end, info_end, block[meta_end - desc_end :])
     check_allocations(path, table, n, meta_end, table_ptr)
     ptrs, sizes = payload_sizes(path, fields, metadata, table)
     named = metadata.view(named_metadata_dtype(fields))
     check_field_values(path, fields, named)
-    return DatasetView(path=path, format="beton", num_samples=n, fields=fields, metadata=named,
-                       ptrs=ptrs, sizes=sizes, data_path=None if remote else path, data_size=size,
-                       page_size=page_size, info=info, remote=source if remote else None,
-                       origin_blocks=None if origins_at is None else [(origins_at, min(info_end, table_ptr))])
+    return DatasetView(
+        path=path,
+        format="beton",
+        num_samples=n,
+        fields=fields,
+        metadata=named,
+        ptrs=ptrs,
+        sizes=sizes,
+        data_path=None if remote else path,
+        data_size=size,
+        page_size=page_size,
+        info=info,
+        remote=source if remote else None,
+        origin_blocks=None if origins_at is None else [(origins_at, min(info_end, table_ptr))],
+    )

@@ -1,6 +1,7 @@
 """Byte sources read by range: ``size`` (bytes) and ``read(start, stop) -> bytes``, the interface
 that :func:`.beton.open_beton` and :class:`.origins.OriginBlock` read through, shared with
 :class:`ffload.storage.RemoteObject` (a remote object)."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """Finding a dataset's origin block (:mod:`.origins`) in whichever container holds it: a ``.beton``
 (where :func:`.beton.open_beton` saw its info block end), each shard of a sharded dataset (opened
 when one of its strings is read), or an LMDB database's :data:`~.origins.ORIGINS_KEY` value."""
+
 from __future__ import annotations
 
 from ffload.formats.byteranges import LocalBytes, MemoryBytes
@@ -40,8 +41,9 @@ def dataset_origins(view: DatasetView) -> Origins | None:
         return None
     origins = Origins(descriptor, blocks)
     if len(origins) != view.num_samples:
-        raise dataset_error(view.path, f"origin table holds {len(origins)} entries for {view.num_samples} samples "
-                                       "(corrupt file)")
+        raise dataset_error(
+            view.path, f"origin table holds {len(origins)} entries for {view.num_samples} samples (corrupt file)"
+        )
     return origins
 
 
@@ -66,8 +68,10 @@ def _shard_block(view: DatasetView, k: int) -> OriginBlock:
     ``info`` describes origins, and the first shard has a block)."""
     block = _beton_block(view, k)
     if block is None:
-        raise dataset_error(view.shards.paths[k], "shard has no origin block although the dataset's info describes "
-                                                  "origins (corrupt file)")
+        raise dataset_error(
+            view.shards.paths[k],
+            "shard has no origin block although the dataset's info describes origins (corrupt file)",
+        )
     return block
 
 

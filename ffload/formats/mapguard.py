@@ -68,6 +68,7 @@ it is; LMDB's first lookup, of the metadata record, comes before that and stays 
 the open nothing reads LMDB's map; if it was zeroed, it stays so while the process's shared
 environment of that database lives (a still-short file is refused at the next open).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -95,8 +96,11 @@ TABLE_SYMBOL = "ffload_mapguard_ranges"
 MAX_RANGES = 1024
 """Mappings guarded at once at most (each entry costs 32 bytes; the handler scans the entries in use)."""
 
-SUPPORTED = (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64")
-             and all(process_symbol(s) for s in ("mmap", "sigaction", "raise")))
+SUPPORTED = (
+    sys.platform.startswith("linux")
+    and platform.machine() in ("x86_64", "aarch64")
+    and all(process_symbol(s) for s in ("mmap", "sigaction", "raise"))
+)
 """Whether the guard can be installed here (see the module docstring)."""
 
 _HEADER = 4  # words before the first entry
@@ -111,8 +115,12 @@ _ZEROS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | _MAP_FIXED
 class _Sigaction(ctypes.Structure):
     """glibc's (and musl's) ``struct sigaction`` on 64-bit Linux: 152 bytes."""
 
-    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
-                ("restorer", ctypes.c_void_p)]
+    _fields_ = [
+        ("handler", ctypes.c_void_p),
+        ("mask", ctypes.c_ulong * 16),
+        ("flags", ctypes.c_int),
+        ("restorer", ctypes.c_void_p),
+    ]
 
 
 _table = (ctypes.c_int64 * _WORDS)()
@@ -127,12 +135,14 @@ _state: dict = {}  # "compiled": the handler (numba CFunc), "handler": its addre
 @intrinsic
 def _table_address(typingctx):
     """The range table's address (``void *``), through the external symbol :data:`TABLE_SYMBOL`."""
+
     def codegen(context, builder, sig, args):
         var = builder.module.globals.get(TABLE_SYMBOL)
         if var is None:
             var = ir.GlobalVariable(builder.module, ir.IntType(8), TABLE_SYMBOL)
             var.linkage = "external"
         return builder.bitcast(var, ir.IntType(8).as_pointer())
+
     return types.voidptr(), codegen
 
 
@@ -174,8 +184,10 @@ def _install() -> bool:
             _state.update(compiled=compiled, handler=compiled.address, libc=libc)  # kept: the code lives as long
         except Exception as e:  # the compilation failed: unguarded, as before
             _state["error"] = f"{type(e).__name__}: {e}"
-            logger.warning("the SIGBUS guard of mapped files is off (%s): a file truncated while it is "
-                           "read kills the process", _state["error"])
+            logger.warning(
+                "the SIGBUS guard of mapped files is off (%s): a file truncated while it is read kills the process",
+                _state["error"],
+            )
             return False
         atexit.register(_uninstall)
     libc, address = _state["libc"], _state["handler"]
@@ -255,8 +267,11 @@ def register(start: int, length: int) -> Guard | None:
         if entry >= MAX_RANGES:
             if not _state.get("full"):
                 _state["full"] = True
-                logger.warning("more than %d mapped files are open at once: the next ones are not guarded "
-                               "against SIGBUS (a file truncated while it is read kills the process)", MAX_RANGES)
+                logger.warning(
+                    "more than %d mapped files are open at once: the next ones are not guarded "
+                    "against SIGBUS (a file truncated while it is read kills the process)",
+                    MAX_RANGES,
+                )
             return None
         base = _HEADER + _ENTRY * entry
         _table[base], _table[base + 1], _table[base + 3] = start, end, 0

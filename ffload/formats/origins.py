@@ -26,6 +26,7 @@ sample ``i``'s string is ``blob[ends[i-1]:ends[i]]`` (``ends[-1]`` read as 0). W
 :func:`.dataset_origins.dataset_origins` opens it for any dataset (lazily: the loaders never read it). Datasets
 written before provenance existed, or by ffcv, have none (``None``).
 """
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,16 @@ import numpy as np
 from ffload.errors import ConfigurationError
 from ffload.formats.view import dataset_error
 
-__all__ = ["ORIGIN_MAGIC", "ORIGINS_KEY", "BLOCK_HEAD", "OriginLog", "OriginBlock", "Origins", "origin_fields",
-           "origin_key"]
+__all__ = [
+    "ORIGIN_MAGIC",
+    "ORIGINS_KEY",
+    "BLOCK_HEAD",
+    "OriginLog",
+    "OriginBlock",
+    "Origins",
+    "origin_fields",
+    "origin_key",
+]
 
 ORIGIN_MAGIC = b"ffload-origins\0\0"
 ORIGINS_KEY = b"__ffload_origins__"
@@ -99,7 +108,7 @@ class OriginLog:
         out = bytearray()
         for i in range(start, len(self._ends)):
             a = self._ends[i - 1] if i else 0
-            piece = self._blob[a:self._ends[i]]
+            piece = self._blob[a : self._ends[i]]
             out += len(piece).to_bytes(4, "little") + piece
         return bytes(out)
 
@@ -111,10 +120,10 @@ class OriginLog:
         while pos < len(data):
             if pos + 4 > len(data):
                 raise ConfigurationError("truncated origin record")
-            size = int.from_bytes(data[pos:pos + 4], "little")
+            size = int.from_bytes(data[pos : pos + 4], "little")
             if pos + 4 + size > len(data):
                 raise ConfigurationError("truncated origin record")
-            self._blob += data[pos + 4:pos + 4 + size]
+            self._blob += data[pos + 4 : pos + 4 + size]
             self._ends.append(len(self._blob))
             pos += 4 + size
         self.given = self.given or given
@@ -136,8 +145,10 @@ class OriginBlock:
         self.path, self._source, self._offset = path, source, offset
         self.count, self._blob_bytes = count, blob_bytes
         if offset + BLOCK_HEAD + 8 * count + blob_bytes > limit:
-            raise dataset_error(path, f"origin block at {offset} ({count} entries, {blob_bytes} bytes) runs past "
-                                      f"byte {limit} (corrupt file)")
+            raise dataset_error(
+                path,
+                f"origin block at {offset} ({count} entries, {blob_bytes} bytes) runs past byte {limit} (corrupt file)",
+            )
 
     @classmethod
     def find(cls, path: str, source, offset: int, limit: int) -> OriginBlock | None:
@@ -145,9 +156,9 @@ class OriginBlock:
         if limit - offset < BLOCK_HEAD:
             return None
         head = source.read(offset, offset + BLOCK_HEAD)
-        if head[:len(ORIGIN_MAGIC)] != ORIGIN_MAGIC:
+        if head[: len(ORIGIN_MAGIC)] != ORIGIN_MAGIC:
             return None
-        count, blob_bytes = (int(v) for v in np.frombuffer(head[len(ORIGIN_MAGIC):], "<u8"))
+        count, blob_bytes = (int(v) for v in np.frombuffer(head[len(ORIGIN_MAGIC) :], "<u8"))
         return cls(path, source, offset, count, blob_bytes, limit)
 
     def ends(self, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -222,8 +233,9 @@ class Origins:
         """``block`` if its count is container ``k``'s sample count, else DatasetError naming its file."""
         count = int(self._bases[k + 1] - self._bases[k])
         if block.count != count:
-            raise dataset_error(block.path, f"origin table holds {block.count} entries for {count} samples "
-                                            "(corrupt file)")
+            raise dataset_error(
+                block.path, f"origin table holds {block.count} entries for {count} samples (corrupt file)"
+            )
         return block
 
     def strings(self, start: int, stop: int) -> list[str]:

@@ -9,6 +9,7 @@ with the document's :data:`Schema` once, before using any value, so that a value
 :func:`check_field_specs` (their arguments by the field classes themselves, see :func:`.lmdb.descriptors.fields_from_specs`).
 JSON types follow RFC 8259 as Python's :mod:`json` reads them (``true`` is not a number here).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,12 +20,19 @@ from ffload.formats.view import dataset_error
 
 __all__ = ["Value", "Schema", "MAX_COUNT", "check_document", "check_field_specs", "FIELD_SPEC"]
 
-MAX_COUNT = 2 ** 63 - 1
+MAX_COUNT = 2**63 - 1
 """The largest integer (in absolute value) a document may hold: an ``int64`` (sample counts and byte sizes
 become numpy ``int64``/``uint64`` arrays)."""
 
-_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
-               bool: "true or false", type(None): "null"}
+_JSON_NAMES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,11 @@ class Value:
             return True
         if self.choices and value not in self.choices:
             return True
-        if type(value) is int and ((self.low is not None and value < self.low) or abs(value) > MAX_COUNT
-                                   or (self.high is not None and value > self.high)):
+        if type(value) is int and (
+            (self.low is not None and value < self.low)
+            or abs(value) > MAX_COUNT
+            or (self.high is not None and value > self.high)
+        ):
             return True
         return self.non_empty and not value
 
@@ -112,8 +123,11 @@ def check_field_specs(where: str, specs: Any, what: str) -> list[dict]:
     unique names, each ``type_id`` the one of its ``type``. Raises FormatError naming ``where``, the field
     (its position and name) and the cause."""
     if type(specs) is not list or not specs:
-        raise dataset_error(where, f"{what}: 'fields' is {_JSON_NAMES.get(type(specs), repr(specs))}, expected a "
-                                   "non-empty array of field descriptors")
+        raise dataset_error(
+            where,
+            f"{what}: 'fields' is {_JSON_NAMES.get(type(specs), repr(specs))}, expected a "
+            "non-empty array of field descriptors",
+        )
     names: set[str] = set()
     for k, spec in enumerate(specs):
         check_document(where, spec, FIELD_SPEC, f"{what}: field {k}")
@@ -122,6 +136,9 @@ def check_field_specs(where: str, specs: Any, what: str) -> list[dict]:
             raise dataset_error(where, f"{what}: field {k}: duplicate name {name!r}")
         names.add(name)
         if spec["type_id"] != cls.type_id:
-            raise dataset_error(where, f"{what}: field {k} ({name!r}): type_id {spec['type_id']} is not the one of "
-                                       f"{spec['type']} ({cls.type_id}): corrupt field type")
+            raise dataset_error(
+                where,
+                f"{what}: field {k} ({name!r}): type_id {spec['type_id']} is not the one of "
+                f"{spec['type']} ({cls.type_id}): corrupt field type",
+            )
     return specs

@@ -26,6 +26,7 @@ as they index a single ``.beton``. Three ways in:
 * :class:`ShardedRemote` (object storage): ``read(start, stop)`` by global offset, dispatched to
   one :class:`ffload.storage.RemoteObject` per shard.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -92,8 +93,7 @@ class ShardLayout:
 def _libc():
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_long]
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     libc.munmap.restype = ctypes.c_int
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return libc
@@ -122,20 +122,26 @@ class FileMapping:
 
     def __init__(self, paths: list[str], bases, sizes):
         if not sys.platform.startswith("linux"):
-            raise ConfigurationError("os_cache=True over a sharded dataset maps its shards with Linux's mmap "
-                                     "semantics; use os_cache=False here")
+            raise ConfigurationError(
+                "os_cache=True over a sharded dataset maps its shards with Linux's mmap "
+                "semantics; use os_cache=False here"
+            )
         self.paths, self.bases, self.sizes = list(paths), [int(b) for b in bases], [int(n) for n in sizes]
         self.size = self.bases[-1] + self.sizes[-1] if self.paths else 0
         self._length = max(mmap.PAGESIZE, -(-self.size // mmap.PAGESIZE) * mmap.PAGESIZE)
         self._libc = _libc()
         self._exported = False
         self._guard = None
-        addr = self._libc.mmap(None, self._length, mmap.PROT_READ,
-                               mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        addr = self._libc.mmap(
+            None, self._length, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0
+        )
         if addr in (None, _MAP_FAILED):
             err = ctypes.get_errno()
-            raise OSError(err, f"cannot reserve {self._length} bytes of address space for "
-                               f"{self.paths[0] if len(self.paths) == 1 else _folder(self.paths)} ({os.strerror(err)})")
+            raise OSError(
+                err,
+                f"cannot reserve {self._length} bytes of address space for "
+                f"{self.paths[0] if len(self.paths) == 1 else _folder(self.paths)} ({os.strerror(err)})",
+            )
         self.address = addr
         try:
             for path, base, size in zip(self.paths, self.bases, self.sizes):
@@ -154,8 +160,11 @@ class FileMapping:
             got = self._libc.mmap(self.address + base, size, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
             if got in (None, _MAP_FAILED) or got != self.address + base:
                 err = ctypes.get_errno()
-                raise OSError(err, f"{path}: cannot map {'the shard' if base else 'it'} at offset {base} "
-                                   f"({os.strerror(err)})", path)
+                raise OSError(
+                    err,
+                    f"{path}: cannot map {'the shard' if base else 'it'} at offset {base} ({os.strerror(err)})",
+                    path,
+                )
         finally:
             os.close(fd)  # the mapping keeps the file
 
@@ -220,8 +229,9 @@ def shrank(path: str, was: int, now: int | None, at: int | None = None) -> Forma
     else:
         what = f"the file was truncated while it was being read (it held {was} bytes, now {now})"
     where = "" if at is None else f"; reading byte {at} found no data"
-    return FormatError(f"{path}: {what}{where}", path=path,
-                       hint="the dataset changed under the reader: reopen it once it is complete")
+    return FormatError(
+        f"{path}: {what}{where}", path=path, hint="the dataset changed under the reader: reopen it once it is complete"
+    )
 
 
 def map_shards(layout: ShardLayout) -> np.ndarray:
@@ -347,8 +357,7 @@ class ShardFiles:
             return min(nxt - offset, sum(len(b) for b in buffers))
         n = os.preadv(self._fd(k), _clip(buffers, size - local), local)
         if n == 0:
-            raise OSError(f"{layout.paths[k]}: shard ends at byte {local}, its manifest says {size} bytes "
-                          "(truncated?)")
+            raise OSError(f"{layout.paths[k]}: shard ends at byte {local}, its manifest says {size} bytes (truncated?)")
         return n
 
     def shards_of(self, indices: np.ndarray) -> np.ndarray:
@@ -438,6 +447,6 @@ class ShardedRemote:
         end = 0
         for k, lo, hi in parts:
             at = int(self.layout.bases[k]) + lo - start
-            out[at:at + hi - lo] = self.remotes[k].read(lo, hi)
+            out[at : at + hi - lo] = self.remotes[k].read(lo, hi)
             end = at + hi - lo
         return bytes(out[:end])

@@ -31,6 +31,7 @@ data region (bases aligned to the largest shard page size), and its payload offs
 open checks each shard's size against the manifest (cheap); :func:`check_checksums` (``ffload
 verify``) hashes every shard against its ``sha256``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -67,9 +68,22 @@ MANIFEST = "manifest.json"
 PARTIAL = ".partial"  # suffix of a shard file being written (hidden: named .NAME.partial)
 _HASH_CHUNK = 1 << 22
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10 ** 3, "kib": 1 << 10, "m": 1 << 20, "mb": 10 ** 6,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 10 ** 9, "gib": 1 << 30, "t": 1 << 40, "tb": 10 ** 12,
-          "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 10**3,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 10**6,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 10**9,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 10**12,
+    "tib": 1 << 40,
+}
 
 
 def parse_size(value) -> int:
@@ -85,8 +99,10 @@ def parse_size(value) -> int:
         match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(value))
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS:
-            raise ConfigurationError(f"shard size {value!r} is not a size: give bytes or a number with a unit "
-                                     "(B, KB, MB, GB, TB; KiB, MiB, GiB, TiB), e.g. 1GB or 512MiB")
+            raise ConfigurationError(
+                f"shard size {value!r} is not a size: give bytes or a number with a unit "
+                "(B, KB, MB, GB, TB; KiB, MiB, GiB, TiB), e.g. 1GB or 512MiB"
+            )
         size = int(float(match.group(1)) * _UNITS[unit])
     if size <= 0:
         raise ConfigurationError(f"shard size must be positive, got {value!r}")
@@ -98,13 +114,19 @@ def check_destination(dst: str) -> None:
     of ``.beton`` shards (ConfigurationError saying why)."""
     suffix = os.path.splitext(os.path.normpath(str(dst)).rstrip("/"))[1].lower()
     if suffix == ".lmdb":
-        raise ConfigurationError(f"{dst}: --shard-size / shard_size writes .beton shards; an LMDB database is "
-                                 "one memory-mapped file and is not sharded", path=str(dst),
-                                 hint="give a directory name without the .lmdb suffix, e.g. train.shards")
+        raise ConfigurationError(
+            f"{dst}: --shard-size / shard_size writes .beton shards; an LMDB database is "
+            "one memory-mapped file and is not sharded",
+            path=str(dst),
+            hint="give a directory name without the .lmdb suffix, e.g. train.shards",
+        )
     if suffix == ".beton":
-        raise ConfigurationError(f"{dst}: with --shard-size / shard_size DST is a directory of .beton shards "
-                                 "and a manifest, not one .beton file", path=str(dst),
-                                 hint="name it without the .beton suffix, e.g. train.shards")
+        raise ConfigurationError(
+            f"{dst}: with --shard-size / shard_size DST is a directory of .beton shards "
+            "and a manifest, not one .beton file",
+            path=str(dst),
+            hint="name it without the .beton suffix, e.g. train.shards",
+        )
 
 
 def shard_name(k: int) -> str:
@@ -160,17 +182,27 @@ class ShardFiles(DatasetWriter):
             pages (a shard file's least size: each sample would get a shard of its own).
     """
 
-    def __init__(self, path: str, fields: dict[str, Field], num_samples: int, shard_size,
-                 page_size: int = DEFAULT_PAGE_SIZE, info: dict | None = None, name=shard_name,
-                 on_close: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        path: str,
+        fields: dict[str, Field],
+        num_samples: int,
+        shard_size,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        info: dict | None = None,
+        name=shard_name,
+        on_close: Callable[[dict], None] | None = None,
+    ):
         super().__init__(path, fields, num_samples, info)
         self.shard_size = parse_size(shard_size)
         self.page_size = check_page_size(page_size)
         if self.shard_size < 2 * self.page_size:
-            raise ConfigurationError(f"shard size {self.shard_size} bytes is below two pages ({2 * self.page_size} "
-                                     f"bytes): every shard file holds a header page and a data page at least, so "
-                                     "each sample would get a shard of its own; give a larger --shard-size or a "
-                                     "smaller --page-size (a power of two >= 2 MiB)")
+            raise ConfigurationError(
+                f"shard size {self.shard_size} bytes is below two pages ({2 * self.page_size} "
+                f"bytes): every shard file holds a header page and a data page at least, so "
+                "each sample would get a shard of its own; give a larger --shard-size or a "
+                "smaller --page-size (a power of two >= 2 MiB)"
+            )
         self.shards: list[dict] = []
         self._name, self._on_close = name, on_close
         self._current: BetonWriter | None = None
@@ -196,9 +228,15 @@ class ShardFiles(DatasetWriter):
         if shard is None:
             attempt = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
             partial = os.path.join(self.path, f".{self._name(len(self.shards))}.{attempt}{PARTIAL}")
-            shard = self._current = BetonWriter(partial, self.fields, self.num_samples - self.count, self.page_size,
-                                                info=self.info, reserve=self._first_page_rows(),
-                                                origin_room=self._first_page_origins())
+            shard = self._current = BetonWriter(
+                partial,
+                self.fields,
+                self.num_samples - self.count,
+                self.page_size,
+                info=self.info,
+                reserve=self._first_page_rows(),
+                origin_room=self._first_page_origins(),
+            )
         shard.add(shard.count, metas, payloads, origin)
 
     def _close_shard(self) -> None:
@@ -207,8 +245,12 @@ class ShardFiles(DatasetWriter):
         name = self._name(len(self.shards))
         target = os.path.join(self.path, name)
         os.replace(shard.path, target)
-        entry = {"path": name, "num_samples": shard.count, "bytes": os.path.getsize(target),
-                 "sha256": file_sha256(target)}
+        entry = {
+            "path": name,
+            "num_samples": shard.count,
+            "bytes": os.path.getsize(target),
+            "sha256": file_sha256(target),
+        }
         self.shards.append(entry)
         if self._on_close is not None:
             self._on_close(entry)
@@ -252,8 +294,15 @@ class ShardedWriter(ShardFiles):
         FileExistsError: ``path`` exists.
     """
 
-    def __init__(self, path: str, fields: dict[str, Field], num_samples: int, shard_size,
-                 page_size: int = DEFAULT_PAGE_SIZE, info: dict | None = None):
+    def __init__(
+        self,
+        path: str,
+        fields: dict[str, Field],
+        num_samples: int,
+        shard_size,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        info: dict | None = None,
+    ):
         super().__init__(path, fields, num_samples, shard_size, page_size, info)
         os.mkdir(path)
 
@@ -270,8 +319,9 @@ class ShardedWriter(ShardFiles):
             raise ConfigurationError("adopt() on a writer whose samples are added with add()")
         samples = sum(entry["num_samples"] for entry in shards)
         if self.count + samples > self.num_samples:
-            raise ConfigurationError(f"adopted shards bring {self.count + samples} samples, more than the "
-                                     f"{self.num_samples} declared")
+            raise ConfigurationError(
+                f"adopted shards bring {self.count + samples} samples, more than the {self.num_samples} declared"
+            )
         self.shards.extend(shards)
         self.count += samples
 
@@ -295,8 +345,14 @@ class ShardedWriter(ShardFiles):
 def write_manifest(target: str, fields: dict[str, Field], info: dict, num_samples: int, shards: list[dict]) -> None:
     """Write (and fsync) the manifest of a dataset of ``num_samples`` samples in ``shards`` (their
     entries, in sample order) to the local file ``target``."""
-    manifest = {"format": FORMAT_NAME, "version": VERSION, "num_samples": num_samples,
-                "fields": field_specs(fields), "info": info, "shards": shards}
+    manifest = {
+        "format": FORMAT_NAME,
+        "version": VERSION,
+        "num_samples": num_samples,
+        "fields": field_specs(fields),
+        "info": info,
+        "shards": shards,
+    }
     with open(target, "w", encoding="utf8") as fp:
         json.dump(manifest, fp, ensure_ascii=False, indent=1)
         fp.flush()
@@ -304,6 +360,7 @@ def write_manifest(target: str, fields: dict[str, Field], info: dict, num_sample
 
 
 # ---------------------------------------------------------------------------------- reading
+
 
 def manifest_location(path: str, remote: bool) -> tuple[str, str]:
     """``(manifest path or URL, the directory it sits in)`` for a dataset directory or its
@@ -350,10 +407,12 @@ def _load_manifest(where: str, raw: bytes) -> dict:
     except (UnicodeDecodeError, ValueError) as e:
         raise dataset_error(where, f"not a sharded dataset manifest: not UTF-8 JSON ({e})") from e
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise dataset_error(where, f"not a sharded dataset manifest (its \"format\" is not {FORMAT_NAME!r})")
+        raise dataset_error(where, f'not a sharded dataset manifest (its "format" is not {FORMAT_NAME!r})')
     if type(manifest.get("version")) is not int or manifest["version"] != VERSION:
-        raise dataset_error(where, f"unsupported sharded dataset version {manifest.get('version')!r} "
-                                   f"(this ffload reads version {VERSION})")
+        raise dataset_error(
+            where,
+            f"unsupported sharded dataset version {manifest.get('version')!r} (this ffload reads version {VERSION})",
+        )
     check_document(where, manifest, MANIFEST_SCHEMA, "manifest")
     shards, n = manifest["shards"], manifest["num_samples"]
     for k, entry in enumerate(shards):
@@ -362,11 +421,14 @@ def _load_manifest(where: str, raw: bytes) -> dict:
         if name.startswith("/") or ".." in name.split("/") or "\\" in name:
             raise dataset_error(where, f"shard {k}: path {name!r} must be relative to the manifest's directory")
         if not re.fullmatch("[0-9a-f]{64}", entry["sha256"]):
-            raise dataset_error(where, f"manifest: shard {k}: 'sha256' is {entry['sha256'][:70]!r}, expected 64 "
-                                       "lowercase hexadecimal digits")
+            raise dataset_error(
+                where,
+                f"manifest: shard {k}: 'sha256' is {entry['sha256'][:70]!r}, expected 64 lowercase hexadecimal digits",
+            )
     if sum(entry["num_samples"] for entry in shards) != n:
-        raise dataset_error(where, f"manifest says {n} samples but its shards add up to "
-                                   f"{sum(e['num_samples'] for e in shards)}")
+        raise dataset_error(
+            where, f"manifest says {n} samples but its shards add up to {sum(e['num_samples'] for e in shards)}"
+        )
     return manifest
 
 
@@ -393,8 +455,9 @@ def _open_shard(where: str, entry: dict, path: str, remote_options) -> tuple[Dat
         raise dataset_error(path, f"shard of {where} is {what}: {size} bytes, the manifest says {entry['bytes']}")
     view = open_beton(path, source=source)
     if view.num_samples != entry["num_samples"]:
-        raise dataset_error(path, f"shard of {where} holds {view.num_samples} samples, the manifest says "
-                                  f"{entry['num_samples']}")
+        raise dataset_error(
+            path, f"shard of {where} holds {view.num_samples} samples, the manifest says {entry['num_samples']}"
+        )
     return view, source
 
 
@@ -444,12 +507,21 @@ def open_sharded(path: str, storage_options: dict | None = None) -> DatasetView:
     for k in range(1, len(views)):
         end = int(bases[k - 1] + sizes[k - 1])
         bases[k] = -(-end // page) * page
-    layout = ShardLayout(paths=paths, names=[e["path"] for e in manifest["shards"]], bases=bases, sizes=sizes,
-                         sha256=[e["sha256"] for e in manifest["shards"]], align=page,
-                         num_samples=np.array([v.num_samples for v in views], dtype=np.int64))
+    layout = ShardLayout(
+        paths=paths,
+        names=[e["path"] for e in manifest["shards"]],
+        bases=bases,
+        sizes=sizes,
+        sha256=[e["sha256"] for e in manifest["shards"]],
+        align=page,
+        num_samples=np.array([v.num_samples for v in views], dtype=np.int64),
+    )
     n = manifest["num_samples"]
-    metadata = (np.concatenate([v.metadata for v in views]) if views
-                else np.zeros(0, dtype=metadata_dtype(list(fields.values()))))
+    metadata = (
+        np.concatenate([v.metadata for v in views])
+        if views
+        else np.zeros(0, dtype=metadata_dtype(list(fields.values())))
+    )
     ptrs, sizes_out = {}, {}
     first = 0
     for view, base in zip(views, bases.tolist()):
@@ -460,15 +532,31 @@ def open_sharded(path: str, storage_options: dict | None = None) -> DatasetView:
         first += view.num_samples
     for name, f in fields.items():
         if f.has_payload:
-            ptrs[name] = np.concatenate([v.ptrs[name].astype(np.uint64) + np.uint64(b)
-                                         for v, b in zip(views, bases.tolist())]) if views else np.zeros(0, np.uint64)
-            sizes_out[name] = (np.concatenate([v.sizes[name] for v in views]) if views
-                               else np.zeros(0, np.uint64)).astype(np.uint64)
+            ptrs[name] = (
+                np.concatenate([v.ptrs[name].astype(np.uint64) + np.uint64(b) for v, b in zip(views, bases.tolist())])
+                if views
+                else np.zeros(0, np.uint64)
+            )
+            sizes_out[name] = (
+                np.concatenate([v.sizes[name] for v in views]) if views else np.zeros(0, np.uint64)
+            ).astype(np.uint64)
     sharded_remote = ShardedRemote(layout, remotes, opening) if remote else None
-    return DatasetView(path=root, format="shards", num_samples=n, fields=fields, metadata=metadata, ptrs=ptrs,
-                       sizes=sizes_out, data_path=None, data_size=layout.data_size, page_size=page,
-                       info=dict(manifest.get("info") or {}), remote=sharded_remote, shards=layout,
-                       origin_blocks=[v.origin_blocks[0] if v.origin_blocks else None for v in views])
+    return DatasetView(
+        path=root,
+        format="shards",
+        num_samples=n,
+        fields=fields,
+        metadata=metadata,
+        ptrs=ptrs,
+        sizes=sizes_out,
+        data_path=None,
+        data_size=layout.data_size,
+        page_size=page,
+        info=dict(manifest.get("info") or {}),
+        remote=sharded_remote,
+        shards=layout,
+        origin_blocks=[v.origin_blocks[0] if v.origin_blocks else None for v in views],
+    )
 
 
 def check_checksums(view: DatasetView, progress: bool = False) -> list[tuple[str, str]]:
@@ -504,7 +592,10 @@ def check_shard_size_arguments(dst: str, shard_size, resume: bool = False) -> in
     size = parse_size(shard_size)
     check_destination(dst)
     if resume:
-        raise ConfigurationError(f"{dst}: --resume / resume=True is not supported with --shard-size: a sharded "
-                                 "conversion keeps no journal (its shards are closed and hashed one by one); "
-                                 "run it again from the start", path=str(dst))
+        raise ConfigurationError(
+            f"{dst}: --resume / resume=True is not supported with --shard-size: a sharded "
+            "conversion keeps no journal (its shards are closed and hashed one by one); "
+            "run it again from the start",
+            path=str(dst),
+        )
     return size

@@ -1,4 +1,5 @@
 """The one view of a dataset that the loader sees, whichever container holds it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -116,8 +117,11 @@ class DatasetView:
                 page cache, not mapped).
         """
         if self.remote is not None:
-            raise ConfigurationError(f"{self.path}: a dataset on object storage is read through ffload.Loader "
-                                     "(its page cache); download it to map it", path=self.path)
+            raise ConfigurationError(
+                f"{self.path}: a dataset on object storage is read through ffload.Loader "
+                "(its page cache); download it to map it",
+                path=self.path,
+            )
         if self.shards is not None:
             return map_shards(self.shards)
         if self.data_path is None:
@@ -130,7 +134,7 @@ class DatasetView:
         """The raw payload bytes of field ``name`` of sample ``index`` (a view when possible)."""
         region = self.open_region() if region is None else region
         p, s = int(self.ptrs[name][index]), int(self.sizes[name][index])
-        return region[p:p + s]
+        return region[p : p + s]
 
     def file_bytes(self) -> int:
         """Total bytes on disk (the .beton file, or the LMDB directory's files; a remote object's

@@ -1,6 +1,7 @@
 """The base of the container writers (``.beton``: :class:`~.beton.BetonWriter`, LMDB:
 :class:`~.lmdb.writer.LMDBWriter`): what every container does alike when it is written.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,9 @@ class DatasetWriter:
         self._info_json = encode_info({} if info is None else info)  # checks it first
         self.info = dict(info or {})
 
-    def add(self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None],
-            origin: str | None = None) -> None:
+    def add(
+        self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None], origin: str | None = None
+    ) -> None:
         """Append sample ``index``: its metadata records (each field's ``metadata_type``, the
         pointers left 0) and payloads (1-D ``uint8`` arrays, ``None`` for fields without one),
         in field order, and where it came from (``origin``: a string read as ``info["origin"]``
@@ -80,13 +82,15 @@ class DatasetWriter:
             ConfigurationError: ``index`` is not the next sample, or ``num_samples`` were added already.
         """
         if index != self.count or index >= self.num_samples:
-            raise ConfigurationError(f"samples must be added in order, at most {self.num_samples}: "
-                             f"expected {self.count}, got {index}")
+            raise ConfigurationError(
+                f"samples must be added in order, at most {self.num_samples}: expected {self.count}, got {index}"
+            )
         self._write_sample(index, metas, payloads, origin)
         self.count += 1
 
-    def _lay_out(self, records: Sequence[np.ndarray], metas: Sequence, payloads: Sequence,
-                 start: int, empty_gap: int = 0) -> list[tuple[int, memoryview]]:
+    def _lay_out(
+        self, records: Sequence[np.ndarray], metas: Sequence, payloads: Sequence, start: int, empty_gap: int = 0
+    ) -> list[tuple[int, memoryview]]:
         """Fill one sample's metadata ``records`` (per field a writable view, 0-d or of one
         row) with ``metas``, placing the payloads end to end from offset ``start`` (bytes): each
         payload's offset goes into its record through :meth:`Field.set_pointer`. An empty
@@ -132,8 +136,9 @@ class DatasetWriter:
         else:
             self.abort()
 
-    def _write_sample(self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None],
-                      origin: str | None) -> None:
+    def _write_sample(
+        self, index: int, metas: Sequence, payloads: Sequence[np.ndarray | None], origin: str | None
+    ) -> None:
         """Store sample ``index`` (checked to be the next one) and its origin; see the class docstring."""
         raise NotImplementedError
 

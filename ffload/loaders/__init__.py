@@ -5,6 +5,7 @@ imported from its submodule on first use). The decoders and transforms are the l
 namespaces :mod:`ffload.decoders` and :mod:`ffload.transforms` (FFCV's ``ffcv.fields.decoders`` /
 ``ffcv.transforms``), reused here.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

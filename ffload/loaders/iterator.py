@@ -19,6 +19,7 @@ host waits for the slot's previous host-to-device copies before overwriting pinn
 Returned CUDA tensors are marked with ``record_stream`` so the caching allocator does not reuse
 their memory while the consumer's stream may still read it.
 """
+
 from __future__ import annotations
 
 import collections
@@ -53,13 +54,24 @@ class BatchRunner:
             ``None``.
     """
 
-    def __init__(self, pipelines, memory, view, seed: int, num_workers: int, num_slots: int,
-                 pin_memory: bool, device: torch.device | None, read_ahead=None):
+    def __init__(
+        self,
+        pipelines,
+        memory,
+        view,
+        seed: int,
+        num_workers: int,
+        num_slots: int,
+        pin_memory: bool,
+        device: torch.device | None,
+        read_ahead=None,
+    ):
         self.pipelines, self.memory, self.seed = pipelines, memory, seed
         self.read_ahead = read_ahead
         self.num_slots, self.pin_memory, self.device = num_slots, pin_memory, device
-        self._columns = [(view.metadata[p.source], memory.ptrs.get(p.source), view.sizes.get(p.source))
-                         for p in pipelines]
+        self._columns = [
+            (view.metadata[p.source], memory.ptrs.get(p.source), view.sizes.get(p.source)) for p in pipelines
+        ]
         self._buffers: list[list | None] = [None] * num_slots
         self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, "ffload-worker")
         self._pending: set = set()
@@ -78,8 +90,9 @@ class BatchRunner:
         self._slot_counter += 1
         return slot
 
-    def submit(self, slot: int, indices: np.ndarray, epoch: int, batch: int,
-               cancel: threading.Event) -> concurrent.futures.Future:
+    def submit(
+        self, slot: int, indices: np.ndarray, epoch: int, batch: int, cancel: threading.Event
+    ) -> concurrent.futures.Future:
         """Queue batch ``batch`` (sample ids ``indices``, ``(B,) int64``) of ``epoch`` into ``slot``.
         The future's result is the tuple of field batches, or ``None`` if ``cancel`` was set
         before the job started."""
@@ -156,24 +169,44 @@ class BatchRunner:
     @staticmethod
     def _failed(error, indices, epoch, batch) -> LoaderError:
         """The LoaderError for reading the batch's payloads (not one field's decoding)."""
-        return LoaderError(f"epoch {epoch}, batch {batch} (samples {_describe(indices)}): "
-                           f"{type(error).__name__}: {error}", epoch, batch)
+        return LoaderError(
+            f"epoch {epoch}, batch {batch} (samples {_describe(indices)}): {type(error).__name__}: {error}",
+            epoch,
+            batch,
+        )
 
     def _explain(self, error, pipeline, buffers, ctx, batch) -> LoaderError:
         """Find the failing sample by re-running the field on each sample alone."""
         for j in range(len(ctx.indices)):
-            one = BatchContext(ctx.indices[j:j + 1], ctx.seeds[j:j + 1], ctx.region, ctx.metadata,
-                               ctx.ptrs, ctx.sizes, ctx.epoch, shared_rows(ctx.shared, j))
+            one = BatchContext(
+                ctx.indices[j : j + 1],
+                ctx.seeds[j : j + 1],
+                ctx.region,
+                ctx.metadata,
+                ctx.ptrs,
+                ctx.sizes,
+                ctx.epoch,
+                shared_rows(ctx.shared, j),
+            )
             try:
                 pipeline.run(buffers, one)
             except Exception as e:
                 index = int(ctx.indices[j])
-                return LoaderError(f"sample {index}, field {pipeline.name!r} (epoch {ctx.epoch}, "
-                                   f"batch {batch}): {type(e).__name__}: {e}",
-                                   ctx.epoch, batch, pipeline.name, index)
-        return LoaderError(f"field {pipeline.name!r}, epoch {ctx.epoch}, batch {batch} (samples "
-                           f"{_describe(ctx.indices)}): {type(error).__name__}: {error}",
-                           ctx.epoch, batch, pipeline.name)
+                return LoaderError(
+                    f"sample {index}, field {pipeline.name!r} (epoch {ctx.epoch}, "
+                    f"batch {batch}): {type(e).__name__}: {e}",
+                    ctx.epoch,
+                    batch,
+                    pipeline.name,
+                    index,
+                )
+        return LoaderError(
+            f"field {pipeline.name!r}, epoch {ctx.epoch}, batch {batch} (samples "
+            f"{_describe(ctx.indices)}): {type(error).__name__}: {error}",
+            ctx.epoch,
+            batch,
+            pipeline.name,
+        )
 
     def hand_over(self, slot: int, out: tuple) -> tuple:
         """Make a finished batch safe to use on the consumer's current CUDA stream."""
@@ -215,8 +248,15 @@ class EpochIterator:
         active: False once the epoch ended, failed or the iterator was closed.
     """
 
-    def __init__(self, runner: BatchRunner, batches: Sequence[np.ndarray], epoch: int, start: int,
-                 ahead: int, owner: object = None):
+    def __init__(
+        self,
+        runner: BatchRunner,
+        batches: Sequence[np.ndarray],
+        epoch: int,
+        start: int,
+        ahead: int,
+        owner: object = None,
+    ):
         # ``owner`` (the Loader) is kept alive while its iterator is: in ``for b in Loader(...)``
         # nothing else references the loader, whose finalizer would stop the workers.
         self._owner = owner

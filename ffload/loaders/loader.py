@@ -4,6 +4,7 @@ The drop-in counterpart of FFCV's ``ffcv.loader.Loader`` (same argument names), 
 contract for buffer reuse, no thread or memory leak per epoch, resumable ``state_dict()``, and
 batches that do not depend on ``num_workers``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,7 @@ from ffload.system import available_cpus, available_memory
 
 logger = logging.getLogger(__name__)
 
-_STATE_KEYS = ("epoch", "batches_yielded", "seed", "batch_size", "order", "drop_last",
-               "num_indices", "world_size")
+_STATE_KEYS = ("epoch", "batches_yielded", "seed", "batch_size", "order", "drop_last", "num_indices", "world_size")
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -148,24 +148,39 @@ class Loader:
         LoaderError (while iterating): a sample failed to decode (names the sample and field).
     """
 
-    def __init__(self, path: str | os.PathLike, batch_size: int,
-                 num_workers: int | None = None, order: str | OrderOption = "random",
-                 os_cache: bool = True,
-                 pipelines: Mapping[str, Sequence[Any] | None] | None = None,
-                 drop_last: bool = False, distributed: bool = False, seed: int = 0,
-                 indices: Sequence[int] | None = None, batches_ahead: int = 3,
-                 pin_memory: bool | None = None, cache_limit: int | None = None,
-                 read_ahead: int | None = None, custom_field_mapper: Mapping[str, str] | None = None,
-                 max_pixels: int | None = DEFAULT_MAX_PIXELS, storage_options: Mapping[str, Any] | None = None,
-                 cache_dir: str | os.PathLike | None = None, max_requests: int | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        batch_size: int,
+        num_workers: int | None = None,
+        order: str | OrderOption = "random",
+        os_cache: bool = True,
+        pipelines: Mapping[str, Sequence[Any] | None] | None = None,
+        drop_last: bool = False,
+        distributed: bool = False,
+        seed: int = 0,
+        indices: Sequence[int] | None = None,
+        batches_ahead: int = 3,
+        pin_memory: bool | None = None,
+        cache_limit: int | None = None,
+        read_ahead: int | None = None,
+        custom_field_mapper: Mapping[str, str] | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        max_requests: int | None = None,
+    ):
         self.batch_size = _check_int("batch_size", batch_size, 1)
         cpus = available_cpus()
         if num_workers is None or num_workers == -1:
             num_workers = cpus
         self.num_workers = _check_int("num_workers", num_workers, 1)
         if self.num_workers > cpus:
-            warnings.warn(f"num_workers={self.num_workers} exceeds the {cpus} CPUs this process may use: "
-                          f"capped at {cpus} (more threads than cores only contend)", stacklevel=2)
+            warnings.warn(
+                f"num_workers={self.num_workers} exceeds the {cpus} CPUs this process may use: "
+                f"capped at {cpus} (more threads than cores only contend)",
+                stacklevel=2,
+            )
             self.num_workers = cpus
         self.batches_ahead = _check_int("batches_ahead", batches_ahead, 0)
         self.seed = _check_int("seed", seed, 0)
@@ -177,8 +192,11 @@ class Loader:
         if max_requests is None:
             max_requests = DEFAULT_MAX_REQUESTS if self.remote else DEFAULT_LOCAL_REQUESTS
         max_requests = _check_int("max_requests", max_requests, 1)
-        self.view = open_dataset(os.fspath(path), max_pixels=max_pixels,
-                                 storage_options=None if storage_options is None else dict(storage_options))
+        self.view = open_dataset(
+            os.fspath(path),
+            max_pixels=max_pixels,
+            storage_options=None if storage_options is None else dict(storage_options),
+        )
         self.path = self.view.path
         self.indices = _check_indices(indices, self.view)
         # buffers hold a batch: no more rows than an epoch has samples
@@ -197,21 +215,19 @@ class Loader:
 
         if self.order is OrderOption.QUASI_RANDOM:
             window = max(2 * self.batch_size * self.world_size, 4 * _samples_per_page(self.view))
-            self._order = make_order(self.order, self.indices, self.seed, self.view.sample_pages,
-                                     window)
+            self._order = make_order(self.order, self.indices, self.seed, self.view.sample_pages, window)
         else:
             self._order = make_order(self.order, self.indices, self.seed)
         self._ahead = max(self.batches_ahead, self.num_workers)
         _check_buffer_memory(self._pipelines, self._ahead + 2, self.batch_size, self.batches_ahead)
         self._next_epoch, self._start_batch = 0, 0
-        self.cache_limit = (default_cache_limit() if cache_limit is None
-                            else _check_int("cache_limit", cache_limit, 1))
-        self.read_ahead = (DEFAULT_READ_AHEAD if read_ahead is None
-                           else _check_int("read_ahead", read_ahead, 0))
+        self.cache_limit = default_cache_limit() if cache_limit is None else _check_int("cache_limit", cache_limit, 1)
+        self.read_ahead = DEFAULT_READ_AHEAD if read_ahead is None else _check_int("read_ahead", read_ahead, 0)
         self._memory = None
         if self.remote:
-            self._memory = remote_page_pool(self.view, self._read_fields, self.cache_limit, rows, cache_dir,
-                                            max_requests)
+            self._memory = remote_page_pool(
+                self.view, self._read_fields, self.cache_limit, rows, cache_dir, max_requests
+            )
         elif not self.os_cache and self._local_files():  # checks that a batch fits
             # whole .beton pages hold whole samples; LMDB records straddle its nominal pages
             quasi = self.order is OrderOption.QUASI_RANDOM
@@ -220,15 +236,18 @@ class Loader:
                 pages = FilePages(open_data_files(self.view), self.view.data_size, self.view.page_size, max_requests)
                 self._memory = PagePoolMemory(self.view, self._read_fields, self.cache_limit, rows, source=pages)
             else:
-                self._memory = ProcessCacheMemory(self.view, self._read_fields, self.cache_limit,
-                                                  rows, whole_pages)
+                self._memory = ProcessCacheMemory(self.view, self._read_fields, self.cache_limit, rows, whole_pages)
         self._runner: BatchRunner | None = None
         self._current: weakref.ref | None = None
         self._closed = False
         if len(self) == 0:
-            logger.warning("%s: the loader yields no batch (%d samples per rank, batch_size %d, "
-                           "drop_last=%s)", self.path, self._samples_per_rank(), self.batch_size,
-                           self.drop_last)
+            logger.warning(
+                "%s: the loader yields no batch (%d samples per rank, batch_size %d, drop_last=%s)",
+                self.path,
+                self._samples_per_rank(),
+                self.batch_size,
+                self.drop_last,
+            )
 
     @property
     def memory(self):
@@ -259,7 +278,7 @@ class Loader:
         if self.distributed:
             order = distributed_split(order, self.rank, self.world_size, self.drop_last)
         if self.drop_last:
-            order = order[:len(self) * self.batch_size]
+            order = order[: len(self) * self.batch_size]
         return np.ascontiguousarray(order, dtype=np.int64)  # kernels get C-contiguous batches
 
     @property
@@ -282,7 +301,7 @@ class Loader:
         epoch, start = self._next_epoch, self._start_batch
         self._next_epoch, self._start_batch = epoch + 1, 0
         order = self.epoch_order(epoch)
-        batches = [order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start)
@@ -304,11 +323,20 @@ class Loader:
                 read_ahead = PagePoolReadAhead(self._memory, self.read_ahead)
             elif self.read_ahead and columns and self._local_files() and readahead.AVAILABLE:
                 unit = self._memory.block if isinstance(self._memory, ProcessCacheMemory) else ADVISE_PAGE
-                read_ahead = ReadAhead(self.view.shards or self.view.data_path, self.view.data_size, columns,
-                                       self.read_ahead, unit=unit)
-            self._runner = BatchRunner(self._pipelines, self._memory, self.view, self.seed,
-                                       self.num_workers, self._ahead + 2, self.pin_memory,
-                                       self._device, read_ahead)
+                read_ahead = ReadAhead(
+                    self.view.shards or self.view.data_path, self.view.data_size, columns, self.read_ahead, unit=unit
+                )
+            self._runner = BatchRunner(
+                self._pipelines,
+                self._memory,
+                self.view,
+                self.seed,
+                self.num_workers,
+                self._ahead + 2,
+                self.pin_memory,
+                self._device,
+                read_ahead,
+            )
         return self._runner
 
     def _live_iterator(self) -> EpochIterator | None:
@@ -337,10 +365,16 @@ class Loader:
             epoch, done = self._next_epoch, self._start_batch
         if len(self) and done >= len(self):
             epoch, done = epoch + 1, 0
-        return {"epoch": int(epoch), "batches_yielded": int(done), "seed": self.seed,
-                "batch_size": self.batch_size, "order": self.order.value,
-                "drop_last": self.drop_last, "num_indices": int(len(self.indices)),
-                "world_size": self.world_size}
+        return {
+            "epoch": int(epoch),
+            "batches_yielded": int(done),
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "order": self.order.value,
+            "drop_last": self.drop_last,
+            "num_indices": int(len(self.indices)),
+            "world_size": self.world_size,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next ``iter(loader)`` yields the remaining batches of ``state['epoch']``,
@@ -355,15 +389,13 @@ class Loader:
         if missing:
             raise ConfigurationError(f"loader state lacks {', '.join(missing)}")
         mine = self.state_dict()
-        bad = [f"{k}={state[k]!r} (this loader: {mine[k]!r})" for k in _STATE_KEYS[2:]
-               if state[k] != mine[k]]
+        bad = [f"{k}={state[k]!r} (this loader: {mine[k]!r})" for k in _STATE_KEYS[2:] if state[k] != mine[k]]
         if bad:
             raise ConfigurationError("loader state does not match this loader: " + ", ".join(bad))
         epoch = _check_int("state['epoch']", state["epoch"], 0)
         done = _check_int("state['batches_yielded']", state["batches_yielded"], 0)
         if done > len(self):
-            raise ConfigurationError(f"state['batches_yielded']={done} exceeds the {len(self)} batches "
-                                     f"per epoch")
+            raise ConfigurationError(f"state['batches_yielded']={done} exceeds the {len(self)} batches per epoch")
         self._close_current()
         finished = len(self) and done == len(self)
         self._next_epoch, self._start_batch = (epoch + 1, 0) if finished else (epoch, done)
@@ -395,8 +427,10 @@ class Loader:
             runner.shutdown(wait=False)
 
     def __repr__(self) -> str:
-        return (f"Loader({self.path!r}, batch_size={self.batch_size}, num_workers="
-                f"{self.num_workers}, order={self.order.value!r}, fields={self.field_names})")
+        return (
+            f"Loader({self.path!r}, batch_size={self.batch_size}, num_workers="
+            f"{self.num_workers}, order={self.order.value!r}, fields={self.field_names})"
+        )
 
 
 def _check_buffer_memory(pipelines, slots: int, batch_size: int, batches_ahead: int) -> None:
@@ -412,18 +446,21 @@ def _check_buffer_memory(pipelines, slots: int, batch_size: int, batches_ahead: 
             per_slot += int(np.prod(spec.shape, dtype=np.int64)) * itemsize
     needed, available = per_slot * slots, available_memory()
     if needed > available:
-        raise ConfigurationError(f"batch_size={batch_size} with {slots} batch slots (batches_ahead={batches_ahead}, "
-                                 f"and one per worker) needs {needed / 2**30:.1f} GiB of buffers, {per_slot} bytes "
-                                 f"per slot; {available / 2**30:.1f} GiB of memory is available: lower batch_size "
-                                 "or batches_ahead")
+        raise ConfigurationError(
+            f"batch_size={batch_size} with {slots} batch slots (batches_ahead={batches_ahead}, "
+            f"and one per worker) needs {needed / 2**30:.1f} GiB of buffers, {per_slot} bytes "
+            f"per slot; {available / 2**30:.1f} GiB of memory is available: lower batch_size "
+            "or batches_ahead"
+        )
 
 
 def _distributed_rank():
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise UnavailableError("distributed=True needs torch.distributed.init_process_group() to be "
-                               "called before the Loader is built")
+        raise UnavailableError(
+            "distributed=True needs torch.distributed.init_process_group() to be called before the Loader is built"
+        )
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -435,14 +472,14 @@ def _check_indices(indices, view) -> np.ndarray:
     if arr.dtype == bool:
         raise ConfigurationError("indices is a boolean mask; pass np.flatnonzero(mask)")
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise ConfigurationError(f"indices must be a 1-D sequence of integers, got {arr.dtype} of shape "
-                                 f"{arr.shape}")
+        raise ConfigurationError(f"indices must be a 1-D sequence of integers, got {arr.dtype} of shape {arr.shape}")
     if arr.size == 0:
         raise ConfigurationError("indices is empty")
     bad = np.flatnonzero((arr < 0) | (arr >= n))
     if bad.size:
-        raise ConfigurationError(f"indices[{int(bad[0])}] = {int(arr[bad[0]])} is out of range: "
-                                 f"{view.path} has {n} samples")
+        raise ConfigurationError(
+            f"indices[{int(bad[0])}] = {int(arr[bad[0]])} is out of range: {view.path} has {n} samples"
+        )
     return arr.astype(np.int64)
 
 

@@ -17,6 +17,7 @@ of ``world_size`` (or truncates it to one when ``drop_last``), and rank ``r`` ta
 
 Everything here is plain numpy (nothing to compile), so building a loader stays cheap.
 """
+
 from __future__ import annotations
 
 import enum
@@ -133,8 +134,9 @@ class QuasiRandom(TraversalOrder):
         return self.indices[positions]
 
 
-def make_order(option: OrderOption, indices: np.ndarray, seed: int,
-               sample_pages: np.ndarray | None = None, window_size: int = 1) -> TraversalOrder:
+def make_order(
+    option: OrderOption, indices: np.ndarray, seed: int, sample_pages: np.ndarray | None = None, window_size: int = 1
+) -> TraversalOrder:
     """Build the :class:`TraversalOrder` for ``option`` (``sample_pages``/``window_size`` are
     used by ``QUASI_RANDOM`` only)."""
     if option is OrderOption.SEQUENTIAL:

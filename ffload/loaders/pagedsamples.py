@@ -10,6 +10,7 @@ advance (the pool's schedule: a page is evicted when its next use is furthest, s
 order get each page once); while a batch is held (:meth:`PagedSamples.holding`), ``view.ptrs``
 of its samples point into ``region``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,7 +37,7 @@ def page_batches(view: DatasetView, max_samples: int, max_pages: int = 4) -> lis
     edges = np.flatnonzero(np.diff(runs // max(1, max_pages)) != 0) + 1
     out = []
     for part in np.split(np.arange(n, dtype=np.int64), edges):
-        out.extend(part[i:i + max_samples] for i in range(0, part.size, max(1, max_samples)))
+        out.extend(part[i : i + max_samples] for i in range(0, part.size, max(1, max_samples)))
     return [b for b in out if b.size]
 
 
@@ -62,8 +63,14 @@ class PagedSamples:
         :meth:`holding`): a page could not be read.
     """
 
-    def __init__(self, view: DatasetView, batches: Sequence[np.ndarray], threads: int = 1,
-                 cache_dir: str | None = None, max_requests: int | None = None):
+    def __init__(
+        self,
+        view: DatasetView,
+        batches: Sequence[np.ndarray],
+        threads: int = 1,
+        cache_dir: str | None = None,
+        max_requests: int | None = None,
+    ):
         if view.remote is None:
             raise ConfigurationError(f"{view.path}: not a remote dataset (map it with view.open_region())")
         fields = [name for name in view.fields if name in view.ptrs]
@@ -73,8 +80,14 @@ class PagedSamples:
         most = max((batch_blocks(starts, b, page).size for b in batches), default=1)
         slots = max(1, min(pages, most * (max(1, threads) + 1)))
         self._batches = list(batches)
-        self._pool = remote_page_pool(view, fields, slots * page, max(1, most), cache_dir,
-                                      DEFAULT_MAX_REQUESTS if max_requests is None else max_requests)
+        self._pool = remote_page_pool(
+            view,
+            fields,
+            slots * page,
+            max(1, most),
+            cache_dir,
+            DEFAULT_MAX_REQUESTS if max_requests is None else max_requests,
+        )
         self._pool.schedule(self._batches)
         self.view = dataclasses.replace(view, ptrs={**view.ptrs, **self._pool.ptrs})
         self.region = self._pool.region

@@ -11,6 +11,7 @@ generators", OOPSLA 2014; constants from Vigna's reference ``splitmix64.c``): th
 by the golden-ratio increment and each output is the state passed through the 64-bit finaliser
 :func:`mix64`, a bijection with good avalanche.
 """
+
 from __future__ import annotations
 
 import zlib

@@ -11,6 +11,7 @@ The default image pipeline needs images of one size: samples are grouped by size
 size gets its pipeline, declared on the dataset with one of those samples selected
 (:attr:`~ffload.formats.DatasetView.selection`), so that errors name the real sample index.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,7 +64,7 @@ class SampleDecoder:
         declared_on, key = self.view, None
         if isinstance(self.field, RGBImageField):  # the default decoder needs images of one size
             declared_on = dataclasses.replace(self.view, selection=np.array([index], dtype=np.int64))
-            key = tuple(image_sizes(self._column[index:index + 1])[0])
+            key = tuple(image_sizes(self._column[index : index + 1])[0])
         cached = self._pipelines.pop(key, None)
         if cached is None or cached[2] < batch:
             if len(self._pipelines) >= MAX_PIPELINES:  # drop the least recently used
@@ -79,8 +80,9 @@ class SampleDecoder:
         from ffload.loaders.pipeline.operation import BatchContext
 
         pipeline, buffers, _ = self._pipeline(int(indices[0]), len(indices))
-        ctx = BatchContext(indices, np.zeros(len(indices), dtype=np.uint64), self.region, self._column,
-                           self._ptrs, self._sizes, 0)
+        ctx = BatchContext(
+            indices, np.zeros(len(indices), dtype=np.uint64), self.region, self._column, self._ptrs, self._sizes, 0
+        )
         out = pipeline.run(buffers, ctx)
         check_mapping(self.region)  # a file that shrank while it was read: its lost bytes read as zeros
         return out
@@ -105,14 +107,14 @@ class SampleDecoder:
         failed = []
         for group in self._size_groups(np.asarray(indices, dtype=np.int64)):
             for start in range(0, len(group), self.batch_size):
-                batch = group[start:start + self.batch_size]
+                batch = group[start : start + self.batch_size]
                 try:
                     self._run(batch)
                 except Exception:  # find the bad samples as the Loader does: one at a time
                     check_mapping(self.region)  # unless the file shrank under us: that is not theirs
                     for j in range(len(batch)):
                         try:
-                            self._run(batch[j:j + 1])
+                            self._run(batch[j : j + 1])
                         except Exception as e:
                             failed.append((int(batch[j]), e))
         return failed

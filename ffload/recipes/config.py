@@ -1,5 +1,6 @@
 """The ResNet-9 recipe's hyperparameters, apart from the training code so that the command line
 (:mod:`ffload.recipes.cifar10_resnet9`) states their defaults without importing torch."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

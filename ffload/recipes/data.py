@@ -2,6 +2,7 @@
 ``--data`` folder holds, its one-time conversion into a fingerprinted cache, the offline digits
 demo folder and the ffload loaders with FFCV's CIFAR pipelines.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,14 +22,22 @@ import ffload
 from ffload.errors import ConfigurationError, RecipeError
 from ffload.recipes.report import write_json
 
-__all__ = ["CIFAR_MEAN", "CIFAR_STD", "RecipeError", "PreparedData", "detect_layout",
-           "source_fingerprint", "prepare_data", "demo_folder", "make_loaders"]
+__all__ = [
+    "CIFAR_MEAN",
+    "CIFAR_STD",
+    "RecipeError",
+    "PreparedData",
+    "detect_layout",
+    "source_fingerprint",
+    "prepare_data",
+    "demo_folder",
+    "make_loaders",
+]
 
 # CIFAR-10 training-set statistics per RGB channel, 0-255 units (std: population std of all
 # training pixels of the channel; FFCV's example uses 51.59/50.85/51.26, which are wrong).
 CIFAR_MEAN = (125.307, 122.950, 113.865)
 CIFAR_STD = (62.993, 62.089, 66.705)
-
 
 
 @dataclass
@@ -57,7 +66,9 @@ class PreparedData:
     cache_hit: bool
     convert_seconds: float
 
+
 # --------------------------------------------------------------------------- data preparation
+
 
 def detect_layout(data_dir: os.PathLike) -> tuple[str, Path]:
     """Which of the two accepted layouts ``data_dir`` holds, by ffload's one source detector
@@ -88,7 +99,8 @@ def detect_layout(data_dir: os.PathLike) -> tuple[str, Path]:
         return "imagefolder", root
     raise RecipeError(
         f"--data {root}: neither a CIFAR-10 archive folder ({TORCHVISION_FOLDERS['cifar10']}: "
-        f"data_batch_1..5, test_batch, batches.meta) nor an ImageFolder with train/ and test/ sub-folders")
+        f"data_batch_1..5, test_batch, batches.meta) nor an ImageFolder with train/ and test/ sub-folders"
+    )
 
 
 def source_fingerprint(folder: Path, args: dict) -> str:
@@ -101,8 +113,7 @@ def source_fingerprint(folder: Path, args: dict) -> str:
         for name in sorted(filenames):
             p = Path(dirpath) / name
             st = p.stat()
-            h.update(f"{p.relative_to(folder).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n"
-                     .encode())
+            h.update(f"{p.relative_to(folder).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 
@@ -125,17 +136,24 @@ def _inspect(path: str, split: str) -> tuple[int, tuple[int, int], int]:
             raise RecipeError(f"{path}: no '{name}' field (fields: {list(view.fields)})")
     sizes = image_sizes(view.metadata["image"])
     if len(sizes) != 1:
-        raise RecipeError(f"{split} images have {len(sizes)} different sizes (e.g. "
-                          f"{', '.join(f'{h}x{w}' for h, w in sizes[:3])}); this recipe "
-                          f"needs one size (32x32 for CIFAR-10)")
+        raise RecipeError(
+            f"{split} images have {len(sizes)} different sizes (e.g. "
+            f"{', '.join(f'{h}x{w}' for h, w in sizes[:3])}); this recipe "
+            f"needs one size (32x32 for CIFAR-10)"
+        )
     labels = np.asarray(view.metadata["label"])
     if labels.min() < 0:
         raise RecipeError(f"{path}: negative label {labels.min()}")
     return view.num_samples, (int(sizes[0][0]), int(sizes[0][1])), int(labels.max())
 
 
-def prepare_data(data_dir: os.PathLike, cache_dir: os.PathLike, fmt: str = "beton",
-                 num_workers: int | None = None, progress: bool = True) -> PreparedData:
+def prepare_data(
+    data_dir: os.PathLike,
+    cache_dir: os.PathLike,
+    fmt: str = "beton",
+    num_workers: int | None = None,
+    progress: bool = True,
+) -> PreparedData:
     """Convert ``data_dir`` (see :func:`detect_layout`) once into ``cache_dir`` and return the
     converted splits; reuse them when the fingerprint (see :func:`source_fingerprint`) matches.
 
@@ -161,30 +179,55 @@ def prepare_data(data_dir: os.PathLike, cache_dir: os.PathLike, fmt: str = "beto
     t0 = time.perf_counter()
     cache_hit = False
     try:
-        if marker.is_file() and json.loads(marker.read_text()).get("fingerprint") == fp \
-                and all(os.path.exists(p) for p in paths.values()):
+        if (
+            marker.is_file()
+            and json.loads(marker.read_text()).get("fingerprint") == fp
+            and all(os.path.exists(p) for p in paths.values())
+        ):
             cache_hit = True
         else:
             train_src, test_src = _sources(layout, folder)
             if train_src.classes != test_src.classes:
-                raise RecipeError(f"--data {folder}: train and test have different classes "
-                                  f"({train_src.classes} vs {test_src.classes}), so their "
-                                  f"labels would not match")
+                raise RecipeError(
+                    f"--data {folder}: train and test have different classes "
+                    f"({train_src.classes} vs {test_src.classes}), so their "
+                    f"labels would not match"
+                )
             entry.mkdir(parents=True, exist_ok=True)
             for split, src in (("train", train_src), ("test", test_src)):
-                convert_dataset(src, paths[split], write_mode="raw", num_workers=num_workers,
-                                on_error="fail", overwrite=True, progress=progress)
+                convert_dataset(
+                    src,
+                    paths[split],
+                    write_mode="raw",
+                    num_workers=num_workers,
+                    on_error="fail",
+                    overwrite=True,
+                    progress=progress,
+                )
             write_json(marker, {"fingerprint": fp, "source": str(folder), **args})
         (num_train, shape, max_train), (num_test, shape_test, max_test) = (
-            _inspect(paths["train"], "train"), _inspect(paths["test"], "test"))
+            _inspect(paths["train"], "train"),
+            _inspect(paths["test"], "test"),
+        )
     except (ValueError, OSError, ConvertError) as e:  # SourceError, DatasetError, disk errors
         raise RecipeError(f"cannot convert {folder} into {entry}: {e}") from e
     if shape != shape_test:
-        raise RecipeError(f"--data {folder}: train images are {shape[0]}x{shape[1]} but test "
-                          f"images are {shape_test[0]}x{shape_test[1]}")
-    return PreparedData(paths["train"], paths["test"], fmt, layout, max(max_train, max_test) + 1,
-                        shape, num_train, num_test, cache_hit,
-                        0.0 if cache_hit else time.perf_counter() - t0)
+        raise RecipeError(
+            f"--data {folder}: train images are {shape[0]}x{shape[1]} but test "
+            f"images are {shape_test[0]}x{shape_test[1]}"
+        )
+    return PreparedData(
+        paths["train"],
+        paths["test"],
+        fmt,
+        layout,
+        max(max_train, max_test) + 1,
+        shape,
+        num_train,
+        num_test,
+        cache_hit,
+        0.0 if cache_hit else time.perf_counter() - t0,
+    )
 
 
 def demo_folder(out: os.PathLike) -> Path:
@@ -207,8 +250,15 @@ def demo_folder(out: os.PathLike) -> Path:
 
 # --------------------------------------------------------------------------- loaders
 
-def make_loaders(data: PreparedData, batch_size: int, num_workers: int, device: torch.device,
-                 seed: int = 0, distributed: bool = False):
+
+def make_loaders(
+    data: PreparedData,
+    batch_size: int,
+    num_workers: int,
+    device: torch.device,
+    seed: int = 0,
+    distributed: bool = False,
+):
     """ffload loaders of the recipe (FFCV's CIFAR pipelines, true CIFAR std).
 
     Train: random order, drop_last, ``SimpleRGBImageDecoder -> RandomHorizontalFlip ->
@@ -242,22 +292,32 @@ def make_loaders(data: PreparedData, batch_size: int, num_workers: int, device: 
 
     test_indices = None
     if distributed:
-        test_indices = np.arange(data.num_test)[dist.get_rank()::dist.get_world_size()]
+        test_indices = np.arange(data.num_test)[dist.get_rank() :: dist.get_world_size()]
     fill = tuple(int(round(m)) for m in CIFAR_MEAN)
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     loaders = []
     for path, train in ((data.train_path, True), (data.test_path, False)):
-        augment = [RandomHorizontalFlip(), RandomTranslate(padding=2, fill=fill),
-                   Cutout(4, fill)] if train else []
-        image = [SimpleRGBImageDecoder(), *augment, ToTensor(),
-                 ToDevice(device, non_blocking=True), ToTorchImage(channels_last=True),
-                 NormalizeImage(np.array(CIFAR_MEAN), np.array(CIFAR_STD), dtype)]
+        augment = [RandomHorizontalFlip(), RandomTranslate(padding=2, fill=fill), Cutout(4, fill)] if train else []
+        image = [
+            SimpleRGBImageDecoder(),
+            *augment,
+            ToTensor(),
+            ToDevice(device, non_blocking=True),
+            ToTorchImage(channels_last=True),
+            NormalizeImage(np.array(CIFAR_MEAN), np.array(CIFAR_STD), dtype),
+        ]
         label = [IntDecoder(), ToTensor(), ToDevice(device, non_blocking=True), Squeeze()]
-        loaders.append(Loader(path, batch_size=batch_size, num_workers=num_workers,
-                              order="random" if train else "sequential",
-                              pipelines={"image": image, "label": label},
-                              drop_last=train, seed=seed,
-                              distributed=distributed and train,
-                              indices=None if train else test_indices))
+        loaders.append(
+            Loader(
+                path,
+                batch_size=batch_size,
+                num_workers=num_workers,
+                order="random" if train else "sequential",
+                pipelines={"image": image, "label": label},
+                drop_last=train,
+                seed=seed,
+                distributed=distributed and train,
+                indices=None if train else test_indices,
+            )
+        )
     return tuple(loaders)
-

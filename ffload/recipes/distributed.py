@@ -5,6 +5,7 @@ device, and the collectives the training loop needs (metric sums, BatchNorm stat
 With one process nothing here runs: :func:`global_sum` returns its argument unchanged when no
 process group is initialised.
 """
+
 from __future__ import annotations
 
 import os
@@ -94,19 +95,22 @@ def join_process_group(device: torch.device, timeout_s: float = 600.0) -> Proces
     if owned:
         missing = [name for name in _TORCHRUN_VARS if name not in os.environ]
         if missing:
-            raise RecipeError(f"--distributed needs the environment torchrun sets ({', '.join(missing)} "
-                              f"missing): launch with `torchrun --nproc_per_node=N -m "
-                              f"ffload.recipes.cifar10_resnet9 ... --distributed`")
+            raise RecipeError(
+                f"--distributed needs the environment torchrun sets ({', '.join(missing)} "
+                f"missing): launch with `torchrun --nproc_per_node=N -m "
+                f"ffload.recipes.cifar10_resnet9 ... --distributed`"
+            )
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
-            raise RecipeError(f"local rank {local_rank} has no CUDA device: this node has "
-                              f"{torch.cuda.device_count()}; use --nproc_per_node <= that")
+            raise RecipeError(
+                f"local rank {local_rank} has no CUDA device: this node has "
+                f"{torch.cuda.device_count()}; use --nproc_per_node <= that"
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     if owned:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
     return ProcessGroup(dist.get_rank(), local_rank, dist.get_world_size(), device, owned)
 
 

@@ -3,6 +3,7 @@
 Units: seconds of wall-clock time, accuracies as fractions in ``[0, 1]`` (printed as percent),
 throughput in images per second, cost in USD at a given price per device-hour.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EpochStats", "cost_usd", "format_header", "format_row", "format_summary", "rows_to_dicts", "write_json", "plot_accuracy"]
+__all__ = [
+    "EpochStats",
+    "cost_usd",
+    "format_header",
+    "format_row",
+    "format_summary",
+    "rows_to_dicts",
+    "write_json",
+    "plot_accuracy",
+]
 
 
 @dataclass
@@ -83,14 +93,15 @@ def format_summary(metrics: dict[str, Any]) -> str:
     ``total_seconds``, ``train_seconds``, ``device_hours``, ``cost_usd``, ``price_per_hour``,
     ``mean_data_wait_fraction``).
     """
-    return "\n".join([
-        f"final test accuracy: {100 * metrics['final_test_accuracy']:.2f}%",
-        f"training time: {metrics['train_seconds']:.1f} s "
-        f"(data wait {100 * metrics['mean_data_wait_fraction']:.1f}%)",
-        f"total wall time: {metrics['total_seconds']:.1f} s "
-        f"= {metrics['device_hours']:.4f} device-hours",
-        f"cost: ${metrics['cost_usd']:.4f} at ${metrics['price_per_hour']:.2f}/hour",
-    ])
+    return "\n".join(
+        [
+            f"final test accuracy: {100 * metrics['final_test_accuracy']:.2f}%",
+            f"training time: {metrics['train_seconds']:.1f} s "
+            f"(data wait {100 * metrics['mean_data_wait_fraction']:.1f}%)",
+            f"total wall time: {metrics['total_seconds']:.1f} s = {metrics['device_hours']:.4f} device-hours",
+            f"cost: ${metrics['cost_usd']:.4f} at ${metrics['price_per_hour']:.2f}/hour",
+        ]
+    )
 
 
 def rows_to_dicts(rows: Sequence[EpochStats]) -> list[dict[str, Any]]:
@@ -134,8 +145,7 @@ def plot_accuracy(rows: Sequence[EpochStats], path: os.PathLike, title: str = ""
     fig = Figure(figsize=(6, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    ax.plot([r.train_seconds_total for r in rows], [100 * r.test_accuracy for r in rows],
-            marker="o")
+    ax.plot([r.train_seconds_total for r in rows], [100 * r.test_accuracy for r in rows], marker="o")
     ax.set_xlabel("training wall time (s)")
     ax.set_ylabel("test accuracy (%)")
     ax.grid(True, alpha=0.3)

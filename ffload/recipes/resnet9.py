@@ -8,6 +8,7 @@ torchskeleton): ``conv_bn(3, 64)``, ``conv_bn(64, 128, k=5, s=2, p=2)``,
 At ``width=1`` it has 2,274,880 trainable parameters. (David Page's "ResNet-9" of the DAWNBench
 line differs: 64-128-256-512 channels, max-pool after convs, ~6.5M parameters.)
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,16 +43,16 @@ class Residual(nn.Module):
         return x + self.module(x)
 
 
-def conv_bn(channels_in: int, channels_out: int, kernel_size: int = 3, stride: int = 1,
-            padding: int = 1) -> nn.Sequential:
+def conv_bn(
+    channels_in: int, channels_out: int, kernel_size: int = 3, stride: int = 1, padding: int = 1
+) -> nn.Sequential:
     """``Conv2d(bias=False) -> BatchNorm2d -> ReLU`` as in FFCV's CIFAR example.
 
     Parameters: ``channels_in * channels_out * kernel_size**2`` (conv) ``+ 2 * channels_out``
     (BatchNorm affine weight and bias).
     """
     return nn.Sequential(
-        nn.Conv2d(channels_in, channels_out, kernel_size=kernel_size, stride=stride,
-                  padding=padding, bias=False),
+        nn.Conv2d(channels_in, channels_out, kernel_size=kernel_size, stride=stride, padding=padding, bias=False),
         nn.BatchNorm2d(channels_out),
         nn.ReLU(inplace=True),
     )

@@ -1,5 +1,6 @@
 """The ResNet-9 recipe's driver (:mod:`ffload.recipes.cifar10_resnet9` is its command line): prepare the data once,
 build the loaders, train and evaluate, and write the report (``metrics.json``, ``accuracy.png``)."""
+
 from __future__ import annotations
 
 import os
@@ -34,6 +35,7 @@ __all__ = ["ensure_writable", "run_recipe"]
 
 # --------------------------------------------------------------------------- the run
 
+
 def ensure_writable(out: os.PathLike) -> Path:
     """Create ``out`` (and parents) and check a file can be written in it.
 
@@ -50,13 +52,20 @@ def ensure_writable(out: os.PathLike) -> Path:
     return out
 
 
-def run_recipe(data_dir: os.PathLike | None, out: os.PathLike, config: RecipeConfig,
-               fmt: str = "beton", device: str | None = None,
-               num_workers: int | None = None, price_per_hour: float = 0.0,
-               cache_dir: os.PathLike | None = None, demo: bool = False,
-               progress: bool = True,
-               echo: Callable[[str], None] = lambda s: None,
-               distributed: bool = False) -> dict:
+def run_recipe(
+    data_dir: os.PathLike | None,
+    out: os.PathLike,
+    config: RecipeConfig,
+    fmt: str = "beton",
+    device: str | None = None,
+    num_workers: int | None = None,
+    price_per_hour: float = 0.0,
+    cache_dir: os.PathLike | None = None,
+    demo: bool = False,
+    progress: bool = True,
+    echo: Callable[[str], None] = lambda s: None,
+    distributed: bool = False,
+) -> dict:
     """The whole recipe: validate, convert (cached), train, evaluate, write the reports.
 
     Args:
@@ -103,9 +112,21 @@ def run_recipe(data_dir: os.PathLike | None, out: os.PathLike, config: RecipeCon
     dev = resolve_device(device)
     group = join_process_group(dev) if distributed else None
     try:
-        metrics = _train_and_report(data_dir, ensure_writable(out), config, fmt, group, dev,
-                                    num_workers, price_per_hour, cache_dir, demo, progress, echo,
-                                    start)
+        metrics = _train_and_report(
+            data_dir,
+            ensure_writable(out),
+            config,
+            fmt,
+            group,
+            dev,
+            num_workers,
+            price_per_hour,
+            cache_dir,
+            demo,
+            progress,
+            echo,
+            start,
+        )
     except BaseException:
         if group is not None:
             group.close(wait_for_peers=False)  # the others may never get here: torchrun ends them
@@ -115,10 +136,21 @@ def run_recipe(data_dir: os.PathLike | None, out: os.PathLike, config: RecipeCon
     return metrics
 
 
-def _train_and_report(data_dir, out: Path, config: RecipeConfig, fmt: str,
-                      group: ProcessGroup | None, dev: torch.device, num_workers: int | None,
-                      price_per_hour: float, cache_dir: os.PathLike | None, demo: bool,
-                      progress: bool, echo: Callable[[str], None], start: float) -> dict:
+def _train_and_report(
+    data_dir,
+    out: Path,
+    config: RecipeConfig,
+    fmt: str,
+    group: ProcessGroup | None,
+    dev: torch.device,
+    num_workers: int | None,
+    price_per_hour: float,
+    cache_dir: os.PathLike | None,
+    demo: bool,
+    progress: bool,
+    echo: Callable[[str], None],
+    start: float,
+) -> dict:
     """:func:`run_recipe` after validation, in this process's part of the job (``group``, or
     ``None`` for a single process)."""
     batch_size = config.batch_size
@@ -127,8 +159,10 @@ def _train_and_report(data_dir, out: Path, config: RecipeConfig, fmt: str,
         if group.rank != 0:
             echo = _silent
         if batch_size % group.world_size:
-            raise RecipeError(f"--batch-size {batch_size} is not divisible by the "
-                              f"{group.world_size} processes (each takes an equal share)")
+            raise RecipeError(
+                f"--batch-size {batch_size} is not divisible by the "
+                f"{group.world_size} processes (each takes an equal share)"
+            )
         batch_size //= group.world_size
     cache_dir = Path(cache_dir) if cache_dir is not None else out.resolve().parent / "ffload-cache"
     num_workers = num_workers or min(8, os.cpu_count() or 1)
@@ -136,27 +170,31 @@ def _train_and_report(data_dir, out: Path, config: RecipeConfig, fmt: str,
     def prepare():
         source = demo_folder(out) if demo else data_dir
         return source, prepare_data(source, cache_dir, fmt, num_workers, progress)
+
     data_dir, data = prepare() if group is None else group.local_zero_first(prepare)
-    echo(f"data: {data.layout} {data_dir} -> {data.format} "
-         f"({'cached' if data.cache_hit else f'converted in {data.convert_seconds:.1f} s'}): "
-         f"{data.num_train} train / {data.num_test} test images, {data.num_classes} classes")
+    echo(
+        f"data: {data.layout} {data_dir} -> {data.format} "
+        f"({'cached' if data.cache_hit else f'converted in {data.convert_seconds:.1f} s'}): "
+        f"{data.num_train} train / {data.num_test} test images, {data.num_classes} classes"
+    )
     if data.num_train < config.batch_size:
-        raise RecipeError(f"--batch-size {config.batch_size} is larger than the training set "
-                          f"({data.num_train} images)")
+        raise RecipeError(f"--batch-size {config.batch_size} is larger than the training set ({data.num_train} images)")
     torch.manual_seed(config.seed)
     model = resnet9(num_classes=data.num_classes, width=config.width)
     model = model.to(device=dev, memory_format=torch.channels_last)
     num_parameters = sum(p.numel() for p in model.parameters())
     if group is not None:
         model = DistributedDataParallel(model, device_ids=[dev.index] if dev.type == "cuda" else None)
-    train_loader, test_loader = make_loaders(data, batch_size, num_workers, dev, config.seed,
-                                             distributed=group is not None)
+    train_loader, test_loader = make_loaders(
+        data, batch_size, num_workers, dev, config.seed, distributed=group is not None
+    )
     ranks = "" if group is None else f" in each of {group.world_size} processes"
     echo(f"device: {dev}, {num_parameters:,} parameters, {num_workers} loader workers{ranks}")
     echo(format_header())
     with train_loader, test_loader:  # their threads end here, not at interpreter exit
-        rows, losses = train_model(model, train_loader, test_loader, config, dev,
-                                   on_epoch=lambda r: echo(format_row(r)))
+        rows, losses = train_model(
+            model, train_loader, test_loader, config, dev, on_epoch=lambda r: echo(format_row(r))
+        )
     total = time.perf_counter() - start
     train_seconds = sum(r.epoch_seconds for r in rows)
     metrics = {
@@ -177,13 +215,13 @@ def _train_and_report(data_dir, out: Path, config: RecipeConfig, fmt: str,
         "num_workers": num_workers,
         "num_parameters": num_parameters,
         "world_size": 1 if group is None else group.world_size,
-        "versions": {"ffload": ffload.__version__, "torch": torch.__version__,
-                     "python": platform.python_version()},
+        "versions": {"ffload": ffload.__version__, "torch": torch.__version__, "python": platform.python_version()},
     }
     if group is None or group.rank == 0:
         write_json(out / "metrics.json", metrics)
-        plot_accuracy(rows, out / "accuracy.png",
-                      title=f"ResNet-9 (width {config.width}) on {data.layout}, {data.format}")
+        plot_accuracy(
+            rows, out / "accuracy.png", title=f"ResNet-9 (width {config.width}) on {data.layout}, {data.format}"
+        )
     echo(format_summary(metrics))
     echo(f"wrote {out / 'metrics.json'} and {out / 'accuracy.png'}")
     return metrics
@@ -191,4 +229,3 @@ def _train_and_report(data_dir, out: Path, config: RecipeConfig, fmt: str,
 
 def _silent(line: str) -> None:
     """The echo of ranks other than 0."""
-

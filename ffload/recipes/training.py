@@ -2,6 +2,7 @@
 hyperparameters, FFCV's triangular learning-rate schedule, the training loop with data-wait
 timing, test-time-augmented evaluation and the choice of device.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,6 +24,7 @@ __all__ = ["RecipeConfig", "lr_schedule", "evaluate", "train_model", "resolve_de
 
 # --------------------------------------------------------------------------- training
 
+
 def lr_schedule(config: RecipeConfig, iters_per_epoch: int) -> np.ndarray:
     """Per-iteration learning-rate multipliers, ``(epochs * iters_per_epoch,) float64``: linear
     from 0 at iteration 0 to 1 at ``peak * iters_per_epoch`` and back to 0 at the end (FFCV's
@@ -34,8 +36,10 @@ def lr_schedule(config: RecipeConfig, iters_per_epoch: int) -> np.ndarray:
     """
     peak_epoch = config.lr_peak_epoch * min(1.0, config.epochs / 24)
     if not 0 < peak_epoch <= config.epochs:
-        raise ConfigurationError(f"lr_peak_epoch={config.lr_peak_epoch} puts the learning-rate peak at "
-                                 f"epoch {peak_epoch:g}, outside (0, epochs={config.epochs}]")
+        raise ConfigurationError(
+            f"lr_peak_epoch={config.lr_peak_epoch} puts the learning-rate peak at "
+            f"epoch {peak_epoch:g}, outside (0, epochs={config.epochs}]"
+        )
     total = config.epochs * iters_per_epoch
     return np.interp(np.arange(total), [0, peak_epoch * iters_per_epoch, total], [0.0, 1.0, 0.0])
 
@@ -90,8 +94,7 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, tta: bool
     model.eval()
     correct = torch.zeros((), dtype=torch.int64, device=device)
     total = 0
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.float16,
-                                         enabled=device.type == "cuda"):
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda"):
         for images, labels in loader:
             out = model(images)
             if tta:
@@ -102,10 +105,14 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device, tta: bool
     return counts[0].item() / max(counts[1].item(), 1)
 
 
-def train_model(model: nn.Module, train_loader, test_loader, config: RecipeConfig,
-                device: torch.device,
-                on_epoch: Callable[[EpochStats], None] | None = None
-                ) -> tuple[list[EpochStats], list[float]]:
+def train_model(
+    model: nn.Module,
+    train_loader,
+    test_loader,
+    config: RecipeConfig,
+    device: torch.device,
+    on_epoch: Callable[[EpochStats], None] | None = None,
+) -> tuple[list[EpochStats], list[float]]:
     """Train ``model`` with the recipe's optimiser and schedule, evaluating after every epoch.
 
     Under ``torch.distributed`` (``model`` wrapped in ``DistributedDataParallel``, each rank's
@@ -134,14 +141,18 @@ def train_model(model: nn.Module, train_loader, test_loader, config: RecipeConfi
     """
     iters = len(train_loader)
     if iters == 0:
-        raise ConfigurationError(f"the training set has fewer samples than batch_size="
-                                 f"{config.batch_size}: no full batch per epoch")
+        raise ConfigurationError(
+            f"the training set has fewer samples than batch_size={config.batch_size}: no full batch per epoch"
+        )
     schedule = lr_schedule(config, iters)
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr * config.batch_size / 512,
-                          momentum=config.momentum, nesterov=config.nesterov,
-                          weight_decay=config.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: schedule[min(step, len(schedule) - 1)])
+    opt = torch.optim.SGD(
+        model.parameters(),
+        lr=config.lr * config.batch_size / 512,
+        momentum=config.momentum,
+        nesterov=config.nesterov,
+        weight_decay=config.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: schedule[min(step, len(schedule) - 1)])
     cuda = device.type == "cuda"
     if cuda:
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick its kernels
@@ -188,11 +199,17 @@ def train_model(model: nn.Module, train_loader, test_loader, config: RecipeConfi
             broadcast_buffers(bare)
         test_acc = evaluate(bare, test_loader, device, config.tta)
         row = EpochStats(
-            epoch=epoch, train_loss=float(np.mean(epoch_losses)),
-            train_accuracy=correct.item() / seen, test_accuracy=test_acc,
-            epoch_seconds=epoch_seconds, eval_seconds=time.perf_counter() - t1,
-            images_per_second=seen / epoch_seconds, data_wait_seconds=wait,
-            data_wait_fraction=wait / epoch_seconds, train_seconds_total=train_total)
+            epoch=epoch,
+            train_loss=float(np.mean(epoch_losses)),
+            train_accuracy=correct.item() / seen,
+            test_accuracy=test_acc,
+            epoch_seconds=epoch_seconds,
+            eval_seconds=time.perf_counter() - t1,
+            images_per_second=seen / epoch_seconds,
+            data_wait_seconds=wait,
+            data_wait_fraction=wait / epoch_seconds,
+            train_seconds_total=train_total,
+        )
         rows.append(row)
         if on_epoch is not None:
             on_epoch(row)
@@ -205,6 +222,7 @@ def _sync(device: torch.device) -> None:
 
 
 # --------------------------------------------------------------------------- device
+
 
 def resolve_device(name: str | None) -> torch.device:
     """``'cuda'`` / ``'cpu'`` / ``'cuda:N'`` / ``None`` (CUDA when available, else CPU) as a
@@ -224,10 +242,10 @@ def resolve_device(name: str | None) -> torch.device:
     if device.type == "cpu":
         return device
     if not torch.cuda.is_available():
-        raise RecipeError(f"--device {name}: CUDA is not available on this machine "
-                          f"(torch {torch.__version__}); use --device cpu")
+        raise RecipeError(
+            f"--device {name}: CUDA is not available on this machine (torch {torch.__version__}); use --device cpu"
+        )
     index = torch.cuda.current_device() if device.index is None else device.index
     if index >= torch.cuda.device_count():
-        raise RecipeError(f"--device {name}: this machine has {torch.cuda.device_count()} "
-                          f"CUDA device(s)")
+        raise RecipeError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device("cuda", index)

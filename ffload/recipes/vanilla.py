@@ -17,6 +17,7 @@ Randomness comes from ``numpy.random.default_rng((seed, epoch, index))`` per sam
 do not depend on ``num_workers``. Pillow is imported lazily (it is the baseline's decoder, not a
 dependency of ffload's own loader).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,12 +30,12 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ffload.convert.sources import ImageFolderSource, SourceError
 
-__all__ = ["ImageFolderDataset", "EpochSampler", "VanillaLoader", "write_image_folder",
-           "augment"]
+__all__ = ["ImageFolderDataset", "EpochSampler", "VanillaLoader", "write_image_folder", "augment"]
 
 
-def augment(image: np.ndarray, rng: np.random.Generator, padding: int, crop_size: int,
-            fill: Sequence[int]) -> np.ndarray:
+def augment(
+    image: np.ndarray, rng: np.random.Generator, padding: int, crop_size: int, fill: Sequence[int]
+) -> np.ndarray:
     """Flip, translate and cut out one image, FFCV's semantics (see the module docstring).
 
     Args:
@@ -54,14 +55,14 @@ def augment(image: np.ndarray, rng: np.random.Generator, padding: int, crop_size
     if padding > 0:
         padded = np.empty((h + 2 * padding, w + 2 * padding, 3), dtype=np.uint8)
         padded[:] = fill
-        padded[padding:padding + h, padding:padding + w] = image
+        padded[padding : padding + h, padding : padding + w] = image
         y, x = rng.integers(0, 2 * padding + 1, size=2)
-        image = padded[y:y + h, x:x + w]
+        image = padded[y : y + h, x : x + w]
     image = np.array(image)  # contiguous, writable copy
     if crop_size > 0:
         y = rng.integers(0, h - crop_size + 1)
         x = rng.integers(0, w - crop_size + 1)
-        image[y:y + crop_size, x:x + crop_size] = fill
+        image[y : y + crop_size, x : x + crop_size] = fill
     return image
 
 
@@ -88,8 +89,16 @@ class ImageFolderDataset(Dataset):
         OSError: an image cannot be decoded (names the file) when it is read.
     """
 
-    def __init__(self, root: os.PathLike, mean: Sequence[float], std: Sequence[float],
-                 train: bool, seed: int = 0, padding: int = 2, crop_size: int = 4):
+    def __init__(
+        self,
+        root: os.PathLike,
+        mean: Sequence[float],
+        std: Sequence[float],
+        train: bool,
+        seed: int = 0,
+        padding: int = 2,
+        crop_size: int = 4,
+    ):
         source = ImageFolderSource(root)
         self.classes: list[str] = list(source.classes)
         self.samples: list[tuple[str, int]] = [(source.path(i), int(source.labels[i])) for i in range(len(source))]
@@ -140,8 +149,9 @@ class EpochSampler(Sampler):
         return self.n
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        order = (np.random.default_rng((self.seed, self.epoch)).permutation(self.n)
-                 if self.shuffle else np.arange(self.n))
+        order = (
+            np.random.default_rng((self.seed, self.epoch)).permutation(self.n) if self.shuffle else np.arange(self.n)
+        )
         return ((self.epoch, int(i)) for i in order)
 
 
@@ -166,16 +176,29 @@ class VanillaLoader:
     ``iter()`` is the next epoch. ``len()`` is the number of batches per epoch.
     """
 
-    def __init__(self, root: os.PathLike, batch_size: int, num_workers: int,
-                 device: torch.device, train: bool, mean: Sequence[float],
-                 std: Sequence[float], seed: int = 0):
+    def __init__(
+        self,
+        root: os.PathLike,
+        batch_size: int,
+        num_workers: int,
+        device: torch.device,
+        train: bool,
+        mean: Sequence[float],
+        std: Sequence[float],
+        seed: int = 0,
+    ):
         self.dataset = ImageFolderDataset(root, mean, std, train=train, seed=seed)
         self.sampler = EpochSampler(len(self.dataset), shuffle=train, seed=seed)
         self.device = torch.device(device)
-        self.loader = DataLoader(self.dataset, batch_size=batch_size, sampler=self.sampler,
-                                 num_workers=num_workers,
-                                 pin_memory=self.device.type == "cuda", drop_last=train,
-                                 persistent_workers=num_workers > 0)
+        self.loader = DataLoader(
+            self.dataset,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            num_workers=num_workers,
+            pin_memory=self.device.type == "cuda",
+            drop_last=train,
+            persistent_workers=num_workers > 0,
+        )
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -185,8 +208,10 @@ class VanillaLoader:
         self.sampler.set_epoch(self.epoch)
         self.epoch += 1
         for images, labels in self.loader:
-            yield (images.to(self.device, non_blocking=True, memory_format=torch.channels_last),
-                   labels.to(self.device, non_blocking=True))
+            yield (
+                images.to(self.device, non_blocking=True, memory_format=torch.channels_last),
+                labels.to(self.device, non_blocking=True),
+            )
 
 
 def write_image_folder(source, root: os.PathLike, num_classes: int) -> int:
@@ -222,5 +247,6 @@ def write_image_folder(source, root: os.PathLike, num_classes: int) -> int:
         if not 0 <= label < num_classes:
             raise SourceError(f"sample {i}: label {label} outside [0, {num_classes})")
         Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).save(
-            root / f"{label:0{digits}d}" / f"{i:0{index_digits}d}.png")
+            root / f"{label:0{digits}d}" / f"{i:0{index_digits}d}.png"
+        )
     return len(source)

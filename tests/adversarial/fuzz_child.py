@@ -5,6 +5,7 @@ flushing each line, so that the parent can tell which input killed or hung the p
 outcome is ``ok`` or the name of the exception class raised. Address space is capped so that a
 size field mutated into terabytes raises MemoryError instead of summoning the OOM killer.
 """
+
 from __future__ import annotations
 
 import resource

@@ -5,6 +5,7 @@
 ``exchange`` (just after the swap syscall), ``fsync`` (syncing the folder after the swap), ``remove-old``
 (deleting the replaced dataset) or ``fallback-mid`` (no RENAME_EXCHANGE: between the two renames). Used by
 test_kills.py; deterministic, unlike a timer."""
+
 from __future__ import annotations
 
 import os
@@ -36,6 +37,7 @@ def before(module, name):
     def wrapped(*args, **kwargs):
         fire()
         return real(*args, **kwargs)
+
     setattr(module, name, wrapped)
 
 
@@ -48,6 +50,7 @@ if moment.startswith("add-"):
             if index == target:
                 fire()
             return _real(self, index, *args, **kwargs)
+
         cls.add = add
 elif moment == "exchange":
     real_exchange = atomic._exchange
@@ -56,6 +59,7 @@ elif moment == "exchange":
         done = real_exchange(a, b)
         fire()  # SIGINT/SIGTERM are held back here: delivered once the swap is complete
         return done
+
     atomic._exchange = exchange
 elif moment == "fallback-mid":
     atomic._exchange = lambda a, b: False
@@ -67,6 +71,7 @@ elif moment == "fallback-mid":
         renames.append(a)
         if ".old-" in os.fspath(b):
             fire()
+
     os.rename = rename
 elif moment == "fsync":  # the folder sync of the swap (the journal's checkpoints sync folders too)
     real_swap, real_fsync = atomic._swap_in, atomic._fsync_dir
@@ -80,6 +85,7 @@ elif moment == "fsync":  # the folder sync of the swap (the journal's checkpoint
         if swapping:
             fire()
         return real_fsync(path)
+
     atomic._swap_in, atomic._fsync_dir = swap_in, fsync_dir
 else:
     before(atomic, {"recover": "recover", "swap": "_swap_in", "remove-old": "_remove"}[moment])

@@ -1,6 +1,7 @@
 """Output atomicity and concurrent writers: --overwrite swaps in one step, a second writer of the same DST
 fails at once naming the first, SIGTERM is Ctrl-C (exit 143, nothing left), and temporaries of dead writers
 are removed by the next writer."""
+
 from __future__ import annotations
 
 import os
@@ -56,10 +57,20 @@ def test_a_second_writer_fails_at_once_naming_the_first(tmp_path, suffix):
     with writer_lock(dst):
         with pytest.raises(DatasetBusyError, match=rf"d\{suffix} is being written by process {os.getpid()}"):
             _write(dst, 5, overwrite=True)
-        run = subprocess.run([sys.executable, "-c", "import sys, numpy as np\n"
-                              "from ffload.formats import IntField, write_dataset\n"
-                              "write_dataset(sys.argv[1], {'label': IntField()}, [(1,)], 1, overwrite=True)",
-                              dst], capture_output=True, text=True, env=ENV, timeout=120)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys, numpy as np\n"
+                "from ffload.formats import IntField, write_dataset\n"
+                "write_dataset(sys.argv[1], {'label': IntField()}, [(1,)], 1, overwrite=True)",
+                dst,
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+        )
         assert run.returncode == 1 and f"being written by process {os.getpid()}" in run.stderr, run.stderr
     assert open_dataset(dst).num_samples == 3
     _write(dst, 5, overwrite=True)  # released: the next writer goes through
@@ -68,13 +79,24 @@ def test_a_second_writer_fails_at_once_naming_the_first(tmp_path, suffix):
 
 def test_two_concurrent_cli_conversions_one_wins_one_fails_cleanly(tmp_path):
     import cv2
+
     src = tmp_path / "src" / "c"
     src.mkdir(parents=True)
     for i in range(150):
         cv2.imwrite(str(src / f"{i}.png"), np.full((64, 64, 3), i, np.uint8))
     dst = str(tmp_path / "d.lmdb")
-    command = [sys.executable, "-m", "ffload.cli", "convert", str(tmp_path / "src"), dst, "--overwrite", "--quiet",
-               "--num-workers", "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "ffload.cli",
+        "convert",
+        str(tmp_path / "src"),
+        dst,
+        "--overwrite",
+        "--quiet",
+        "--num-workers",
+        "0",
+    ]
     runs = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=ENV) for _ in range(2)]
     results = [(p.wait(timeout=120), p.stderr.read()) for p in runs]
     assert sorted(code for code, _ in results)[0] == 0, results
@@ -96,6 +118,7 @@ def test_temporaries_of_dead_writers_are_removed_by_the_next_writer(tmp_path):
 
 def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     import cv2
+
     src = tmp_path / "src" / "c"
     src.mkdir(parents=True)
     for i in range(8):
@@ -103,8 +126,13 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     dst = str(tmp_path / "d.beton")
     _write(dst, 3)
     child = os.path.join(os.path.dirname(__file__), "kill_child.py")  # SIGTERM while sample 4 is written
-    run = subprocess.run([sys.executable, child, str(tmp_path / "src"), dst, "SIGTERM", "add-4"],
-                         capture_output=True, text=True, env=ENV, timeout=120)
+    run = subprocess.run(
+        [sys.executable, child, str(tmp_path / "src"), dst, "SIGTERM", "add-4"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
     assert run.returncode == 143 and "terminated (SIGTERM)" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr, run.stderr
     assert open_dataset(dst).num_samples == 3 and _entries(tmp_path) == ["d.beton", "src"]

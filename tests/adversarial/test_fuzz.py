@@ -3,6 +3,7 @@ datasets, each opened, loaded (every field decoded by its default pipeline) and 
 child process. Asserted: no child dies of a signal (SIGSEGV, SIGBUS, SIGABRT, the OOM killer),
 none hangs, and every failure is a Python exception of ffload's documented kinds.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,10 +18,19 @@ import pytest
 
 from ffload.formats import BytesField, FloatField, IntField, JSONField, NDArrayField, RGBImageField, write_dataset
 
-MUTATIONS = 150          # per format
-SECONDS_PER_INPUT = 30   # a hang is anything slower than this for a 16-sample dataset
-ACCEPTED = {"ok", "DatasetError", "LoaderError", "FieldError", "ValueError", "FormatError",
-            "CorruptFileError", "FfloadError", "MemoryError"}
+MUTATIONS = 150  # per format
+SECONDS_PER_INPUT = 30  # a hang is anything slower than this for a 16-sample dataset
+ACCEPTED = {
+    "ok",
+    "DatasetError",
+    "LoaderError",
+    "FieldError",
+    "ValueError",
+    "FormatError",
+    "CorruptFileError",
+    "FfloadError",
+    "MemoryError",
+}
 CHILD = Path(__file__).with_name("fuzz_child.py")
 
 
@@ -29,13 +39,26 @@ def _samples(n: int = 16):
     for i in range(n):
         side = int(rng.integers(8, 40))
         img = rng.integers(0, 256, (side, side + 3, 3), dtype=np.uint8)
-        yield (img, img, i, float(i) / 3, bytes(rng.integers(0, 256, i, dtype=np.uint8)),
-               {"i": i, "name": f"s{i}"}, rng.standard_normal((2, 3)).astype(np.float32))
+        yield (
+            img,
+            img,
+            i,
+            float(i) / 3,
+            bytes(rng.integers(0, 256, i, dtype=np.uint8)),
+            {"i": i, "name": f"s{i}"},
+            rng.standard_normal((2, 3)).astype(np.float32),
+        )
 
 
-FIELDS = {"raw": RGBImageField("raw"), "jpg": RGBImageField("jpg", jpeg_quality=80), "label": IntField(),
-          "score": FloatField(), "blob": BytesField(), "meta": JSONField(),
-          "arr": NDArrayField(np.dtype("float32"), (2, 3))}
+FIELDS = {
+    "raw": RGBImageField("raw"),
+    "jpg": RGBImageField("jpg", jpeg_quality=80),
+    "label": IntField(),
+    "score": FloatField(),
+    "blob": BytesField(),
+    "meta": JSONField(),
+    "arr": NDArrayField(np.dtype("float32"), (2, 3)),
+}
 
 
 def _mutate(data: bytes, rng: np.random.Generator) -> bytes:
@@ -58,8 +81,13 @@ def _run_children(inputs: list[tuple[int, str]]) -> dict[int, str]:
     pending = list(inputs)
     while pending:
         feed = "".join(f"{i} {p}\n" for i, p in pending)
-        proc = subprocess.Popen([sys.executable, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         try:
             out, _ = proc.communicate(feed, timeout=60 + SECONDS_PER_INPUT * len(pending))
             hung = False
@@ -76,8 +104,13 @@ def _run_children(inputs: list[tuple[int, str]]) -> dict[int, str]:
                 outcomes[int(words[1])] = words[2]
                 started = None
         if started is not None:
-            outcomes[started] = "hang" if hung else f"signal:{signal.Signals(-proc.returncode).name}" \
-                if proc.returncode < 0 else f"exit:{proc.returncode}"
+            outcomes[started] = (
+                "hang"
+                if hung
+                else f"signal:{signal.Signals(-proc.returncode).name}"
+                if proc.returncode < 0
+                else f"exit:{proc.returncode}"
+            )
         elif proc.returncode != 0 and not hung:
             raise AssertionError(f"fuzz child failed before its first input (exit {proc.returncode})")
         pending = [(i, p) for i, p in pending if i not in outcomes]

@@ -2,6 +2,7 @@
 ``__ffload__`` record, a sharded dataset's manifest) and every field type or descriptor that does not fit the
 data (``.beton``) is refused at open with one FormatError naming the file and the cause, never a Python
 traceback, and ``inspect`` / ``verify`` print that one line and exit with status 1."""
+
 from __future__ import annotations
 
 import gzip
@@ -52,24 +53,34 @@ def _argument(k: int, **values):
 def _drop(key: str):
     def edit(meta):
         del meta[key]
+
     return edit
 
 
 LMDB_CASES = {
     "record a list": (lambda meta: [meta], "metadata record is an array, expected an object"),
-    "record_size a string": (lambda meta: meta.update(record_size="24"), r"'record_size' is '24', expected an integer >= 1"),
+    "record_size a string": (
+        lambda meta: meta.update(record_size="24"),
+        r"'record_size' is '24', expected an integer >= 1",
+    ),
     "record_size a bool": (lambda meta: meta.update(record_size=True), r"'record_size' is True, expected an integer"),
     "record_size negative": (lambda meta: meta.update(record_size=-24), r"'record_size' is -24"),
     "record_size wrong": (lambda meta: meta.update(record_size=16), r"record_size 16 .* do not match .*corrupt layout"),
     "record_size missing": (_drop("record_size"), "lacks 'record_size'"),
     "num_samples a string": (lambda meta: meta.update(num_samples="4"), r"'num_samples' is '4', expected an integer"),
     "num_samples a float": (lambda meta: meta.update(num_samples=4.0), r"'num_samples' is 4.0"),
-    "num_samples negative": (lambda meta: meta.update(num_samples=-1), r"'num_samples' is -1, expected an integer >= 0"),
+    "num_samples negative": (
+        lambda meta: meta.update(num_samples=-1),
+        r"'num_samples' is -1, expected an integer >= 0",
+    ),
     "num_samples missing": (_drop("num_samples"), "lacks 'num_samples'"),
     "version a string": (lambda meta: meta.update(version="2"), "unsupported ffload LMDB version '2'"),
     "version a bool": (lambda meta: meta.update(version=True), "unsupported ffload LMDB version True"),
     "format missing": (_drop("format"), "lacks 'format'"),
-    "fields an object": (lambda meta: meta.update(fields={"image": {}}), r"'fields' is \{'image': \{\}\}, expected a non-empty array"),
+    "fields an object": (
+        lambda meta: meta.update(fields={"image": {}}),
+        r"'fields' is \{'image': \{\}\}, expected a non-empty array",
+    ),
     "fields empty": (lambda meta: meta.update(fields=[]), r"'fields' is \[\], expected a non-empty"),
     "fields missing": (_drop("fields"), "lacks 'fields'"),
     "field a list": (lambda meta: meta["fields"].__setitem__(0, ["image"]), "field 0 is an array, expected an object"),
@@ -85,10 +96,14 @@ LMDB_CASES = {
     "argument out of range": (_argument(0, jpeg_quality=101), r"invalid arguments .*jpeg_quality must be in 1..100"),
     "argument unknown": (_argument(1, bits=64), r"field 'label': invalid arguments \{'bits': 64\}"),
     "record_dtype a number": (lambda meta: meta.update(record_dtype=24), r"'record_dtype' is 24, expected a string or"),
-    "record_dtype describes nothing": (lambda meta: meta.update(record_dtype={"names": ["x"]}),
-                                       "'record_dtype' describes no record"),
-    "record_dtype of another size": (lambda meta: meta.update(record_dtype=[["image", "<u8"]]),
-                                     r"record_dtype \(8 bytes\) do not match .* 24-byte record"),
+    "record_dtype describes nothing": (
+        lambda meta: meta.update(record_dtype={"names": ["x"]}),
+        "'record_dtype' describes no record",
+    ),
+    "record_dtype of another size": (
+        lambda meta: meta.update(record_dtype=[["image", "<u8"]]),
+        r"record_dtype \(8 bytes\) do not match .* 24-byte record",
+    ),
     "info a list": (lambda meta: meta.update(info=["cat"]), r"'info' is \['cat'\], expected an object"),
 }
 
@@ -106,8 +121,9 @@ def test_lmdb_metadata_of_the_wrong_json_type_or_range_is_one_format_error(tmp_p
 def test_inspect_and_verify_print_one_line_for_bad_lmdb_metadata(tmp_path, case):
     path = _lmdb(tmp_path, LMDB_CASES[case][0])
     for command in (["inspect", path], ["verify", path, "--quiet"]):
-        run = subprocess.run([sys.executable, "-m", "ffload.cli", *command], capture_output=True, text=True,
-                             env=ENV, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-m", "ffload.cli", *command], capture_output=True, text=True, env=ENV, timeout=120
+        )
         assert run.returncode == 1 and run.stdout == "", run.stderr
         (line,) = run.stderr.strip().splitlines()
         assert line.startswith(f"ffload: error: {path}: metadata record"), line
@@ -123,7 +139,10 @@ def _shard(**values):
 
 
 MANIFEST_CASES = {
-    "num_samples a string": (lambda m: m.update(num_samples="5"), r"manifest: 'num_samples' is '5', expected an integer"),
+    "num_samples a string": (
+        lambda m: m.update(num_samples="5"),
+        r"manifest: 'num_samples' is '5', expected an integer",
+    ),
     "version a bool": (lambda m: m.update(version=True), "unsupported sharded dataset version True"),
     "shards an object": (lambda m: m.update(shards={}), r"manifest: 'shards' is \{\}, expected an array"),
     "shards missing": (_drop("shards"), "manifest lacks 'shards'"),
@@ -162,14 +181,17 @@ def _ffcv_fixture(tmp_path, name: str) -> bytearray:
         return bytearray(fp.read())
 
 
-@pytest.mark.parametrize("fixture,field,type_id,cause", [
-    # ffcv writes no arguments: the allocation table's payloads tell the layouts apart
-    ("ffcv_images_jpg", 0, 0, "allocation table holds 12 payloads, but 12 samples of 0 field"),
-    ("ffcv_images_jpg", 0, 1, "allocation table holds 12 payloads, but 12 samples of 0 field"),
-    ("ffcv_all_fields_raw", 0, 0, "allocation table holds 48 payloads, but 12 samples of 3 field"),
-    ("ffcv_all_fields_raw", 2, 3, "allocation table holds 48 payloads, but 12 samples of 5 field"),
-    ("ffcv_all_fields_raw", 0, 4, r"field 'image' \(type id 4\): corrupt NDArrayField arguments"),
-])
+@pytest.mark.parametrize(
+    "fixture,field,type_id,cause",
+    [
+        # ffcv writes no arguments: the allocation table's payloads tell the layouts apart
+        ("ffcv_images_jpg", 0, 0, "allocation table holds 12 payloads, but 12 samples of 0 field"),
+        ("ffcv_images_jpg", 0, 1, "allocation table holds 12 payloads, but 12 samples of 0 field"),
+        ("ffcv_all_fields_raw", 0, 0, "allocation table holds 48 payloads, but 12 samples of 3 field"),
+        ("ffcv_all_fields_raw", 2, 3, "allocation table holds 48 payloads, but 12 samples of 5 field"),
+        ("ffcv_all_fields_raw", 0, 4, r"field 'image' \(type id 4\): corrupt NDArrayField arguments"),
+    ],
+)
 def test_an_ffcv_beton_whose_field_type_changed_layout_is_refused_at_open(tmp_path, fixture, field, type_id, cause):
     path = tmp_path / "d.beton"
     raw = _ffcv_fixture(tmp_path, fixture)
@@ -190,11 +212,19 @@ def test_an_image_field_relabelled_as_another_type_is_refused_and_verify_says_so
     raw = bytearray(path.read_bytes())
     raw[_descriptor(raw, 0, "type_id")] = type_id
     path.write_bytes(raw)
-    with pytest.raises(FormatError, match=rf"field 'image' \(type id {type_id}\): {owner}'s argument block holds "
-                                          r"b'ffload-rgb:.*corrupt field type"):
+    with pytest.raises(
+        FormatError,
+        match=rf"field 'image' \(type id {type_id}\): {owner}'s argument block holds "
+        r"b'ffload-rgb:.*corrupt field type",
+    ):
         open_dataset(str(path))
-    run = subprocess.run([sys.executable, "-m", "ffload.cli", "verify", str(path), "--quiet"], capture_output=True,
-                         text=True, env=ENV, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "ffload.cli", "verify", str(path), "--quiet"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
     assert run.returncode == 1 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert run.stderr.startswith(f"ffload: error: {path}: field 'image'") and "all 1 samples decode" not in run.stdout
 
@@ -206,7 +236,7 @@ def test_a_beton_field_name_that_no_writer_writes_is_refused(tmp_path, name):
     raw = bytearray(path.read_bytes())
     at = _descriptor(raw, 0, "name")
     padded = name.ljust(16, b"\0")
-    raw[at:at + 16] = padded
+    raw[at : at + 16] = padded
     path.write_bytes(raw)
     cause = re.escape(f"field 0: its name {padded!r} is not")
     with pytest.raises(FormatError, match=rf"d\.beton: {cause}.*corrupt field descriptor"):
@@ -218,8 +248,11 @@ def test_rgb_arguments_out_of_range_in_a_beton_are_refused(tmp_path):
     write_dataset(str(path), {"image": RGBImageField("raw", jpeg_quality=90)}, [(im,) for im, _ in _images(2)], 2)
     raw = bytearray(path.read_bytes())
     at = raw.find(b'"jpeg_quality":90')
-    raw[at:at + 17] = b'"jpeg_quality":99'.replace(b"99", b"0 ")
+    raw[at : at + 17] = b'"jpeg_quality":99'.replace(b"99", b"0 ")
     path.write_bytes(raw)
-    with pytest.raises(FormatError, match=r"field 'image' \(type id 2\): invalid RGBImageField arguments .*"
-                                          r"jpeg_quality must be in 1\.\.100, got 0"):
+    with pytest.raises(
+        FormatError,
+        match=r"field 'image' \(type id 2\): invalid RGBImageField arguments .*"
+        r"jpeg_quality must be in 1\.\.100, got 0",
+    ):
         open_dataset(str(path))

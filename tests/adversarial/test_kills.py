@@ -2,6 +2,7 @@
 the swap of ``--overwrite``, removing the old dataset) never leaves DST missing or half-written, and the next
 run leaves no temporary, lock or aside file behind. The moments are hit deterministically (the child sends
 itself the signal from a hook, see kill_child.py)."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,13 @@ def source(tmp_path_factory):
 
 
 def _old(dst):
-    write_dataset(dst, {"image": RGBImageField("raw"), "label": IntField()},
-                  [(np.full((4, 4, 3), 9, np.uint8), 0)] * OLD, OLD, overwrite=True)
+    write_dataset(
+        dst,
+        {"image": RGBImageField("raw"), "label": IntField()},
+        [(np.full((4, 4, 3), 9, np.uint8), 0)] * OLD,
+        OLD,
+        overwrite=True,
+    )
 
 
 def _complete(dst) -> int:
@@ -71,13 +77,19 @@ MOMENTS = [  # (moment, signal, suffix, workers): 20 moments, the three signals 
 
 
 @pytest.mark.parametrize("moment,signame,suffix,workers", MOMENTS)
-def test_a_killed_conversion_leaves_a_complete_dataset_and_no_litter(tmp_path, source, moment, signame,
-                                                                     suffix, workers):
+def test_a_killed_conversion_leaves_a_complete_dataset_and_no_litter(
+    tmp_path, source, moment, signame, suffix, workers
+):
     dst = str(tmp_path / f"d{suffix}")
     _old(dst)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    run = subprocess.run([sys.executable, CHILD, source, dst, signame, moment, workers], capture_output=True,
-                         text=True, env=env, timeout=120)
+    run = subprocess.run(
+        [sys.executable, CHILD, source, dst, signame, moment, workers],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     expected = {"SIGKILL": -signal.SIGKILL, "SIGTERM": 143, "SIGINT": 1}[signame]
     if run.returncode != 0:  # a signal during the blocked swap may land after the new dataset is in place
         assert run.returncode == expected, (run.returncode, run.stderr)
@@ -88,6 +100,7 @@ def test_a_killed_conversion_leaves_a_complete_dataset_and_no_litter(tmp_path, s
         aside = [e for e in _litter(tmp_path, os.path.basename(dst)) if ".old-" in e]
         assert not os.path.exists(dst) and len(aside) == 1 and _complete(str(tmp_path / aside[0])) == OLD
         from ffload.formats.atomic import recover
+
         recover(dst)
     assert _complete(dst) in (OLD, NEW)  # DST is never missing nor half-written
     if moment in ("exchange", "fsync", "remove-old"):
@@ -96,8 +109,13 @@ def test_a_killed_conversion_leaves_a_complete_dataset_and_no_litter(tmp_path, s
         assert _complete(dst) == OLD
     if signame != "SIGKILL":
         assert _litter(tmp_path, os.path.basename(dst)) == [], "a clean exit removes its temporaries"
-    rerun = subprocess.run([sys.executable, "-m", "ffload.cli", "convert", source, dst, "--overwrite", "--quiet",
-                            "--num-workers", "0"], capture_output=True, text=True, env=env, timeout=120)
+    rerun = subprocess.run(
+        [sys.executable, "-m", "ffload.cli", "convert", source, dst, "--overwrite", "--quiet", "--num-workers", "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert rerun.returncode == 0, rerun.stderr
     assert _complete(dst) == NEW
     assert _litter(tmp_path, os.path.basename(dst)) == []

@@ -1,4 +1,5 @@
 """Absurd loader arguments and use after close: capped or refused with the numbers, never silent."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """Readers facing files that changed or broke: a dataset replaced on disk while an older loader
 still holds it, a truncated LMDB, a corrupt LMDB page, and payload layouts that are legal but
 unusual (an empty payload sharing its offset with the next field's)."""
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,10 @@ def test_a_truncated_lmdb_is_refused_without_a_signal(tmp_path, keep):
     _write(path, 7, n=40)
     data = os.path.join(path, "data.mdb")
     os.truncate(data, int(os.path.getsize(data) * keep) // 4096 * 4096)
-    code = ("import sys; from ffload.formats import open_dataset\n"
-            "try:\n    open_dataset(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    code = (
+        "import sys; from ffload.formats import open_dataset\n"
+        "try:\n    open_dataset(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+    )
     run = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr  # a SIGBUS would make it negative
     assert run.stdout.startswith(("DatasetError", "FormatError")) and "d.lmdb" in run.stdout, run.stdout
@@ -64,7 +67,7 @@ def test_corrupt_lmdb_pages_raise_one_error_class(tmp_path):
     _write(path, 3, n=40)
     data = os.path.join(path, "data.mdb")
     raw = bytearray(open(data, "rb").read())
-    raw[3 * 4096:3 * 4096 + 64] = b"\xff" * 64  # smash the header of a tree page
+    raw[3 * 4096 : 3 * 4096 + 64] = b"\xff" * 64  # smash the header of a tree page
     open(data, "wb").write(bytes(raw))
     try:
         view = open_dataset(path)

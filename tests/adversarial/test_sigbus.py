@@ -4,6 +4,7 @@ every other SIGBUS to the handler that was there before it.
 
 Each case runs in a child process, so that a signal death fails the test (``returncode == -7``)
 instead of killing pytest."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,9 @@ def _child(code: str, *args: str, faulthandler: bool = False) -> subprocess.Comp
     env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(TESTS), os.environ.get("PYTHONPATH")]))
     flags = ["-X", "faulthandler"] if faulthandler else []
-    return subprocess.run([sys.executable, *flags, "-c", code, *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, *flags, "-c", code, *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 _WRITE = """
@@ -46,7 +48,9 @@ def write(path, first=None, **kw):
     return path
 """
 
-_BUSY = _WRITE + """
+_BUSY = (
+    _WRITE
+    + """
 import ffload
 from ffload.errors import LoaderError
 
@@ -68,6 +72,7 @@ for name, kw in [("d.beton", {}), ("d.lmdb", {}), ("d.shards", {"shard_size": "6
     loader.close()
     print(name, "closed")
 """
+)
 
 
 def test_truncating_the_data_file_under_a_busy_loader_is_a_loader_error(tmp_path):
@@ -85,7 +90,9 @@ def test_truncating_the_data_file_under_a_busy_loader_is_a_loader_error(tmp_path
         assert f"{name} closed" in lines
 
 
-_DURING = _WRITE + """
+_DURING = (
+    _WRITE
+    + """
 import ffload
 from ffload.convert.export import export_webdataset
 from ffload.errors import FormatError, LoaderError
@@ -142,6 +149,7 @@ def truncate_then_read(*args):  # LMDB's own map is read after its pages were ch
 reader._records_table = truncate_then_read
 fails("lmdb open", lambda: open_dataset(os.path.join(root, "f.lmdb")))
 """
+)
 
 
 def test_a_truncation_during_a_batch_and_on_the_main_thread_is_an_error_and_zeros_never_pass(tmp_path):
@@ -157,7 +165,9 @@ def test_a_truncation_during_a_batch_and_on_the_main_thread_is_an_error_and_zero
     assert lines[:2] == ["batch 0 all 7: True", "batch 1 all 7: True"], run.stdout
     error = lines[2]
     assert error.startswith("LoaderError epoch 0, batch 2 ") and "FormatError" in error, error
-    assert "d.beton: the file shrank from " in error and " to 4096 bytes while it was being read; reading byte " in error
+    assert (
+        "d.beton: the file shrank from " in error and " to 4096 bytes while it was being read; reading byte " in error
+    )
     assert "found no data" in error  # the guard's path, not the size check's
     assert lines[3] == "region sum 0"
     for what in ("decode", "verify", "export"):
@@ -200,7 +210,9 @@ def test_a_sigbus_outside_ffloads_mappings_still_reaches_the_previous_handler(tm
     assert "touching" in run.stdout and "survived" not in run.stdout
     assert ("Fatal Python error: Bus error" in run.stderr) == faulthandler, run.stderr[-3000:]
     if faulthandler:
-        line = _FOREIGN.splitlines().index("print(int(unguarded[-1]))  # a genuine SIGBUS, outside ffload's mappings") + 1
+        line = (
+            _FOREIGN.splitlines().index("print(int(unguarded[-1]))  # a genuine SIGBUS, outside ffload's mappings") + 1
+        )
         assert f'File "<string>", line {line}' in run.stderr  # the Python line that touched the lost page
 
 

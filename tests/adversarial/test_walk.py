@@ -1,6 +1,7 @@
 """Walking a hostile ImageFolder: symlink loops, FIFOs and sockets named like images, folders that cannot be
 listed, dangling links. Nothing blocks, nothing is duplicated, nothing is dropped without a line in the report,
 and every input is either written or skipped (in = written + skipped)."""
+
 from __future__ import annotations
 
 import os
@@ -74,6 +75,7 @@ def _deny(monkeypatch, denied: str):
         if os.fspath(path) == denied:
             raise PermissionError(13, "Permission denied", denied)
         return real(path)
+
     monkeypatch.setattr(os, "scandir", scandir)
 
 
@@ -89,9 +91,13 @@ def test_an_unreadable_subfolder_fails_under_fail_and_is_listed_under_skip(tmp_p
     assert not (tmp_path / "o.beton").exists()
     report = convert_dataset(src, str(tmp_path / "o.beton"), num_workers=0, progress=False, on_error="skip")
     assert report.samples == 5 and report.skipped == src.unreadable
-    assert report.as_dict()["skipped"] == [{"input": str(root / "b" / "private"),
-                                            "cause": "cannot list the folder (Permission denied)",
-                                            "origin": "b/private"}]  # relative to the root, as samples
+    assert report.as_dict()["skipped"] == [
+        {
+            "input": str(root / "b" / "private"),
+            "cause": "cannot list the folder (Permission denied)",
+            "origin": "b/private",
+        }
+    ]  # relative to the root, as samples
 
 
 def test_an_unreadable_class_folder_is_an_error_not_an_empty_class(tmp_path, monkeypatch):

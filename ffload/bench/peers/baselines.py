@@ -11,6 +11,7 @@ Each ``run_*`` function builds its loader for a :class:`BenchConfig` and returns
 ``fork`` start method where there is one; their ``(B, H, W, 3)`` batches are yielded as
 ``(B, 3, H, W)`` views, as ``ToTorchImage`` yields them.
 """
+
 from __future__ import annotations
 
 import random
@@ -39,9 +40,18 @@ def run_ffcv(cfg: BenchConfig) -> LoaderSetup:
     import_s = time.perf_counter() - start
     t1 = time.perf_counter()
     indices = None if cfg.limit is None else list(range(cfg.limit))
-    loader = Loader(cfg.path, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
-                    order=OrderOption.RANDOM, os_cache=True, pipelines=pipelines, drop_last=False,
-                    seed=cfg.seed, indices=indices, batches_ahead=3)
+    loader = Loader(
+        cfg.path,
+        batch_size=cfg.batch_size,
+        num_workers=cfg.num_workers,
+        order=OrderOption.RANDOM,
+        os_cache=True,
+        pipelines=pipelines,
+        drop_last=False,
+        seed=cfg.seed,
+        indices=indices,
+        batches_ahead=3,
+    )
     return LoaderSetup(loader, start, import_s, time.perf_counter() - t1, len(loader.indices))
 
 
@@ -148,9 +158,12 @@ def pil_deeplake(image, pipeline: str, size: int, rng) -> np.ndarray:
             image = image.transpose(Image.Transpose.FLIP_TOP_BOTTOM)
         if rng.random() < p["perspective_p"]:
             dx, dy = int(p["distortion_scale"] * (size // 2)), int(p["distortion_scale"] * (size // 2))
-            end = [(rng.randint(0, dx), rng.randint(0, dy)), (size - 1 - rng.randint(0, dx), rng.randint(0, dy)),
-                   (size - 1 - rng.randint(0, dx), size - 1 - rng.randint(0, dy)),
-                   (rng.randint(0, dx), size - 1 - rng.randint(0, dy))]
+            end = [
+                (rng.randint(0, dx), rng.randint(0, dy)),
+                (size - 1 - rng.randint(0, dx), rng.randint(0, dy)),
+                (size - 1 - rng.randint(0, dx), size - 1 - rng.randint(0, dy)),
+                (rng.randint(0, dx), size - 1 - rng.randint(0, dy)),
+            ]
             start = [(0, 0), (size - 1, 0), (size - 1, size - 1), (0, size - 1)]
             image = image.transform(image.size, Image.PERSPECTIVE, _perspective_coeffs(start, end), Image.BILINEAR)
         j = p["jitter"]
@@ -186,13 +199,18 @@ class AlbumentationsImageFolder:
         import cv2
 
         p, j = DEEPLAKE_PARAMS, DEEPLAKE_PARAMS["jitter"]
-        stack = [A.SmallestMaxSize(max_size=size, interpolation=cv2.INTER_LINEAR), A.CenterCrop(size, size),
-                 A.Affine(rotate=(-p["degrees"], p["degrees"]), interpolation=cv2.INTER_LINEAR, p=1.0),
-                 A.HorizontalFlip(p=0.5)]
+        stack = [
+            A.SmallestMaxSize(max_size=size, interpolation=cv2.INTER_LINEAR),
+            A.CenterCrop(size, size),
+            A.Affine(rotate=(-p["degrees"], p["degrees"]), interpolation=cv2.INTER_LINEAR, p=1.0),
+            A.HorizontalFlip(p=0.5),
+        ]
         if pipeline == "dl_complex":
-            stack += [A.VerticalFlip(p=0.5), A.Perspective(scale=(0.0, p["distortion_scale"] / 2),
-                                                           p=p["perspective_p"]),
-                      A.ColorJitter(brightness=j, contrast=j, saturation=j, hue=j, p=1.0)]
+            stack += [
+                A.VerticalFlip(p=0.5),
+                A.Perspective(scale=(0.0, p["distortion_scale"] / 2), p=p["perspective_p"]),
+                A.ColorJitter(brightness=j, contrast=j, saturation=j, hue=j, p=1.0),
+            ]
         self.transform = A.Compose(stack + [A.Normalize(mean=p["mean"], std=p["std"])])
         self.paths, self.labels = list(paths), labels
 
@@ -231,9 +249,16 @@ def _data_loader_setup(dataset, cfg: BenchConfig, setup_s: float, start: float) 
     from torch.utils.data import DataLoader
 
     context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.num_workers,
-                        pin_memory=torch.cuda.is_available(), drop_last=False,
-                        generator=torch.Generator().manual_seed(cfg.seed), multiprocessing_context=context)
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        num_workers=cfg.num_workers,
+        pin_memory=torch.cuda.is_available(),
+        drop_last=False,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        multiprocessing_context=context,
+    )
     return LoaderSetup(_ChannelsFirst(loader), start, time.perf_counter() - start, 0.0, len(dataset), setup_s)
 
 
@@ -254,15 +279,25 @@ def run_dataloader_arrays(cfg: BenchConfig) -> LoaderSetup:
     pipelines[cfg.image_field] = [SimpleRGBImageDecoder()]
     if cfg.label_field:
         pipelines[cfg.label_field] = [IntDecoder()]
-    reader = ffload.Loader(cfg.path, batch_size=min(n, 256), num_workers=1, order="sequential",
-                           indices=range(n), pipelines=pipelines, drop_last=False)
+    reader = ffload.Loader(
+        cfg.path,
+        batch_size=min(n, 256),
+        num_workers=1,
+        order="sequential",
+        indices=range(n),
+        pipelines=pipelines,
+        drop_last=False,
+    )
     try:
         batches = [[np.array(x) for x in batch] for batch in reader]
     finally:
         reader.close()
     images = np.concatenate([b[0] for b in batches])
-    labels = (np.concatenate([b[1] for b in batches]).reshape(n).astype(np.int64) if cfg.label_field
-              else np.zeros(n, dtype=np.int64))
+    labels = (
+        np.concatenate([b[1] for b in batches]).reshape(n).astype(np.int64)
+        if cfg.label_field
+        else np.zeros(n, dtype=np.int64)
+    )
     setup_s = time.perf_counter() - t0
     return _data_loader_setup(ArrayImages(images, labels), cfg, setup_s, time.perf_counter())
 
@@ -296,6 +331,10 @@ def run_dataloader_albumentations(cfg: BenchConfig) -> LoaderSetup:
     return _run_image_folder(cfg, AlbumentationsImageFolder, "albumentations")
 
 
-BASELINES = {"ffcv": run_ffcv, "dataloader_arrays": run_dataloader_arrays, "dataloader_pil": run_dataloader_pil,
-             "dataloader_albumentations": run_dataloader_albumentations}
+BASELINES = {
+    "ffcv": run_ffcv,
+    "dataloader_arrays": run_dataloader_arrays,
+    "dataloader_pil": run_dataloader_pil,
+    "dataloader_albumentations": run_dataloader_albumentations,
+}
 """The peer loader kinds and their runners."""

@@ -7,6 +7,7 @@ rate is reported beside it: on a shared or throttled machine the threads get few
 asked for). The decoder is a parameter (:data:`DECODERS`); by default the fastest available
 (:func:`default_decoder`): TurboJPEG into a reused buffer, else OpenCV.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -64,7 +65,7 @@ def turbojpeg_decoder() -> Decoder:
         out = getattr(local, "out", None)
         if out is None or out.size < height * width * 3:
             out = local.out = np.empty(height * width * 3, np.uint8)
-        image = out[:height * width * 3].reshape(height, width, 3)
+        image = out[: height * width * 3].reshape(height, width, 3)
         return None if jpeg.decode_whole(data, image) else image
 
     return decode
@@ -107,8 +108,9 @@ class DecodeCeiling:
     threads_img_s: float
 
 
-def measure_decode_ceiling(payloads: Sequence, num_threads: int, passes: int, decode: Decoder,
-                           names: Sequence[str] | None = None) -> DecodeCeiling:
+def measure_decode_ceiling(
+    payloads: Sequence, num_threads: int, passes: int, decode: Decoder, names: Sequence[str] | None = None
+) -> DecodeCeiling:
     """Decode every payload ``passes`` times in this thread, then ``passes`` times with
     ``num_threads`` threads (thread ``t`` decodes ``payloads[t::num_threads]``), timing each pass.
 
@@ -172,8 +174,11 @@ def load_jpeg_payloads(path: str, image_field: str, num_samples: int | None = No
     n = view.num_samples if num_samples is None else min(num_samples, view.num_samples)
     indices = np.flatnonzero(view.metadata[image_field]["mode"][:n] == JPG).tolist()
     if not indices:
-        raise ConfigurationError(f"{path}: field {image_field!r} has no JPEG samples; the decode ceiling applies "
-                                 "to JPEG datasets", path=path, field=image_field)
+        raise ConfigurationError(
+            f"{path}: field {image_field!r} has no JPEG samples; the decode ceiling applies to JPEG datasets",
+            path=path,
+            field=image_field,
+        )
     payloads = [np.array(view.payload(image_field, i, region)) for i in indices]
     del region
     return indices, payloads

@@ -62,6 +62,7 @@ lines captured too.
 * ``_wide``: the scaling of samples wider than 8 bits or float to uint8 (and of in-memory arrays).
 * ``_messages``: the capture of decoder chatter (warnings, standard error) and the wording of a decoder's refusal.
 """
+
 from __future__ import annotations
 
 import logging
@@ -83,9 +84,21 @@ from ffload.convert.images._wide import to_rgb_uint8
 from ffload.errors import ImageBombError, ImageDecodeError, ImageUnsupportedError
 from ffload.limits import DEFAULT_MAX_PIXELS
 
-__all__ = ["IMAGE_EXTENSIONS", "DEFAULT_MAX_PIXELS", "ImageBombError", "ImageDecodeError", "ImageUnsupportedError",
-           "has_image_extension", "load_image", "read_image_file", "decode_image_bytes", "header_size",
-           "check_pixels", "to_rgb_uint8", "jpeg_orientation"]
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "DEFAULT_MAX_PIXELS",
+    "ImageBombError",
+    "ImageDecodeError",
+    "ImageUnsupportedError",
+    "has_image_extension",
+    "load_image",
+    "read_image_file",
+    "decode_image_bytes",
+    "header_size",
+    "check_pixels",
+    "to_rgb_uint8",
+    "jpeg_orientation",
+]
 
 logger = logging.getLogger(__name__)
 

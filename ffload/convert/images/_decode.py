@@ -3,6 +3,7 @@ image classes constructed directly so that its global pixel limit plays no part)
 give Pillow's pixels and for the exact samples of 16-bit PNGs and LZW TIFFs, tifffile for TIFFs with samples wider
 than 8 bits or not unsigned; and the EXIF orientation applied as Pillow's ``exif_transpose`` does. OpenCV and
 tifffile are imported on first use."""
+
 from __future__ import annotations
 
 import io
@@ -23,9 +24,13 @@ from ffload.errors import ImageUnsupportedError
 
 # Pillow's image classes per sniffed format: constructed directly, they parse the header as Image.open does but
 # without its global decompression-bomb limit (max_pixels decides).
-_PILLOW_CLASSES = {"JPEG": ("JpegImagePlugin", "JpegImageFile"), "PNG": ("PngImagePlugin", "PngImageFile"),
-                   "BMP": ("BmpImagePlugin", "BmpImageFile"), "WebP": ("WebPImagePlugin", "WebPImageFile"),
-                   "TIFF": ("TiffImagePlugin", "TiffImageFile")}
+_PILLOW_CLASSES = {
+    "JPEG": ("JpegImagePlugin", "JpegImageFile"),
+    "PNG": ("PngImagePlugin", "PngImageFile"),
+    "BMP": ("BmpImagePlugin", "BmpImageFile"),
+    "WebP": ("WebPImagePlugin", "WebPImageFile"),
+    "TIFF": ("TiffImagePlugin", "TiffImageFile"),
+}
 
 
 def decode(data: bytes, fmt: str, name: str, max_pixels: int | None, size: tuple[int, int] | None) -> np.ndarray:
@@ -63,8 +68,9 @@ def _jpeg_fast_path(data: bytes) -> bool:
     baseline / extended / progressive, 1 or 3 components, no Adobe APP14 marker (whose colour transform flag
     the two libraries might read differently)."""
     frame = jpeg_frame(data)
-    return (frame is not None and frame[0] in (0xC0, 0xC1, 0xC2) and frame[1] == 8 and frame[4] in (1, 3)
-            and not frame[5])
+    return (
+        frame is not None and frame[0] in (0xC0, 0xC1, 0xC2) and frame[1] == 8 and frame[4] in (1, 3) and not frame[5]
+    )
 
 
 def _pillow(data: bytes, fmt: str):
@@ -91,9 +97,15 @@ def _orientation(im) -> int:
 def _oriented(a: np.ndarray, orientation: int) -> np.ndarray:
     """``a`` ``(H, W, C)`` transposed as Pillow's ``exif_transpose`` does for ``orientation`` (EXIF 2.3: 2 mirror,
     3 rotate 180, 4 flip, 5 transpose, 6 rotate 270, 7 transverse, 8 rotate 90; others: unchanged); C-contiguous."""
-    moves = {2: lambda x: x[:, ::-1], 3: lambda x: x[::-1, ::-1], 4: lambda x: x[::-1],
-             5: lambda x: x.transpose(1, 0, 2), 6: lambda x: x[::-1].transpose(1, 0, 2),
-             7: lambda x: x[::-1, ::-1].transpose(1, 0, 2), 8: lambda x: x[:, ::-1].transpose(1, 0, 2)}
+    moves = {
+        2: lambda x: x[:, ::-1],
+        3: lambda x: x[::-1, ::-1],
+        4: lambda x: x[::-1],
+        5: lambda x: x.transpose(1, 0, 2),
+        6: lambda x: x[::-1].transpose(1, 0, 2),
+        7: lambda x: x[::-1, ::-1].transpose(1, 0, 2),
+        8: lambda x: x[:, ::-1].transpose(1, 0, 2),
+    }
     move = moves.get(orientation)
     return np.ascontiguousarray(a if move is None else move(a))
 
@@ -128,9 +140,9 @@ def _png_image_chunks(data: bytes) -> bytes:
     frames (APNG), transparency or colour chunks that a decoder might apply."""
     pieces, pos = [data[:8]], 8
     while pos + 8 <= len(data):
-        length = int.from_bytes(data[pos:pos + 4], "big")
-        if data[pos + 4:pos + 8] in (b"IHDR", b"IDAT", b"IEND"):
-            pieces.append(data[pos:pos + 12 + length])
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        if data[pos + 4 : pos + 8] in (b"IHDR", b"IDAT", b"IEND"):
+            pieces.append(data[pos : pos + 12 + length])
         pos += 12 + length
     return b"".join(pieces)
 
@@ -146,16 +158,20 @@ def _wide_tiff(data: bytes, name: str, tags: dict[int, tuple[int, ...]]) -> np.n
         photometric, extras = int(page.photometric), tuple(int(e) for e in page.extrasamples)
         compression = TIFF_COMPRESSIONS.get(int(page.compression), int(page.compression))
         if kind == 2:
-            raise ImageUnsupportedError(f"{name}: unsupported: signed {bits}-bit integer samples (no unambiguous "
-                                        f"mapping to 0..255)")
+            raise ImageUnsupportedError(
+                f"{name}: unsupported: signed {bits}-bit integer samples (no unambiguous mapping to 0..255)"
+            )
         if kind != 3 and bits > 32:
-            raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit unsigned integer samples (up to 32 bits "
-                                        f"are read)")
+            raise ImageUnsupportedError(
+                f"{name}: unsupported: {bits}-bit unsigned integer samples (up to 32 bits are read)"
+            )
         cmyk = photometric == 5 and first_value(tags, 332, 1) == 1 and page.samplesperpixel - len(extras) == 4
         if photometric not in (0, 1, 2) and not (cmyk and kind != 3 and bits <= 16):
-            raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit "
-                                        f"{TIFF_PHOTOMETRICS.get(photometric, photometric)} TIFF ({compression} "
-                                        f"compression)")
+            raise ImageUnsupportedError(
+                f"{name}: unsupported: {bits}-bit "
+                f"{TIFF_PHOTOMETRICS.get(photometric, photometric)} TIFF ({compression} "
+                f"compression)"
+            )
         try:
             samples = page.asarray()
             if page.axes.startswith("S"):  # planar: one plane per sample
@@ -165,9 +181,11 @@ def _wide_tiff(data: bytes, name: str, tags: dict[int, tuple[int, ...]]) -> np.n
                 raise
             if int(page.planarconfig) != 1 or cmyk:  # OpenCV reads neither exactly
                 layout = "CMYK" if cmyk else "planar"
-                raise ImageUnsupportedError(f"{name}: unsupported: {bits}-bit {layout} TIFF with {compression} "
-                                            f"compression (tifffile reads it with the imagecodecs package: pip "
-                                            f"install imagecodecs)") from e
+                raise ImageUnsupportedError(
+                    f"{name}: unsupported: {bits}-bit {layout} TIFF with {compression} "
+                    f"compression (tifffile reads it with the imagecodecs package: pip "
+                    f"install imagecodecs)"
+                ) from e
             samples = _opencv(data, _IMREAD_UNCHANGED)
             if samples is None:
                 raise ValueError(f"OpenCV could not decode the {bits}-bit {compression} data") from e
@@ -177,5 +195,6 @@ def _wide_tiff(data: bytes, name: str, tags: dict[int, tuple[int, ...]]) -> np.n
         orientation = _orientation(_pillow(data, "TIFF"))
     except Exception:  # Pillow cannot open it (e.g. planar float64): the Orientation tag, as Pillow would read it
         orientation = first_value(tags, 274, 1)
-    return _oriented(wide_to_rgb(samples, bits, photometric, name, associated=extras[:1] == (1,), cmyk=cmyk),
-                     orientation)
+    return _oriented(
+        wide_to_rgb(samples, bits, photometric, name, associated=extras[:1] == (1,), cmyk=cmyk), orientation
+    )

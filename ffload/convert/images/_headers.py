@@ -2,6 +2,7 @@
 is complete, the size the header declares and the pixel limit on it, the JPEG marker segments and frame header
 (ITU T.81), and the integer tags of a TIFF's first IFD (TIFF 6.0, BigTIFF). The rule they serve is in
 :mod:`ffload.convert.images`."""
+
 from __future__ import annotations
 
 import logging
@@ -12,23 +13,62 @@ from ffload.errors import ImageBombError, ImageDecodeError, ImageUnsupportedErro
 logger = logging.getLogger(__package__)  # ffload.convert.images, whichever of its modules logs
 
 _UNSUPPORTED_SIGNATURES = (
-    (b"GIF87a", "GIF"), (b"GIF89a", "GIF"),
-    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "JPEG 2000"), (b"\xff\x4f\xff\x51", "JPEG 2000 codestream"),
-    (b"\xff\x0a", "JPEG XL"), (b"\x00\x00\x00\x0cJXL \r\n\x87\n", "JPEG XL"),
-    (b"8BPS", "Photoshop PSD"), (b"%PDF", "PDF"), (b"\x76\x2f\x31\x01", "OpenEXR"),
-    (b"#?RADIANCE", "Radiance HDR"), (b"P1", "PNM"), (b"P2", "PNM"), (b"P3", "PNM"), (b"P4", "PNM"),
-    (b"P5", "PNM"), (b"P6", "PNM"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "JPEG 2000"),
+    (b"\xff\x4f\xff\x51", "JPEG 2000 codestream"),
+    (b"\xff\x0a", "JPEG XL"),
+    (b"\x00\x00\x00\x0cJXL \r\n\x87\n", "JPEG XL"),
+    (b"8BPS", "Photoshop PSD"),
+    (b"%PDF", "PDF"),
+    (b"\x76\x2f\x31\x01", "OpenEXR"),
+    (b"#?RADIANCE", "Radiance HDR"),
+    (b"P1", "PNM"),
+    (b"P2", "PNM"),
+    (b"P3", "PNM"),
+    (b"P4", "PNM"),
+    (b"P5", "PNM"),
+    (b"P6", "PNM"),
 )
 _SUPPORTED_NAMES = "JPEG, PNG, BMP, WebP, TIFF"
 
 
 # names of the values of the TIFF tags Compression (259) and PhotometricInterpretation (262), for messages
-TIFF_COMPRESSIONS = {1: "none", 2: "CCITT RLE", 3: "CCITT Group 3", 4: "CCITT Group 4", 5: "LZW",
-                     6: "old-style JPEG", 7: "JPEG", 8: "Deflate", 32773: "PackBits", 32946: "Deflate",
-                     34661: "JBIG", 34676: "SGI LogLuv", 34677: "SGI LogLuv", 34712: "JPEG 2000", 34887: "LERC",
-                     34925: "LZMA", 50000: "Zstandard", 50001: "WebP", 50002: "JPEG XL"}
-TIFF_PHOTOMETRICS = {0: "min-is-white", 1: "min-is-black", 2: "RGB", 3: "palette", 4: "mask", 5: "separated (CMYK)",
-                     6: "YCbCr", 8: "CIELab", 9: "ICCLab", 10: "ITULab", 32844: "LogL", 32845: "LogLuv"}
+TIFF_COMPRESSIONS = {
+    1: "none",
+    2: "CCITT RLE",
+    3: "CCITT Group 3",
+    4: "CCITT Group 4",
+    5: "LZW",
+    6: "old-style JPEG",
+    7: "JPEG",
+    8: "Deflate",
+    32773: "PackBits",
+    32946: "Deflate",
+    34661: "JBIG",
+    34676: "SGI LogLuv",
+    34677: "SGI LogLuv",
+    34712: "JPEG 2000",
+    34887: "LERC",
+    34925: "LZMA",
+    50000: "Zstandard",
+    50001: "WebP",
+    50002: "JPEG XL",
+}
+TIFF_PHOTOMETRICS = {
+    0: "min-is-white",
+    1: "min-is-black",
+    2: "RGB",
+    3: "palette",
+    4: "mask",
+    5: "separated (CMYK)",
+    6: "YCbCr",
+    8: "CIELab",
+    9: "ICCLab",
+    10: "ITULab",
+    32844: "LogL",
+    32845: "LogLuv",
+}
 
 
 def sniff_format(data: bytes, name: str) -> str:
@@ -47,10 +87,12 @@ def sniff_format(data: bytes, name: str) -> str:
         if data.startswith(signature):
             raise ImageUnsupportedError(f"{name}: unsupported image format {fmt} (supported: {_SUPPORTED_NAMES})")
     if data[4:8] == b"ftyp":
-        raise ImageUnsupportedError(f"{name}: unsupported image format HEIF/AVIF/MP4 container "
-                               f"(supported: {_SUPPORTED_NAMES})")
-    raise ImageDecodeError(f"{name}: not an image (unrecognised file signature {data[:8].hex(' ')}; "
-                           f"supported: {_SUPPORTED_NAMES})")
+        raise ImageUnsupportedError(
+            f"{name}: unsupported image format HEIF/AVIF/MP4 container (supported: {_SUPPORTED_NAMES})"
+        )
+    raise ImageDecodeError(
+        f"{name}: not an image (unrecognised file signature {data[:8].hex(' ')}; supported: {_SUPPORTED_NAMES})"
+    )
 
 
 def check_jpeg_complete(data: bytes, name: str) -> None:
@@ -74,17 +116,18 @@ def check_jpeg_complete(data: bytes, name: str) -> None:
             raise ImageDecodeError(f"{name}: corrupt JPEG (end-of-image marker before any image data)")
         if pos + 4 > n:
             raise ImageDecodeError(f"{name}: truncated JPEG (the file ends inside the header, {n} bytes)")
-        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
         end = pos + 2 + length
         if length < 2 or end > n:
-            raise ImageDecodeError(f"{name}: truncated JPEG (marker segment 0xFF{marker:02X} at byte {pos} needs "
-                                   f"{length} bytes, the file has {n} bytes)")
+            raise ImageDecodeError(
+                f"{name}: truncated JPEG (marker segment 0xFF{marker:02X} at byte {pos} needs "
+                f"{length} bytes, the file has {n} bytes)"
+            )
         if marker == 0xDA:  # SOS: entropy-coded data follows
             break
         pos = end
     if data.rfind(b"\xff\xd9", end) < 0:
-        raise ImageDecodeError(f"{name}: truncated JPEG (no end-of-image marker FFD9 after the scan data; "
-                               f"{n} bytes)")
+        raise ImageDecodeError(f"{name}: truncated JPEG (no end-of-image marker FFD9 after the scan data; {n} bytes)")
 
 
 def check_png_complete(data: bytes, name: str) -> None:
@@ -95,12 +138,14 @@ def check_png_complete(data: bytes, name: str) -> None:
     while True:
         if pos + 8 > n:
             raise ImageDecodeError(f"{name}: truncated PNG (no IEND chunk; the file ends after {n} bytes)")
-        length = int.from_bytes(data[pos:pos + 4], "big")
-        chunk_type = data[pos + 4:pos + 8]
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        chunk_type = data[pos + 4 : pos + 8]
         end = pos + 12 + length
         if end > n:
-            raise ImageDecodeError(f"{name}: truncated PNG (chunk {chunk_type.decode('latin-1')!r} at byte {pos} "
-                                   f"needs {length + 12} bytes, the file has {n} bytes)")
+            raise ImageDecodeError(
+                f"{name}: truncated PNG (chunk {chunk_type.decode('latin-1')!r} at byte {pos} "
+                f"needs {length + 12} bytes, the file has {n} bytes)"
+            )
         if chunk_type == b"IEND":
             return
         pos = end
@@ -116,12 +161,16 @@ def check_pixels(height: int, width: int, max_pixels: int | None, name: str) -> 
         return
     pixels = int(height) * int(width)
     if pixels > max_pixels:
-        raise ImageBombError(f"{name}: {width}x{height} image ({pixels:,} pixels) exceeds the limit of "
-                             f"{max_pixels:,} pixels (a decompression bomb?); nothing was decoded",
-                             path=name, hint="raise it with --max-pixels / max_pixels=")
+        raise ImageBombError(
+            f"{name}: {width}x{height} image ({pixels:,} pixels) exceeds the limit of "
+            f"{max_pixels:,} pixels (a decompression bomb?); nothing was decoded",
+            path=name,
+            hint="raise it with --max-pixels / max_pixels=",
+        )
     if pixels > max_pixels // 2:
-        logger.warning("%s: large image, %dx%d (%s pixels; the limit is %s)", name, width, height,
-                       f"{pixels:,}", f"{max_pixels:,}")
+        logger.warning(
+            "%s: large image, %dx%d (%s pixels; the limit is %s)", name, width, height, f"{pixels:,}", f"{max_pixels:,}"
+        )
 
 
 def header_size(data: bytes, fmt: str, name: str) -> tuple[int, int]:
@@ -153,7 +202,7 @@ def _jpeg_segments(data: bytes):
         yield marker, pos
         if marker in (0xDA, 0xD9):
             return
-        pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
 
 
 def jpeg_frame(data: bytes) -> tuple[int, int, int, int, int, bool] | None:
@@ -162,11 +211,11 @@ def jpeg_frame(data: bytes) -> tuple[int, int, int, int, int, bool] | None:
     adobe = False
     for marker, pos in _jpeg_segments(data):
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn: P, Y, X, Nf
-            precision, height, width, components = struct.unpack(">BHHB", data[pos + 4:pos + 10])
+            precision, height, width, components = struct.unpack(">BHHB", data[pos + 4 : pos + 10])
             return marker, precision, height, width, components, adobe
         if marker in (0xDA, 0xD9):
             return None
-        adobe = adobe or (marker == 0xEE and data[pos + 4:pos + 9] == b"Adobe")
+        adobe = adobe or (marker == 0xEE and data[pos + 4 : pos + 9] == b"Adobe")
     return None
 
 
@@ -224,11 +273,11 @@ def tiff_tags(data: bytes) -> dict[int, tuple[int, ...]]:
     order = "<" if data[:2] == b"II" else ">"
     if data[2:4] in (b"+\x00", b"\x00+"):  # BigTIFF: 8-byte offsets and counts, 20-byte entries
         (ifd,) = struct.unpack(order + "Q", data[8:16])
-        (count,) = struct.unpack(order + "Q", data[ifd:ifd + 8])
+        (count,) = struct.unpack(order + "Q", data[ifd : ifd + 8])
         first, entry, head, inline = ifd + 8, 20, order + "HHQ", 8
     else:
         (ifd,) = struct.unpack(order + "I", data[4:8])
-        (count,) = struct.unpack(order + "H", data[ifd:ifd + 2])
+        (count,) = struct.unpack(order + "H", data[ifd : ifd + 2])
         first, entry, head, inline = ifd + 2, 12, order + "HHI", 4
     tags = {}
     for k in range(min(count, 4096)):

@@ -2,6 +2,7 @@
 captured during a decode (one ``warnings.showwarning`` hook for all threads; file descriptor 2 redirected under a
 lock), and a decoder's refusal is worded as unsupported (a feature the header shows) or corrupt, with the
 decoder's words. The policy is stated in :mod:`ffload.convert.images`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -72,8 +73,9 @@ def decoder_messages(stderr: bool):
                 os.dup2(saved, 2)
                 os.close(saved)
                 sink.seek(0)
-                said.extend(line.strip() for line in sink.read().decode("utf-8", "replace").splitlines()
-                            if line.strip())
+                said.extend(
+                    line.strip() for line in sink.read().decode("utf-8", "replace").splitlines() if line.strip()
+                )
             said.extend(caught)
 
 

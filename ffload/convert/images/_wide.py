@@ -2,6 +2,7 @@
 ``round(v * 255 / (2**b - 1))`` for unsigned integers of ``b`` bits (associated alpha undone first, min-is-white
 inverted, CMYK converted as Pillow does), ``rint(v * 255)`` for floats in ``[0, 1]``; and in-memory arrays
 normalised to ``(H, W, 3) uint8`` by the same rule."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,9 @@ _BLOCK_SAMPLES = 1 << 18
 image size."""
 
 
-def wide_to_rgb(samples: np.ndarray, bits: int, photometric: int, name: str, associated: bool = False,
-                 cmyk: bool = False) -> np.ndarray:
+def wide_to_rgb(
+    samples: np.ndarray, bits: int, photometric: int, name: str, associated: bool = False, cmyk: bool = False
+) -> np.ndarray:
     """``(H, W, C)`` samples (unsigned ints of ``bits`` <= 32 bits, or floats) in RGB(A) / grey(+alpha) / CMYK
     order -> ``(H, W, 3)`` RGB uint8 by the package's rules: associated alpha undone, min-is-white (``photometric``
     0) inverted, CMYK (``cmyk``, ``bits`` <= 16) converted as Pillow does, then scaled. Integers are converted
@@ -22,7 +24,7 @@ def wide_to_rgb(samples: np.ndarray, bits: int, photometric: int, name: str, ass
     if samples.dtype.kind == "f":
         colour = samples[..., :3] if samples.shape[2] >= 3 else samples[..., :1]
         if associated and samples.shape[2] > colour.shape[2]:
-            alpha = samples[..., colour.shape[2]:colour.shape[2] + 1]
+            alpha = samples[..., colour.shape[2] : colour.shape[2] + 1]
             colour = np.where(alpha > 0, np.minimum(colour / np.where(alpha > 0, alpha, 1), 1.0), 0.0)
         out = _to_uint8(1.0 - colour if photometric == 0 else colour, name)
         return np.ascontiguousarray(np.repeat(out, 3, axis=2) if out.shape[2] == 1 else out)
@@ -30,9 +32,8 @@ def wide_to_rgb(samples: np.ndarray, bits: int, photometric: int, name: str, ass
     out = np.empty((height, width, 3), np.uint8)
     rows = max(1, _BLOCK_SAMPLES // max(1, width * channels))
     for y in range(0, height, rows):
-        block = samples[y:y + rows]
-        out[y:y + rows] = (_cmyk_rows(block, bits) if cmyk else
-                           _scaled_rows(block, bits, photometric == 0, associated))
+        block = samples[y : y + rows]
+        out[y : y + rows] = _cmyk_rows(block, bits) if cmyk else _scaled_rows(block, bits, photometric == 0, associated)
     return out
 
 
@@ -44,7 +45,7 @@ def _scaled_rows(samples: np.ndarray, bits: int, inverted: bool, associated: boo
     c = 3 if samples.shape[2] >= 3 else 1
     colour = samples[..., :c].astype(wide)
     if associated and samples.shape[2] > c:  # as Pillow at 8 bits: min(c * top // a, top), 0 where a is 0
-        alpha = samples[..., c:c + 1].astype(wide)
+        alpha = samples[..., c : c + 1].astype(wide)
         colour = np.where(alpha == 0, wide(0), np.minimum(colour * top // np.maximum(alpha, wide(1)), top))
     if inverted:
         colour = top - colour
@@ -82,8 +83,9 @@ def to_rgb_uint8(array, name: str) -> np.ndarray:
     elif a.ndim == 3 and a.shape[2] == 4:
         a = a[..., :3]  # RGBA -> RGB, alpha dropped
     elif not (a.ndim == 2 or (a.ndim == 3 and a.shape[2] == 3)):
-        raise ImageDecodeError(f"{name}: expected an (H, W), (H, W, 1), (H, W, 2), (H, W, 3) or (H, W, 4) image "
-                               f"array, got shape {a.shape}")
+        raise ImageDecodeError(
+            f"{name}: expected an (H, W), (H, W, 1), (H, W, 2), (H, W, 3) or (H, W, 4) image array, got shape {a.shape}"
+        )
     if a.shape[0] == 0 or a.shape[1] == 0:
         raise ImageDecodeError(f"{name}: empty image (shape {a.shape})")
     a = _to_uint8(a, name)
@@ -106,8 +108,11 @@ def _to_uint8(a: np.ndarray, name: str) -> np.ndarray:
             raise ImageUnsupportedError(f"{name}: unsupported: float samples that are NaN or infinite")
         low, high = float(a.min()), float(a.max())
         if low < 0.0 or high > 1.0:
-            raise ImageUnsupportedError(f"{name}: unsupported: float samples outside [0, 1] (found [{low:g}, "
-                                        f"{high:g}]; the rule is round(v * 255) for [0, 1])")
+            raise ImageUnsupportedError(
+                f"{name}: unsupported: float samples outside [0, 1] (found [{low:g}, "
+                f"{high:g}]; the rule is round(v * 255) for [0, 1])"
+            )
         return np.rint(a.astype(np.float64) * 255.0).astype(np.uint8)
-    raise ImageUnsupportedError(f"{name}: unsupported: sample type {a.dtype} (expected uint8, uint16, bool, or "
-                                f"float in [0, 1])")
+    raise ImageUnsupportedError(
+        f"{name}: unsupported: sample type {a.dtype} (expected uint8, uint16, bool, or float in [0, 1])"
+    )

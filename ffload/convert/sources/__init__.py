@@ -16,23 +16,41 @@ label int)``, ``describe``, ``classes``, ``labels``, ``name``). One module per k
 
 Every image goes through :mod:`ffload.convert.images`, so ``src[i][0]`` is always ``(H, W, 3) uint8`` RGB.
 """
+
 from __future__ import annotations
 
 from ffload.convert.sources.arrays import ArraySource, IndexableSource
 from ffload.convert.sources.base import Source, SourceError, check_index
 from ffload.convert.sources.cifar import (
-           CIFARSource,
-           cifar_variant,
-           find_cifar_folder,
-           is_cifar_folder,
-           missing_cifar_files,
-           read_cifar_pickle,
+    CIFARSource,
+    cifar_variant,
+    find_cifar_folder,
+    is_cifar_folder,
+    missing_cifar_files,
+    read_cifar_pickle,
 )
 from ffload.convert.sources.detect import SOURCE_KINDS, SourceKind, detect_kind, detect_source
 from ffload.convert.sources.hf import HFSource
 from ffload.convert.sources.imagefolder import ImageFolderSource
 from ffload.convert.sources.webdataset import WebDatasetSource
 
-__all__ = ["Source", "SourceError", "check_index", "ImageFolderSource", "CIFARSource", "ArraySource",
-           "IndexableSource", "WebDatasetSource", "HFSource", "SourceKind", "SOURCE_KINDS", "detect_kind", "detect_source", "is_cifar_folder",
-           "find_cifar_folder", "cifar_variant", "missing_cifar_files", "read_cifar_pickle"]
+__all__ = [
+    "Source",
+    "SourceError",
+    "check_index",
+    "ImageFolderSource",
+    "CIFARSource",
+    "ArraySource",
+    "IndexableSource",
+    "WebDatasetSource",
+    "HFSource",
+    "SourceKind",
+    "SOURCE_KINDS",
+    "detect_kind",
+    "detect_source",
+    "is_cifar_folder",
+    "find_cifar_folder",
+    "cifar_variant",
+    "missing_cifar_files",
+    "read_cifar_pickle",
+]

@@ -1,5 +1,6 @@
 """Sources over objects in memory: :class:`ArraySource` (arrays) and :class:`IndexableSource` (any
 ``dataset[i] -> (image, label)``, e.g. a torch ``Dataset`` without ``ToTensor``)."""
+
 from __future__ import annotations
 
 import logging
@@ -19,12 +20,15 @@ def _check_labels(labels, n: int, name: str, classes) -> np.ndarray:
     """``labels`` as ``(n,) int64``; SourceError when not 1-D integers of length ``n`` or outside the classes."""
     arr = np.asarray(labels)
     if arr.ndim != 1 or len(arr) != n or (n and arr.dtype.kind not in "iu"):
-        raise SourceError(f"{name}: labels must be a 1-D integer array of length {n} (one per image), got "
-                          f"{arr.dtype} array of shape {arr.shape}")
+        raise SourceError(
+            f"{name}: labels must be a 1-D integer array of length {n} (one per image), got "
+            f"{arr.dtype} array of shape {arr.shape}"
+        )
     arr = arr.astype(np.int64)
     if classes is not None and n and (arr.min() < 0 or arr.max() >= len(classes)):
-        raise SourceError(f"{name}: labels outside [0, {len(classes)}) for {len(classes)} classes: "
-                          f"[{arr.min()}, {arr.max()}]")
+        raise SourceError(
+            f"{name}: labels outside [0, {len(classes)}) for {len(classes)} classes: [{arr.min()}, {arr.max()}]"
+        )
     return arr
 
 
@@ -46,8 +50,10 @@ class ArraySource:
 
     def __init__(self, images, labels, classes: list[str] | None = None, name: str = "arrays"):
         if isinstance(images, np.ndarray) and images.ndim not in (3, 4):
-            raise SourceError(f"{name}: images must be an (N, H, W) or (N, H, W, C) array or a list of arrays, got "
-                              f"shape {images.shape}")
+            raise SourceError(
+                f"{name}: images must be an (N, H, W) or (N, H, W, C) array or a list of arrays, got "
+                f"shape {images.shape}"
+            )
         self.name = name
         self.classes = list(classes) if classes is not None else None
         self._images = images
@@ -111,8 +117,9 @@ class IndexableSource:
             if targets is not None and len(targets) == len(self):
                 self._labels = _check_labels(targets, len(self), self.name, self.classes)
             else:
-                logger.info("%s: no 'targets' attribute; reading all %d samples to collect labels", self.name,
-                            len(self))
+                logger.info(
+                    "%s: no 'targets' attribute; reading all %d samples to collect labels", self.name, len(self)
+                )
                 self._labels = np.asarray([self[i][1] for i in range(len(self))], dtype=np.int64)
         return self._labels
 
@@ -125,8 +132,10 @@ class IndexableSource:
             raise SourceError(f"{where}: expected an (image, label) pair, got {type(item).__name__}")
         image, label = item
         if type(image).__module__.split(".")[0] == "torch":
-            raise SourceError(f"{where}: the image is a torch tensor; return numpy (H, W, C) arrays or PIL images "
-                              f"(drop ToTensor()/Normalize from the transform)")
+            raise SourceError(
+                f"{where}: the image is a torch tensor; return numpy (H, W, C) arrays or PIL images "
+                f"(drop ToTensor()/Normalize from the transform)"
+            )
         if hasattr(image, "mode") and hasattr(image, "convert"):  # a PIL image, without importing PIL
             image = np.asarray(image if image.mode in _PIL_ARRAY_MODES else image.convert("RGB"))
         elif not isinstance(image, np.ndarray):

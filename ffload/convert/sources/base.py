@@ -5,6 +5,7 @@ processes, so they keep only file lists and arrays (no open handles) and decode 
 ``__getitem__``. Errors: :class:`~ffload.errors.SourceError` (re-exported here) for a dataset that
 cannot be read as asked, :class:`~ffload.errors.ImageDecodeError` for one bad image.
 """
+
 from __future__ import annotations
 
 import operator

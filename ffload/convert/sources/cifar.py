@@ -15,6 +15,7 @@ the 1024 red, then 1024 green, then 1024 blue values of a 32x32 image in row-maj
 re-pickled by numpy 2), ``numpy.ndarray`` and ``numpy.dtype``; any other global (``os.system``,
 ``builtins.eval``, ...) is refused, so a malicious file cannot run code.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -25,8 +26,14 @@ import numpy as np
 
 from ffload.convert.sources.base import SourceError, check_index
 
-__all__ = ["CIFARSource", "is_cifar_folder", "cifar_variant", "find_cifar_folder", "missing_cifar_files",
-           "read_cifar_pickle"]
+__all__ = [
+    "CIFARSource",
+    "is_cifar_folder",
+    "cifar_variant",
+    "find_cifar_folder",
+    "missing_cifar_files",
+    "read_cifar_pickle",
+]
 
 CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST_FILES = ("test_batch",)
@@ -90,12 +97,17 @@ def read_cifar_pickle(path: str | os.PathLike) -> dict:
     except OSError as e:
         raise SourceError(f"{path}: cannot read the CIFAR file ({e.strerror or e})", path=path) from e
     except _ForbiddenGlobal as e:
-        raise SourceError(f"{path}: refusing to unpickle: the file references {e}, but a CIFAR archive may only "
-                          f"contain numpy arrays, lists, dicts, strings and numbers", path=path) from e
+        raise SourceError(
+            f"{path}: refusing to unpickle: the file references {e}, but a CIFAR archive may only "
+            f"contain numpy arrays, lists, dicts, strings and numbers",
+            path=path,
+        ) from e
     except Exception as e:  # a corrupt pickle can raise almost anything (EOFError, UnpicklingError, ValueError...)
         raise SourceError(f"{path}: corrupt CIFAR file ({type(e).__name__}: {e})", path=path) from e
     if not isinstance(obj, dict):
-        raise SourceError(f"{path}: corrupt CIFAR file (expected a pickled dict, found {type(obj).__name__})", path=path)
+        raise SourceError(
+            f"{path}: corrupt CIFAR file (expected a pickled dict, found {type(obj).__name__})", path=path
+        )
     return {k.decode("latin-1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
 
 
@@ -152,21 +164,31 @@ def _read_batch(path: str, label_key: str, num_classes: int) -> tuple[np.ndarray
     batch = read_cifar_pickle(path)
     data, labels = batch.get("data"), batch.get(label_key)
     if data is None or labels is None:
-        raise SourceError(f"{path}: corrupt CIFAR batch (keys {sorted(batch)}, expected 'data' and {label_key!r})", path=path)
-    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
-            and data.shape[1] == _IMAGE_BYTES):
+        raise SourceError(
+            f"{path}: corrupt CIFAR batch (keys {sorted(batch)}, expected 'data' and {label_key!r})", path=path
+        )
+    if not (
+        isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2 and data.shape[1] == _IMAGE_BYTES
+    ):
         desc = f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
-        raise SourceError(f"{path}: corrupt CIFAR batch ('data' must be an (N, 3072) uint8 array, found {desc})", path=path)
+        raise SourceError(
+            f"{path}: corrupt CIFAR batch ('data' must be an (N, 3072) uint8 array, found {desc})", path=path
+        )
     try:
         labels = np.asarray(labels)
     except (TypeError, ValueError) as e:
         raise SourceError(f"{path}: corrupt CIFAR batch ({label_key!r} is not a list of integers)", path=path) from e
     if labels.ndim != 1 or labels.dtype.kind not in "iu" or len(labels) != len(data):
-        raise SourceError(f"{path}: corrupt CIFAR batch ({label_key!r} must hold {len(data)} integers, found "
-                          f"{labels.dtype} array of shape {labels.shape})", path=path)
+        raise SourceError(
+            f"{path}: corrupt CIFAR batch ({label_key!r} must hold {len(data)} integers, found "
+            f"{labels.dtype} array of shape {labels.shape})",
+            path=path,
+        )
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise SourceError(f"{path}: corrupt CIFAR batch ({label_key!r} outside [0, {num_classes}): "
-                          f"[{labels.min()}, {labels.max()}])", path=path)
+        raise SourceError(
+            f"{path}: corrupt CIFAR batch ({label_key!r} outside [0, {num_classes}): [{labels.min()}, {labels.max()}])",
+            path=path,
+        )
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     return np.ascontiguousarray(images), labels.astype(np.int64)
 
@@ -205,9 +227,12 @@ class CIFARSource:
     def __init__(self, folder: str | os.PathLike, train: bool = True, label_kind: str = "fine"):
         found = find_cifar_folder(folder)
         if found is None:
-            raise SourceError(f"{os.fspath(folder)}: not a CIFAR python folder (expected {CIFAR10_META_FILE} + "
-                              f"data_batch_1..5 + test_batch, or {CIFAR100_META_FILE} + train + test, directly or "
-                              f"under {' or '.join(TORCHVISION_FOLDERS.values())})", path=os.fspath(folder))
+            raise SourceError(
+                f"{os.fspath(folder)}: not a CIFAR python folder (expected {CIFAR10_META_FILE} + "
+                f"data_batch_1..5 + test_batch, or {CIFAR100_META_FILE} + train + test, directly or "
+                f"under {' or '.join(TORCHVISION_FOLDERS.values())})",
+                path=os.fspath(folder),
+            )
         self.folder, self.variant = os.path.abspath(found[0]), found[1]
         if label_kind not in ("fine", "coarse") or (self.variant == "cifar10" and label_kind != "fine"):
             allowed = "'fine' or 'coarse'" if self.variant == "cifar100" else "'fine' (CIFAR-10 has one label kind)"
@@ -245,7 +270,9 @@ class CIFARSource:
         if self._images is None:
             images, labels = self._read_split()
             if not np.array_equal(labels, self.labels):
-                raise SourceError(f"{self.folder}: the CIFAR batch files changed since the source was created", path=self.folder)
+                raise SourceError(
+                    f"{self.folder}: the CIFAR batch files changed since the source was created", path=self.folder
+                )
             self._images = images
         return self._images[i], int(self.labels[i])
 
@@ -262,8 +289,13 @@ class CIFARSource:
     @property
     def origin_info(self) -> dict:
         """How :meth:`origin` reads (:mod:`ffload.formats.origins`): a batch file and a row in it."""
-        return {"source": self.variant, "id": "row", "int": True, "part": "file",
-                "parts": [os.path.basename(p) for p in self._batch_files()]}
+        return {
+            "source": self.variant,
+            "id": "row",
+            "int": True,
+            "part": "file",
+            "parts": [os.path.basename(p) for p in self._batch_files()],
+        }
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -10,6 +10,7 @@ images) is ambiguous: auto-detection refuses it and names both, and ``--source``
 table gives the ``kind`` argument of :func:`detect_source` and the choices of ``ffload convert
 --source``, so a new kind is one row here.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,11 +52,13 @@ class SourceKind:
 
 def _cifar_finder(variant: str) -> Callable[[str], str | None]:
     """``find`` of a CIFAR kind: ``path`` itself, or torchvision's ``path/<archive folder>``."""
+
     def find(path: str) -> str | None:
         for folder in (path, os.path.join(path, TORCHVISION_FOLDERS[variant])):
             if cifar_variant(folder) == variant:
                 return folder
         return None
+
     return find
 
 
@@ -65,8 +68,7 @@ def _open_cifar(folder: str, split: str | None, label_kind: str, max_pixels: int
     return CIFARSource(folder, train=split != "test", label_kind=label_kind)
 
 
-def _open_image_folder(folder: str, split: str | None, label_kind: str,
-                       max_pixels: int | None) -> ImageFolderSource:
+def _open_image_folder(folder: str, split: str | None, label_kind: str, max_pixels: int | None) -> ImageFolderSource:
     if split is not None:
         split_dir = os.path.join(folder, split)
         if not os.path.isdir(split_dir):
@@ -75,21 +77,47 @@ def _open_image_folder(folder: str, split: str | None, label_kind: str,
     return ImageFolderSource(folder, max_pixels=max_pixels)
 
 
-SOURCE_KINDS: dict[str, SourceKind] = {kind.name: kind for kind in (
-    SourceKind("cifar10", "a cifar10 folder", "a CIFAR-10 python folder (data_batch_1..5, test_batch, batches.meta)",
-               _cifar_finder("cifar10"), _open_cifar),
-    SourceKind("cifar100", "a cifar100 folder", "a CIFAR-100 python folder (train, test, meta)",
-               _cifar_finder("cifar100"), _open_cifar),
-    SourceKind("webdataset", "WebDataset shards",
-               "WebDataset shards (a .tar, .tar.gz or .tgz file, a brace pattern or glob of them, or a folder "
-               "holding them)", lambda path: path if looks_like_webdataset(path) else None,
-               lambda path, split, label_kind, max_pixels: WebDatasetSource(path, max_pixels=max_pixels)),
-    SourceKind("hf", "a Hugging Face dataset", "a Hugging Face dataset (a save_to_disk folder or Parquet files)",
-               lambda path: path if looks_like_hf(path) else None,
-               lambda path, split, label_kind, max_pixels: HFSource(path, split=split, max_pixels=max_pixels)),
-    SourceKind("imagefolder", "an ImageFolder", "an ImageFolder (root/<class>/<image>)", lambda path: path,
-               _open_image_folder),
-)}
+SOURCE_KINDS: dict[str, SourceKind] = {
+    kind.name: kind
+    for kind in (
+        SourceKind(
+            "cifar10",
+            "a cifar10 folder",
+            "a CIFAR-10 python folder (data_batch_1..5, test_batch, batches.meta)",
+            _cifar_finder("cifar10"),
+            _open_cifar,
+        ),
+        SourceKind(
+            "cifar100",
+            "a cifar100 folder",
+            "a CIFAR-100 python folder (train, test, meta)",
+            _cifar_finder("cifar100"),
+            _open_cifar,
+        ),
+        SourceKind(
+            "webdataset",
+            "WebDataset shards",
+            "WebDataset shards (a .tar, .tar.gz or .tgz file, a brace pattern or glob of them, or a folder "
+            "holding them)",
+            lambda path: path if looks_like_webdataset(path) else None,
+            lambda path, split, label_kind, max_pixels: WebDatasetSource(path, max_pixels=max_pixels),
+        ),
+        SourceKind(
+            "hf",
+            "a Hugging Face dataset",
+            "a Hugging Face dataset (a save_to_disk folder or Parquet files)",
+            lambda path: path if looks_like_hf(path) else None,
+            lambda path, split, label_kind, max_pixels: HFSource(path, split=split, max_pixels=max_pixels),
+        ),
+        SourceKind(
+            "imagefolder",
+            "an ImageFolder",
+            "an ImageFolder (root/<class>/<image>)",
+            lambda path: path,
+            _open_image_folder,
+        ),
+    )
+}
 """Every source kind, in detection order (the last one accepts any path)."""
 
 
@@ -103,9 +131,14 @@ def detect_kind(path: str | os.PathLike) -> tuple[SourceKind, str]:
     return next((kind, folder) for kind in SOURCE_KINDS.values() if (folder := kind.find(path)) is not None)
 
 
-def detect_source(path: str | os.PathLike, kind: str | None = None, split: str | None = None,
-                  label_kind: str = "fine", max_pixels: int | None = DEFAULT_MAX_PIXELS,
-                  storage_options: dict | None = None) -> Source:
+def detect_source(
+    path: str | os.PathLike,
+    kind: str | None = None,
+    split: str | None = None,
+    label_kind: str = "fine",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    storage_options: dict | None = None,
+) -> Source:
     """Open a dataset folder as the right source.
 
     Args:
@@ -160,20 +193,27 @@ def _refuse_ambiguous(folder: str) -> None:
     shards = [e.name for e in entries if e.name.endswith(SHARD_SUFFIXES) and e.is_file()]
     for sub in (e for e in entries if e.is_dir() and not e.name.startswith(".")):
         if any(has_image_extension(f) for _, _, files in os.walk(sub.path) for f in files):
-            raise SourceError(f"{folder}: holds both WebDataset shards ({', '.join(shards[:3])}"
-                              f"{', ...' if len(shards) > 3 else ''}) and an ImageFolder ({sub.name}/ has images); "
-                              f"say which it is", path=folder,
-                              hint="--source webdataset or --source imagefolder (kind= in Python)")
+            raise SourceError(
+                f"{folder}: holds both WebDataset shards ({', '.join(shards[:3])}"
+                f"{', ...' if len(shards) > 3 else ''}) and an ImageFolder ({sub.name}/ has images); "
+                f"say which it is",
+                path=folder,
+                hint="--source webdataset or --source imagefolder (kind= in Python)",
+            )
 
 
-def _open_remote(url: str, kind: str | None, split: str | None, max_pixels: int | None,
-                 storage_options: dict | None) -> Source:
+def _open_remote(
+    url: str, kind: str | None, split: str | None, max_pixels: int | None, storage_options: dict | None
+) -> Source:
     """An ImageFolder on object storage (the one kind read remotely); ConfigurationError for others."""
     from ffload.convert.sources.remote import RemoteImageFolderSource
 
     if kind not in (None, "imagefolder"):
-        raise ConfigurationError(f"{url}: only ImageFolder sources (root/<class>/<image>) can be read from object "
-                                 f"storage, not {kind}", path=url, hint="download it, or use --source imagefolder")
+        raise ConfigurationError(
+            f"{url}: only ImageFolder sources (root/<class>/<image>) can be read from object storage, not {kind}",
+            path=url,
+            hint="download it, or use --source imagefolder",
+        )
     if split is not None:
         url = f"{url.rstrip('/')}/{split}"
     return RemoteImageFolderSource(url, storage_options, max_pixels=max_pixels)

@@ -12,6 +12,7 @@ them first and pass the object).
 
 ``datasets`` is an optional dependency (``pip install 'ffload[hf]'``), imported on first use.
 """
+
 from __future__ import annotations
 
 import glob
@@ -34,8 +35,9 @@ def _datasets():
 def looks_like_hf(path: str) -> bool:
     """True for a ``save_to_disk`` folder (``state.json`` or ``dataset_dict.json``) or Parquet path."""
     if os.path.isdir(path):
-        return any(os.path.isfile(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")) or \
-            bool(glob.glob(os.path.join(path, "*.parquet")))
+        return any(os.path.isfile(os.path.join(path, f)) for f in ("state.json", "dataset_dict.json")) or bool(
+            glob.glob(os.path.join(path, "*.parquet"))
+        )
     return path.endswith(".parquet") or (glob.has_magic(path) and ".parquet" in path)
 
 
@@ -50,8 +52,13 @@ def _load(obj, split: str | None):
             except (FileNotFoundError, ValueError) as e:
                 raise SourceError(f"{path}: not a Hugging Face save_to_disk folder ({e})") from None
         else:
-            files = sorted(glob.glob(os.path.join(path, "*.parquet"))) if os.path.isdir(path) else \
-                sorted(glob.glob(path)) if glob.has_magic(path) else [path]
+            files = (
+                sorted(glob.glob(os.path.join(path, "*.parquet")))
+                if os.path.isdir(path)
+                else sorted(glob.glob(path))
+                if glob.has_magic(path)
+                else [path]
+            )
             if not files or not all(os.path.isfile(f) for f in files):
                 raise SourceError(f"{path}: no Parquet file")
             obj = datasets.Dataset.from_parquet(files)
@@ -61,8 +68,9 @@ def _load(obj, split: str | None):
             raise SourceError(f"split {split!r} not in this DatasetDict; it has {', '.join(obj)}")
         obj = obj[split]
     if not isinstance(obj, datasets.Dataset):
-        raise SourceError(f"expected a datasets.Dataset, a save_to_disk folder or Parquet files, got "
-                          f"{type(obj).__name__}")
+        raise SourceError(
+            f"expected a datasets.Dataset, a save_to_disk folder or Parquet files, got {type(obj).__name__}"
+        )
     return obj
 
 
@@ -85,30 +93,44 @@ class HFSource:
             integer, a missing split; ``src[i]``: a row without image bytes or file.
     """
 
-    def __init__(self, dataset, split: str | None = None, image_column: str | None = None,
-                 label_column: str | None = None, name: str | None = None,
-                 max_pixels: int | None = DEFAULT_MAX_PIXELS):
+    def __init__(
+        self,
+        dataset,
+        split: str | None = None,
+        image_column: str | None = None,
+        label_column: str | None = None,
+        name: str | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    ):
         datasets = _datasets()
         self.max_pixels = max_pixels
         ds = _load(dataset, split)
         features = ds.features
-        self.name = name or (os.path.basename(os.path.normpath(os.fspath(dataset)))
-                             if isinstance(dataset, (str, os.PathLike)) else ds.info.dataset_name or "hf")
+        self.name = name or (
+            os.path.basename(os.path.normpath(os.fspath(dataset)))
+            if isinstance(dataset, (str, os.PathLike))
+            else ds.info.dataset_name or "hf"
+        )
         image_column = image_column or next((c for c, f in features.items() if isinstance(f, datasets.Image)), None)
         if image_column not in features or not isinstance(features[image_column], datasets.Image):
             raise SourceError(f"{self.name}: no Image column (columns: {', '.join(features)})")
         if label_column is None:
-            label_column = next((c for c, f in features.items() if isinstance(f, datasets.ClassLabel)),
-                                next((c for c in ("label", "labels") if c in features), None))
+            label_column = next(
+                (c for c, f in features.items() if isinstance(f, datasets.ClassLabel)),
+                next((c for c in ("label", "labels") if c in features), None),
+            )
         if label_column not in features:
-            raise SourceError(f"{self.name}: no label column (a ClassLabel, or 'label'; columns: "
-                              f"{', '.join(features)})")
+            raise SourceError(
+                f"{self.name}: no label column (a ClassLabel, or 'label'; columns: {', '.join(features)})"
+            )
         label_feature = features[label_column]
         self.classes = list(label_feature.names) if isinstance(label_feature, datasets.ClassLabel) else None
         labels = np.asarray(ds.select_columns([label_column]).with_format("numpy")[label_column])
         if labels.ndim != 1 or labels.dtype.kind not in "iu":
-            raise SourceError(f"{self.name}: label column {label_column!r} holds {labels.dtype} {labels.shape[1:]}, "
-                              "not one integer per row")
+            raise SourceError(
+                f"{self.name}: label column {label_column!r} holds {labels.dtype} {labels.shape[1:]}, "
+                "not one integer per row"
+            )
         self.labels = labels.astype(np.int64)
         self.image_column, self.label_column = image_column, label_column
         self._images = ds.select_columns([image_column]).cast_column(image_column, datasets.Image(decode=False))

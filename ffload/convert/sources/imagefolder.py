@@ -1,5 +1,6 @@
 """The ImageFolder source: ``root/<class>/**/<image>``, classes and sample order as torchvision's
 ``datasets.ImageFolder``; the one definition of "an ImageFolder" in ffload."""
+
 from __future__ import annotations
 
 import logging
@@ -62,22 +63,31 @@ class ImageFolderSource:
         if not os.path.exists(root):
             raise SourceError(f"{root}: no such folder", path=root)
         if not os.path.isdir(root):
-            raise SourceError(f"{root}: is a file; expected a folder with one subfolder per class "
-                              f"(root/<class>/<image>)", path=root)
+            raise SourceError(
+                f"{root}: is a file; expected a folder with one subfolder per class (root/<class>/<image>)", path=root
+            )
         entries = list(os.scandir(root))
         if not entries:
-            raise SourceError(f"{root}: empty folder; expected one subfolder per class (root/<class>/<image>)", path=root)
+            raise SourceError(
+                f"{root}: empty folder; expected one subfolder per class (root/<class>/<image>)", path=root
+            )
         classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
         if not classes:
-            raise SourceError(f"{root}: no class subfolders (found {len(entries)} files); expected "
-                              f"root/<class>/<image>", path=root)
+            raise SourceError(
+                f"{root}: no class subfolders (found {len(entries)} files); expected root/<class>/<image>", path=root
+            )
         stray = sum(1 for e in entries if not e.is_dir() and has_image_extension(e.name))
         if stray:
-            logger.warning("%s: %d image files directly in the root are ignored (images must be in class "
-                           "subfolders)", root, stray)
+            logger.warning(
+                "%s: %d image files directly in the root are ignored (images must be in class subfolders)", root, stray
+            )
         if set(classes) <= _SPLIT_NAMES:
-            logger.warning("%s: the class folders %s look like dataset splits; pass split=... (or point at one "
-                           "split) to read one split", root, classes)
+            logger.warning(
+                "%s: the class folders %s look like dataset splits; pass split=... (or point at one "
+                "split) to read one split",
+                root,
+                classes,
+            )
         encoded, labels = [], []
         self.left_out: list[tuple[str, str]] = []
         self.unreadable: list[tuple[str, str]] = []
@@ -111,8 +121,10 @@ class ImageFolderSource:
                 st = os.stat(dirpath)
                 key = (st.st_dev, st.st_ino)
                 if seen.setdefault(key, dirpath) != dirpath:
-                    self._leave_out(dirpath, f"symlink loop or duplicate: the folder was already walked as "
-                                             f"{seen[key]}; not followed again")
+                    self._leave_out(
+                        dirpath,
+                        f"symlink loop or duplicate: the folder was already walked as {seen[key]}; not followed again",
+                    )
                     continue
                 with os.scandir(dirpath) as it:
                     entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
@@ -125,8 +137,11 @@ class ImageFolderSource:
                     mode = entry.stat().st_mode  # follows symbolic links
                 except OSError as e:
                     dangling = isinstance(e, FileNotFoundError) and entry.is_symlink()
-                    self._leave_out(entry.path, "dangling symbolic link" if dangling else
-                                    f"cannot stat ({e.strerror or e})", error=True)
+                    self._leave_out(
+                        entry.path,
+                        "dangling symbolic link" if dangling else f"cannot stat ({e.strerror or e})",
+                        error=True,
+                    )
                     continue
                 if stat.S_ISDIR(mode):
                     subdirs.append(entry.path)
@@ -139,12 +154,16 @@ class ImageFolderSource:
             walked.append((dirpath, filenames))
             stack.extend(reversed(subdirs))  # depth first, in name order: deterministic loop reports
         walked.sort(key=lambda entry: entry[0])
-        files = [os.path.relpath(os.path.join(dirpath, fname), root)
-                 for dirpath, filenames in walked for fname in filenames]
+        files = [
+            os.path.relpath(os.path.join(dirpath, fname), root) for dirpath, filenames in walked for fname in filenames
+        ]
         if not files and len(self.unreadable) == unreadable:
             detail = f" ({others} files with other extensions)" if others else ""
-            raise SourceError(f"{class_dir}: class folder {cls!r} holds no images{detail}; image extensions are "
-                              f"{', '.join(IMAGE_EXTENSIONS)} (any case)", path=class_dir)
+            raise SourceError(
+                f"{class_dir}: class folder {cls!r} holds no images{detail}; image extensions are "
+                f"{', '.join(IMAGE_EXTENSIONS)} (any case)",
+                path=class_dir,
+            )
         return files
 
     def _leave_out(self, path: str, cause: str, error: bool = False) -> None:
@@ -159,7 +178,7 @@ class ImageFolderSource:
     def path(self, i: int) -> str:
         """Absolute path of sample ``i`` (``str``); IndexError outside ``[-N, N)``."""
         i = check_index(i, len(self), self.name)
-        return os.path.join(self.root, os.fsdecode(self._paths[self._offsets[i]:self._offsets[i + 1]]))
+        return os.path.join(self.root, os.fsdecode(self._paths[self._offsets[i] : self._offsets[i + 1]]))
 
     def __getitem__(self, i) -> tuple[np.ndarray, int]:
         """``(image (H, W, 3) uint8 RGB, label int)``; ImageDecodeError naming the file for a bad image."""
@@ -177,7 +196,7 @@ class ImageFolderSource:
     def origin(self, i: int) -> str:
         """Sample ``i``'s provenance: its path relative to :attr:`root`, ``/``-separated (``str``)."""
         i = check_index(i, len(self), self.name)
-        return os.fsdecode(self._paths[self._offsets[i]:self._offsets[i + 1]]).replace(os.sep, "/")
+        return os.fsdecode(self._paths[self._offsets[i] : self._offsets[i + 1]]).replace(os.sep, "/")
 
     @property
     def origin_info(self) -> dict:
@@ -188,8 +207,10 @@ class ImageFolderSource:
     def samples(self) -> list[tuple[str, int]]:
         """``[(absolute path str, label int), ...]`` for every sample in order, as torchvision's
         ``ImageFolder.samples``; built on each access (O(N)), so keep the list you get."""
-        return [(os.path.join(self.root, os.fsdecode(self._paths[a:b])), int(label))
-                for a, b, label in zip(self._offsets[:-1].tolist(), self._offsets[1:].tolist(), self.labels)]
+        return [
+            (os.path.join(self.root, os.fsdecode(self._paths[a:b])), int(label))
+            for a, b, label in zip(self._offsets[:-1].tolist(), self._offsets[1:].tolist(), self.labels)
+        ]
 
     def __repr__(self) -> str:
         return f"ImageFolderSource({self.root!r}: {len(self)} images, {len(self.classes)} classes)"
@@ -197,6 +218,10 @@ class ImageFolderSource:
 
 def _file_kind(mode: int) -> str:
     """'FIFO', 'socket', 'character device', 'block device' or 'special file' for a ``st_mode``."""
-    kinds = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
-             (stat.S_ISBLK, "block device"))
+    kinds = (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    )
     return next((name for test, name in kinds if test(mode)), "special file")

@@ -15,6 +15,7 @@ bytes are read by whole-object GETs, retried on transient errors (:mod:`ffload.s
 and each process fetches them with at most ``max_requests`` GETs in flight (so at most
 ``num_workers * max_requests`` in all).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -55,8 +56,14 @@ class RemoteImageFolderSource:
     ``src.describe(i)`` -> its URL.
     """
 
-    def __init__(self, url: str, storage_options: dict | None = None, max_pixels: int | None = DEFAULT_MAX_PIXELS,
-                 max_requests: int = 8, retry: RetryPolicy | None = None):
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        max_requests: int = 8,
+        retry: RetryPolicy | None = None,
+    ):
         self.root = url.rstrip("/")
         self.storage_options, self.max_pixels = storage_options, max_pixels
         self.max_requests, self.retry = max(1, int(max_requests)), retry
@@ -69,7 +76,7 @@ class RemoteImageFolderSource:
         for key, info in listing.items():
             if info.get("type", "file") != "file" or not key.startswith(base + "/"):
                 continue
-            rel = key[len(base) + 1:]
+            rel = key[len(base) + 1 :]
             parts = rel.split("/")
             if any(p.startswith(".") or not p for p in parts):
                 continue
@@ -80,17 +87,28 @@ class RemoteImageFolderSource:
                 others += 1
                 per_class.setdefault(parts[0], [])
                 continue
-            per_class.setdefault(parts[0], []).append((posixpath.dirname(rel), parts[-1], rel, int(info.get("size", 0)),
-                                                       str(info.get("ETag", info.get("etag", "")))))
+            per_class.setdefault(parts[0], []).append(
+                (
+                    posixpath.dirname(rel),
+                    parts[-1],
+                    rel,
+                    int(info.get("size", 0)),
+                    str(info.get("ETag", info.get("etag", ""))),
+                )
+            )
         if not listing:
-            raise SourceError(f"{self.root}: no objects under this prefix; expected root/<class>/<image>",
-                              path=self.root)
+            raise SourceError(
+                f"{self.root}: no objects under this prefix; expected root/<class>/<image>", path=self.root
+            )
         if not per_class:
-            raise SourceError(f"{self.root}: no class folders (found {len(listing)} objects); expected "
-                              f"root/<class>/<image>", path=self.root)
+            raise SourceError(
+                f"{self.root}: no class folders (found {len(listing)} objects); expected root/<class>/<image>",
+                path=self.root,
+            )
         if stray:
-            logger.warning("%s: %d images directly under the root are ignored (images must be in class folders)",
-                           self.root, stray)
+            logger.warning(
+                "%s: %d images directly under the root are ignored (images must be in class folders)", self.root, stray
+            )
         self.classes = sorted(per_class)
         self._keys: list[str] = []
         self._entries: list[tuple[int, str]] = []
@@ -98,9 +116,12 @@ class RemoteImageFolderSource:
         for label, cls in enumerate(self.classes):
             files = sorted(per_class[cls])
             if not files:
-                raise SourceError(f"{self.root}/{cls}: class folder {cls!r} holds no images ({others} objects with "
-                                  f"other extensions under the root); image extensions are "
-                                  f"{', '.join(IMAGE_EXTENSIONS)} (any case)", path=f"{self.root}/{cls}")
+                raise SourceError(
+                    f"{self.root}/{cls}: class folder {cls!r} holds no images ({others} objects with "
+                    f"other extensions under the root); image extensions are "
+                    f"{', '.join(IMAGE_EXTENSIONS)} (any case)",
+                    path=f"{self.root}/{cls}",
+                )
             for _, _, rel, size, etag in files:
                 self._keys.append(rel)
                 self._entries.append((size, etag))

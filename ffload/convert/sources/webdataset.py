@@ -33,6 +33,7 @@ temporary folder, while the source lives; a full disk or a corrupt or truncated 
 :class:`SourceError` naming the shard. A process that does not see the copies (a Ray worker on
 another node) decompresses its own on first use.
 """
+
 from __future__ import annotations
 
 import glob
@@ -70,8 +71,9 @@ def expand_shards(pattern: str) -> list[str]:
         SourceError: nothing matches, or a named shard does not exist.
     """
     if os.path.isdir(pattern):
-        paths = sorted(entry.path for entry in os.scandir(pattern)
-                       if entry.is_file() and entry.name.endswith(SHARD_SUFFIXES))
+        paths = sorted(
+            entry.path for entry in os.scandir(pattern) if entry.is_file() and entry.name.endswith(SHARD_SUFFIXES)
+        )
     else:
         try:
             from braceexpand import braceexpand
@@ -146,15 +148,18 @@ class ShardCopies:
                 self._folder = tempfile.TemporaryDirectory(prefix=f"{COPIES_PREFIX}{os.getpid()}-")
             fd, copy = tempfile.mkstemp(suffix=".tar", prefix=f"{os.path.basename(shard)}-", dir=self._folder.name)
         except OSError as e:
-            raise SourceError(f"{shard}: cannot create its uncompressed copy in {tempfile.gettempdir()}: "
-                              f"{e.strerror or e}", path=shard) from None
+            raise SourceError(
+                f"{shard}: cannot create its uncompressed copy in {tempfile.gettempdir()}: {e.strerror or e}",
+                path=shard,
+            ) from None
         try:
             with open(fd, "wb") as dst, gzip.open(shard, "rb") as src:
                 shutil.copyfileobj(src, dst, 1 << 20)
         except (gzip.BadGzipFile, EOFError, zlib.error) as e:
             os.unlink(copy)
-            raise SourceError(f"{shard}: corrupt or truncated gzip stream ({e or type(e).__name__})",
-                              path=shard) from None
+            raise SourceError(
+                f"{shard}: corrupt or truncated gzip stream ({e or type(e).__name__})", path=shard
+            ) from None
         except OSError as e:
             if os.path.exists(copy):
                 os.unlink(copy)
@@ -181,7 +186,7 @@ def remove_dead_copies() -> None:
     except OSError:
         return
     for entry in entries:
-        pid = entry[len(COPIES_PREFIX):].partition("-")[0]
+        pid = entry[len(COPIES_PREFIX) :].partition("-")[0]
         if entry.startswith(COPIES_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(os.path.join(tmp, entry), ignore_errors=True)
 
@@ -242,11 +247,16 @@ class WebDatasetSource:
         self._size = np.asarray(sizes, dtype=np.int64)
         self.labels = np.asarray(labels, dtype=np.int64)
         self._keys = keys
-        if self.classes is not None and len(self.labels) and \
-                (self.labels.min() < 0 or self.labels.max() >= len(self.classes)):
+        if (
+            self.classes is not None
+            and len(self.labels)
+            and (self.labels.min() < 0 or self.labels.max() >= len(self.classes))
+        ):
             bad = int(np.flatnonzero((self.labels < 0) | (self.labels >= len(self.classes)))[0])
-            raise SourceError(f"{self.describe(bad)}: label {self.labels[bad]} outside the {len(self.classes)} "
-                              f"classes of {names_file}")
+            raise SourceError(
+                f"{self.describe(bad)}: label {self.labels[bad]} outside the {len(self.classes)} "
+                f"classes of {names_file}"
+            )
         self._files: dict[int, int] = {}
 
     def _index(self, shard: str):
@@ -265,8 +275,7 @@ class WebDatasetSource:
                 where = f"{shard}:{key}"
                 image = next((members[e] for e in IMAGE_KEYS if e in members), None)
                 if image is None:
-                    raise SourceError(f"{where}: no image member ({'/'.join(IMAGE_KEYS)}) among "
-                                      f"{sorted(members)}")
+                    raise SourceError(f"{where}: no image member ({'/'.join(IMAGE_KEYS)}) among {sorted(members)}")
                 ext = next((e for e in LABEL_KEYS if e in members), None)
                 if ext is None:
                     raise SourceError(f"{where}: no label member ({'/'.join(LABEL_KEYS)}) among {sorted(members)}")

@@ -11,6 +11,7 @@ with their binary arguments and metadata layouts.
 Importing this package imports every field module (they are light), so that :data:`BYTES_EXTENSIONS`
 knows every extension kind before any argument block is read.
 """
+
 from __future__ import annotations
 
 from ffload.formats.fields.base import Field, metadata_dtype, named_metadata_dtype
@@ -20,6 +21,21 @@ from ffload.formats.fields.ndarray import NDArrayField, RaggedArrayField
 from ffload.formats.fields.registry import BYTES_EXTENSIONS, FIELD_CLASSES, FIELD_TYPES
 from ffload.formats.fields.scalars import FloatField, IntField
 
-__all__ = ["Field", "IntField", "FloatField", "BytesField", "JSONField", "BytesExtensionField", "NDArrayField",
-           "RaggedArrayField", "RGBImageField", "ImageArrayField", "image_sizes", "metadata_dtype",
-           "named_metadata_dtype", "FIELD_TYPES", "FIELD_CLASSES", "BYTES_EXTENSIONS"]
+__all__ = [
+    "Field",
+    "IntField",
+    "FloatField",
+    "BytesField",
+    "JSONField",
+    "BytesExtensionField",
+    "NDArrayField",
+    "RaggedArrayField",
+    "RGBImageField",
+    "ImageArrayField",
+    "image_sizes",
+    "metadata_dtype",
+    "named_metadata_dtype",
+    "FIELD_TYPES",
+    "FIELD_CLASSES",
+    "BYTES_EXTENSIONS",
+]

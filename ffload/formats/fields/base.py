@@ -8,6 +8,7 @@ format (``ffcv/types.py``, ``ffcv/fields/*.py``) so that files round-trip with f
 The field types live in :mod:`.scalars`, :mod:`.bytes`, :mod:`.ndarray` and :mod:`.image`;
 the tables of them by type id and name in :mod:`.registry`.
 """
+
 from __future__ import annotations
 
 import json
@@ -134,14 +135,17 @@ def argument_json(binary: np.ndarray, magic: bytes | None, owner: str) -> dict:
     text, _, rest = raw.partition(b"\0")
     if not text:
         if rest.strip(b"\0"):
-            raise FieldError(f"{owner}'s argument block is not empty ({raw[:40]!r}...): another field type's "
-                             "arguments (corrupt field type)")
+            raise FieldError(
+                f"{owner}'s argument block is not empty ({raw[:40]!r}...): another field type's "
+                "arguments (corrupt field type)"
+            )
         return {}
     if magic is None or not text.startswith(magic) or rest.strip(b"\0"):
-        raise FieldError(f"{owner}'s argument block holds {text[:40]!r}: another field type's arguments "
-                         "(corrupt field type)")
+        raise FieldError(
+            f"{owner}'s argument block holds {text[:40]!r}: another field type's arguments (corrupt field type)"
+        )
     try:
-        args = json.loads(text[len(magic):].decode("ascii"))
+        args = json.loads(text[len(magic) :].decode("ascii"))
     except ValueError as e:
         raise FieldError(f"corrupt {owner} arguments {text[:80]!r}: {e}") from e
     if not isinstance(args, dict):
@@ -170,6 +174,11 @@ def metadata_dtype(fields) -> np.dtype:
 def named_metadata_dtype(fields: dict[str, Field]) -> np.dtype:
     """:func:`metadata_dtype` with the fields' names instead of f0, f1, ... (same layout)."""
     base = metadata_dtype(list(fields.values()))
-    return np.dtype({"names": list(fields), "formats": [base.fields[f"f{k}"][0] for k in range(len(fields))],
-                     "offsets": [base.fields[f"f{k}"][1] for k in range(len(fields))],
-                     "itemsize": base.itemsize})
+    return np.dtype(
+        {
+            "names": list(fields),
+            "formats": [base.fields[f"f{k}"][0] for k in range(len(fields))],
+            "offsets": [base.fields[f"f{k}"][1] for k in range(len(fields))],
+            "itemsize": base.itemsize,
+        }
+    )

@@ -8,6 +8,7 @@ Payload encodings:
                    :class:`~ffload.formats.fields.image.ImageArrayField`); each subclass is
                    entered in :data:`BYTES_EXTENSIONS` under its ``kind`` when it is defined.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,9 @@ class BytesField(Field):
             return np.frombuffer(bytes(value), dtype=np.uint8)
         arr = np.asarray(value)
         if arr.dtype != np.uint8 or arr.ndim != 1:
-            raise FieldError(f"{type(self).__name__} expects bytes or a 1-D uint8 array, "
-                             f"got {arr.dtype} of shape {arr.shape}")
+            raise FieldError(
+                f"{type(self).__name__} expects bytes or a 1-D uint8 array, got {arr.dtype} of shape {arr.shape}"
+            )
         return np.ascontiguousarray(arr)
 
     def encode(self, value, index):
@@ -66,7 +68,7 @@ class BytesField(Field):
             return cls()
         kind = description.pop("kind", None)
         if not isinstance(kind, str):
-            raise FieldError(f"corrupt ffload extension arguments: no \"kind\" in {description!r}")
+            raise FieldError(f'corrupt ffload extension arguments: no "kind" in {description!r}')
         extension = BYTES_EXTENSIONS.get(kind)
         return cls() if extension is None else extension.from_arguments(description)
 
@@ -74,8 +76,7 @@ class BytesField(Field):
         bad = np.flatnonzero(column["size"] != sizes)
         if bad.size:
             i = int(bad[0])
-            return (f"sample {i}: metadata size {int(column['size'][i])} != "
-                    f"allocated {int(sizes[i])} bytes")
+            return f"sample {i}: metadata size {int(column['size'][i])} != allocated {int(sizes[i])} bytes"
         return None
 
 
@@ -128,8 +129,9 @@ class BytesExtensionField(BytesField):
                 raise TypeError(f"two BytesExtensionFields of kind {cls.kind!r}")
 
     def to_binary(self):
-        blob = _EXTENSION_MAGIC + json.dumps({"kind": self.kind, **self.arguments()},
-                                             separators=(",", ":")).encode("ascii")
+        blob = _EXTENSION_MAGIC + json.dumps({"kind": self.kind, **self.arguments()}, separators=(",", ":")).encode(
+            "ascii"
+        )
         if len(blob) >= ARG_SIZE:
             raise FieldError(f"{type(self).__name__} description too long ({len(blob)} bytes)")
         out = np.zeros(ARG_SIZE, dtype=np.uint8)

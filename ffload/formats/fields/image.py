@@ -10,6 +10,7 @@ Payload encodings:
 :func:`image_sizes`, :func:`differing_sizes` and :func:`describe_size_mismatch` read the sizes of
 stored RGB images from their metadata; :func:`resize_to_max_resolution` is RGBImageField's resize.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,9 +71,15 @@ class RGBImageField(Field):
     metadata_type = np.dtype([("mode", "<u1"), ("width", "<u2"), ("height", "<u2"), ("data_ptr", "<u8")])
     ptr_name = "data_ptr"
 
-    def __init__(self, write_mode: str = "raw", max_resolution: int | None = None,
-                 smart_threshold: int | None = None, jpeg_quality: int = 90,
-                 compress_probability: float = 0.5, jpeg_restart_interval: int | None = None):
+    def __init__(
+        self,
+        write_mode: str = "raw",
+        max_resolution: int | None = None,
+        smart_threshold: int | None = None,
+        jpeg_quality: int = 90,
+        compress_probability: float = 0.5,
+        jpeg_restart_interval: int | None = None,
+    ):
         if write_mode not in WRITE_MODES:
             raise ConfigurationError(f"write_mode must be one of {WRITE_MODES}, got {write_mode!r}")
         if max_resolution is not None and int(max_resolution) < 1:
@@ -91,10 +98,14 @@ class RGBImageField(Field):
         self.jpeg_restart_interval = None if jpeg_restart_interval is None else int(jpeg_restart_interval)
 
     def arguments(self):
-        return {"write_mode": self.write_mode, "max_resolution": self.max_resolution,
-                "smart_threshold": self.smart_threshold, "jpeg_quality": self.jpeg_quality,
-                "compress_probability": self.compress_probability,
-                "jpeg_restart_interval": self.jpeg_restart_interval}
+        return {
+            "write_mode": self.write_mode,
+            "max_resolution": self.max_resolution,
+            "smart_threshold": self.smart_threshold,
+            "jpeg_quality": self.jpeg_quality,
+            "compress_probability": self.compress_probability,
+            "jpeg_restart_interval": self.jpeg_restart_interval,
+        }
 
     def restart_interval(self, height: int, width: int) -> int:
         """MCUs between restart markers for an ``height x width`` image (pixels): the
@@ -134,8 +145,9 @@ class RGBImageField(Field):
     def encode(self, image, index):
         image = np.asarray(image)
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
-            raise FieldError(f"RGBImageField expects an (H, W, 3) uint8 array, got {image.dtype} "
-                             f"of shape {image.shape}")
+            raise FieldError(
+                f"RGBImageField expects an (H, W, 3) uint8 array, got {image.dtype} of shape {image.shape}"
+            )
         image = resize_to_max_resolution(image, self.max_resolution)
         h, w = image.shape[:2]
         if not (1 <= h <= 0xFFFF and 1 <= w <= 0xFFFF):
@@ -157,12 +169,15 @@ class RGBImageField(Field):
             i = int(bad_mode[0])
             return f"sample {i}: unknown image mode {int(modes[i])}"
         raw_size = column["width"].astype(np.uint64) * column["height"].astype(np.uint64) * 3
-        bad = np.flatnonzero(((modes == RAW) & (sizes != raw_size)) | (sizes == 0)
-                             | (column["width"] == 0) | (column["height"] == 0))
+        bad = np.flatnonzero(
+            ((modes == RAW) & (sizes != raw_size)) | (sizes == 0) | (column["width"] == 0) | (column["height"] == 0)
+        )
         if bad.size:
             i = int(bad[0])
-            return (f"sample {i}: {int(column['width'][i])}x{int(column['height'][i])} image "
-                    f"with a {int(sizes[i])}-byte payload")
+            return (
+                f"sample {i}: {int(column['width'][i])}x{int(column['height'][i])} image "
+                f"with a {int(sizes[i])}-byte payload"
+            )
         return None
 
 
@@ -220,12 +235,15 @@ class ImageArrayField(BytesExtensionField):
         if not 1 <= self.channels <= 0xFFFF:
             raise ConfigurationError(f"ImageArrayField channels must be in 1..65535, got {channels}")
         if compression not in IMAGE_COMPRESSIONS:
-            raise ConfigurationError(f"ImageArrayField compression must be one of {IMAGE_COMPRESSIONS}, "
-                                     f"got {compression!r}")
+            raise ConfigurationError(
+                f"ImageArrayField compression must be one of {IMAGE_COMPRESSIONS}, got {compression!r}"
+            )
         if compression == "png" and (self.dtype.kind != "u" or self.channels not in (1, 3, 4)):
-            raise ConfigurationError(f"ImageArrayField(compression='png') stores uint8 or uint16 pixels of 1, 3 or 4 "
-                                     f"channels (PNG's grey, RGB, RGBA), got {self.channels} x {self.dtype}",
-                                     hint="store this field with compression='raw'")
+            raise ConfigurationError(
+                f"ImageArrayField(compression='png') stores uint8 or uint16 pixels of 1, 3 or 4 "
+                f"channels (PNG's grey, RGB, RGBA), got {self.channels} x {self.dtype}",
+                hint="store this field with compression='raw'",
+            )
         self.compression = compression
         self.pixel_bytes = self.channels * self.dtype.itemsize
 
@@ -240,11 +258,11 @@ class ImageArrayField(BytesExtensionField):
         if arr.ndim == 2 and self.channels == 1:
             arr = arr[:, :, None]
         if arr.ndim != 3 or arr.shape[2] != self.channels or 0 in arr.shape:
-            raise FieldError(f"ImageArrayField expects (H, W, {self.channels}) with H, W >= 1, "
-                             f"got shape {arr.shape}")
+            raise FieldError(f"ImageArrayField expects (H, W, {self.channels}) with H, W >= 1, got shape {arr.shape}")
         if arr.dtype != self.dtype and not np.can_cast(arr.dtype, self.dtype, casting="safe"):
-            raise FieldError(f"ImageArrayField expects {self.dtype} pixels (or a dtype that casts "
-                             f"safely to it), got {arr.dtype}")
+            raise FieldError(
+                f"ImageArrayField expects {self.dtype} pixels (or a dtype that casts safely to it), got {arr.dtype}"
+            )
         if IMAGE_HEADER.itemsize + arr.size * self.dtype.itemsize > MAX_PAYLOAD:  # so H, W < 2**32
             raise FieldError(f"ImageArrayField image of shape {arr.shape} is above {MAX_PAYLOAD} bytes")
         meta = np.zeros((), dtype=self.metadata_type)
@@ -309,12 +327,11 @@ class ImageArrayField(BytesExtensionField):
         """
         if self.compression == "png":
             return self.decode_png(payload)
-        header = np.frombuffer(payload[:IMAGE_HEADER.itemsize], dtype=IMAGE_HEADER)
+        header = np.frombuffer(payload[: IMAGE_HEADER.itemsize], dtype=IMAGE_HEADER)
         h, w = (int(header["height"][0]), int(header["width"][0])) if header.size else (0, 0)
         if IMAGE_HEADER.itemsize + h * w * self.pixel_bytes != len(payload) or h * w == 0:
-            raise FieldError(f"header says {w}x{h}x{self.channels} {self.dtype}, payload is "
-                             f"{len(payload)} bytes")
-        return np.frombuffer(payload[IMAGE_HEADER.itemsize:], dtype=self.dtype).reshape(h, w, self.channels)
+            raise FieldError(f"header says {w}x{h}x{self.channels} {self.dtype}, payload is {len(payload)} bytes")
+        return np.frombuffer(payload[IMAGE_HEADER.itemsize :], dtype=self.dtype).reshape(h, w, self.channels)
 
     def bad_sizes(self, sizes):
         sizes = np.asarray(sizes, dtype=np.uint64)
@@ -326,12 +343,13 @@ class ImageArrayField(BytesExtensionField):
     def describe_bad_size(self, size):
         if self.compression == "png":
             return f"payload of {size} bytes is shorter than the smallest PNG file ({_PNG_MIN_BYTES} bytes)"
-        return (f"payload of {size} bytes is not the {IMAGE_HEADER.itemsize}-byte header plus a "
-                f"positive number of {self.pixel_bytes}-byte pixels ({self.channels} x {self.dtype})")
+        return (
+            f"payload of {size} bytes is not the {IMAGE_HEADER.itemsize}-byte header plus a "
+            f"positive number of {self.pixel_bytes}-byte pixels ({self.channels} x {self.dtype})"
+        )
 
 
 _BGR_ORDER = {3: [2, 1, 0], 4: [2, 1, 0, 3]}  # RGB(A) <-> OpenCV's BGR(A): the same swap both ways
-
 
 
 def image_sizes(column: np.ndarray, distinct: bool = True) -> np.ndarray:

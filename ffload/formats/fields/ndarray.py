@@ -2,6 +2,7 @@
 itemsize`` bytes, C order) and :class:`RaggedArrayField` (``K`` rows of an array, ``K`` varying per
 sample; an ffload extension stored as an FFCV BytesField), with :func:`cast_values`, the casting
 rule of ffload's typed values."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,10 @@ class NDArrayField(Field):
             raise ConfigurationError("NDArrayField cannot store object arrays")
         self.element_size = self.dtype.itemsize * math.prod(self.shape)  # Python ints: no overflow
         if self.element_size > MAX_PAYLOAD:
-            raise ConfigurationError(f"NDArrayField of shape {self.shape} would need {self.element_size} "
-                                     f"bytes per sample (more than {MAX_PAYLOAD})")
+            raise ConfigurationError(
+                f"NDArrayField of shape {self.shape} would need {self.element_size} "
+                f"bytes per sample (more than {MAX_PAYLOAD})"
+            )
 
     def arguments(self):
         return {"dtype": self.dtype.str, "shape": list(self.shape)}
@@ -67,7 +70,7 @@ class NDArrayField(Field):
         n = int(header["type_length"])
         if not 0 < n <= ARG_SIZE - _NDARRAY_ARGS.itemsize:
             raise FieldError(f"corrupt NDArrayField arguments (dtype length {n})")
-        descr = json.loads(binary[_NDARRAY_ARGS.itemsize:][:n].tobytes().decode("ascii"))
+        descr = json.loads(binary[_NDARRAY_ARGS.itemsize :][:n].tobytes().decode("ascii"))
         descr = [tuple(tuple(y) if isinstance(y, list) else y for y in x) for x in descr]
         dtype = np.dtype(descr)
         if len(descr) == 1 and descr[0][0] == "":  # a plain dtype: numpy's descr names it ''
@@ -152,8 +155,7 @@ class RaggedArrayField(BytesExtensionField):
         self.dtype = plain_dtype(dtype, "biufc", "RaggedArrayField")
         self.inner_shape = tuple(int(s) for s in inner_shape)
         if len(self.inner_shape) > 31 or (self.inner_shape and min(self.inner_shape) < 1):
-            raise ConfigurationError(f"RaggedArrayField inner_shape must have 0..31 positive dims, "
-                                     f"got {inner_shape}")
+            raise ConfigurationError(f"RaggedArrayField inner_shape must have 0..31 positive dims, got {inner_shape}")
         self.row_bytes = self.dtype.itemsize * math.prod(self.inner_shape)
         if self.row_bytes > MAX_PAYLOAD:
             raise ConfigurationError(f"RaggedArrayField row of {self.row_bytes} bytes is above {MAX_PAYLOAD}")
@@ -188,5 +190,7 @@ class RaggedArrayField(BytesExtensionField):
         return np.flatnonzero(np.asarray(sizes, dtype=np.uint64) % np.uint64(self.row_bytes))
 
     def describe_bad_size(self, size):
-        return (f"payload of {size} bytes is not a whole number of {self.row_bytes}-byte rows "
-                f"({self.dtype}, inner shape {self.inner_shape})")
+        return (
+            f"payload of {size} bytes is not a whole number of {self.row_bytes}-byte rows "
+            f"({self.dtype}, inner shape {self.inner_shape})"
+        )

@@ -1,5 +1,6 @@
 """Scalar fields, whose value is the metadata record itself (no payload): :class:`IntField`
 (``<i8``, FFCV type id 1) and :class:`FloatField` (``<f8``, FFCV type id 0)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,13 +31,15 @@ class IntField(Field):
         integers are with probability ~0.03 each."""
         values = np.asarray(column).astype("<i8", copy=False)
         nonzero = values[values != 0]
-        if nonzero.size < 8 or np.any(np.abs(nonzero.astype(np.float64)) < 2.0 ** 52):
+        if nonzero.size < 8 or np.any(np.abs(nonzero.astype(np.float64)) < 2.0**52):
             return None
         as_float = np.abs(nonzero.view("<f8"))
         if np.all((as_float >= 1e-12) & (as_float <= 1e12)):
-            return (f"every value is the bit pattern of a float (e.g. {int(nonzero[0])} is "
-                    f"{float(nonzero.view('<f8')[0])!r}): float data under the IntField type id "
-                    f"(corrupt field type)")
+            return (
+                f"every value is the bit pattern of a float (e.g. {int(nonzero[0])} is "
+                f"{float(nonzero.view('<f8')[0])!r}): float data under the IntField type id "
+                f"(corrupt field type)"
+            )
         return None
 
 
@@ -61,7 +64,9 @@ class FloatField(Field):
         values = np.asarray(column).astype("<f8", copy=False)
         nonzero = values[values != 0]
         if nonzero.size >= 2 and np.all(np.abs(nonzero) < np.finfo(np.float64).tiny):
-            return (f"every non-zero value is a subnormal float (e.g. {float(nonzero[0])!r} is the "
-                    f"integer {int(nonzero[:1].view('<i8')[0])}): integer data under the FloatField "
-                    f"type id (corrupt field type)")
+            return (
+                f"every non-zero value is a subnormal float (e.g. {float(nonzero[0])!r} is the "
+                f"integer {int(nonzero[:1].view('<i8')[0])}): integer data under the FloatField "
+                f"type id (corrupt field type)"
+            )
         return None

@@ -85,4 +85,5 @@ Modules:
 * ``pages``: :func:`~.pages.check_tree`, the B-tree walk that refuses a ``data.mdb`` that would
   make LMDB read outside the file.
 """
+
 from __future__ import annotations

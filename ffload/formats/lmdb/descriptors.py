@@ -1,6 +1,7 @@
 """The fields' JSON descriptors (``name``, ``type``, ``type_id``, ``arguments``): the ``"fields"`` of
 LMDB's metadata record (:mod:`ffload.formats.lmdb`) and of a sharded dataset's manifest (:mod:`..shards`),
 written from the fields and read back into fields, each argument checked to read back unchanged."""
+
 from __future__ import annotations
 
 from ffload.formats.fields.base import Field
@@ -14,8 +15,10 @@ __all__ = ["field_specs", "fields_from_specs"]
 def field_specs(fields: dict[str, Field]) -> list[dict]:
     """The JSON descriptors of ``fields`` (``name``, ``type``, ``type_id``, ``arguments``), as
     LMDB's metadata record and a sharded dataset's manifest store them."""
-    return [{"name": n, "type": type(f).__name__, "type_id": f.type_id, "arguments": f.arguments()}
-            for n, f in fields.items()]
+    return [
+        {"name": n, "type": type(f).__name__, "type_id": f.type_id, "arguments": f.arguments()}
+        for n, f in fields.items()
+    ]
 
 
 def fields_from_specs(path: str, meta: dict, what: str = "manifest") -> dict[str, Field]:
@@ -37,8 +40,11 @@ def fields_from_specs(path: str, meta: dict, what: str = "manifest") -> dict[str
         kept = field.arguments()
         changed = [key for key in args if key in kept and not _same_json(args[key], kept[key])]
         if changed:
-            raise dataset_error(path, f"{what}: field {name!r}: argument {changed[0]!r} is {args[changed[0]]!r}, "
-                                      f"a {spec['type']} stores {kept[changed[0]]!r}")
+            raise dataset_error(
+                path,
+                f"{what}: field {name!r}: argument {changed[0]!r} is {args[changed[0]]!r}, "
+                f"a {spec['type']} stores {kept[changed[0]]!r}",
+            )
         fields[name] = field
     return fields
 

@@ -1,5 +1,6 @@
 """The process's read-only LMDB environments, one per database, shared by its views, and the
 :class:`Snapshot` (an open read transaction) that keeps a view's offsets valid."""
+
 from __future__ import annotations
 
 import errno

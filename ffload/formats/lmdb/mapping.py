@@ -2,6 +2,7 @@
 its address (a ``buffers=True`` value) less the start of LMDB's mapping, found in ``/proc/self/maps``.
 The writer records these offsets (the places table) and the reader reads samples through them
 (:mod:`ffload.formats.lmdb`, "Reading zero-copy")."""
+
 from __future__ import annotations
 
 import os

@@ -24,6 +24,7 @@ little-endian, ``PAGEBASE`` 0:
   size is ``lo | hi << 16``, and with ``F_BIGDATA`` its data is the u64 number of the first of
   the overflow pages holding the value (16-byte header, then the bytes).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -37,11 +38,11 @@ _HEADER = 16
 _MAGIC = 0xBEEFC0DE
 _P_BRANCH, _P_LEAF = 0x01, 0x02
 _F_BIGDATA = 0x01
-_INVALID_ROOT = 2 ** 64 - 1  # P_INVALID: an empty database
+_INVALID_ROOT = 2**64 - 1  # P_INVALID: an empty database
 
 
 def _u(page: np.ndarray, offset: int, dtype: str) -> int:
-    return int(page[offset:offset + np.dtype(dtype).itemsize].view(dtype)[0])
+    return int(page[offset : offset + np.dtype(dtype).itemsize].view(dtype)[0])
 
 
 def check_tree(path: str, data_path: str) -> None:
@@ -53,8 +54,9 @@ def check_tree(path: str, data_path: str) -> None:
     with open(data_path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < 2 * 4096:
-            raise dataset_error(path, f"corrupt LMDB database: data.mdb holds {size} bytes, less than its "
-                                      "two meta pages")
+            raise dataset_error(
+                path, f"corrupt LMDB database: data.mdb holds {size} bytes, less than its two meta pages"
+            )
         mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
     mapped.madvise(mmap.MADV_RANDOM)  # the tree's pages only: no read-around into the values
     try:
@@ -78,14 +80,17 @@ def _check_pages(path: str, data: np.ndarray) -> None:
         raise corrupt(f"meta page 0: magic or page size ({psize}) wrong")
     metas = []
     for k in (0, 1):
-        page = data[k * psize:(k + 1) * psize]
+        page = data[k * psize : (k + 1) * psize]
         if page.size == psize and _u(page, _HEADER, "<u4") == _MAGIC:
-            metas.append((_u(page, _HEADER + 120, "<u8"), _u(page, _HEADER + 128, "<u8"),
-                          _u(page, _HEADER + 112, "<u8")))
+            metas.append(
+                (_u(page, _HEADER + 120, "<u8"), _u(page, _HEADER + 128, "<u8"), _u(page, _HEADER + 112, "<u8"))
+            )
     last, _, root = max(metas, key=lambda m: m[1])  # the newest transaction's meta, as LMDB picks
     if (last + 1) * psize > size:
-        raise corrupt(f"data.mdb is truncated: its meta page accounts for {last + 1} pages of {psize} bytes, "
-                      f"the file holds {size}")
+        raise corrupt(
+            f"data.mdb is truncated: its meta page accounts for {last + 1} pages of {psize} bytes, "
+            f"the file holds {size}"
+        )
     if root == _INVALID_ROOT:
         return
     seen: set[int] = set()
@@ -95,7 +100,7 @@ def _check_pages(path: str, data: np.ndarray) -> None:
         if not 2 <= pgno <= last or pgno in seen:
             raise corrupt(f"page number {pgno} out of range or reached twice (pages 2..{last})")
         seen.add(pgno)
-        page = data[pgno * psize:(pgno + 1) * psize]
+        page = data[pgno * psize : (pgno + 1) * psize]
         flags, lower, upper = _u(page, 10, "<u2"), _u(page, 12, "<u2"), _u(page, 14, "<u2")
         kind = flags & (_P_BRANCH | _P_LEAF)
         if kind not in (_P_BRANCH, _P_LEAF) or not _HEADER <= lower <= upper <= psize or lower % 2:
@@ -125,5 +130,7 @@ def _check_pages(path: str, data: np.ndarray) -> None:
         bad = np.flatnonzero((first < 2) | (first > last) | (first + pages.astype(np.uint64) - 1 > last))
         if bad.size:
             k = int(bad[0])
-            raise corrupt(f"page {pgno}: a value of {int(dsize[big][k])} bytes at overflow page {int(first[k])} "
-                          f"runs past the last page ({last})")
+            raise corrupt(
+                f"page {pgno}: a value of {int(dsize[big][k])} bytes at overflow page {int(first[k])} "
+                f"runs past the last page ({last})"
+            )

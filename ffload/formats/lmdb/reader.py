@@ -2,6 +2,7 @@
 the database in named steps (its B-tree, :mod:`.pages`; the metadata record; the records table; the
 values' places) and builds the :class:`~ffload.formats.view.DatasetView` the loader reads;
 :func:`read_origins_value` reads the samples' origin block."""
+
 from __future__ import annotations
 
 import json
@@ -142,8 +143,11 @@ def _get_inside(path: str, txn, key: bytes, base: int | None, data_size: int):
     if value is not None and base is not None:
         start = address(value) - base
         if start < 0 or start + len(value) > data_size:
-            raise dataset_error(path, f"record {key.decode()!r} of {len(value)} bytes at offset {start} lies "
-                                      f"outside data.mdb ({data_size} bytes): corrupt or truncated database")
+            raise dataset_error(
+                path,
+                f"record {key.decode()!r} of {len(value)} bytes at offset {start} lies "
+                f"outside data.mdb ({data_size} bytes): corrupt or truncated database",
+            )
     return value
 
 
@@ -174,8 +178,9 @@ def _read_meta(path: str, raw) -> tuple[dict, dict[str, Field], np.dtype]:
     JSON type and range (:data:`META_SCHEMA`, the fields' descriptors and arguments) and the record layout
     it states against its fields': ``(record, fields, record dtype)``. Raises DatasetError naming the cause."""
     if raw is None:
-        raise dataset_error(path, f"an LMDB database without ffload's metadata record ({META_KEY!r}): "
-                          "not written by ffload")
+        raise dataset_error(
+            path, f"an LMDB database without ffload's metadata record ({META_KEY!r}): not written by ffload"
+        )
     try:
         meta = json.loads(bytes(raw).decode("utf8"))
     except ValueError as e:
@@ -183,8 +188,11 @@ def _read_meta(path: str, raw) -> tuple[dict, dict[str, Field], np.dtype]:
     check_document(path, meta, {"format": META_SCHEMA["format"]}, "metadata record")  # what it is, first
     version = meta.get("version")
     if type(version) is not int or version not in READABLE_VERSIONS:
-        raise dataset_error(path, f"unsupported ffload LMDB version {version!r} (this ffload "
-                          f"reads versions {', '.join(map(str, READABLE_VERSIONS))})")
+        raise dataset_error(
+            path,
+            f"unsupported ffload LMDB version {version!r} (this ffload "
+            f"reads versions {', '.join(map(str, READABLE_VERSIONS))})",
+        )
     check_document(path, meta, META_SCHEMA, "metadata record")
     fields = fields_from_specs(path, meta, "metadata record")
     rec_dtype = named_metadata_dtype(fields)
@@ -193,9 +201,12 @@ def _read_meta(path: str, raw) -> tuple[dict, dict[str, Field], np.dtype]:
     except (ValueError, TypeError, KeyError) as e:
         raise dataset_error(path, f"metadata record: 'record_dtype' describes no record ({e})") from e
     if meta["record_size"] != rec_dtype.itemsize or stated.itemsize != rec_dtype.itemsize:
-        raise dataset_error(path, f"metadata record: record_size {meta['record_size']} and record_dtype "
-                                  f"({stated.itemsize} bytes) do not match its fields' {rec_dtype.itemsize}-byte "
-                                  "record: corrupt layout")
+        raise dataset_error(
+            path,
+            f"metadata record: record_size {meta['record_size']} and record_dtype "
+            f"({stated.itemsize} bytes) do not match its fields' {rec_dtype.itemsize}-byte "
+            "record: corrupt layout",
+        )
     return meta, fields, rec_dtype
 
 
@@ -235,8 +246,9 @@ def _scan_values(path: str, txn, n: int, base: int | None) -> tuple[np.ndarray, 
     if n and not cursor.set_key(sample_key(0)):
         raise dataset_error(path, "sample 0 is missing")
     if not n and cursor.first() and bytes(cursor.key()) != META_KEY:
-        raise dataset_error(path, f"num_samples is 0 but the database holds record {bytes(cursor.key())!r} "
-                                  "(corrupt metadata record)")
+        raise dataset_error(
+            path, f"num_samples is 0 but the database holds record {bytes(cursor.key())!r} (corrupt metadata record)"
+        )
     for key, value in cursor if n else ():
         if i == n:  # the records end with sample n - 1, then the metadata key sorts last
             _check_no_more(path, n, key)
@@ -255,8 +267,11 @@ def _scan_values(path: str, txn, n: int, base: int | None) -> tuple[np.ndarray, 
 def _check_no_more(path: str, n: int, key) -> None:
     """``key``, the first key after sample ``n - 1``, must be ffload's metadata key."""
     if bytes(key) != META_KEY:
-        raise dataset_error(path, f"more records than num_samples={n} (found key {bytes(key)!r}): "
-                                  "corrupt metadata record, samples would be dropped")
+        raise dataset_error(
+            path,
+            f"more records than num_samples={n} (found key {bytes(key)!r}): "
+            "corrupt metadata record, samples would be dropped",
+        )
 
 
 def _placed_values(path: str, txn, n: int, base: int, data_size: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -268,13 +283,16 @@ def _placed_values(path: str, txn, n: int, base: int, data_size: int) -> tuple[n
     table = _get_inside(path, txn, PLACES_KEY, base, data_size)
     if table is None or len(table) != 16 * n:
         found = "missing" if table is None else f"{len(table)} bytes"
-        raise dataset_error(path, f"places table {PLACES_KEY.decode()!r} is {found}, not {n} entries of "
-                                  "16 bytes: corrupt database")
+        raise dataset_error(
+            path, f"places table {PLACES_KEY.decode()!r} is {found}, not {n} entries of 16 bytes: corrupt database"
+        )
     places = np.frombuffer(table, dtype="<u8").reshape(n, 2).astype(np.uint64)
     offsets, lengths = places[:, 0].copy(), places[:, 1].copy()
     unplaced = np.flatnonzero(offsets == UNPLACED)
     placed = np.flatnonzero(offsets != UNPLACED)
-    checked = placed[np.unique(np.linspace(0, placed.size - 1, SPOT_CHECKS).astype(np.int64))] if placed.size else placed
+    checked = (
+        placed[np.unique(np.linspace(0, placed.size - 1, SPOT_CHECKS).astype(np.int64))] if placed.size else placed
+    )
     for i in np.concatenate([unplaced, checked]).tolist():
         value = txn.get(sample_key(i))
         if value is None:
@@ -283,8 +301,11 @@ def _placed_values(path: str, txn, n: int, base: int, data_size: int) -> tuple[n
         if offsets[i] == UNPLACED:
             offsets[i], lengths[i] = where
         elif (int(offsets[i]), int(lengths[i])) != where:
-            warnings.warn(f"{path}: data.mdb was rewritten after ffload wrote it (sample {i} has moved): "
-                          "opening walks every value, one page read per sample", stacklevel=3)
+            warnings.warn(
+                f"{path}: data.mdb was rewritten after ffload wrote it (sample {i} has moved): "
+                "opening walks every value, one page read per sample",
+                stacklevel=3,
+            )
             return None
     cursor = txn.cursor()
     if cursor.set_range(sample_key(n)):
@@ -305,12 +326,16 @@ def _check_inside(path: str, offsets: np.ndarray, lengths: np.ndarray, data_size
     bad = np.flatnonzero((offsets > data_size) | (lengths > data_size - np.minimum(offsets, data_size)))
     if bad.size:
         i = int(bad[0])
-        raise dataset_error(path, f"sample {i}: record of {int(lengths[i])} bytes at offset {int(offsets[i])} "
-                                  f"lies outside data.mdb ({data_size} bytes): corrupt or truncated database")
+        raise dataset_error(
+            path,
+            f"sample {i}: record of {int(lengths[i])} bytes at offset {int(offsets[i])} "
+            f"lies outside data.mdb ({data_size} bytes): corrupt or truncated database",
+        )
 
 
-def _records_table(path: str, txn, meta: dict, n: int, record_size: int, base: int | None,
-                   data_size: int) -> bytes | None:
+def _records_table(
+    path: str, txn, meta: dict, n: int, record_size: int, base: int | None, data_size: int
+) -> bytes | None:
     """The version-2 records table (``RECORDS_KEY``: ``n * record_size`` bytes), checked against
     the records at the start of the first and last sample values; ``None`` for version 1 (the
     records are then read from the values)."""
@@ -318,22 +343,31 @@ def _records_table(path: str, txn, meta: dict, n: int, record_size: int, base: i
         return None
     table = _get_inside(path, txn, RECORDS_KEY, base, data_size)
     if table is not None and record_size and len(table) % record_size == 0 and len(table) != n * record_size:
-        raise dataset_error(path, f"the metadata record says num_samples={n}, the records table holds "
-                                  f"{len(table) // record_size} records: corrupt metadata record")
+        raise dataset_error(
+            path,
+            f"the metadata record says num_samples={n}, the records table holds "
+            f"{len(table) // record_size} records: corrupt metadata record",
+        )
     if table is None or len(table) != n * record_size:
         found = "missing" if table is None else f"{len(table)} bytes"
-        raise dataset_error(path, f"records table {RECORDS_KEY.decode()!r} is {found}, not {n} records of "
-                                  f"{record_size} bytes: corrupt database")
+        raise dataset_error(
+            path,
+            f"records table {RECORDS_KEY.decode()!r} is {found}, not {n} records of "
+            f"{record_size} bytes: corrupt database",
+        )
     table = bytes(table)
     for i in {0, n - 1} if n else ():
-        if bytes(txn.get(sample_key(i))[:record_size]) != table[i * record_size:(i + 1) * record_size]:
-            raise dataset_error(path, f"sample {i}: its record differs from the records table "
-                                      f"{RECORDS_KEY.decode()!r}: corrupt database")
+        if bytes(txn.get(sample_key(i))[:record_size]) != table[i * record_size : (i + 1) * record_size]:
+            raise dataset_error(
+                path,
+                f"sample {i}: its record differs from the records table {RECORDS_KEY.decode()!r}: corrupt database",
+            )
     return table
 
 
-def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size, memory,
-                records: bytes | None) -> DatasetView:
+def _build_view(
+    path, fields, rec_dtype, offsets, lengths, data_path, data_size, memory, records: bytes | None
+) -> DatasetView:
     """The view of ``n`` sample values at ``offsets`` (``lengths`` bytes) of ``data.mdb`` (or of
     ``memory``, where they were copied); their records come from ``records`` (the version-2
     table) or else from the first ``record_size`` bytes of each value."""
@@ -344,13 +378,24 @@ def _build_view(path, fields, rec_dtype, offsets, lengths, data_path, data_size,
     metadata = _read_records(rec_dtype, offsets, data_path, memory, records)
     ptrs, sizes = _payload_tables(path, fields, metadata, rec_dtype.itemsize, offsets, lengths)
     check_field_values(path, fields, metadata)
-    return DatasetView(path=path, format="lmdb", num_samples=n, fields=fields, metadata=metadata,
-                       ptrs=ptrs, sizes=sizes, data_path=data_path, data_size=data_size,
-                       page_size=PROCESS_CACHE_PAGE, memory=memory)
+    return DatasetView(
+        path=path,
+        format="lmdb",
+        num_samples=n,
+        fields=fields,
+        metadata=metadata,
+        ptrs=ptrs,
+        sizes=sizes,
+        data_path=data_path,
+        data_size=data_size,
+        page_size=PROCESS_CACHE_PAGE,
+        memory=memory,
+    )
 
 
-def _read_records(rec_dtype: np.dtype, offsets: np.ndarray, data_path: str | None, memory: np.ndarray | None,
-                  records: bytes | None) -> np.ndarray:
+def _read_records(
+    rec_dtype: np.dtype, offsets: np.ndarray, data_path: str | None, memory: np.ndarray | None, records: bytes | None
+) -> np.ndarray:
     """The ``(n,) rec_dtype`` records of the ``n`` values at ``offsets``: from ``records`` (the
     version-2 table), else from the first ``rec_dtype.itemsize`` bytes of each value, in ``memory``
     or (``memory`` None) in ``data.mdb``, mapped for the records' pages only."""
@@ -378,8 +423,14 @@ def _read_records(rec_dtype: np.dtype, offsets: np.ndarray, data_path: str | Non
     return metadata
 
 
-def _payload_tables(path: str, fields: dict[str, Field], metadata: np.ndarray, record_size: int,
-                    offsets: np.ndarray, lengths: np.ndarray) -> tuple[dict, dict]:
+def _payload_tables(
+    path: str,
+    fields: dict[str, Field],
+    metadata: np.ndarray,
+    record_size: int,
+    offsets: np.ndarray,
+    lengths: np.ndarray,
+) -> tuple[dict, dict]:
     """Each payload field's ``(n,) uint64`` absolute offsets and sizes, ``(ptrs, sizes)`` by field
     name: a payload runs from its offset in the value (``record_size`` or more) to the next
     payload's, or to the value's end (``lengths``). Sets the records' pointers to the absolute
@@ -394,8 +445,10 @@ def _payload_tables(path: str, fields: dict[str, Field], metadata: np.ndarray, r
         bad = np.flatnonzero((rel < record_size) | (rel > end) | (end > lengths))
         if bad.size:
             i = int(bad[0])
-            raise dataset_error(path, f"sample {i}, field {name!r}: payload offset {int(rel[i])} outside "
-                              f"its {int(lengths[i])}-byte value")
+            raise dataset_error(
+                path,
+                f"sample {i}, field {name!r}: payload offset {int(rel[i])} outside its {int(lengths[i])}-byte value",
+            )
         ptrs[name] = offsets + rel
         sizes[name] = (end - rel).astype(np.uint64)
         f = fields[name]

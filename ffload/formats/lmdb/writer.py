@@ -1,5 +1,6 @@
 """Writing an ffload LMDB database (the schema: :mod:`ffload.formats.lmdb`): :class:`LMDBWriter`, and
 the JSON form of the record dtype that only the metadata record's writer needs."""
+
 from __future__ import annotations
 
 import json
@@ -33,12 +34,17 @@ def _dtype_to_json(dt: np.dtype):
         return dt.str
     fmts = [dt.fields[n][0] for n in dt.names]
     offsets = [dt.fields[n][1] for n in dt.names]
-    packed = offsets == list(np.cumsum([0] + [f.itemsize for f in fmts[:-1]])) and \
-        dt.itemsize == sum(f.itemsize for f in fmts)
+    packed = offsets == list(np.cumsum([0] + [f.itemsize for f in fmts[:-1]])) and dt.itemsize == sum(
+        f.itemsize for f in fmts
+    )
     if packed:
         return [[n, _dtype_to_json(f)] for n, f in zip(dt.names, fmts)]
-    return {"names": list(dt.names), "formats": [_dtype_to_json(f) for f in fmts],
-            "offsets": offsets, "itemsize": dt.itemsize}
+    return {
+        "names": list(dt.names),
+        "formats": [_dtype_to_json(f) for f in fmts],
+        "offsets": offsets,
+        "itemsize": dt.itemsize,
+    }
 
 
 class LMDBWriter(DatasetWriter):
@@ -58,16 +64,24 @@ class LMDBWriter(DatasetWriter):
     (:mod:`ffload.formats.origins`) under :data:`~ffload.formats.origins.ORIGINS_KEY`, when any was given.
     """
 
-    def __init__(self, path: str, fields: dict[str, Field], num_samples: int,
-                 txn_bytes: int = 64 << 20, initial_map_size: int = 64 << 20, info: dict | None = None):
+    def __init__(
+        self,
+        path: str,
+        fields: dict[str, Field],
+        num_samples: int,
+        txn_bytes: int = 64 << 20,
+        initial_map_size: int = 64 << 20,
+        info: dict | None = None,
+    ):
         import lmdb
 
         super().__init__(path, fields, num_samples, info)
         self._lmdb = lmdb
         self.record_dtype = named_metadata_dtype(self.fields)
         self.map_size = int(initial_map_size)
-        self.env = self._handle = lmdb.open(path, map_size=self.map_size, subdir=True,
-                                            sync=False, metasync=False, readahead=False, max_dbs=0)
+        self.env = self._handle = lmdb.open(
+            path, map_size=self.map_size, subdir=True, sync=False, metasync=False, readahead=False, max_dbs=0
+        )
         self._pending: list = []
         self._pending_bytes = 0
         self._txn_bytes = txn_bytes
@@ -133,14 +147,21 @@ class LMDBWriter(DatasetWriter):
         """Write the pending samples, the records and places tables and the metadata record;
         sync to disk."""
         self._flush()
-        meta = {"format": FORMAT_NAME, "version": VERSION, "num_samples": self.count,
-                "fields": field_specs(self.fields),
-                "record_dtype": _dtype_to_json(self.record_dtype),
-                "record_size": self.record_dtype.itemsize}
+        meta = {
+            "format": FORMAT_NAME,
+            "version": VERSION,
+            "num_samples": self.count,
+            "fields": field_specs(self.fields),
+            "record_dtype": _dtype_to_json(self.record_dtype),
+            "record_size": self.record_dtype.itemsize,
+        }
         if self.info:
             meta["info"] = self.info
-        tables = [(RECORDS_KEY, bytes(self._records)), (PLACES_KEY, self._places[:self.count].tobytes()),
-                  (META_KEY, json.dumps(meta).encode("utf8"))]
+        tables = [
+            (RECORDS_KEY, bytes(self._records)),
+            (PLACES_KEY, self._places[: self.count].tobytes()),
+            (META_KEY, json.dumps(meta).encode("utf8")),
+        ]
         if self.origins.given:
             tables.append((ORIGINS_KEY, self.origins.block()))
         self._put_all(tables)

@@ -19,6 +19,7 @@ Modules (each decoder is one compiled call per batch):
 ``from ffload.loaders.decoders import RandomResizedCropRGBImageDecoder`` imports the defining
 module on first use (numba, libjpeg-turbo); inside ffload, import from the defining module.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -5,6 +5,7 @@ A decoder is the first operation of a field pipeline: it reads the batch's sampl
 dataset region (``ctx.region``, addressed by ``ctx.ptrs`` / ``ctx.sizes``) into the batch buffer,
 one GIL-free compiled call per batch.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,8 +36,9 @@ class Decoder(Operation):
         name = field_name(field, view)
         if not isinstance(field, self.field_types):
             accepted = " or ".join(t.__name__ for t in self.field_types)
-            raise PipelineError(f"{type(self).__name__} decodes {accepted} fields; field '{name}' is "
-                                f"a {type(field).__name__}")
+            raise PipelineError(
+                f"{type(self).__name__} decodes {accepted} fields; field '{name}' is a {type(field).__name__}"
+            )
         self.field_name = name
         return name
 

@@ -4,6 +4,7 @@ compiled gather per batch for the payload fields.
 Semantics follow FFCV 1.0.2's decoders (``ffcv/fields/{basics,ndarray,bytes}.py``) unless a
 docstring says otherwise; the ragged decoders have no FFCV counterpart.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,7 @@ class _MetadataDecoder(Decoder):
         return Spec((), self.dtype)
 
     def __call__(self, src, dst, ctx):
-        out = dst[:len(ctx.indices)]
+        out = dst[: len(ctx.indices)]
         np.take(ctx.metadata, ctx.indices, out=out)
         return out
 
@@ -88,8 +89,9 @@ class NDArrayDecoder(Decoder):
         bad = np.flatnonzero(view.sizes[name] != self.nbytes)
         if bad.size:
             s = int(bad[0])
-            raise FormatError(f"field '{name}', sample {s}: payload is {int(view.sizes[name][s])} "
-                              f"bytes, expected {self.nbytes}")
+            raise FormatError(
+                f"field '{name}', sample {s}: payload is {int(view.sizes[name][s])} bytes, expected {self.nbytes}"
+            )
         return Spec(tuple(field.shape), self.dtype)
 
     def __call__(self, src, dst, ctx):
@@ -98,8 +100,9 @@ class NDArrayDecoder(Decoder):
         flat = flat_view(out).view(np.uint8)
         bad = _gather_payloads(ctx.indices, ctx.ptrs, ctx.sizes, region_array(ctx), flat, self.nbytes)
         if bad >= 0:
-            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload "
-                              "lies outside the data region")
+            raise FormatError(
+                f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload lies outside the data region"
+            )
         return out
 
 
@@ -123,12 +126,13 @@ class BytesDecoder(Decoder):
         return Spec((self.max_size,), np.dtype(np.uint8))
 
     def __call__(self, src, dst, ctx):
-        out = dst[:len(ctx.indices)]
-        bad = _gather_payloads(ctx.indices, ctx.ptrs, ctx.sizes, region_array(ctx), flat_view(out),
-                               self.max_size)
+        out = dst[: len(ctx.indices)]
+        bad = _gather_payloads(ctx.indices, ctx.ptrs, ctx.sizes, region_array(ctx), flat_view(out), self.max_size)
         if bad >= 0:
-            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload is "
-                              f"longer than {self.max_size} bytes or outside the data region")
+            raise FormatError(
+                f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload is "
+                f"longer than {self.max_size} bytes or outside the data region"
+            )
         return out
 
 
@@ -203,12 +207,14 @@ class RaggedArrayDecoder(Decoder):
         return Spec((rows,) + field.inner_shape, field.dtype)
 
     def __call__(self, src, dst, ctx):
-        out = dst[:len(ctx.indices)]
-        bad = _gather_clipped(ctx.indices, ctx.ptrs, ctx.sizes, region_array(ctx), flat_view(out).view(np.uint8),
-                              self.width, self.pad)
+        out = dst[: len(ctx.indices)]
+        bad = _gather_clipped(
+            ctx.indices, ctx.ptrs, ctx.sizes, region_array(ctx), flat_view(out).view(np.uint8), self.width, self.pad
+        )
         if bad >= 0:
-            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload lies "
-                              "outside the data region")
+            raise FormatError(
+                f"field '{self.field_name}', sample {int(ctx.indices[bad])}: payload lies outside the data region"
+            )
         return out
 
 
@@ -235,7 +241,7 @@ class RaggedLengthDecoder(Decoder):
         return Spec((), np.dtype(np.int64))
 
     def __call__(self, src, dst, ctx):
-        out = dst[:len(ctx.indices)]
+        out = dst[: len(ctx.indices)]
         out[:] = ctx.sizes[ctx.indices] // self.row_bytes
         if self.max_length is not None:
             np.minimum(out, self.max_length, out=out)

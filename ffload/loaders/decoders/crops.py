@@ -11,6 +11,7 @@ places the fixed-size window of ``CenterCropImageArrayDecoder`` / ``RandomCropIm
 Boxes are ``(B, 4) int64`` rows ``(top, left, height, width)`` in pixels of the stored image
 (torchvision's ``(i, j, h, w)``), always inside the image and at least 1 x 1.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,7 @@ from ffload.loaders.rng import randint, seed_state, uniform_range
 
 
 @njit(nogil=True, cache=True)
-def random_resized_crop_boxes(indices, heights, widths, seeds, salt, scale_lo, scale_hi,
-                              ratio_lo, ratio_hi, out):
+def random_resized_crop_boxes(indices, heights, widths, seeds, salt, scale_lo, scale_hi, ratio_lo, ratio_hi, out):
     """Random crop boxes with torchvision's ``RandomResizedCrop.get_params`` rule.
 
     Per sample: up to 10 attempts of an area fraction uniform in ``[scale_lo, scale_hi)`` and an

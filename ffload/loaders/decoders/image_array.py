@@ -4,6 +4,7 @@ gather per batch over the raw layout of :mod:`ffload.loaders.decoders.image_payl
 
 The window's position is drawn in :func:`ffload.loaders.decoders.crops.crop_window`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -67,9 +68,11 @@ class ImageArrayDecoder(Decoder):
         other = np.flatnonzero(sizes[selected] != sizes[first]) if field.compression == "raw" else np.zeros(0)
         if other.size:
             s = int(selected[other[0]])
-            raise PipelineError(f"ImageArrayDecoder needs images of one size; field '{name}': sample {s} "
-                                f"is {int(sizes[s])} bytes, sample {first} {int(sizes[first])}; use "
-                                "CenterCropImageArrayDecoder or RandomCropImageArrayDecoder")
+            raise PipelineError(
+                f"ImageArrayDecoder needs images of one size; field '{name}': sample {s} "
+                f"is {int(sizes[s])} bytes, sample {first} {int(sizes[first])}; use "
+                "CenterCropImageArrayDecoder or RandomCropImageArrayDecoder"
+            )
         try:
             self.shape = field.to_array(view.payload(name, first)).shape
         except FieldError as e:
@@ -79,15 +82,26 @@ class ImageArrayDecoder(Decoder):
         return Spec(self.shape, field.dtype)
 
     def __call__(self, src, dst, ctx):
-        out = dst[:len(ctx.indices)]
+        out = dst[: len(ctx.indices)]
         height, width, _ = self.shape
         indices, ptrs, sizes, region = batch_payloads(self.field, ctx, self.field_name)
-        bad = _gather_images(indices, ptrs, sizes, region, flat_view(out).view(np.uint8),
-                             height, width, self.nbytes, IMAGE_HEADER.itemsize)
+        bad = _gather_images(
+            indices,
+            ptrs,
+            sizes,
+            region,
+            flat_view(out).view(np.uint8),
+            height,
+            width,
+            self.nbytes,
+            IMAGE_HEADER.itemsize,
+        )
         if bad >= 0:
             s = int(ctx.indices[bad])
-            raise FormatError(f"field '{self.field_name}', sample {s}: not a {width}x{height} image of "
-                              f"{self.nbytes} pixel bytes (corrupt header or payload outside the data region)")
+            raise FormatError(
+                f"field '{self.field_name}', sample {s}: not a {width}x{height} image of "
+                f"{self.nbytes} pixel bytes (corrupt header or payload outside the data region)"
+            )
         if self.publish is not None:
             whole = np.tile(np.array([0, 0, height, width], np.int64), (len(out), 1))
             Geometry.publish(ctx, self.publish, whole, whole[:, 2:], (height, width))
@@ -95,8 +109,9 @@ class ImageArrayDecoder(Decoder):
 
 
 @njit(nogil=True, cache=True)
-def _crop_images(indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, header_bytes, seeds, salt, random,
-                 boxes, image_sizes):
+def _crop_images(
+    indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, header_bytes, seeds, salt, random, boxes, image_sizes
+):
     """Cut an ``out_h x out_w`` window of each sample's image into its row of ``dst`` (flat
     ``(B * out_h * out_w * pixel_bytes,) uint8``), placed by
     :func:`~ffload.loaders.decoders.crops.crop_window` (centred, or with ``random`` drawn from
@@ -146,14 +161,27 @@ class _CropImageArrayDecoder(Decoder):
         return Spec(self.output_size + (field.channels,), field.dtype)
 
     def __call__(self, src, dst, ctx):
-        out = dst[:len(ctx.indices)]
+        out = dst[: len(ctx.indices)]
         out_h, out_w = self.output_size
         boxes = np.empty((len(out), 4), np.int64)
         image_sizes = np.empty((len(out), 2), np.int64)
         indices, ptrs, sizes, region = batch_payloads(self.field, ctx, self.field_name)
-        bad, h, w = _crop_images(indices, ptrs, sizes, region, flat_view(out).view(np.uint8),
-                                 out_h, out_w, self.pixel_bytes, IMAGE_HEADER.itemsize, ctx.seeds,
-                                 np.uint64(self.salt), self.random, boxes, image_sizes)
+        bad, h, w = _crop_images(
+            indices,
+            ptrs,
+            sizes,
+            region,
+            flat_view(out).view(np.uint8),
+            out_h,
+            out_w,
+            self.pixel_bytes,
+            IMAGE_HEADER.itemsize,
+            ctx.seeds,
+            np.uint64(self.salt),
+            self.random,
+            boxes,
+            image_sizes,
+        )
         if bad >= 0:
             where = f"field '{self.field_name}', sample {int(ctx.indices[bad])}"
             if h < 0:

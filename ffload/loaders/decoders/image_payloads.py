@@ -11,6 +11,7 @@ sample decoded (OpenCV's ``cv2.imdecode``, ``IMREAD_UNCHANGED``; it releases the
 loader's worker threads decode in parallel) in the raw layout. Every later step (crop, nearest
 resample, flips) is then the raw path itself.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,7 +61,7 @@ def batch_payloads(field: ImageArrayField, ctx: BatchContext, name: str):
         if p < 0 or p + n > region.shape[0]:
             raise FormatError(f"field '{name}', sample {int(s)}: payload lies outside the data region")
         try:
-            images.append(field.decode_png(region[p:p + n]))
+            images.append(field.decode_png(region[p : p + n]))
         except FieldError as e:
             raise FormatError(f"field '{name}', sample {int(s)}: {e}") from e
     sizes = np.array([IMAGE_HEADER.itemsize + im.nbytes for im in images], np.uint64)
@@ -68,6 +69,6 @@ def batch_payloads(field: ImageArrayField, ctx: BatchContext, name: str):
     np.cumsum(sizes[:-1], out=ptrs[1:])
     staged = np.empty(int(sizes.sum()), np.uint8)
     for im, p in zip(images, ptrs.tolist()):
-        staged[p:p + IMAGE_HEADER.itemsize] = np.array([im.shape[:2]], IMAGE_HEADER).view(np.uint8)
-        staged[p + IMAGE_HEADER.itemsize:p + IMAGE_HEADER.itemsize + im.nbytes] = im.reshape(-1).view(np.uint8)
+        staged[p : p + IMAGE_HEADER.itemsize] = np.array([im.shape[:2]], IMAGE_HEADER).view(np.uint8)
+        staged[p + IMAGE_HEADER.itemsize : p + IMAGE_HEADER.itemsize + im.nbytes] = im.reshape(-1).view(np.uint8)
     return np.arange(len(images), dtype=np.int64), ptrs, sizes, staged

@@ -8,6 +8,7 @@ The crop boxes are drawn in :mod:`ffload.loaders.decoders.crops` (RandomResizedC
 which kernel fills ``(B, 4)`` boxes. Semantics follow FFCV 1.0.2's ``ffcv/fields/rgb_image.py``
 unless a docstring says otherwise.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -72,8 +73,9 @@ class _RGBDecoder(Decoder):
         flips = np.zeros(batch, np.bool_)
         if self.flip is not None:
             flip_draws(ctx.seeds, self.flip[1], self.flip[0], flips)
-        bad, code, detail = jpeg.decode_batch(indices, column, ctx.ptrs, ctx.sizes, region_array(ctx), boxes,
-                                              flips, out, self.fast_dct)
+        bad, code, detail = jpeg.decode_batch(
+            indices, column, ctx.ptrs, ctx.sizes, region_array(ctx), boxes, flips, out, self.fast_dct
+        )
         if bad >= 0:
             s = int(indices[bad])
             where = f"field '{self.field_name}', sample {s}"
@@ -124,7 +126,8 @@ class SimpleRGBImageDecoder(_RGBDecoder):
             raise PipelineError(
                 f"SimpleRGBImageDecoder needs images of one size, field '{name}' has several "
                 f"({describe_size_mismatch(column, pair)}); use "
-                "CenterCropRGBImageDecoder or RandomResizedCropRGBImageDecoder instead")
+                "CenterCropRGBImageDecoder or RandomResizedCropRGBImageDecoder instead"
+            )
         first = int(selected[0])
         self.shape = (int(column["height"][first]), int(column["width"][first]), 3)
         return Spec(self.shape, np.dtype(np.uint8))
@@ -171,8 +174,7 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
             message), naming the field and sample.
     """
 
-    def __init__(self, output_size: int | tuple[int, int], ratio: float = 224 / 256,
-                 fast_dct: bool = False):
+    def __init__(self, output_size: int | tuple[int, int], ratio: float = 224 / 256, fast_dct: bool = False):
         super().__init__(output_size, fast_dct)
         if not 0 < ratio <= 1:
             raise ConfigurationError(f"ratio must be in (0, 1], got {ratio}")
@@ -209,8 +211,13 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
             message), naming the field and sample.
     """
 
-    def __init__(self, output_size: int | tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3), fast_dct: bool = False):
+    def __init__(
+        self,
+        output_size: int | tuple[int, int],
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        fast_dct: bool = False,
+    ):
         super().__init__(output_size, fast_dct)
         scale = tuple(float(v) for v in scale)
         ratio = tuple(float(v) for v in ratio)
@@ -226,8 +233,18 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
         return out
 
     def _boxes(self, ctx, heights, widths, out):
-        random_resized_crop_boxes(ctx.indices, heights, widths, ctx.seeds, self.salt,
-                                  self.scale[0], self.scale[1], self.ratio[0], self.ratio[1], out)
+        random_resized_crop_boxes(
+            ctx.indices,
+            heights,
+            widths,
+            ctx.seeds,
+            self.salt,
+            self.scale[0],
+            self.scale[1],
+            self.ratio[0],
+            self.ratio[1],
+            out,
+        )
 
 
 class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):

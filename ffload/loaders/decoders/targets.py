@@ -24,6 +24,7 @@ Typical detection pipelines::
         "num_boxes": [BoxCountDecoder("boxes"), ToTensor()],
     }, custom_field_mapper={"num_boxes": "boxes"})
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,11 @@ from ffload.loaders.pipeline.operation import Operation, Spec
 def _require_link(op, name: str, source: str) -> None:
     """Raise unless the loader linked ``op`` to pipeline ``source`` (its ``link`` ran)."""
     if getattr(op, "_key", None) is None:
-        raise ConfigurationError(f"{type(op).__name__} (field '{name}') reads pipeline {source!r}: build it inside a "
-                                 f"Loader (or FieldPipeline with upstream=...), which links the two", field=name)
+        raise ConfigurationError(
+            f"{type(op).__name__} (field '{name}') reads pipeline {source!r}: build it inside a "
+            f"Loader (or FieldPipeline with upstream=...), which links the two",
+            field=name,
+        )
 
 
 @njit(nogil=True, cache=True)
@@ -167,11 +171,20 @@ class TransformBoxes(Operation):
 
     def declare(self, spec, field, view):
         name = field_name(field, view)
-        if not isinstance(field, RaggedArrayField) or field.inner_shape != (4,) or spec is None or spec.on_torch \
-                or len(spec.shape) != 2 or spec.shape[1] != 4 or np.dtype(spec.dtype).kind != "f":
-            raise PipelineError(f"TransformBoxes (field '{name}') needs the numpy (K, 4) float batch of "
-                                f"RaggedArrayDecoder on a RaggedArrayField(float, (4,)), got {spec} of "
-                                f"{type(field).__name__}")
+        if (
+            not isinstance(field, RaggedArrayField)
+            or field.inner_shape != (4,)
+            or spec is None
+            or spec.on_torch
+            or len(spec.shape) != 2
+            or spec.shape[1] != 4
+            or np.dtype(spec.dtype).kind != "f"
+        ):
+            raise PipelineError(
+                f"TransformBoxes (field '{name}') needs the numpy (K, 4) float batch of "
+                f"RaggedArrayDecoder on a RaggedArrayField(float, (4,)), got {spec} of "
+                f"{type(field).__name__}"
+            )
         self.row_bytes = np.uint64(field.row_bytes)
         _require_link(self, name, self.image)
         return spec
@@ -185,8 +198,20 @@ class TransformBoxes(Operation):
         counts = stored.copy()
         kept = np.empty(src.shape[:2], np.int64)
         out_h, out_w = geometry.out_size
-        transform_boxes(src, counts, geometry.boxes, float(out_h), float(out_w), geometry.hflip, geometry.vflip,
-                        geometry.forward, self.drop, self.min_size, self.fill, kept)
+        transform_boxes(
+            src,
+            counts,
+            geometry.boxes,
+            float(out_h),
+            float(out_w),
+            geometry.hflip,
+            geometry.vflip,
+            geometry.forward,
+            self.drop,
+            self.min_size,
+            self.fill,
+            kept,
+        )
         if self.publish is not None:
             ctx.shared[self.publish] = KeptBoxes(counts, stored, kept)
         return src
@@ -223,7 +248,7 @@ class BoxCountDecoder(Decoder):
         return Spec((), np.dtype(np.int64))
 
     def __call__(self, src, dst, ctx):
-        out = dst[:len(ctx.indices)]
+        out = dst[: len(ctx.indices)]
         out[:] = ctx.shared[self._key].counts
         return out
 
@@ -298,15 +323,24 @@ class FollowBoxes(Operation):
 
     def declare(self, spec, field, view):
         name = field_name(field, view)
-        if not isinstance(field, RaggedArrayField) or spec is None or spec.on_torch \
-                or tuple(spec.shape[1:]) != field.inner_shape:
-            raise PipelineError(f"FollowBoxes (field '{name}') needs the numpy batch of RaggedArrayDecoder on a "
-                                f"RaggedArrayField, got {spec} of {type(field).__name__}")
+        if (
+            not isinstance(field, RaggedArrayField)
+            or spec is None
+            or spec.on_torch
+            or tuple(spec.shape[1:]) != field.inner_shape
+        ):
+            raise PipelineError(
+                f"FollowBoxes (field '{name}') needs the numpy batch of RaggedArrayDecoder on a "
+                f"RaggedArrayField, got {spec} of {type(field).__name__}"
+            )
         _require_link(self, name, self.boxes)
         if spec.shape[0] != self.box_rows:
-            raise ConfigurationError(f"FollowBoxes (field '{name}'): {spec.shape[0]} rows per sample, but the boxes "
-                                     f"of pipeline {self.boxes!r} have {self.box_rows}", field=name,
-                                     hint="give both RaggedArrayDecoders the same max_length")
+            raise ConfigurationError(
+                f"FollowBoxes (field '{name}'): {spec.shape[0]} rows per sample, but the boxes "
+                f"of pipeline {self.boxes!r} have {self.box_rows}",
+                field=name,
+                hint="give both RaggedArrayDecoders the same max_length",
+            )
         fill = cast_values(np.array(self.fill), field.dtype, f"FollowBoxes fill {self.fill!r}")
         self.pad = np.full(field.inner_shape, fill, field.dtype).reshape(-1).view(np.uint8)
         self.row_bytes = field.row_bytes
@@ -320,12 +354,23 @@ class FollowBoxes(Operation):
         record = ctx.shared[self._key]
         k_max = src.shape[1]
         lengths = np.minimum(ctx.sizes[ctx.indices] // np.uint64(self.row_bytes), k_max).astype(np.int64)
-        bad = keep_rows(flat_view(src).view(np.uint8), len(src), k_max, self.row_bytes, lengths, record.stored,
-                        record.counts, record.kept, self.pad)
+        bad = keep_rows(
+            flat_view(src).view(np.uint8),
+            len(src),
+            k_max,
+            self.row_bytes,
+            lengths,
+            record.stored,
+            record.counts,
+            record.kept,
+            self.pad,
+        )
         if bad >= 0:
-            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: {int(lengths[bad])} rows, "
-                              f"but its boxes (pipeline {self.boxes!r}) have {int(record.stored[bad])}: the rows "
-                              f"cannot be paired")
+            raise FormatError(
+                f"field '{self.field_name}', sample {int(ctx.indices[bad])}: {int(lengths[bad])} rows, "
+                f"but its boxes (pipeline {self.boxes!r}) have {int(record.stored[bad])}: the rows "
+                f"cannot be paired"
+            )
         return src
 
 
@@ -342,8 +387,23 @@ def _unwarp(inverse, b, px, py, out_w, out_h):
 
 
 @njit(nogil=True, cache=True)
-def sample_masks(indices, ptrs, sizes, region, dst, out_h, out_w, pixel_bytes, header_bytes, crops, image_sizes,
-                 hflip, vflip, inverse, fill):
+def sample_masks(
+    indices,
+    ptrs,
+    sizes,
+    region,
+    dst,
+    out_h,
+    out_w,
+    pixel_bytes,
+    header_bytes,
+    crops,
+    image_sizes,
+    hflip,
+    vflip,
+    inverse,
+    fill,
+):
     """Nearest-neighbour resample of each sample's mask over its image's crop into ``dst`` (flat
     ``(B * out_h * out_w * pixel_bytes,) uint8``), mirrored, shifted and warped as the image.
 
@@ -459,13 +519,29 @@ class MaskDecoder(Decoder):
 
     def __call__(self, src, dst, ctx):
         geometry = ctx.shared[self._key]
-        out = dst[:len(ctx.indices)]
+        out = dst[: len(ctx.indices)]
         out_h, out_w = self.output_size
         indices, ptrs, sizes, region = batch_payloads(self.field, ctx, self.field_name)
-        bad = sample_masks(indices, ptrs, sizes, region, flat_view(out).view(np.uint8),
-                           out_h, out_w, self.pixel_bytes, IMAGE_HEADER.itemsize, geometry.boxes, geometry.sizes,
-                           geometry.hflip, geometry.vflip, geometry.inverse, self.fill_bytes)
+        bad = sample_masks(
+            indices,
+            ptrs,
+            sizes,
+            region,
+            flat_view(out).view(np.uint8),
+            out_h,
+            out_w,
+            self.pixel_bytes,
+            IMAGE_HEADER.itemsize,
+            geometry.boxes,
+            geometry.sizes,
+            geometry.hflip,
+            geometry.vflip,
+            geometry.inverse,
+            self.fill_bytes,
+        )
         if bad >= 0:
-            raise FormatError(f"field '{self.field_name}', sample {int(ctx.indices[bad])}: the mask's header and "
-                              "payload size disagree, or the payload lies outside the data region (corrupt image)")
+            raise FormatError(
+                f"field '{self.field_name}', sample {int(ctx.indices[bad])}: the mask's header and "
+                "payload size disagree, or the payload lies outside the data region (corrupt image)"
+            )
         return out

@@ -9,4 +9,5 @@
 * ``schedule``: ``EpochSchedule`` (each unit's next use in the epoch) and the page/block arithmetic of payloads.
 * ``anonymous``: the ``mmap`` flags and populate advice of the caches' anonymous memory.
 """
+
 from __future__ import annotations

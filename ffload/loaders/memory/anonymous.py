@@ -6,6 +6,7 @@ advice that allocates it in one call.
 region without committing memory (``MAP_NORESERVE``), then allocate each run they fill with one
 ``madvise(MADV_POPULATE_WRITE)`` instead of one page fault per 4 KiB page.
 """
+
 from __future__ import annotations
 
 import mmap

@@ -11,6 +11,7 @@ out; the decoders index ``region`` with ``ptrs``. Three managers implement it:
 :class:`~ffload.loaders.memory.pagepool.PagePoolMemory` (which also has ``prefetch``, for
 :class:`~ffload.loaders.memory.readahead.PagePoolReadAhead`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

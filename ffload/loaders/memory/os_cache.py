@@ -7,6 +7,7 @@ shards. Its real work is keeping a file that shrinks under the loader an error r
 SIGBUS (see the class). The hooks it implements are those of
 :class:`~ffload.loaders.memory.base.MemoryManager`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

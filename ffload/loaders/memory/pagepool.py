@@ -34,6 +34,7 @@ loads the pages of a batch ahead of need (:class:`~.readahead.PagePoolReadAhead`
 schedule), only into slots whose page is needed later than that batch (Belady's rule again), with
 the source's bounded concurrency.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -111,17 +112,24 @@ class PagePoolMemory:
     _source = None
     _cache_fd: int | None = None
 
-    def __init__(self, view, field_names: Sequence[str], cache_limit: int, batch_size: int,
-                 source=None, cache_dir: str | None = None):
+    def __init__(
+        self,
+        view,
+        field_names: Sequence[str],
+        cache_limit: int,
+        batch_size: int,
+        source=None,
+        cache_dir: str | None = None,
+    ):
         if not page_pool_fits(view, field_names, cache_limit, batch_size):
-            raise ConfigurationError(f"{view.path}: cache_limit={cache_limit} holds fewer than "
-                             f"{batch_size} pages of {view.page_size} bytes")
+            raise ConfigurationError(
+                f"{view.path}: cache_limit={cache_limit} holds fewer than {batch_size} pages of {view.page_size} bytes"
+            )
         self.path, self.page = view.data_path or view.path, int(view.page_size)
         self.stride = self.page + page_overhang(view, field_names)  # bytes per slot
         self.data_size, self.cache_limit = int(view.data_size), int(cache_limit)
         self._payloads = payload_columns(view, field_names)
-        self.ptrs = {name: np.zeros(view.num_samples, np.uint64)
-                     for name in field_names if name in view.ptrs}
+        self.ptrs = {name: np.zeros(view.num_samples, np.uint64) for name in field_names if name in view.ptrs}
         self._columns = [(name, view.ptrs[name], view.sizes[name]) for name in self.ptrs]
         pages = -(-self.data_size // self.page)
         slots = min(pages, self.cache_limit // self.stride)
@@ -140,8 +148,9 @@ class PagePoolMemory:
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
         self._populate = CAN_POPULATE
-        self.source = self._source = source if source is not None else FilePages(open_data_files(view),
-                                                                                  self.data_size, self.page)
+        self.source = self._source = (
+            source if source is not None else FilePages(open_data_files(view), self.data_size, self.page)
+        )
 
     def _map(self, nbytes: int, cache_dir: str | None) -> mmap.mmap:
         """The slots' memory: anonymous, or a sparse cache file in ``cache_dir`` mapped shared."""
@@ -156,8 +165,10 @@ class PagePoolMemory:
             return mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED)
         except OSError as e:
             where = f"a cache file in {cache_dir}" if cache_dir else "memory"
-            raise OSError(e.errno, f"{self.path}: cannot map a page pool of {nbytes} bytes in {where} "
-                                   f"({e.strerror}); lower cache_limit") from e
+            raise OSError(
+                e.errno,
+                f"{self.path}: cannot map a page pool of {nbytes} bytes in {where} ({e.strerror}); lower cache_limit",
+            ) from e
 
     def cache_file_bytes(self) -> int:
         """Bytes of disk the cache file has allocated (``st_blocks * 512``; 0 without one)."""
@@ -235,8 +246,9 @@ class PagePoolMemory:
         self._translate(indices)
         return slots
 
-    def _free_slots(self, count: int, keep: np.ndarray, batch: int | None,
-                    later_only: bool = False) -> np.ndarray | None:
+    def _free_slots(
+        self, count: int, keep: np.ndarray, batch: int | None, later_only: bool = False
+    ) -> np.ndarray | None:
         """``count`` unpinned slots to load pages into, never the slots ``keep``: allocated ones
         holding no page the schedule needs again first (no new memory), then never used ones,
         then those whose page's next scheduled use is furthest, least recently used first; None
@@ -345,8 +357,9 @@ class PagePoolMemory:
             self._cond.notify_all()
 
 
-def remote_page_pool(view, fields: Sequence[str], cache_limit: int, rows: int, cache_dir: str | os.PathLike | None,
-                     max_requests: int) -> PagePoolMemory:
+def remote_page_pool(
+    view, fields: Sequence[str], cache_limit: int, rows: int, cache_dir: str | os.PathLike | None, max_requests: int
+) -> PagePoolMemory:
     """The page pool of a remote ``.beton``: whole pages by range GETs
     (:class:`~ffload.loaders.memory.pagesource.RemotePages`) into a cache file, as the Loader and
     :class:`ffload.loaders.pagedsamples.PagedSamples` build it.
@@ -369,8 +382,10 @@ def remote_page_pool(view, fields: Sequence[str], cache_limit: int, rows: int, c
         raise ConfigurationError(
             f"{view.path}: cache_limit={cache_limit} bytes cannot hold the pages one batch may need: a remote "
             f".beton is cached in whole pages of {view.page_size} bytes and a batch of {rows} samples may touch "
-            f"{min(rows, pages)} of them ({need} bytes)", path=view.path,
-            hint=f"raise cache_limit to at least {need} or lower batch_size")
+            f"{min(rows, pages)} of them ({need} bytes)",
+            path=view.path,
+            hint=f"raise cache_limit to at least {need} or lower batch_size",
+        )
     cache_dir = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
     source = RemotePages(view.remote, view.data_size, view.page_size, max_requests)
     try:

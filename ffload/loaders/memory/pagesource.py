@@ -19,6 +19,7 @@ read-ahead; ``before(slot)`` runs first); ``close()``. Page ``p`` is bytes ``[p 
 ``length`` is ``stride`` (a page plus the overhang past its end, for LMDB) for :class:`FilePages`
 and ``page_size`` for :class:`RemotePages` (``.beton`` only: payloads never straddle a page).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -71,6 +72,7 @@ class FilePages:
             if before is not None:
                 before(slot)
             return self.read(pool, np.array([page], np.int64), np.array([slot], np.int64), stride)
+
         return self._pool.submit(read_one)
 
     def read(self, pool: memoryview, pages: np.ndarray, slots: np.ndarray, stride: int) -> int:
@@ -85,19 +87,22 @@ class FilePages:
         total = 0
         run = _RUN if stride == self.page else 1
         breaks = np.flatnonzero(np.diff(pages) != 1) + 1
-        for first, into in ((r[i:i + run], s[i:i + run])
-                            for r, s in zip(np.split(pages, breaks), np.split(slots, breaks))
-                            for i in range(0, r.size, run)):
+        for first, into in (
+            (r[i : i + run], s[i : i + run])
+            for r, s in zip(np.split(pages, breaks), np.split(slots, breaks))
+            for i in range(0, r.size, run)
+        ):
             start = int(first[0]) * self.page
             stop = min(int(first[-1]) * self.page + stride, self.data_size)
-            views = [pool[int(s) * stride:int(s) * stride + self.page] for s in into]
-            views[-1] = pool[int(into[-1]) * stride:][:stop - int(first[-1]) * self.page]
+            views = [pool[int(s) * stride : int(s) * stride + self.page] for s in into]
+            views[-1] = pool[int(into[-1]) * stride :][: stop - int(first[-1]) * self.page]
             done = 0
             while start + done < stop:  # a short read resumes where it stopped
                 n = self._file.preadv(_skip(views, done), start + done)
                 if n == 0:
-                    raise OSError(f"{self.path}: file ends at byte {start + done}, expected "
-                                  f"{self.data_size} bytes (truncated?)")
+                    raise OSError(
+                        f"{self.path}: file ends at byte {start + done}, expected {self.data_size} bytes (truncated?)"
+                    )
                 done += n
             total += stop - start
         return total
@@ -138,7 +143,7 @@ class RemotePages:
         data = self.remote.read(start, stop)
         if before is not None:
             before(slot)
-        pool[slot * stride:slot * stride + len(data)] = data
+        pool[slot * stride : slot * stride + len(data)] = data
         return len(data)
 
     def submit(self, pool: memoryview, page: int, slot: int, stride: int, before=None) -> concurrent.futures.Future:

@@ -21,6 +21,7 @@ its offsets are read through :class:`ffload.formats.shardio.ShardFiles`, which s
 the shard holding it. The hooks it implements are those of
 :class:`~ffload.loaders.memory.base.MemoryManager`.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -73,8 +74,7 @@ MAX_DEFAULT_CACHE_LIMIT = 8 << 30
 def default_cache_limit() -> int:
     """The default ``cache_limit`` in bytes: a quarter of the available memory
     (``MemAvailable``), at most 8 GiB and at least 256 MiB."""
-    return int(max(256 << 20, min(MAX_DEFAULT_CACHE_LIMIT,
-                                  available_memory() // DEFAULT_CACHE_FRACTION)))
+    return int(max(256 << 20, min(MAX_DEFAULT_CACHE_LIMIT, available_memory() // DEFAULT_CACHE_FRACTION)))
 
 
 def cache_block(columns, data_size: int) -> int:
@@ -109,8 +109,9 @@ def cache_block(columns, data_size: int) -> int:
 
     least = bytes_read(MIN_CACHE_BLOCK)
     block = MIN_CACHE_BLOCK
-    while (block * 2 <= min(CACHE_BLOCK, mean / BLOCK_FRACTION)
-           and bytes_read(block * 2) <= least * (1 + BLOCK_TOLERANCE)):
+    while block * 2 <= min(CACHE_BLOCK, mean / BLOCK_FRACTION) and bytes_read(block * 2) <= least * (
+        1 + BLOCK_TOLERANCE
+    ):
         block *= 2
     while block < CACHE_BLOCK and -(-int(data_size) // block) > MAX_CACHE_BLOCKS:
         block *= 2
@@ -128,7 +129,7 @@ def worst_batch_bytes(columns, batch_size: int, block: int) -> int:
         end = p + sizes.astype(np.int64)
         spans = spans + np.where(sizes > 0, (end - 1) // block - p // block + 1, 0)
     k = min(batch_size, len(spans))
-    return int(np.partition(spans, len(spans) - k)[len(spans) - k:].sum()) * block
+    return int(np.partition(spans, len(spans) - k)[len(spans) - k :].sum()) * block
 
 
 class _FileBackedCache:
@@ -183,8 +184,14 @@ class ProcessCacheMemory(_FileBackedCache):
         OSError: the data file cannot be opened or mapped (named in the message).
     """
 
-    def __init__(self, view, field_names: Sequence[str], cache_limit: int | None = None,
-                 batch_size: int = 1, whole_pages: bool = False):
+    def __init__(
+        self,
+        view,
+        field_names: Sequence[str],
+        cache_limit: int | None = None,
+        batch_size: int = 1,
+        whole_pages: bool = False,
+    ):
         self.path, self.ptrs = view.data_path or view.path, view.ptrs
         self.data_size = int(view.data_size)
         self.cache_limit = default_cache_limit() if cache_limit is None else int(cache_limit)
@@ -196,15 +203,19 @@ class ProcessCacheMemory(_FileBackedCache):
             raise ConfigurationError(
                 f"{view.path}: a batch of {batch_size} samples may need {need} bytes of process "
                 f"cache ({self.block}-byte blocks), more than cache_limit={self.cache_limit} "
-                f"bytes; raise cache_limit, lower batch_size, or use os_cache=True")
+                f"bytes; raise cache_limit, lower batch_size, or use os_cache=True"
+            )
         if self.data_size:
             flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE
             try:
                 self._buffer = mmap.mmap(-1, self.data_size, flags=flags)
             except OSError as e:
-                raise OSError(e.errno, f"{self.path}: cannot reserve {self.data_size} bytes of "
-                                       f"address space for the process cache ({e.strerror}; "
-                                       f"vm.overcommit_memory=2?); use os_cache=True") from e
+                raise OSError(
+                    e.errno,
+                    f"{self.path}: cannot reserve {self.data_size} bytes of "
+                    f"address space for the process cache ({e.strerror}; "
+                    f"vm.overcommit_memory=2?); use os_cache=True",
+                ) from e
             if hasattr(mmap, "MADV_NOHUGEPAGE"):
                 self._buffer.madvise(mmap.MADV_NOHUGEPAGE)
             self.region = np.frombuffer(self._buffer, dtype=np.uint8)
@@ -246,8 +257,7 @@ class ProcessCacheMemory(_FileBackedCache):
                     continue
                 mine = blocks[~self._resident[blocks]]
                 extra = self._rest_of_pages(mine)
-                if extra.size and self._make_room((mine.size + extra.size) * self.block, blocks,
-                                                  batch, dead_only=True):
+                if extra.size and self._make_room((mine.size + extra.size) * self.block, blocks, batch, dead_only=True):
                     mine = np.union1d(mine, extra)
                     break
                 if self._make_room(mine.size * self.block, blocks, batch):
@@ -293,8 +303,7 @@ class ProcessCacheMemory(_FileBackedCache):
             self._pins[lease] -= 1
             self._cond.notify_all()
 
-    def _make_room(self, nbytes: int, keep: np.ndarray, batch: int | None,
-                   dead_only: bool = False) -> bool:
+    def _make_room(self, nbytes: int, keep: np.ndarray, batch: int | None, dead_only: bool = False) -> bool:
         """Evict unpinned blocks (the furthest next use after ``batch`` first, then the least
         recently used; never ``keep``; with ``dead_only``, only blocks the schedule never uses
         again) until ``nbytes`` more fit under the limit, plus up to :data:`EVICT_SLACK` of it
@@ -352,9 +361,9 @@ class ProcessCacheMemory(_FileBackedCache):
         with memoryview(self._buffer) as whole:
             done = 0
             while start + done < stop:
-                n = self._file.preadv([whole[start + done:stop]], start + done)
+                n = self._file.preadv([whole[start + done : stop]], start + done)
                 if n == 0:
-                    raise OSError(f"{self.path}: file ends at byte {start + done}, expected "
-                                  f"{self.data_size} bytes (truncated?)")
+                    raise OSError(
+                        f"{self.path}: file ends at byte {start + done}, expected {self.data_size} bytes (truncated?)"
+                    )
                 done += n
-

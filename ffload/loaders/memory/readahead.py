@@ -37,6 +37,7 @@ and asks the pool to fetch each batch's missing pages in the background
 ``preadv`` threads for a local file, range GETs for an object); when the pool has no slot to
 spare yet, it waits for the batches in progress to move on and asks again.
 """
+
 from __future__ import annotations
 
 import collections
@@ -100,8 +101,7 @@ class ReadAhead:
         OSError: the data file cannot be opened.
     """
 
-    def __init__(self, path, data_size: int, columns, limit: int, record: bool = False,
-                 unit: int = ADVISE_PAGE):
+    def __init__(self, path, data_size: int, columns, limit: int, record: bool = False, unit: int = ADVISE_PAGE):
         if unit < ADVISE_PAGE or unit % ADVISE_PAGE:
             raise ConfigurationError(f"unit must be a multiple of {ADVISE_PAGE} bytes, got {unit}")
         self.data_size = int(data_size)
@@ -196,8 +196,9 @@ class ReadAhead:
         self._map.close()  # the IO thread owns the mapping
 
     def _may_advance(self) -> bool:
-        return (self.limit > 0 and max(self._next, self._decoding) < len(self._batches)
-                and self._ahead_bytes < self.limit)
+        return (
+            self.limit > 0 and max(self._next, self._decoding) < len(self._batches) and self._ahead_bytes < self.limit
+        )
 
     def _runs(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(offsets, lengths)``, two ``(R,) int64`` arrays (bytes): the runs of units the payloads

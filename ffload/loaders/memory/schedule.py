@@ -7,6 +7,7 @@ A payload is the byte range ``[ptr, ptr + size)`` of one sample's field in the d
 caches evict the unit whose next use is furthest (Belady's rule) and the read-ahead requests
 exactly what a batch will read.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -63,8 +64,9 @@ def batch_blocks(columns, indices: np.ndarray, block: int) -> np.ndarray:
     """``(P,) int64`` sorted block numbers spanned by the payloads of samples ``indices``."""
     if not columns:
         return np.zeros(0, np.int64)
-    return sorted_unique(np.concatenate([spanned(p[indices], s[indices], block)[0]
-                                         for p, s in columns]))  # one sort for all fields
+    return sorted_unique(
+        np.concatenate([spanned(p[indices], s[indices], block)[0] for p, s in columns])
+    )  # one sort for all fields
 
 
 @njit(nogil=True, cache=True)
@@ -110,9 +112,14 @@ class EpochSchedule:
         if nb and self._columns:
             samples = np.concatenate(batches)
             batch_of = np.repeat(np.arange(nb, dtype=np.int64), [len(b) for b in batches])
-            uses = sorted_unique(np.concatenate([
-                units * nb + batch_of[owners] for units, owners in
-                (spanned(p[samples], s[samples], self._unit) for p, s in self._columns)]))
+            uses = sorted_unique(
+                np.concatenate(
+                    [
+                        units * nb + batch_of[owners]
+                        for units, owners in (spanned(p[samples], s[samples], self._unit) for p, s in self._columns)
+                    ]
+                )
+            )
         unit_of = uses // max(nb, 1)
         index = np.int32 if uses.size < 2**31 else np.int64  # 4 bytes per block and use
         self._starts = np.zeros(int(unit_of[-1]) + 2 if uses.size else 1, index)

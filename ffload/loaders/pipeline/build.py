@@ -8,6 +8,7 @@ for the field's type, each ``declare`` accepts its input) so that mistakes surfa
 runs. ``torch.nn.Module`` instances may follow :class:`ToTensor` (as in FFCV); they are applied to
 the batch tensor and assumed to keep its shape, dtype and device.
 """
+
 from __future__ import annotations
 
 import copy
@@ -48,8 +49,9 @@ class ModuleOp(Operation):
 
     def declare(self, spec, field, view):
         if spec is None or not spec.on_torch:
-            raise PipelineError(f"torch module {type(self.module).__name__} must come after ToTensor "
-                            f"(it receives a numpy batch here)")
+            raise PipelineError(
+                f"torch module {type(self.module).__name__} must come after ToTensor (it receives a numpy batch here)"
+            )
         return spec
 
     def __call__(self, src, dst, ctx):
@@ -59,10 +61,16 @@ class ModuleOp(Operation):
         return f"ModuleOp({self.module!r})"
 
 
-_DEFAULT_DECODERS = [(RGBImageField, SimpleRGBImageDecoder), (IntField, IntDecoder),
-                     (FloatField, FloatDecoder), (NDArrayField, NDArrayDecoder),
-                     (JSONField, BytesDecoder), (RaggedArrayField, RaggedArrayDecoder),
-                     (ImageArrayField, ImageArrayDecoder), (BytesField, BytesDecoder)]
+_DEFAULT_DECODERS = [
+    (RGBImageField, SimpleRGBImageDecoder),
+    (IntField, IntDecoder),
+    (FloatField, FloatDecoder),
+    (NDArrayField, NDArrayDecoder),
+    (JSONField, BytesDecoder),
+    (RaggedArrayField, RaggedArrayDecoder),
+    (ImageArrayField, ImageArrayDecoder),
+    (BytesField, BytesDecoder),
+]
 
 
 def default_pipeline(name: str, field, view) -> list[Operation]:
@@ -86,12 +94,15 @@ def default_pipeline(name: str, field, view) -> list[Operation]:
                 f"({describe_size_mismatch(view.metadata[name], pair)}), "
                 f"so batches need a crop: pass e.g. pipelines={{{name!r}: "
                 f"[CenterCropRGBImageDecoder((224, 224), ratio=224 / 256), ToTensor()]}} or "
-                f"RandomResizedCropRGBImageDecoder((224, 224))")
+                f"RandomResizedCropRGBImageDecoder((224, 224))"
+            )
     for field_type, decoder in _DEFAULT_DECODERS:
         if isinstance(field, field_type):
             return [decoder(), ToTensor()]
-    raise PipelineError(f"field {name!r} has type {type(field).__name__}, which has no default "
-                    f"pipeline; pass pipelines={{{name!r}: [decoder, ...]}}")
+    raise PipelineError(
+        f"field {name!r} has type {type(field).__name__}, which has no default "
+        f"pipeline; pass pipelines={{{name!r}: [decoder, ...]}}"
+    )
 
 
 class FieldPipeline:
@@ -109,9 +120,18 @@ class FieldPipeline:
     the decoder applies it, see :class:`~.operation.Operation`; the batches are identical).
     """
 
-    def __init__(self, name: str, field, ops: list[Operation], view, batch_size: int, source: str | None = None,
-                 fuse: bool = True, upstream: Mapping[str, FieldPipeline] | None = None,
-                 later: Sequence[str] = ()):
+    def __init__(
+        self,
+        name: str,
+        field,
+        ops: list[Operation],
+        view,
+        batch_size: int,
+        source: str | None = None,
+        fuse: bool = True,
+        upstream: Mapping[str, FieldPipeline] | None = None,
+        later: Sequence[str] = (),
+    ):
         # ``declare`` records per-pipeline facts on the operation (image shape, payload size):
         # each pipeline works on its own copies, so one op object may serve several pipelines
         # or loaders.
@@ -130,12 +150,13 @@ class FieldPipeline:
                 error = PipelineError if type(e) is TypeError else type(e)
                 raise error(f"pipeline of field {name!r}, operation {i} ({type(op).__name__}): {e}") from e
             if not isinstance(spec, Spec):
-                raise PipelineError(f"pipeline of field {name!r}: {type(op).__name__}.declare returned "
-                                f"{type(spec).__name__}, not a Spec")
+                raise PipelineError(
+                    f"pipeline of field {name!r}: {type(op).__name__}.declare returned "
+                    f"{type(spec).__name__}, not a Spec"
+                )
             if hasattr(op, "salt"):  # two identical random ops in one pipeline draw independently,
                 # and so do two views of one field (their output names differ)
-                op.salt = op_salt(int(op.salt), i) if self.name == self.source else \
-                    op_salt(int(op.salt), i, self.name)
+                op.salt = op_salt(int(op.salt), i) if self.name == self.source else op_salt(int(op.salt), i, self.name)
             self.specs.append(spec)
         if fuse:
             self._fuse_flip()
@@ -155,22 +176,25 @@ class FieldPipeline:
         first_torch = next((i for i, s in enumerate(self.specs) if s.on_torch), None)
         if first_torch is None:
             return None
-        return next((i for i in range(first_torch - 1, -1, -1)
-                     if self.buffer_specs[i] is not None), None)
+        return next((i for i in range(first_torch - 1, -1, -1) if self.buffer_specs[i] is not None), None)
 
     def _check_decoder(self) -> None:
         first = self.ops[0]
         if not first.is_decoder:
-            raise PipelineError(f"pipeline of field {self.name!r} must start with a decoder, got "
-                            f"{type(first).__name__}")
+            raise PipelineError(
+                f"pipeline of field {self.name!r} must start with a decoder, got {type(first).__name__}"
+            )
         if not isinstance(self.field, tuple(first.field_types)):
             kinds = ", ".join(t.__name__ for t in first.field_types) or "no field type"
-            raise PipelineError(f"field {self.name!r} is a {type(self.field).__name__}, but "
-                            f"{type(first).__name__} decodes {kinds}")
+            raise PipelineError(
+                f"field {self.name!r} is a {type(self.field).__name__}, but {type(first).__name__} decodes {kinds}"
+            )
         for i, op in enumerate(self.ops[1:], start=1):
             if op.is_decoder:
-                raise PipelineError(f"pipeline of field {self.name!r}: operation {i} "
-                                f"({type(op).__name__}) is a decoder; only the first may be")
+                raise PipelineError(
+                    f"pipeline of field {self.name!r}: operation {i} "
+                    f"({type(op).__name__}) is a decoder; only the first may be"
+                )
 
     @property
     def output_spec(self) -> Spec:
@@ -206,8 +230,12 @@ class FieldPipeline:
         return x
 
 
-def build_pipelines(view, pipelines: Mapping[str, Sequence | None] | None,
-                    batch_size: int, custom_field_mapper: Mapping[str, str] | None = None) -> list[FieldPipeline]:
+def build_pipelines(
+    view,
+    pipelines: Mapping[str, Sequence | None] | None,
+    batch_size: int,
+    custom_field_mapper: Mapping[str, str] | None = None,
+) -> list[FieldPipeline]:
     """Validate ``pipelines`` against the dataset and build the enabled fields' chains.
 
     Args:
@@ -232,29 +260,46 @@ def build_pipelines(view, pipelines: Mapping[str, Sequence | None] | None,
     """
     pipelines = {} if pipelines is None else pipelines
     if not isinstance(pipelines, Mapping):
-        raise PipelineError(f"pipelines must be a dict of field name -> list of operations, got "
-                        f"{type(pipelines).__name__}")
+        raise PipelineError(
+            f"pipelines must be a dict of field name -> list of operations, got {type(pipelines).__name__}"
+        )
     mapper = dict(custom_field_mapper or {})
     for out, src in mapper.items():
         if out in view.fields or src not in view.fields or out not in pipelines or pipelines[out] is None:
-            raise ConfigurationError(f"custom_field_mapper {out!r} -> {src!r}: the view needs a new name, an existing "
-                             f"field ({', '.join(map(repr, view.fields))}) and a pipeline in pipelines[{out!r}]")
+            raise ConfigurationError(
+                f"custom_field_mapper {out!r} -> {src!r}: the view needs a new name, an existing "
+                f"field ({', '.join(map(repr, view.fields))}) and a pipeline in pipelines[{out!r}]"
+            )
     unknown = [k for k in pipelines if k not in view.fields and k not in mapper]
     if unknown:
-        raise ConfigurationError(f"pipelines names unknown field(s) {', '.join(map(repr, unknown))}; "
-                         f"{view.path} has fields {', '.join(map(repr, view.fields))}")
+        raise ConfigurationError(
+            f"pipelines names unknown field(s) {', '.join(map(repr, unknown))}; "
+            f"{view.path} has fields {', '.join(map(repr, view.fields))}"
+        )
     built: list[FieldPipeline] = []
     enabled = [n for n in view.fields if not (n in pipelines and pipelines[n] is None)] + list(mapper)
     for name, field in view.fields.items():
         if name in pipelines and pipelines[name] is None:
             continue
-        ops = (_as_operations(name, pipelines[name]) if name in pipelines
-               else default_pipeline(name, field, view))
-        built.append(FieldPipeline(name, field, ops, view, batch_size, upstream={p.name: p for p in built},
-                                   later=enabled[len(built) + 1:]))
+        ops = _as_operations(name, pipelines[name]) if name in pipelines else default_pipeline(name, field, view)
+        built.append(
+            FieldPipeline(
+                name, field, ops, view, batch_size, upstream={p.name: p for p in built}, later=enabled[len(built) + 1 :]
+            )
+        )
     for out, src in mapper.items():
-        built.append(FieldPipeline(out, view.fields[src], _as_operations(out, pipelines[out]), view, batch_size,
-                                   source=src, upstream={p.name: p for p in built}, later=enabled[len(built) + 1:]))
+        built.append(
+            FieldPipeline(
+                out,
+                view.fields[src],
+                _as_operations(out, pipelines[out]),
+                view,
+                batch_size,
+                source=src,
+                upstream={p.name: p for p in built},
+                later=enabled[len(built) + 1 :],
+            )
+        )
     if not built:
         raise ConfigurationError(f"every field of {view.path} is disabled in pipelines; enable at least one")
     return built
@@ -262,8 +307,9 @@ def build_pipelines(view, pipelines: Mapping[str, Sequence | None] | None,
 
 def _as_operations(name: str, ops) -> list[Operation]:
     if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence):
-        raise PipelineError(f"pipeline of field {name!r} must be a list of operations (or None), got "
-                        f"{type(ops).__name__}")
+        raise PipelineError(
+            f"pipeline of field {name!r} must be a list of operations (or None), got {type(ops).__name__}"
+        )
     if not ops:
         raise ConfigurationError(f"pipeline of field {name!r} is empty; pass None to disable the field")
     out: list[Operation] = []
@@ -273,8 +319,9 @@ def _as_operations(name: str, ops) -> list[Operation]:
         elif isinstance(op, torch.nn.Module):
             out.append(ModuleOp(op))
         else:
-            raise PipelineError(f"pipeline of field {name!r}: item {i} is {op!r}, not an ffload "
-                            f"Operation or a torch.nn.Module")
+            raise PipelineError(
+                f"pipeline of field {name!r}: item {i} is {op!r}, not an ffload Operation or a torch.nn.Module"
+            )
     return out
 
 
@@ -289,9 +336,9 @@ def cuda_device(pipelines: Sequence[FieldPipeline]) -> torch.device | None:
     for p in pipelines:
         device = torch.device(p.output_spec.device)
         if p.output_spec.on_torch and device.type == "cuda":
-            devices.add(device if device.index is not None
-                        else torch.device("cuda", torch.cuda.current_device()))
+            devices.add(device if device.index is not None else torch.device("cuda", torch.cuda.current_device()))
     if len(devices) > 1:
-        raise ConfigurationError(f"fields end on several CUDA devices {sorted(map(str, devices))}; "
-                         f"one loader feeds one device")
+        raise ConfigurationError(
+            f"fields end on several CUDA devices {sorted(map(str, devices))}; one loader feeds one device"
+        )
     return devices.pop() if devices else None

@@ -23,6 +23,7 @@ pipeline among the ones already built and asks it to publish:
 A pipeline that is not in the loader, or that runs after its consumer, is a
 :class:`~ffload.errors.ConfigurationError` at loader construction, before any batch runs.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -87,8 +88,13 @@ class Geometry:
         """
         batch = len(ctx.indices)
         flips = np.zeros(batch, np.bool_) if hflip is None else np.array(hflip, np.bool_)
-        ctx.shared[key] = cls(np.array(boxes, np.float64), np.array(sizes, np.int64),
-                              (int(out_size[0]), int(out_size[1])), flips, np.zeros(batch, np.bool_))
+        ctx.shared[key] = cls(
+            np.array(boxes, np.float64),
+            np.array(sizes, np.int64),
+            (int(out_size[0]), int(out_size[1])),
+            flips,
+            np.zeros(batch, np.bool_),
+        )
 
     def add_step(self, forward: np.ndarray, inverse: np.ndarray) -> None:
         """Append a stage that moved pixels: ``forward`` and ``inverse`` ``(B, 3, 3)`` affine maps
@@ -112,8 +118,15 @@ class Geometry:
 
     def rows(self, j: int) -> Geometry:
         """The geometry of row ``j`` alone (a batch of one)."""
-        return Geometry(self.boxes[j:j + 1], self.sizes[j:j + 1], self.out_size, self.hflip[j:j + 1].copy(),
-                        self.vflip[j:j + 1].copy(), self.forward[j:j + 1].copy(), self.inverse[j:j + 1].copy())
+        return Geometry(
+            self.boxes[j : j + 1],
+            self.sizes[j : j + 1],
+            self.out_size,
+            self.hflip[j : j + 1].copy(),
+            self.vflip[j : j + 1].copy(),
+            self.forward[j : j + 1].copy(),
+            self.inverse[j : j + 1].copy(),
+        )
 
 
 @dataclass
@@ -133,13 +146,13 @@ class KeptBoxes:
 
     def rows(self, j: int) -> KeptBoxes:
         """Row ``j`` alone (a batch of one)."""
-        return KeptBoxes(self.counts[j:j + 1], self.stored[j:j + 1], self.kept[j:j + 1])
+        return KeptBoxes(self.counts[j : j + 1], self.stored[j : j + 1], self.kept[j : j + 1])
 
 
 def shared_rows(shared: Mapping, j: int) -> dict:
     """``shared`` restricted to batch row ``j`` (arrays sliced ``[j:j + 1]``, records by ``rows(j)``):
     the loader re-runs a failing field sample by sample with it."""
-    return {k: v[j:j + 1] if isinstance(v, np.ndarray) else v.rows(j) for k, v in shared.items()}
+    return {k: v[j : j + 1] if isinstance(v, np.ndarray) else v.rows(j) for k, v in shared.items()}
 
 
 def records(op) -> bool:
@@ -169,10 +182,13 @@ def link(consumer_name: str, op, built: Mapping, later: set[str]) -> None:
                     f"the custom_field_mapper views)",
                     field=consumer_name,
                     hint=f"decode {consumer_name!r} as a view of its field, e.g. custom_field_mapper="
-                         f"{{'{consumer_name}_t': <field>}}, so that it runs after {source!r}")
-            raise ConfigurationError(f"{what}, which is not among the loader's pipelines ({', '.join(map(repr, built))}"
-                                     f"{', ' if built and later else ''}{', '.join(map(repr, sorted(later)))})",
-                                     field=consumer_name)
+                    f"{{'{consumer_name}_t': <field>}}, so that it runs after {source!r}",
+                )
+            raise ConfigurationError(
+                f"{what}, which is not among the loader's pipelines ({', '.join(map(repr, built))}"
+                f"{', ' if built and later else ''}{', '.join(map(repr, sorted(later)))})",
+                field=consumer_name,
+            )
         producer = built[source]
         if kind == GEOMETRY:
             _publish_geometry(producer, what)
@@ -184,16 +200,20 @@ def link(consumer_name: str, op, built: Mapping, later: set[str]) -> None:
 def _publish_geometry(producer, what: str) -> None:
     decoder = producer.ops[0]
     if not getattr(decoder, "publishes_geometry", False):
-        raise ConfigurationError(f"{what}, whose decoder {type(decoder).__name__} is not an image decoder "
-                                 f"(RGB decoders, ImageArrayDecoder and its crop decoders publish their geometry)",
-                                 field=producer.name)
+        raise ConfigurationError(
+            f"{what}, whose decoder {type(decoder).__name__} is not an image decoder "
+            f"(RGB decoders, ImageArrayDecoder and its crop decoders publish their geometry)",
+            field=producer.name,
+        )
     for i, stage in enumerate(producer.ops[1:], start=1):
         if not stage.keeps_geometry and not records(stage):
             raise ConfigurationError(
                 f"{what}, but operation {i} of {producer.name!r} ({type(stage).__name__}) moves pixels in a way "
                 f"boxes and masks cannot follow (supported: the decoder's crop and resize, RandomHorizontalFlip, "
                 f"RandomVerticalFlip, RandomTranslate, RandomAffine, RandomRotation, and stages that move no pixel; "
-                f"not RandomCrop, RandomPerspective, PythonTransform or torch modules)", field=producer.name)
+                f"not RandomCrop, RandomPerspective, PythonTransform or torch modules)",
+                field=producer.name,
+            )
     key = (GEOMETRY, producer.name)
     for stage in producer.ops:
         stage.publish = key
@@ -202,6 +222,7 @@ def _publish_geometry(producer, what: str) -> None:
 def _publish_count(producer, what: str) -> None:
     stages = [s for s in producer.ops if getattr(s, "publishes_count", False)]
     if not stages:
-        raise ConfigurationError(f"{what}, whose pipeline has no TransformBoxes (only it changes the counts)",
-                                 field=producer.name)
+        raise ConfigurationError(
+            f"{what}, whose pipeline has no TransformBoxes (only it changes the counts)", field=producer.name
+        )
     stages[-1].publish = (COUNT, producer.name)

@@ -36,6 +36,7 @@ spec (per-sample shape and dtype, or a torch spec once :class:`ToTensor` has run
             _invert(src, dst[:len(src)])
             return dst[:len(src)]
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

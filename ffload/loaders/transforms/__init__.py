@@ -12,6 +12,7 @@
 
 ``from ffload.loaders.transforms import ColorJitter`` imports the defining module on first use.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -10,6 +10,7 @@ with). The torchvision-style transforms run two numba ``nopython``/``nogil`` cal
 parameter draw, public as ``op.params(seeds)`` so that tests (and a device implementation) apply
 exactly the same parameters, then the pixel kernel.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -63,8 +64,9 @@ class NHWCTransform(Operation):
     def declare(self, spec, field, view):
         name = field_name(field, view)
         if spec is None or spec.on_torch or len(spec.shape) != 3:
-            raise PipelineError(f"{type(self).__name__} (field '{name}') works on numpy (H, W, C) "
-                                f"images before ToTensor, got {spec}")
+            raise PipelineError(
+                f"{type(self).__name__} (field '{name}') works on numpy (H, W, C) images before ToTensor, got {spec}"
+            )
         self.salt = op_salt(type(self).__name__, name)
         self.field_name = name
         return spec
@@ -77,14 +79,18 @@ class NHWCTransform(Operation):
         fill = np.asarray(fill, dtype=np.float64).reshape(-1)
         channels = spec.shape[2]
         if fill.size != channels:
-            raise ConfigurationError(f"{type(self).__name__} (field '{self.field_name}'): fill has "
-                                     f"{fill.size} values for {channels} channels")
+            raise ConfigurationError(
+                f"{type(self).__name__} (field '{self.field_name}'): fill has "
+                f"{fill.size} values for {channels} channels"
+            )
         dtype = np.dtype(spec.dtype)
         if dtype.kind in "ui":
             info = np.iinfo(dtype)
             if fill.min() < info.min or fill.max() > info.max or np.any(fill != np.round(fill)):
-                raise ConfigurationError(f"{type(self).__name__} (field '{self.field_name}'): fill "
-                                         f"{fill.tolist()} is not representable as {dtype}")
+                raise ConfigurationError(
+                    f"{type(self).__name__} (field '{self.field_name}'): fill "
+                    f"{fill.tolist()} is not representable as {dtype}"
+                )
         return bits(fill.astype(dtype))
 
 

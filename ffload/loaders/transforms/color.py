@@ -7,6 +7,7 @@ colour operations truncate to ``uint8`` after each step (torch's ``.to(uint8)``)
 (``_cast_squeeze_out``). Random draws come from ffload's generator, so the *distribution* of
 parameters is torchvision's, not its stream.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,16 +28,18 @@ class _RGBTransform(NHWCTransform):
     def declare(self, spec, field, view):
         spec = super().declare(spec, field, view)
         if np.dtype(spec.dtype) != np.uint8 or spec.shape[2] != 3:
-            raise PipelineError(f"{type(self).__name__} (field '{self.field_name}') needs (H, W, 3) uint8 RGB "
-                                f"images, got {spec}")
+            raise PipelineError(
+                f"{type(self).__name__} (field '{self.field_name}') needs (H, W, 3) uint8 RGB images, got {spec}"
+            )
         return spec
 
 
 @njit(nogil=True, cache=True)
 def _gray_u8(r, g, b):
     # torchvision's rgb_to_grayscale on uint8: float32 luma, truncated to uint8
-    return np.uint8(np.float32(0.2989) * np.float32(r) + np.float32(0.587) * np.float32(g)
-                    + np.float32(0.114) * np.float32(b))
+    return np.uint8(
+        np.float32(0.2989) * np.float32(r) + np.float32(0.587) * np.float32(g) + np.float32(0.114) * np.float32(b)
+    )
 
 
 @njit(nogil=True, cache=True)
@@ -141,8 +144,7 @@ def _blend_row(v, other, f, n):
 def _gray_row(r, g, b, out, n):
     # _gray_u8 on rows of float32 values
     for x in range(n):
-        out[x] = np.float32(np.int32(np.float32(0.2989) * r[x] + np.float32(0.587) * g[x]
-                                     + np.float32(0.114) * b[x]))
+        out[x] = np.float32(np.int32(np.float32(0.2989) * r[x] + np.float32(0.587) * g[x] + np.float32(0.114) * b[x]))
 
 
 @njit(nogil=True, cache=True)
@@ -176,8 +178,11 @@ def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes, rgbx)
         widen_rgb(flat, y * width * 3, width, rgbx, 0)
         for x in range(width):
             v = rgbx[x]
-            r[x], g[x], b[x] = (np.float32(np.int32(v & byte)), np.float32(np.int32((v >> 8) & byte)),
-                                np.float32(np.int32((v >> 16) & byte)))
+            r[x], g[x], b[x] = (
+                np.float32(np.int32(v & byte)),
+                np.float32(np.int32((v >> 8) & byte)),
+                np.float32(np.int32((v >> 16) & byte)),
+            )
         for step in range(start, stop):
             kind, f = kinds[step], factors[step]
             if kind <= 1:
@@ -191,8 +196,9 @@ def _jitter_rows(img, kinds, factors, start, stop, mean, luma_sum, planes, rgbx)
                 _hue_row(r, g, b, f, width)
         if stop > start:
             for x in range(width):
-                rgbx[x] = np.uint32(np.int32(r[x])) | (np.uint32(np.int32(g[x])) << 8) | \
-                    (np.uint32(np.int32(b[x])) << 16)
+                rgbx[x] = (
+                    np.uint32(np.int32(r[x])) | (np.uint32(np.int32(g[x])) << 8) | (np.uint32(np.int32(b[x])) << 16)
+                )
             narrow_rgb(rgbx, 0, width, flat, y * width * 3)
         if luma_sum:  # whole numbers: an integer sum is exact in any order, so it vectorises
             _gray_row(r, g, b, scratch, width)
@@ -250,10 +256,22 @@ class ColorJitter(_RGBTransform):
 
     keeps_geometry = True
 
-    def __init__(self, brightness: float | Sequence[float] = 0.0, contrast: float | Sequence[float] = 0.0,
-                 saturation: float | Sequence[float] = 0.0, hue: float | Sequence[float] = 0.0):
-        self.ranges = np.array([range_pair(brightness, "brightness", 1.0, 0.0), range_pair(contrast, "contrast", 1.0, 0.0),
-                                range_pair(saturation, "saturation", 1.0, 0.0), range_pair(hue, "hue")], dtype=np.float64)
+    def __init__(
+        self,
+        brightness: float | Sequence[float] = 0.0,
+        contrast: float | Sequence[float] = 0.0,
+        saturation: float | Sequence[float] = 0.0,
+        hue: float | Sequence[float] = 0.0,
+    ):
+        self.ranges = np.array(
+            [
+                range_pair(brightness, "brightness", 1.0, 0.0),
+                range_pair(contrast, "contrast", 1.0, 0.0),
+                range_pair(saturation, "saturation", 1.0, 0.0),
+                range_pair(hue, "hue"),
+            ],
+            dtype=np.float64,
+        )
         if not -0.5 <= self.ranges[3, 0] <= self.ranges[3, 1] <= 0.5:
             raise ConfigurationError(f"hue must lie in [-0.5, 0.5], got {hue}")
         self.enabled = np.array([brightness != 0, contrast != 0, saturation != 0, hue != 0])
@@ -345,8 +363,10 @@ class GaussianBlur(NHWCTransform):
     def declare(self, spec, field, view):
         spec = super().declare(spec, field, view)
         if np.dtype(spec.dtype) != np.uint8 or self.kernel_size // 2 >= min(spec.shape[:2]):
-            raise PipelineError(f"GaussianBlur({self.kernel_size}) (field '{self.field_name}') needs uint8 images "
-                                f"larger than half the kernel, got {spec}")
+            raise PipelineError(
+                f"GaussianBlur({self.kernel_size}) (field '{self.field_name}') needs uint8 images "
+                f"larger than half the kernel, got {spec}"
+            )
         return spec
 
     def __call__(self, src, dst, ctx):

@@ -2,6 +2,7 @@
 (FFCV's, in place, same size) and :class:`RandomCrop` (torchvision's, into a buffer of the crop
 size). Outside the source image the window shows ``fill``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -144,8 +145,13 @@ class RandomCrop(FilledTransform):
             numpy (H, W, C), or smaller than ``size`` without ``pad_if_needed``.
     """
 
-    def __init__(self, size: int | Sequence[int], padding: int = 0, pad_if_needed: bool = False,
-                 fill: Sequence[float] = (0, 0, 0)):
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        padding: int = 0,
+        pad_if_needed: bool = False,
+        fill: Sequence[float] = (0, 0, 0),
+    ):
         h, w = (int(size), int(size)) if isinstance(size, (int, np.integer)) else (int(size[0]), int(size[1]))
         if h < 1 or w < 1 or int(padding) < 0:
             raise ConfigurationError(f"size must be >= 1 and padding >= 0, got {size}, {padding}")
@@ -162,14 +168,16 @@ class RandomCrop(FilledTransform):
         # torchvision pads both sides by the missing amount when pad_if_needed
         self._pads = (self.padding + extra_h, self.padding + extra_w)
         if height + 2 * extra_h < self.size[0] or width + 2 * extra_w < self.size[1]:
-            raise PipelineError(f"RandomCrop{self.size} (field '{self.field_name}'): images of {spec.shape[:2]} "
-                                f"padded by {self.padding} are smaller than the crop; pass pad_if_needed=True")
+            raise PipelineError(
+                f"RandomCrop{self.size} (field '{self.field_name}'): images of {spec.shape[:2]} "
+                f"padded by {self.padding} are smaller than the crop; pass pad_if_needed=True"
+            )
         return Spec((*self.size, spec.shape[2]), spec.dtype)
 
     def buffer_spec(self, spec_out, batch_size):
         return Operation.buffer_spec(self, spec_out, batch_size)
 
     def __call__(self, src, dst, ctx):
-        out = dst[:src.shape[0]]
+        out = dst[: src.shape[0]]
         _random_crop(bits(src), bits(out), ctx.seeds, self.salt, *self._pads, self.fill_bits)
         return out

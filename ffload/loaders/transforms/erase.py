@@ -2,6 +2,7 @@
 in place: :class:`Cutout` (FFCV's square) and :class:`RandomErasing` (torchvision's rectangle
 of random area and aspect ratio).
 """
+
 from __future__ import annotations
 
 import math
@@ -114,8 +115,13 @@ class RandomErasing(FilledTransform):
 
     keeps_geometry = True
 
-    def __init__(self, p: float = 0.5, scale: Sequence[float] = (0.02, 0.33), ratio: Sequence[float] = (0.3, 3.3),
-                 fill: Sequence[float] = (0, 0, 0)):
+    def __init__(
+        self,
+        p: float = 0.5,
+        scale: Sequence[float] = (0.02, 0.33),
+        ratio: Sequence[float] = (0.3, 3.3),
+        fill: Sequence[float] = (0, 0, 0),
+    ):
         if not 0.0 <= p <= 1.0:
             raise ConfigurationError(f"p must be in [0, 1], got {p}")
         self.p = float(p)
@@ -129,8 +135,9 @@ class RandomErasing(FilledTransform):
     def params(self, seeds: np.ndarray, height: int, width: int) -> np.ndarray:
         """``(B, 4) int64`` erased boxes for images of ``height x width`` pixels."""
         out = np.empty((len(seeds), 4), dtype=np.int64)
-        _erasing_params(np.asarray(seeds, dtype=np.uint64), self.salt, height, width, self.p, self.scale,
-                        self.log_ratio, out)
+        _erasing_params(
+            np.asarray(seeds, dtype=np.uint64), self.salt, height, width, self.p, self.scale, self.log_ratio, out
+        )
         return out
 
     def __call__(self, src, dst, ctx):

@@ -3,6 +3,7 @@
 salt)) < flip_prob``; each flip also toggles the sample's recorded geometry, so boxes and masks
 follow it (:mod:`ffload.loaders.pipeline.geometry`).
 """
+
 from __future__ import annotations
 
 import numpy as np

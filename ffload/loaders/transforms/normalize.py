@@ -1,6 +1,7 @@
 """``NormalizeImage``: ``(x - mean) / std`` per channel, fused with the integer -> float
 conversion, on the numpy stage (a compiled pass) or the torch stage (one ``addcmul``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -96,8 +97,10 @@ class NormalizeImage(Operation):
         self.mean = np.asarray(mean, dtype=np.float64).reshape(-1)
         self.std = np.asarray(std, dtype=np.float64).reshape(-1)
         if self.mean.size != self.std.size or not np.all(self.std != 0):
-            raise ConfigurationError(f"NormalizeImage: mean and std need one value per channel and std != 0, got "
-                                     f"{self.mean.tolist()} and {self.std.tolist()}")
+            raise ConfigurationError(
+                f"NormalizeImage: mean and std need one value per channel and std != 0, got "
+                f"{self.mean.tolist()} and {self.std.tolist()}"
+            )
         self.dtype = dtype
         if not torch_dtype(dtype).is_floating_point:
             raise ConfigurationError(f"NormalizeImage outputs a floating dtype, got {dtype}")
@@ -107,15 +110,22 @@ class NormalizeImage(Operation):
         name = field_name(field, view)
         channels = self.mean.size
         inputs = [torch_dtype(t) if spec is not None and spec.on_torch else np.dtype(t) for t in _NORMALIZE_INPUTS]
-        if spec is None or spec.dtype not in inputs or len(spec.shape) != 3 or \
-                spec.shape[0 if spec.channels_first else 2] != channels:
-            raise PipelineError(f"NormalizeImage (field '{name}') needs a uint8, int8, uint16 or int16 image with "
-                                f"{channels} channels, got {spec}")
+        if (
+            spec is None
+            or spec.dtype not in inputs
+            or len(spec.shape) != 3
+            or spec.shape[0 if spec.channels_first else 2] != channels
+        ):
+            raise PipelineError(
+                f"NormalizeImage (field '{name}') needs a uint8, int8, uint16 or int16 image with "
+                f"{channels} channels, got {spec}"
+            )
         self.on_torch = spec.on_torch
         if not spec.on_torch:
             if spec.shape[-1] != channels:
-                raise PipelineError(f"NormalizeImage (field '{name}') needs numpy (H, W, {channels}) "
-                                    f"images, got {spec}")
+                raise PipelineError(
+                    f"NormalizeImage (field '{name}') needs numpy (H, W, {channels}) images, got {spec}"
+                )
             try:
                 dtype = numpy_dtype(self.dtype)
             except TypeError as e:
@@ -125,8 +135,11 @@ class NormalizeImage(Operation):
             table = ((values[:, None] - self.mean) / self.std).astype(dtype)
             self._table = bits(table).reshape(-1)
             scale, bias = 1.0 / self.std, -self.mean / self.std
-            exact = levels == 256 and dtype == np.float32 and np.array_equal(
-                (values[:, None] * scale + bias).astype(dtype), table)
+            exact = (
+                levels == 256
+                and dtype == np.float32
+                and np.array_equal((values[:, None] * scale + bias).astype(dtype), table)
+            )
             self._rows = (np.tile(scale, spec.shape[1]), np.tile(bias, spec.shape[1])) if exact else None
             return Spec(spec.shape, dtype)
         axis = 0 if spec.channels_first else 2
@@ -145,7 +158,7 @@ class NormalizeImage(Operation):
             if self._wide:
                 return torch.addcmul(self._bias, src.to(torch.float32), self._scale).to(self._out_dtype)
             return torch.addcmul(self._bias, src, self._scale)
-        out = dst[:src.shape[0]]
+        out = dst[: src.shape[0]]
         if self._rows is not None:
             _scale_rows(flat_view(src), *self._rows, flat_view(out))
         else:

@@ -9,6 +9,7 @@ does the job. Randomness inside the callable comes from its own generator: to ke
 independent of ``num_workers`` the callable may take a ``seed`` keyword, which this stage fills
 with a per-sample seed derived from ``(seed, epoch, sample)`` like every ffload operation.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -44,8 +45,13 @@ class PythonTransform(Operation):
             sample is named by the loader).
     """
 
-    def __init__(self, fn: Callable, output_shape: Sequence[int], output_dtype: npt.DTypeLike = np.uint8,
-                 input_type: str = "numpy"):
+    def __init__(
+        self,
+        fn: Callable,
+        output_shape: Sequence[int],
+        output_dtype: npt.DTypeLike = np.uint8,
+        input_type: str = "numpy",
+    ):
         if input_type not in INPUTS:
             raise ConfigurationError(f"input_type must be one of {INPUTS}, got {input_type!r}")
         self.fn, self.input_type = fn, input_type
@@ -73,13 +79,15 @@ class PythonTransform(Operation):
         return x
 
     def __call__(self, src, dst, ctx):
-        out = dst[:len(src)]
+        out = dst[: len(src)]
         for b in range(len(src)):
             kwargs = {"seed": int(seed_state(ctx.seeds[b], self.salt))} if self._takes_seed else {}
             y = self.fn(self._convert_in(src[b]), **kwargs)
             y = y.numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
             if y.shape != self.output_shape or y.dtype != self.output_dtype:
-                raise ValueError(f"PythonTransform (field '{self.field_name}'): the callable returned "
-                                 f"{y.dtype}{list(y.shape)}, declared {self.output_dtype}{list(self.output_shape)}")
+                raise ValueError(
+                    f"PythonTransform (field '{self.field_name}'): the callable returned "
+                    f"{y.dtype}{list(y.shape)}, declared {self.output_dtype}{list(self.output_shape)}"
+                )
             out[b] = y
         return out

@@ -2,6 +2,7 @@
 device (FFCV 1.0.2's ``ffcv/transforms/ops.py`` and ``common.py`` semantics). Their ``declare``
 returns a torch :class:`Spec` (``on_torch=True``); they need no loader buffer.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -40,8 +41,7 @@ def numpy_dtype(dtype) -> np.dtype:
 def _require(spec, on_torch: bool, op, field, view) -> None:
     if spec is None or spec.on_torch != on_torch:
         stage = "a torch tensor (after ToTensor)" if on_torch else "a numpy array (before ToTensor)"
-        raise PipelineError(f"{type(op).__name__} (field '{field_name(field, view)}') needs {stage}, "
-                            f"got {spec}")
+        raise PipelineError(f"{type(op).__name__} (field '{field_name(field, view)}') needs {stage}, got {spec}")
 
 
 class ToTensor(Operation):
@@ -83,8 +83,7 @@ class ToTorchImage(Operation):
     def declare(self, spec, field, view):
         _require(spec, True, self, field, view)
         if len(spec.shape) != 3:
-            raise PipelineError(f"ToTorchImage (field '{field_name(field, view)}') needs (H, W, C) "
-                                f"images, got {spec}")
+            raise PipelineError(f"ToTorchImage (field '{field_name(field, view)}') needs (H, W, C) images, got {spec}")
         h, w, c = spec.shape
         self._view_f16 = spec.dtype == torch.int16 and self.convert_back_int16
         dtype = torch.float16 if self._view_f16 else spec.dtype
@@ -119,7 +118,7 @@ class Convert(Operation):
     def __call__(self, src, dst, ctx):
         if isinstance(src, torch.Tensor):
             return src.to(torch_dtype(self.target_dtype))
-        out = dst[:len(src)]
+        out = dst[: len(src)]
         np.copyto(out, src, casting="unsafe")
         return out
 
@@ -143,8 +142,10 @@ class ToDevice(Operation):
     def declare(self, spec, field, view):
         _require(spec, True, self, field, view)
         if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise UnavailableError(f"ToDevice({str(self.device)!r}) (field '{field_name(field, view)}'): "
-                                   "CUDA is not available to torch here")
+            raise UnavailableError(
+                f"ToDevice({str(self.device)!r}) (field '{field_name(field, view)}'): "
+                "CUDA is not available to torch here"
+            )
         return replace(spec, device=str(self.device))
 
     def __call__(self, src, dst, ctx):
@@ -173,8 +174,10 @@ class Squeeze(Operation):
         ndim = len(spec.shape) + 1
         dims = sorted({d % ndim for d in self.dims if -ndim <= d < ndim})
         if len(dims) != len(self.dims) or 0 in dims or any(spec.shape[d - 1] != 1 for d in dims):
-            raise ConfigurationError(f"Squeeze (field '{field_name(field, view)}'): dims {self.dims} must "
-                                     f"name size-1 per-sample dimensions of the batch (B,) + {spec.shape}")
+            raise ConfigurationError(
+                f"Squeeze (field '{field_name(field, view)}'): dims {self.dims} must "
+                f"name size-1 per-sample dimensions of the batch (B,) + {spec.shape}"
+            )
         if not self.dims:
             dims = [d + 1 for d, n in enumerate(spec.shape) if n == 1]
         self._axes = tuple(dims)

@@ -8,6 +8,7 @@ taps outside the image count as zero and the sampled coverage ``m`` blends in ``
 torchvision's ``_apply_grid_transform`` does: ``out = round(v * m + (1 - m) * fill)``.
 ``_warp_rgb`` is the kernel for 3 channels, ``_warp`` for any other count.
 """
+
 from __future__ import annotations
 
 import math
@@ -85,8 +86,17 @@ def _warp_border(s, x, y, sx, sy, fill, out):
 
 @njit(nogil=True, cache=True)
 def _is_identity(m):
-    return (m[0, 0] == 1.0 and m[0, 1] == 0.0 and m[0, 2] == 0.0 and m[1, 0] == 0.0 and m[1, 1] == 1.0
-            and m[1, 2] == 0.0 and m[2, 0] == 0.0 and m[2, 1] == 0.0 and m[2, 2] == 1.0)
+    return (
+        m[0, 0] == 1.0
+        and m[0, 1] == 0.0
+        and m[0, 2] == 0.0
+        and m[1, 0] == 0.0
+        and m[1, 1] == 1.0
+        and m[1, 2] == 0.0
+        and m[2, 0] == 0.0
+        and m[2, 1] == 0.0
+        and m[2, 2] == 1.0
+    )
 
 
 @njit(nogil=True, cache=True)
@@ -135,14 +145,20 @@ def _warp(src, dst, mats, fill):
                     if channels == 3:
                         u1, u2, u3, u4, u5 = np.uint64(1), np.uint64(2), np.uint64(3), np.uint64(4), np.uint64(5)
                         d[y, x, 0] = np.uint8(w00 * sf[i] + w01 * sf[i + u3] + w10 * sf[j] + w11 * sf[j + u3] + 0.5)
-                        d[y, x, 1] = np.uint8(w00 * sf[i + u1] + w01 * sf[i + u4] + w10 * sf[j + u1]
-                                              + w11 * sf[j + u4] + 0.5)
-                        d[y, x, 2] = np.uint8(w00 * sf[i + u2] + w01 * sf[i + u5] + w10 * sf[j + u2]
-                                              + w11 * sf[j + u5] + 0.5)
+                        d[y, x, 1] = np.uint8(
+                            w00 * sf[i + u1] + w01 * sf[i + u4] + w10 * sf[j + u1] + w11 * sf[j + u4] + 0.5
+                        )
+                        d[y, x, 2] = np.uint8(
+                            w00 * sf[i + u2] + w01 * sf[i + u5] + w10 * sf[j + u2] + w11 * sf[j + u5] + 0.5
+                        )
                     else:
                         for c in range(channels):
-                            v = (w00 * s[y0, x0, c] + w01 * s[y0, x0 + 1, c] + w10 * s[y0 + 1, x0, c]
-                                 + w11 * s[y0 + 1, x0 + 1, c])
+                            v = (
+                                w00 * s[y0, x0, c]
+                                + w01 * s[y0, x0 + 1, c]
+                                + w10 * s[y0 + 1, x0, c]
+                                + w11 * s[y0 + 1, x0 + 1, c]
+                            )
                             d[y, x, c] = np.uint8(v + 0.5)
                 elif -1.0 < sx < width and -1.0 < sy < height:
                     _warp_border(s, x, y, sx, sy, fill, border)
@@ -260,9 +276,11 @@ def _warp_rgb(src, dst, mats, fill):
             for x in range(out_w):
                 fx, fy, cover = fxs[x], fys[x], covers[x]
                 a00, a01, a10, a11 = t00[x], t01[x], t10[x], t11[x]
-                rgbx[x] = (_blend_channel(a00, a01, a10, a11, 0, fx, fy, cover, f0)
-                           | (_blend_channel(a00, a01, a10, a11, 8, fx, fy, cover, f1) << 8)
-                           | (_blend_channel(a00, a01, a10, a11, 16, fx, fy, cover, f2) << 16))
+                rgbx[x] = (
+                    _blend_channel(a00, a01, a10, a11, 0, fx, fy, cover, f0)
+                    | (_blend_channel(a00, a01, a10, a11, 8, fx, fy, cover, f1) << 8)
+                    | (_blend_channel(a00, a01, a10, a11, 16, fx, fy, cover, f2) << 16)
+                )
             narrow_rgb(rgbx, 0, out_w, flat_out, (b * out_h + y) * out_w * 3)
 
 
@@ -280,10 +298,14 @@ class _Warp(FilledTransform):
         return Operation.buffer_spec(self, spec_out, batch_size)
 
     def __call__(self, src, dst, ctx):
-        out = dst[:src.shape[0]]
+        out = dst[: src.shape[0]]
         warp = _warp_rgb if src.shape[3] == 3 else _warp
-        warp(np.ascontiguousarray(src), out, self.params(ctx.seeds, src.shape[1], src.shape[2]),
-             self.fill_bits.astype(np.float64))
+        warp(
+            np.ascontiguousarray(src),
+            out,
+            self.params(ctx.seeds, src.shape[1], src.shape[2]),
+            self.fill_bits.astype(np.float64),
+        )
         return out
 
 
@@ -304,13 +326,24 @@ class RandomAffine(_Warp):
 
     _apply_prob = 1.0
 
-    def __init__(self, degrees: float | Sequence[float], translate: Sequence[float] | None = None,
-                 scale: Sequence[float] | None = None, shear: float | Sequence[float] | None = None, fill: Sequence[float] = (0, 0, 0)):
+    def __init__(
+        self,
+        degrees: float | Sequence[float],
+        translate: Sequence[float] | None = None,
+        scale: Sequence[float] | None = None,
+        shear: float | Sequence[float] | None = None,
+        fill: Sequence[float] = (0, 0, 0),
+    ):
         shear = (0.0, 0.0) if shear is None else shear
-        shear4 = (range_pair(shear, "shear") + (0.0, 0.0)) if isinstance(shear, (int, float)) or len(shear) == 2 \
+        shear4 = (
+            (range_pair(shear, "shear") + (0.0, 0.0))
+            if isinstance(shear, (int, float)) or len(shear) == 2
             else (range_pair(shear[:2], "shear") + range_pair(shear[2:], "shear"))
-        self.ranges = np.array([range_pair(degrees, "degrees"), range_pair(scale or (1.0, 1.0), "scale"), shear4[:2],
-                                shear4[2:]], dtype=np.float64)
+        )
+        self.ranges = np.array(
+            [range_pair(degrees, "degrees"), range_pair(scale or (1.0, 1.0), "scale"), shear4[:2], shear4[2:]],
+            dtype=np.float64,
+        )
         self.translate = np.array(translate or (0.0, 0.0), dtype=np.float64)
         if self.translate.shape != (2,) or not np.all((0 <= self.translate) & (self.translate <= 1)):
             raise ConfigurationError(f"translate must be two fractions in [0, 1], got {translate}")
@@ -321,8 +354,16 @@ class RandomAffine(_Warp):
     def params(self, seeds: np.ndarray, height: int, width: int) -> np.ndarray:
         """``(B, 3, 3) float64`` inverse matrices for images of ``height x width`` pixels."""
         out = np.empty((len(seeds), 3, 3), dtype=np.float64)
-        _affine_params(np.asarray(seeds, dtype=np.uint64), self.salt, height, width, self.ranges,
-                       self.translate, self._apply_prob, out)
+        _affine_params(
+            np.asarray(seeds, dtype=np.uint64),
+            self.salt,
+            height,
+            width,
+            self.ranges,
+            self.translate,
+            self._apply_prob,
+            out,
+        )
         return out
 
     def record_geometry(self, geometry, ctx):
@@ -444,8 +485,9 @@ class RandomPerspective(_Warp):
     def _draw(self, seeds, height, width):
         out = np.empty((len(seeds), 3, 3), dtype=np.float64)
         corners = np.empty((len(seeds), 4, 2), dtype=np.float64)
-        _perspective_params(np.asarray(seeds, dtype=np.uint64), self.salt, height, width,
-                            self.distortion_scale, self.p, out, corners)
+        _perspective_params(
+            np.asarray(seeds, dtype=np.uint64), self.salt, height, width, self.distortion_scale, self.p, out, corners
+        )
         return out, corners
 
     def params(self, seeds: np.ndarray, height: int, width: int) -> np.ndarray:
