@@ -12,6 +12,7 @@ unless a docstring says otherwise.
 from __future__ import annotations
 
 import numpy as np
+import torch
 from numba import njit
 
 from ffload.codecs import jpeg
@@ -32,6 +33,12 @@ def flip_draws(seeds, salt, prob, out):
         out[b] = u < prob
 
 
+def device_spec(spec: Spec, device: torch.device) -> Spec:
+    """The spec of a decoder's output made on ``device``: the same per-sample shape, a
+    ``torch.uint8`` tensor there (as after ``ToTensor()`` and ``ToDevice(device)``)."""
+    return Spec(spec.shape, torch.uint8, on_torch=True, device=str(device))
+
+
 class _RGBDecoder(Decoder):
     """Base of the RGB image decoders: every row of a batch through :func:`ffload.codecs.jpeg.decode_batch`
     (one compiled call; raw and JPEG samples alike), errors raised naming the field and sample.
@@ -42,8 +49,21 @@ class _RGBDecoder(Decoder):
     flip = None  # (flip_prob, salt) of a fused RandomHorizontalFlip
     publishes_geometry = True  # crop boxes and fused flips, for box/mask stages (pipeline.geometry)
 
-    def __init__(self, fast_dct: bool = False):
+    def __init__(
+        self,
+        fast_dct: bool = False,
+        *,
+        device: str | None = None,
+        device_share: float | str = "auto",
+        device_backend: str = "auto",
+    ):
         self.fast_dct = bool(fast_dct)
+        if device is not None:
+            from ffload.loaders.device.stage import check_share
+
+            check_share(device_share)
+        self.device, self.device_share, self.device_backend = device, device_share, device_backend
+        self.stage = None  # the DeviceImageStage when ``device`` is set, made at declare
 
     def fuse_flip(self, flip_prob, salt):
         self.flip = (float(flip_prob), np.uint64(salt))
@@ -52,7 +72,13 @@ class _RGBDecoder(Decoder):
     def declare(self, spec, field, view):
         self._check_field(field, view)
         jpeg.warn_if_fallback()
-        return self._declare(view)
+        out = self._declare(view)
+        if self.device is None:
+            return out
+        from ffload.loaders.device.stage import DeviceImageStage
+
+        self.stage = DeviceImageStage(self.device, self.device_backend, self.device_share, self.fast_dct)
+        return device_spec(out, self.stage.device)
 
     def _declare(self, view) -> Spec:
         """The output spec, from the field's metadata of the samples ``view.selected()``."""
@@ -65,14 +91,37 @@ class _RGBDecoder(Decoder):
     def __call__(self, src, dst, ctx):
         indices = ctx.indices
         batch = len(indices)
-        out = dst[:batch]
-        flat_view(out)  # the kernel writes through a flat view: check the layout
         column = ctx.metadata
         boxes = np.empty((batch, 4), dtype=np.int64)
         self._boxes(ctx, column["height"], column["width"], boxes)
         flips = np.zeros(batch, np.bool_)
         if self.flip is not None:
             flip_draws(ctx.seeds, self.flip[1], self.flip[0], flips)
+        if self.stage is not None:
+            out = self._on_device(ctx, column, boxes, flips)
+        else:
+            out = dst[:batch]
+            self._on_host(ctx, column, boxes, flips, out)
+        if self.publish is not None:
+            sizes = np.stack([column["height"][indices], column["width"][indices]], axis=1)
+            Geometry.publish(ctx, self.publish, boxes, sizes, tuple(out.shape[1:3]), flips)
+        return out
+
+    def _on_device(self, ctx, column, boxes, flips):
+        try:
+            return self.stage(
+                ctx.indices, column, ctx.ptrs, ctx.sizes, region_array(ctx), boxes, flips, self._output_hw()
+            )
+        except FormatError as e:
+            raise FormatError(f"field '{self.field_name}', {e}", field=self.field_name, sample=e.sample) from e
+
+    def _output_hw(self) -> tuple[int, int]:
+        """The output's ``(height, width)`` pixels."""
+        raise NotImplementedError
+
+    def _on_host(self, ctx, column, boxes, flips, out) -> None:
+        indices = ctx.indices
+        flat_view(out)  # the kernel writes through a flat view: check the layout
         bad, code, detail = jpeg.decode_batch(
             indices, column, ctx.ptrs, ctx.sizes, region_array(ctx), boxes, flips, out, self.fast_dct
         )
@@ -87,10 +136,6 @@ class _RGBDecoder(Decoder):
             else:
                 cause = f"{where}: corrupt JPEG ({int(ctx.sizes[s])} bytes): {detail}"
             raise FormatError(cause, field=self.field_name, sample=s)
-        if self.publish is not None:
-            sizes = np.stack([column["height"][indices], column["width"][indices]], axis=1)
-            Geometry.publish(ctx, self.publish, boxes, sizes, out.shape[1:3], flips)
-        return out
 
 
 class SimpleRGBImageDecoder(_RGBDecoder):
@@ -137,17 +182,31 @@ class SimpleRGBImageDecoder(_RGBDecoder):
         out[:, 2] = self.shape[0]
         out[:, 3] = self.shape[1]
 
+    def _output_hw(self):
+        return self.shape[0], self.shape[1]
+
 
 class _ResizedCropRGBImageDecoder(_RGBDecoder):
     """Shared body of the crop decoders: boxes from one kernel per batch, then decode (DCT-scaled
     and cropped by libjpeg-turbo for JPEGs), resize and write, one compiled call per batch."""
 
-    def __init__(self, output_size: int | tuple[int, int], fast_dct: bool = False):
-        super().__init__(fast_dct)
+    def __init__(
+        self,
+        output_size: int | tuple[int, int],
+        fast_dct: bool = False,
+        *,
+        device: str | None = None,
+        device_share: float | str = "auto",
+        device_backend: str = "auto",
+    ):
+        super().__init__(fast_dct, device=device, device_share=device_share, device_backend=device_backend)
         self.output_size = output_size_pair(output_size)
 
     def _declare(self, view):
         return Spec(self.output_size + (3,), np.dtype(np.uint8))
+
+    def _output_hw(self):
+        return self.output_size
 
 
 class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
@@ -174,8 +233,17 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
             message), naming the field and sample.
     """
 
-    def __init__(self, output_size: int | tuple[int, int], ratio: float = 224 / 256, fast_dct: bool = False):
-        super().__init__(output_size, fast_dct)
+    def __init__(
+        self,
+        output_size: int | tuple[int, int],
+        ratio: float = 224 / 256,
+        fast_dct: bool = False,
+        *,
+        device: str | None = None,
+        device_share: float | str = "auto",
+        device_backend: str = "auto",
+    ):
+        super().__init__(output_size, fast_dct, device=device, device_share=device_share, device_backend=device_backend)
         if not 0 < ratio <= 1:
             raise ConfigurationError(f"ratio must be in (0, 1], got {ratio}")
         self.ratio = float(ratio)
@@ -217,8 +285,12 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         fast_dct: bool = False,
+        *,
+        device: str | None = None,
+        device_share: float | str = "auto",
+        device_backend: str = "auto",
     ):
-        super().__init__(output_size, fast_dct)
+        super().__init__(output_size, fast_dct, device=device, device_share=device_share, device_backend=device_backend)
         scale = tuple(float(v) for v in scale)
         ratio = tuple(float(v) for v in ratio)
         if len(scale) != 2 or not 0 < scale[0] <= scale[1]:
