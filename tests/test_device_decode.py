@@ -20,7 +20,6 @@ from ffload.formats import IntField, RGBImageField, open_dataset, write_dataset
 from ffload.loaders import (
     CenterCropRGBImageDecoder,
     IntDecoder,
-    RandomHorizontalFlip,
     RandomResizedCropRGBImageDecoder,
     ResizeRGBImageDecoder,
     SimpleRGBImageDecoder,
@@ -209,9 +208,7 @@ def test_device_decoder_matches_the_cpu_decoder(dataset, make):
 
 def test_device_share_zero_is_the_cpu_path_bit_for_bit(dataset):
     cpu = batches(dataset, [RandomResizedCropRGBImageDecoder(48)])
-    dev = batches(
-        dataset, [RandomResizedCropRGBImageDecoder(48, device="cpu", device_share=0.0)]
-    )
+    dev = batches(dataset, [RandomResizedCropRGBImageDecoder(48, device="cpu", device_share=0.0)])
     for (a, _), (b, _) in zip(cpu, dev):
         assert torch.equal(a, b)
 
@@ -220,9 +217,7 @@ def test_hybrid_split_keeps_boxes_and_flips(dataset):
     """Half the rows on the host, half on the device: the host half is the CPU path exactly, the
     device half within the tolerance; the same boxes and flips for the same seed either way."""
     cpu = batches(dataset, [RandomResizedCropRGBImageDecoder(48)])
-    hybrid = batches(
-        dataset, [RandomResizedCropRGBImageDecoder(48, device="cpu", device_share=0.5)]
-    )
+    hybrid = batches(dataset, [RandomResizedCropRGBImageDecoder(48, device="cpu", device_share=0.5)])
     for (a, _), (b, _) in zip(cpu, hybrid):
         assert torch.equal(a[3:], b[3:])  # rows 3..5 decoded on the host
         diff = (a[:3].to(torch.int16) - b[:3].to(torch.int16)).abs().float()
