@@ -205,6 +205,41 @@ def test_loader_batches_equal_whether_augmented_before_or_after_to_tensor(datase
         np.testing.assert_array_equal(a, c.transpose(0, 2, 3, 1))
 
 
+def test_boxes_and_masks_follow_the_torch_path_geometry(tmp_path):
+    """Flips and warps on the torch stage record the same geometry as on the numpy stage: the
+    boxes and masks that follow the image are the same, and so are the images."""
+    from test_box_warps import FIELDS, rectangles
+    from test_box_warps import H as BH
+    from test_box_warps import W as BW
+
+    from ffload.loaders import MaskDecoder, RaggedArrayDecoder, ResizeRGBImageDecoder, TransformBoxes
+
+    n = 16
+    path = write_dataset(str(tmp_path / "g.beton"), FIELDS, rectangles(n, seed=4, margin=18), n)
+
+    def load(image):
+        pipelines = {
+            "image": image,
+            "boxes": [RaggedArrayDecoder(), TransformBoxes("image", drop=False)],
+            "labels": None,
+            "mask": [MaskDecoder("image")],
+            "index": None,
+        }
+        with ffload.Loader(path, batch_size=n, num_workers=1, order="sequential", seed=2, pipelines=pipelines) as ld:
+            ((image, boxes, mask),) = list(ld)
+        return (image.numpy() if isinstance(image, torch.Tensor) else image), boxes, mask
+
+    def augmentations():
+        return [RandomHorizontalFlip(), RandomAffine(20, translate=(0.1, 0.1)), RandomVerticalFlip()]
+
+    a = load([ResizeRGBImageDecoder((BH, BW)), *augmentations(), ToTensor()])
+    b = load([ResizeRGBImageDecoder((BH, BW)), ToTensor(), *augmentations()])
+    plain = load([ResizeRGBImageDecoder((BH, BW))])
+    assert not np.array_equal(a[0], plain[0]) and not np.array_equal(a[1], plain[1])
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
 # ---------------------------------------------------------------- CUDA
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
