@@ -137,8 +137,10 @@ def test_transform_argument_and_input_checks(batch):
     with pytest.raises(ValueError, match="fill"):
         run(RandomTranslate(4, fill=(0, 0)), batch, context(24))
     torch_spec = Spec((32, 40, 3), torch.uint8, on_torch=True)
-    with pytest.raises(TypeError, match="field 'image'"):
-        RandomHorizontalFlip().declare(torch_spec, FIELD, VIEW)
+    with pytest.raises(TypeError, match="field 'image'"):  # Cutout has no torch path
+        Cutout(4).declare(torch_spec, FIELD, VIEW)
+    with pytest.raises(TypeError, match="field 'image'"):  # nor a flip of a (B, N) tensor
+        RandomHorizontalFlip().declare(Spec((32,), torch.uint8, on_torch=True), FIELD, VIEW)
 
 
 # ---------------------------------------------------------------- NormalizeImage

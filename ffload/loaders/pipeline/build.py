@@ -143,6 +143,7 @@ class FieldPipeline:
             link(name, op, upstream or {}, set(later))
         self.specs: list[Spec] = []
         spec = None
+        position = 0  # of the stage among those that are not transfers (mixed into salts)
         for i, op in enumerate(ops):
             try:
                 spec = op.declare(spec, field, view)
@@ -155,8 +156,14 @@ class FieldPipeline:
                     f"{type(spec).__name__}, not a Spec"
                 )
             if hasattr(op, "salt"):  # two identical random ops in one pipeline draw independently,
-                # and so do two views of one field (their output names differ)
-                op.salt = op_salt(int(op.salt), i) if self.name == self.source else op_salt(int(op.salt), i, self.name)
+                # and so do two views of one field (their output names differ); transfers do not
+                # count, so a stage draws the same before or after ToTensor / ToDevice
+                op.salt = (
+                    op_salt(int(op.salt), position)
+                    if self.name == self.source
+                    else op_salt(int(op.salt), position, self.name)
+                )
+            position += not getattr(op, "transfer", False)
             self.specs.append(spec)
         if fuse:
             self._fuse_flip()

@@ -124,6 +124,10 @@ class Operation:
     * ``salt`` (a ``uint64`` attribute, set in ``declare``, e.g. from :func:`~.rng.op_salt`):
       random stages draw from ``seed_state(ctx.seeds[b], self.salt)``; the pipeline mixes the
       stage's position into it, so two identical stages in one pipeline draw independently.
+      That position does not count the stages with ``transfer = True`` (class attribute:
+      :class:`~.transforms.ToTensor`, :class:`~.transforms.ToTorchImage`, :class:`~.transforms.ToDevice`,
+      which only hand the batch on), so ``[decoder, ToTensor(), flip]`` draws as ``[decoder, flip,
+      ToTensor()]`` does.
     * ``is_decoder`` (class attribute): True for the first stage, which reads the dataset
       through ``ctx.region`` / ``ctx.ptrs`` / ``ctx.sizes``; ``field_types``: the field classes
       a decoder accepts (checked when the pipeline is built).
@@ -151,6 +155,7 @@ class Operation:
     is_decoder = False
     field_types: tuple[type, ...] = ()
     keeps_geometry = False
+    transfer = False  # only hands the batch on (type, layout view, device): not counted in salts
     requires: tuple[tuple[str, str], ...] = ()
     publish = None  # set by .geometry.link: the key under which this stage publishes in ctx.shared
 

@@ -1,6 +1,7 @@
 """Transforms: compiled per-sample augmentations seeded per (epoch, sample), the torch conversions, and user Python callables.
 
     base        the shared bases (NHWCTransform, FilledTransform), the pixel view ``bits``, ``range_pair``
+    batch_torch the torch implementations of flips, erasing, grayscale, jitter and warps on whole tensor batches
     flip        RandomHorizontalFlip, RandomVerticalFlip
     crop        RandomTranslate, RandomCrop: the image moved inside a window padded with ``fill``
     erase       Cutout, RandomErasing: a random rectangle painted with ``fill``

@@ -9,11 +9,19 @@ element size (:func:`bits`), so every dtype works (float16 included, which numba
 with). The torchvision-style transforms run two numba ``nopython``/``nogil`` calls per batch: the
 parameter draw, public as ``op.params(seeds)`` so that tests (and a device implementation) apply
 exactly the same parameters, then the pixel kernel.
+
+After ``ToTensor`` / ``ToTorchImage`` / ``ToDevice`` (or after a device decoder), the transforms that
+set ``torch_impl`` take a ``torch.Tensor`` batch instead, on any device: ``(B, H, W, C)``, or ``(B, C, H,
+W)`` when ``Spec.channels_first``. They draw the same ``params(seeds)`` on the CPU (the same compiled
+call), upload them, and apply them to the whole batch with a few torch kernels
+(:mod:`ffload.loaders.transforms.batch_torch`), so a sample's augmentation does not depend on the
+device it runs on.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ffload.errors import ConfigurationError, PipelineError
 from ffload.loaders.decoders.base import field_name
@@ -49,48 +57,75 @@ def range_pair(value, name: str, center: float = 0.0, low: float | None = None) 
 
 
 class NHWCTransform(Operation):
-    """Base of the in-place random transforms: checks for a numpy ``(H, W, C)`` input, needs no
+    """Base of the in-place random transforms: checks for an ``(H, W, C)`` image input, needs no
     buffer.
+
+    The input is a numpy batch ``(B, H, W, C)``; a subclass with ``torch_impl = True`` also takes a
+    torch batch (any device) ``(B, H, W, C)``, or ``(B, C, H, W)`` after ``ToTorchImage``
+    (``Spec.channels_first``), and its ``__call__`` then returns a new tensor of the same shape,
+    dtype and device.
 
     Attributes:
         salt: ``uint64`` mixed into every sample seed, set at declare from the class and field
             names (two fields, or two different ops, draw independently).
         field_name: the field (or view) it runs on, set at declare, for messages.
+        on_torch: the input is a torch batch (set at declare).
+        channels_first: the torch batch is ``(B, C, H, W)`` (set at declare).
 
     Raises:
-        PipelineError (declare): input not numpy (H, W, C).
+        PipelineError (declare): input not an (H, W, C) image (numpy, or torch where ``torch_impl``).
     """
+
+    torch_impl = False  # True where batch_torch implements the op on torch batches
+    on_torch = channels_first = False
 
     def declare(self, spec, field, view):
         name = field_name(field, view)
-        if spec is None or spec.on_torch or len(spec.shape) != 3:
+        if spec is None or len(spec.shape) != 3 or (spec.on_torch and not self.torch_impl):
+            stage = "numpy or torch" if self.torch_impl else "numpy"
+            after = "" if self.torch_impl else " before ToTensor"
             raise PipelineError(
-                f"{type(self).__name__} (field '{name}') works on numpy (H, W, C) images before ToTensor, got {spec}"
+                f"{type(self).__name__} (field '{name}') works on {stage} (H, W, C) images{after}, got {spec}"
             )
         self.salt = op_salt(type(self).__name__, name)
         self.field_name = name
+        self.on_torch = spec.on_torch
+        self.channels_first = spec.on_torch and spec.channels_first
         return spec
 
     def buffer_spec(self, spec_out, batch_size):
         return None
 
-    def _fill(self, fill, spec) -> np.ndarray:
-        """The fill colour as ``(C,)`` unsigned bits of the image dtype."""
+    def _image(self, spec) -> tuple[int, int, int]:
+        """``(height, width, channels)`` of the declared per-sample image."""
+        if self.channels_first:
+            return spec.shape[1], spec.shape[2], spec.shape[0]
+        return spec.shape[0], spec.shape[1], spec.shape[2]
+
+    def _fill(self, fill, spec) -> np.ndarray | torch.Tensor:
+        """The fill colour: ``(C,)`` unsigned bits of the image dtype for a numpy input, a ``(C,)``
+        tensor of the image dtype on the spec's device for a torch input."""
         fill = np.asarray(fill, dtype=np.float64).reshape(-1)
-        channels = spec.shape[2]
+        channels = self._image(spec)[2]
         if fill.size != channels:
             raise ConfigurationError(
                 f"{type(self).__name__} (field '{self.field_name}'): fill has "
                 f"{fill.size} values for {channels} channels"
             )
-        dtype = np.dtype(spec.dtype)
-        if dtype.kind in "ui":
-            info = np.iinfo(dtype)
-            if fill.min() < info.min or fill.max() > info.max or np.any(fill != np.round(fill)):
-                raise ConfigurationError(
-                    f"{type(self).__name__} (field '{self.field_name}'): fill "
-                    f"{fill.tolist()} is not representable as {dtype}"
-                )
+        if spec.on_torch:
+            integer = not (spec.dtype.is_floating_point or spec.dtype.is_complex or spec.dtype == torch.bool)
+            low, high = (torch.iinfo(spec.dtype).min, torch.iinfo(spec.dtype).max) if integer else (None, None)
+        else:
+            dtype = np.dtype(spec.dtype)
+            integer = dtype.kind in "ui"
+            low, high = (np.iinfo(dtype).min, np.iinfo(dtype).max) if integer else (None, None)
+        if integer and (fill.min() < low or fill.max() > high or np.any(fill != np.round(fill))):
+            raise ConfigurationError(
+                f"{type(self).__name__} (field '{self.field_name}'): fill "
+                f"{fill.tolist()} is not representable as {spec.dtype}"
+            )
+        if spec.on_torch:
+            return torch.tensor(fill, dtype=torch.float64).to(device=spec.device, dtype=spec.dtype)
         return bits(fill.astype(dtype))
 
 
@@ -98,11 +133,13 @@ class FilledTransform(NHWCTransform):
     """An in-place transform that paints ``self.fill`` (a subclass sets it in ``__init__``).
 
     Attributes:
-        fill_bits: ``(C,)`` the fill as unsigned bits of the image dtype (:func:`bits`), set at declare.
+        fill_bits: ``(C,)`` the fill as unsigned bits of the image dtype (:func:`bits`), set at
+            declare for a numpy input; for a torch input a ``(C,)`` tensor of the image dtype on
+            the batch's declared device.
 
     Raises:
         ConfigurationError (declare): the fill has not ``C`` values, or is not representable in the image
-            dtype. PipelineError (declare): input not numpy (H, W, C).
+            dtype. PipelineError (declare): input not an (H, W, C) image (see :class:`NHWCTransform`).
     """
 
     def declare(self, spec, field, view):

@@ -6,6 +6,10 @@ functional_tensor.py`` / ``_functional_tensor.py``) for ``uint8`` tensors, round
 colour operations truncate to ``uint8`` after each step (torch's ``.to(uint8)``), the blur rounds
 (``_cast_squeeze_out``). Random draws come from ffload's generator, so the *distribution* of
 parameters is torchvision's, not its stream.
+
+:class:`RandomGrayscale` and :class:`ColorJitter` also take a torch ``uint8`` batch (after ``ToTensor``,
+any device): the same ``params(seeds)``, applied by :mod:`ffload.loaders.transforms.batch_torch` with the
+same float32 arithmetic (equal values).
 """
 
 from __future__ import annotations
@@ -14,20 +18,25 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from numba import njit
 
 from ffload._jit.simd import narrow_rgb, widen_rgb
 from ffload.errors import ConfigurationError, PipelineError
+from ffload.loaders.decoders.rgb import flip_draws
 from ffload.loaders.rng import randint, seed_state, uniform, uniform_range
+from ffload.loaders.transforms import batch_torch
 from ffload.loaders.transforms.base import NHWCTransform, range_pair
 
 
 class _RGBTransform(NHWCTransform):
-    """A transform of ``(H, W, 3) uint8`` RGB images (colour operations)."""
+    """A transform of ``(H, W, 3) uint8`` RGB images (colour operations): numpy, or a torch batch
+    (NHWC or NCHW, any device) where the subclass sets ``torch_impl``."""
 
     def declare(self, spec, field, view):
         spec = super().declare(spec, field, view)
-        if np.dtype(spec.dtype) != np.uint8 or spec.shape[2] != 3:
+        uint8 = spec.dtype == torch.uint8 if spec.on_torch else np.dtype(spec.dtype) == np.uint8
+        if not uint8 or self._image(spec)[2] != 3:
             raise PipelineError(
                 f"{type(self).__name__} (field '{self.field_name}') needs (H, W, 3) uint8 RGB images, got {spec}"
             )
@@ -59,21 +68,33 @@ def _grayscale(images, seeds, salt, prob):
 class RandomGrayscale(_RGBTransform):
     """Replace RGB images by their luma at random, in place (torchvision's ``RandomGrayscale``).
 
-    The luma is ``0.2989 R + 0.587 G + 0.114 B``, truncated, in all three channels; each image
-    is replaced with probability ``p``.
+    The luma is ``0.2989 R + 0.587 G + 0.114 B`` (float32), truncated, in all three channels; each
+    image is replaced with probability ``p``: sample b when ``uniform(seed_state(seeds[b], salt)) <
+    p``. ``params(seeds)``: ``(B,) bool``, the samples replaced. A torch batch (after ``ToTensor``,
+    NHWC or NCHW, any device) gets the same values in a new tensor.
 
     Raises:
         ConfigurationError: ``p`` outside [0, 1]. PipelineError (declare): input not ``(H, W, 3) uint8``.
     """
 
     keeps_geometry = True
+    torch_impl = True
 
     def __init__(self, p: float = 0.1):
         if not 0.0 <= p <= 1.0:
             raise ConfigurationError(f"p must be in [0, 1], got {p}")
         self.p = float(p)
 
+    def params(self, seeds: np.ndarray) -> np.ndarray:
+        """``(B,) bool``: the samples replaced by their luma, for ``(B,) uint64`` seeds."""
+        chosen = np.empty(len(seeds), np.bool_)
+        flip_draws(np.asarray(seeds, dtype=np.uint64), self.salt, self.p, chosen)  # the same Bernoulli rule
+        return chosen
+
     def __call__(self, src, dst, ctx):
+        if self.on_torch:
+            x = batch_torch.to_nhwc(src, self.channels_first)
+            return batch_torch.from_nhwc(batch_torch.grayscale(x, self.params(ctx.seeds)), self.channels_first)
         _grayscale(src, ctx.seeds, self.salt, self.p)
         return src
 
@@ -249,12 +270,17 @@ class ColorJitter(_RGBTransform):
     ``params(seeds)``: ``(B, 8) float64``: the order (4 indices: 0 brightness, 1 contrast,
     2 saturation, 3 hue) then the four factors.
 
+    A torch ``uint8`` batch (after ``ToTensor``, NHWC or NCHW, any device) gets the same parameters
+    and arithmetic, one adjustment step at a time over the whole batch
+    (:func:`~ffload.loaders.transforms.batch_torch.color_jitter`), in a new tensor.
+
     Raises:
         ConfigurationError: a negative factor, hue outside [-0.5, 0.5]. PipelineError (declare): input not
             ``(H, W, 3) uint8``.
     """
 
     keeps_geometry = True
+    torch_impl = True
 
     def __init__(
         self,
@@ -283,6 +309,10 @@ class ColorJitter(_RGBTransform):
         return out
 
     def __call__(self, src, dst, ctx):
+        if self.on_torch:
+            x = batch_torch.to_nhwc(src, self.channels_first)
+            out = batch_torch.color_jitter(x, self.params(ctx.seeds), self.enabled)
+            return batch_torch.from_nhwc(out, self.channels_first)
         _color_jitter(src, self.params(ctx.seeds), self.enabled)
         return src
 

@@ -1,6 +1,8 @@
 """Transforms that paint a random rectangle with ``fill`` and move nothing (``keeps_geometry``),
 in place: :class:`Cutout` (FFCV's square) and :class:`RandomErasing` (torchvision's rectangle
-of random area and aspect ratio).
+of random area and aspect ratio). ``RandomErasing`` also takes a torch batch (after ``ToTensor``, any
+device): the same ``params(seeds, H, W)`` paint it with one ``torch.where``
+(:func:`~ffload.loaders.transforms.batch_torch.erase`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from numba import njit
 
 from ffload.errors import ConfigurationError
 from ffload.loaders.rng import randint, seed_state, uniform, uniform_range
+from ffload.loaders.transforms import batch_torch
 from ffload.loaders.transforms.base import FilledTransform, bits, range_pair
 
 
@@ -108,12 +111,16 @@ class RandomErasing(FilledTransform):
     ``params(seeds, height, width)``: ``(B, 4) int64`` ``(top, left, h, w)``, ``h = 0`` when not
     erased.
 
+    Images are ``(H, W, C)`` of any dtype: numpy (in place), or a torch batch after ``ToTensor``
+    (``(B, H, W, C)``, or ``(B, C, H, W)`` after ``ToTorchImage``, any device; a new tensor is returned).
+
     Raises:
         ConfigurationError: ``p`` outside [0, 1], bad ranges or fill. PipelineError (declare): input not
-            numpy (H, W, C).
+            an (H, W, C) image (numpy or torch).
     """
 
     keeps_geometry = True
+    torch_impl = True
 
     def __init__(
         self,
@@ -141,5 +148,9 @@ class RandomErasing(FilledTransform):
         return out
 
     def __call__(self, src, dst, ctx):
+        if self.on_torch:
+            x = batch_torch.to_nhwc(src, self.channels_first)
+            boxes = self.params(ctx.seeds, x.shape[1], x.shape[2])
+            return batch_torch.from_nhwc(batch_torch.erase(x, boxes, self.fill_bits), self.channels_first)
         _erase(bits(src), self.params(ctx.seeds, src.shape[1], src.shape[2]), self.fill_bits)
         return src

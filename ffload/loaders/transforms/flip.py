@@ -1,7 +1,9 @@
 """Random flips, in place: :class:`RandomHorizontalFlip` (FFCV's and torchvision's) and
 :class:`RandomVerticalFlip` (torchvision's). Sample b flips when ``uniform(seed_state(seeds[b],
 salt)) < flip_prob``; each flip also toggles the sample's recorded geometry, so boxes and masks
-follow it (:mod:`ffload.loaders.pipeline.geometry`).
+follow it (:mod:`ffload.loaders.pipeline.geometry`). On a torch batch (after ``ToTensor``, any device)
+the same draws (``params(seeds)``) flip the batch with one ``torch.where``
+(:func:`~ffload.loaders.transforms.batch_torch.flip`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from ffload.errors import ConfigurationError
 from ffload.loaders.decoders.base import flat_view
 from ffload.loaders.decoders.rgb import flip_draws
 from ffload.loaders.rng import seed_state, uniform
+from ffload.loaders.transforms import batch_torch
 from ffload.loaders.transforms.base import NHWCTransform, bits
 
 
@@ -48,6 +51,8 @@ class _RandomFlip(NHWCTransform):
     flip_prob``. Raises ConfigurationError for ``flip_prob`` outside [0, 1]."""
 
     axis = "hflip"  # the Geometry attribute it toggles
+    torch_axis = 2  # the axis of a (B, H, W, C) batch it reverses
+    torch_impl = True
 
     def __init__(self, flip_prob: float = 0.5):
         if not 0.0 <= flip_prob <= 1.0:
@@ -60,22 +65,33 @@ class _RandomFlip(NHWCTransform):
         the decoder's geometry."""
         if getattr(self, "fused", False):
             return
-        flips = np.empty(len(ctx.indices), np.bool_)
-        flip_draws(ctx.seeds, self.salt, self.flip_prob, flips)
-        geometry.flip(self.axis, flips)
+        geometry.flip(self.axis, self.params(ctx.seeds))
+
+    def params(self, seeds: np.ndarray) -> np.ndarray:
+        """``(B,) bool``: the samples that flip, for ``(B,) uint64`` seeds."""
+        flips = np.empty(len(seeds), np.bool_)
+        flip_draws(np.asarray(seeds, dtype=np.uint64), self.salt, self.flip_prob, flips)
+        return flips
+
+    def _torch_call(self, src, ctx):
+        x = batch_torch.to_nhwc(src, self.channels_first)
+        return batch_torch.from_nhwc(batch_torch.flip(x, self.params(ctx.seeds), self.torch_axis), self.channels_first)
 
 
 class RandomHorizontalFlip(_RandomFlip):
     """Flip images left-right at random, in place (FFCV's / torchvision's ``RandomHorizontalFlip``).
 
-    Images are ``(H, W, C)``; each flips with probability ``flip_prob``.
+    Images are ``(H, W, C)``, any dtype (numpy, or a torch batch after ``ToTensor``, NHWC or NCHW,
+    any device: then a new tensor is returned); each flips with probability ``flip_prob``.
 
     Sample b flips when ``uniform(seed_state(seeds[b], salt)) < flip_prob``. Directly after an
     RGB image decoder, the decoder mirrors the samples while writing them and this stage does
     nothing (:attr:`fused`; the hook is described in :class:`~ffload.loaders.pipeline.operation.Operation`).
+    ``params(seeds)``: ``(B,) bool``, the samples that flip.
 
     Raises:
-        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not numpy (H, W, C).
+        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not an (H, W, C)
+            image (numpy or torch).
     """
 
     fused = False
@@ -84,8 +100,11 @@ class RandomHorizontalFlip(_RandomFlip):
         return self.flip_prob, self.salt
 
     def __call__(self, src, dst, ctx):
-        if not self.fused:  # fused: the decoder before it has flipped the samples
-            _flip(flat_view(bits(src)), *src.shape, ctx.seeds, self.salt, self.flip_prob)
+        if self.fused:  # the decoder before it has flipped the samples
+            return src
+        if self.on_torch:
+            return self._torch_call(src, ctx)
+        _flip(flat_view(bits(src)), *src.shape, ctx.seeds, self.salt, self.flip_prob)
         return src
 
 
@@ -119,15 +138,20 @@ def _vflip(images: np.ndarray, seeds, salt, prob) -> None:
 class RandomVerticalFlip(_RandomFlip):
     """Flip images upside down at random, in place (torchvision's ``RandomVerticalFlip``).
 
-    Images are ``(H, W, C)``; each flips with probability ``flip_prob``. Sample b flips when ``uniform(seed_state(seeds[b],
-    salt)) < flip_prob``.
+    Images are ``(H, W, C)``, any dtype (numpy, or a torch batch as for :class:`RandomHorizontalFlip`);
+    each flips with probability ``flip_prob``. Sample b flips when ``uniform(seed_state(seeds[b],
+    salt)) < flip_prob``. ``params(seeds)``: ``(B,) bool``, the samples that flip.
 
     Raises:
-        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not numpy (H, W, C).
+        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not an (H, W, C)
+            image (numpy or torch).
     """
 
     axis = "vflip"
+    torch_axis = 1
 
     def __call__(self, src, dst, ctx):
+        if self.on_torch:
+            return self._torch_call(src, ctx)
         _vflip(src, ctx.seeds, self.salt, self.flip_prob)
         return src

@@ -52,6 +52,7 @@ class ToTensor(Operation):
     Raises PipelineError (declare): input already a tensor or a dtype torch lacks."""
 
     keeps_geometry = True
+    transfer = True  # not counted in later stages' salts (Operation)
 
     def declare(self, spec, field, view):
         _require(spec, False, self, field, view)
@@ -74,6 +75,7 @@ class ToTorchImage(Operation):
     """
 
     keeps_geometry = True
+    transfer = True  # not counted in later stages' salts (Operation)
 
     def __init__(self, channels_last: bool = True, convert_back_int16: bool = True):
         self.channels_last = channels_last
@@ -134,6 +136,7 @@ class ToDevice(Operation):
     without CUDA (torch built without it, or no GPU)."""
 
     keeps_geometry = True
+    transfer = True  # not counted in later stages' salts (Operation)
 
     def __init__(self, device: str | int | torch.device, non_blocking: bool = True):
         self.device = torch.device(device)

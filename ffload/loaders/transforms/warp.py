@@ -6,7 +6,10 @@ They share one kernel: output pixel ``(x, y)`` samples the input at ``H @ (x + 0
 (projective, pixel-corner coordinates) minus 0.5, where ``H`` is torchvision's inverse matrix;
 taps outside the image count as zero and the sampled coverage ``m`` blends in ``fill`` as
 torchvision's ``_apply_grid_transform`` does: ``out = round(v * m + (1 - m) * fill)``.
-``_warp_rgb`` is the kernel for 3 channels, ``_warp`` for any other count.
+``_warp_rgb`` is the kernel for 3 channels, ``_warp`` for any other count. A torch ``uint8`` batch
+(after ``ToTensor``, any device) is warped with the same matrices and ``_warp_rgb``'s arithmetic by
+:func:`ffload.loaders.transforms.batch_torch.warp` (a gather of the four taps per pixel, not
+``grid_sample``, whose normalised coordinates round differently).
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 from numba import njit
 
 from ffload._jit.simd import narrow_rgb, widen_rgb
 from ffload.errors import ConfigurationError, PipelineError
 from ffload.loaders.pipeline.operation import Operation
 from ffload.loaders.rng import randint, seed_state, uniform, uniform_range
+from ffload.loaders.transforms import batch_torch
 from ffload.loaders.transforms.base import FilledTransform, range_pair
 
 
@@ -285,12 +290,15 @@ def _warp_rgb(src, dst, mats, fill):
 
 
 class _Warp(FilledTransform):
-    """Base of the bilinear warps: ``(H, W, C) uint8`` in, the same shape out (into a buffer);
-    subclasses implement ``params(seeds, height, width) -> (B, 3, 3) float64`` inverse matrices."""
+    """Base of the bilinear warps: ``(H, W, C) uint8`` in, the same shape out (into a buffer; a new
+    tensor for a torch batch, NHWC or NCHW, any device); subclasses implement ``params(seeds,
+    height, width) -> (B, 3, 3) float64`` inverse matrices."""
+
+    torch_impl = True
 
     def declare(self, spec, field, view):
         spec = super().declare(spec, field, view)
-        if np.dtype(spec.dtype) != np.uint8:
+        if spec.dtype != (torch.uint8 if spec.on_torch else np.uint8):
             raise PipelineError(f"{type(self).__name__} (field '{self.field_name}') needs uint8 images, got {spec}")
         return spec
 
@@ -298,6 +306,10 @@ class _Warp(FilledTransform):
         return Operation.buffer_spec(self, spec_out, batch_size)
 
     def __call__(self, src, dst, ctx):
+        if self.on_torch:
+            x = batch_torch.to_nhwc(src, self.channels_first)
+            matrices = self.params(ctx.seeds, x.shape[1], x.shape[2])
+            return batch_torch.from_nhwc(batch_torch.warp(x, matrices, self.fill_bits), self.channels_first)
         out = dst[: src.shape[0]]
         warp = _warp_rgb if src.shape[3] == 3 else _warp
         warp(
@@ -321,7 +333,8 @@ class RandomAffine(_Warp):
     matrices in pixel-corner coordinates (torchvision's ``_get_inverse_affine_matrix``).
 
     Raises:
-        ConfigurationError: bad ranges or fill. PipelineError (declare): input not numpy (H, W, C) uint8.
+        ConfigurationError: bad ranges or fill. PipelineError (declare): input not an (H, W, C) uint8 image
+            (numpy, or a torch batch after ``ToTensor``: warped by ``batch_torch.warp``).
     """
 
     _apply_prob = 1.0
@@ -383,7 +396,8 @@ class RandomRotation(RandomAffine):
     distribution).
 
     Raises:
-        ConfigurationError: bad degrees or fill. PipelineError (declare): input not numpy (H, W, C) uint8.
+        ConfigurationError: bad degrees or fill. PipelineError (declare): input not an (H, W, C) uint8 image
+            (numpy or torch, as for :class:`RandomAffine`).
     """
 
     def __init__(self, degrees: float | Sequence[float], fill: Sequence[float] = (0, 0, 0)):
@@ -472,7 +486,7 @@ class RandomPerspective(_Warp):
 
     Raises:
         ConfigurationError: ``distortion_scale`` or ``p`` outside [0, 1], bad fill. PipelineError (declare):
-            input not numpy (H, W, C) uint8.
+            input not an (H, W, C) uint8 image (numpy or torch, as for :class:`RandomAffine`).
     """
 
     def __init__(self, distortion_scale: float = 0.5, p: float = 0.5, fill: Sequence[float] = (0, 0, 0)):
