@@ -20,6 +20,7 @@ from ffload.formats import IntField, RGBImageField, open_dataset, write_dataset
 from ffload.loaders import (
     CenterCropRGBImageDecoder,
     IntDecoder,
+    RandomHorizontalFlip,
     RandomResizedCropRGBImageDecoder,
     ResizeRGBImageDecoder,
     SimpleRGBImageDecoder,
@@ -196,8 +197,8 @@ def batches(path, image_ops, batch_size=6, **kwargs):
     ids=["random_resized_crop", "center_crop", "resize"],
 )
 def test_device_decoder_matches_the_cpu_decoder(dataset, make):
-    cpu = batches(dataset, [make()])
-    dev = batches(dataset, [make(device="cpu", device_share=1.0)])
+    cpu = batches(dataset, [make(), RandomHorizontalFlip()])
+    dev = batches(dataset, [make(device="cpu", device_share=1.0), RandomHorizontalFlip()])
     assert len(cpu) == len(dev) == 3
     for (a, la), (b, lb) in zip(cpu, dev):
         assert isinstance(b, torch.Tensor) and b.dtype == torch.uint8 and b.shape == a.shape
@@ -207,8 +208,10 @@ def test_device_decoder_matches_the_cpu_decoder(dataset, make):
 
 
 def test_device_share_zero_is_the_cpu_path_bit_for_bit(dataset):
-    cpu = batches(dataset, [RandomResizedCropRGBImageDecoder(48)])
-    dev = batches(dataset, [RandomResizedCropRGBImageDecoder(48, device="cpu", device_share=0.0)])
+    cpu = batches(dataset, [RandomResizedCropRGBImageDecoder(48), RandomHorizontalFlip()])
+    dev = batches(
+        dataset, [RandomResizedCropRGBImageDecoder(48, device="cpu", device_share=0.0), RandomHorizontalFlip()]
+    )
     for (a, _), (b, _) in zip(cpu, dev):
         assert torch.equal(a, b)
 
@@ -216,8 +219,10 @@ def test_device_share_zero_is_the_cpu_path_bit_for_bit(dataset):
 def test_hybrid_split_keeps_boxes_and_flips(dataset):
     """Half the rows on the host, half on the device: the host half is the CPU path exactly, the
     device half within the tolerance; the same boxes and flips for the same seed either way."""
-    cpu = batches(dataset, [RandomResizedCropRGBImageDecoder(48)])
-    hybrid = batches(dataset, [RandomResizedCropRGBImageDecoder(48, device="cpu", device_share=0.5)])
+    cpu = batches(dataset, [RandomResizedCropRGBImageDecoder(48), RandomHorizontalFlip()])
+    hybrid = batches(
+        dataset, [RandomResizedCropRGBImageDecoder(48, device="cpu", device_share=0.5), RandomHorizontalFlip()]
+    )
     for (a, _), (b, _) in zip(cpu, hybrid):
         assert torch.equal(a[3:], b[3:])  # rows 3..5 decoded on the host
         diff = (a[:3].to(torch.int16) - b[:3].to(torch.int16)).abs().float()
@@ -233,8 +238,8 @@ def test_simple_decoder_on_device_is_exact_for_raw(tmp_path, photos):
         [(t, k) for k, t in enumerate(tiles)],
         len(tiles),
     )
-    cpu = batches(str(path), [SimpleRGBImageDecoder()], batch_size=3)
-    dev = batches(str(path), [SimpleRGBImageDecoder(device="cpu")], batch_size=3)
+    cpu = batches(str(path), [SimpleRGBImageDecoder(), RandomHorizontalFlip()], batch_size=3)
+    dev = batches(str(path), [SimpleRGBImageDecoder(device="cpu"), RandomHorizontalFlip()], batch_size=3)
     for (a, _), (b, _) in zip(cpu, dev):
         assert torch.equal(a, b)
 
@@ -277,8 +282,8 @@ def test_device_decoder_rejects_a_bad_share_when_built():
 @cuda
 @pytest.mark.gpu
 def test_cuda_device_decoder_matches_the_cpu_decoder(dataset):
-    cpu = batches(dataset, [RandomResizedCropRGBImageDecoder(64)])
-    dev = batches(dataset, [RandomResizedCropRGBImageDecoder(64, device="cuda")])
+    cpu = batches(dataset, [RandomResizedCropRGBImageDecoder(64), RandomHorizontalFlip()])
+    dev = batches(dataset, [RandomResizedCropRGBImageDecoder(64, device="cuda"), RandomHorizontalFlip()])
     for (a, _), (b, _) in zip(cpu, dev):
         assert b.is_cuda
         diff = (a.to(torch.int16) - b.cpu().to(torch.int16)).abs().float()
