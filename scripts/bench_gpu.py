@@ -375,41 +375,76 @@ def _decode_rate(fn, payloads, seconds: float, batch: int = 256) -> float:
 # ---------------------------------------------------------------- loader alone
 
 
+def parse_cases(text: str, cores: int) -> list[tuple[str, str, int, int]]:
+    """``"kind:workers[:cpus],..."`` -> ``[(name, kind, workers, cpus)]``. ``kind``: ``cpu`` (the
+    compiled CPU path), ``torchvision`` / ``nvimgcodec`` (all rows on the GPU with that backend),
+    ``hybrid`` (``device_share='auto'``, the best backend), ``dataloader`` (training only);
+    ``workers`` and ``cpus`` may be ``all``; ``cpus`` restricts the process's affinity for the case."""
+    out = []
+    for item in filter(None, text.split(",")):
+        kind, *rest = item.split(":")
+        workers = cores if not rest or rest[0] == "all" else int(rest[0])
+        n_cpus = cores if len(rest) < 2 or rest[1] == "all" else min(cores, int(rest[1]))
+        name = f"{kind}_{workers}w" + (f"_{n_cpus}cpu" if n_cpus != cores else "")
+        out.append((name, kind, min(workers, cores), n_cpus))
+    return out
+
+
+def image_ops(kind: str, flip: bool):
+    """The case's image pipeline (:func:`jpeg_pipeline`)."""
+    if kind == "cpu":
+        return jpeg_pipeline(None, flip=flip)
+    if kind == "hybrid":
+        return jpeg_pipeline("cuda", "auto", "auto", flip)
+    return jpeg_pipeline("cuda", 1.0, kind, flip)
+
+
+@contextlib.contextmanager
+def cpus(n: int):
+    """Restrict the process to its first ``n`` CPUs for the block."""
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, sorted(affinity)[:n])
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, affinity)
+
+
 def loader_alone(run: Run, args) -> dict:
     import torch
 
     cores = len(os.sched_getaffinity(0))
-    path, seconds = run.data["jpeg"], args.loader_seconds
     flip = flip_supported(run)
-    cases = {"cpu": (None, "auto", "auto", cores)}
-    if torch.cuda.is_available():
-        for backend in ("nvimgcodec", "torchvision"):
-            cases[f"device_{backend}"] = ("cuda", 1.0, backend, max(2, cores // 4))
-        cases["hybrid_auto"] = ("cuda", "auto", "auto", cores)
-    out = {"flip": flip, "cases": {}}
-    for name, (device, share, backend, workers) in cases.items():
+    out: dict = {"flip": flip, "cases": {}}
+    for name, kind, workers, n_cpus in parse_cases(args.loader_cases, cores):
+        if kind != "cpu" and not torch.cuda.is_available():
+            continue
+        if run.left() < 30:
+            out["cases"][name] = {"skipped": "out of time"}
+            continue
         try:
-            loader = make_loader(path, jpeg_pipeline(device, share, backend, flip), workers)
+            with cpus(n_cpus), make_loader(run.data["jpeg"], image_ops(kind, flip), workers) as loader:
+                rate = loader_rate(loader, args.loader_seconds)
+                stats = _stage_stats(loader)
         except Exception as e:
             out["cases"][name] = {"error": f"{type(e).__name__}: {e}"}
             continue
-        with loader:
-            rate = loader_rate(loader, seconds)
-            stats = _stage_stats(loader)
-        out["cases"][name] = {"img_s": round(rate, 1), "num_workers": workers, **stats}
+        out["cases"][name] = {"img_s": round(rate, 1), "kind": kind, "num_workers": workers, "cpus": n_cpus, **stats}
         run.log(f"loader {name}: {rate:,.0f} img/s {stats}")
     out["pixels_vs_cpu"] = _pixel_check(run, flip)
     decode = (run.results["sections"].get("decode") or {}).get("result") or {}
-    cases = out["cases"]
-    if decode and "device_nvimgcodec" in cases and "img_s" in cases.get("device_nvimgcodec", {}):
-        best_decoder = max(v for v in decode.values() if isinstance(v, (int, float)))
-        best_device = max(v.get("img_s", 0) for k, v in cases.items() if k.startswith("device_"))
-        run.results["goals"]["loader_gpu_vs_decode_alone (goal >= 0.9)"] = round(best_device / best_decoder, 3)
-        if "img_s" in cases.get("hybrid_auto", {}):
-            better = max(best_device, cases["cpu"].get("img_s", 0))
-            run.results["goals"]["hybrid_vs_better_single (goal >= 1.3)"] = round(
-                cases["hybrid_auto"]["img_s"] / better, 3
-            )
+    best: dict = {}
+    for case in out["cases"].values():
+        if "img_s" in case:
+            best[case["kind"]] = max(best.get(case["kind"], 0.0), case["img_s"])
+    device = max(best.get("torchvision", 0.0), best.get("nvimgcodec", 0.0))
+    rates = [v for v in decode.values() if isinstance(v, (int, float))]
+    if rates and device:
+        run.results["goals"]["loader_gpu_vs_decode_alone (goal >= 0.9)"] = round(device / max(rates), 3)
+    if "hybrid" in best and (device or "cpu" in best):
+        run.results["goals"]["hybrid_vs_better_single (goal >= 1.3)"] = round(
+            best["hybrid"] / max(device, best.get("cpu", 0.0)), 3
+        )
     return out
 
 
@@ -484,37 +519,29 @@ def training(run: Run, args) -> dict:
     out["resident"] = _train_rate(step, iter(lambda: (x, y), None), args.train_steps)
     run.log(f"train resident: {out['resident']}")
     flip = flip_supported(run)
-    feeds = {
-        "ffload_cpu": (None, cores, None),
-        "ffload_hybrid": ("cuda", cores, None),
-        "ffload_hybrid_8": ("cuda", 8, 8),
-    }
-    for name, (device, workers, pin) in feeds.items():
-        if pin is not None and pin > cores:
+    for name, kind, workers, n_cpus in parse_cases(args.train_cases, cores):
+        if run.left() < 25:
+            out[name] = {"skipped": "out of time"}
             continue
-        affinity = os.sched_getaffinity(0)
         try:
-            if pin is not None:
-                os.sched_setaffinity(0, sorted(affinity)[:pin])
-            with make_loader(run.data["jpeg"], jpeg_pipeline(device, flip=flip), workers) as loader:
-                out[name] = _train_rate(step, _epochs(loader), args.train_steps)
-                out[name].update(_stage_stats(loader))
+            with cpus(n_cpus):
+                if kind == "dataloader":
+                    out[name] = _train_rate(step, _dataloader_batches(run, workers), args.train_steps)
+                else:
+                    with make_loader(run.data["jpeg"], image_ops(kind, flip), workers) as loader:
+                        out[name] = _train_rate(step, _epochs(loader), args.train_steps)
+                        out[name].update(_stage_stats(loader))
         except Exception as e:
             out[name] = {"error": f"{type(e).__name__}: {e}"}
-        finally:
-            os.sched_setaffinity(0, affinity)
+            continue
+        ratio = round(out[name]["img_s"] / out["resident"]["img_s"], 3)
+        out[name].update(kind=kind, num_workers=workers, cpus=n_cpus, vs_resident=ratio)
         run.log(f"train {name}: {out[name]}")
-    out["dataloader"] = _train_rate(step, _dataloader_batches(run, cores), args.train_steps)
-    run.log(f"train dataloader: {out['dataloader']}")
-    base = out["resident"]["img_s"]
-    goals = run.results["goals"]
-    for name in ("ffload_hybrid", "ffload_hybrid_8", "ffload_cpu", "dataloader"):
-        if "img_s" in out.get(name, {}):
-            out[name]["vs_resident"] = round(out[name]["img_s"] / base, 3)
-    if "vs_resident" in out.get("ffload_hybrid", {}):
-        goals["resnet50_fed_16_vs_resident (goal >= 0.98)"] = out["ffload_hybrid"]["vs_resident"]
-    if "vs_resident" in out.get("ffload_hybrid_8", {}):
-        goals["resnet50_fed_8_vs_resident (goal >= 0.95)"] = out["ffload_hybrid_8"]["vs_resident"]
+    fed = [v for v in out.values() if v.get("kind") not in (None, "dataloader") and "vs_resident" in v]
+    for n_cpus, goal in ((cores, 0.98), (8, 0.95)):
+        ratios = [v["vs_resident"] for v in fed if v["cpus"] == n_cpus]
+        if ratios:
+            run.results["goals"][f"resnet50_fed_{n_cpus}cpu_vs_resident (goal >= {goal})"] = max(ratios)
     run.train_step = step
     return out
 
@@ -753,6 +780,16 @@ def main(argv=None) -> int:
     ap.add_argument("--train-steps", type=int, default=30)
     ap.add_argument("--recipe-epochs", type=int, default=3)
     ap.add_argument("--scale-seconds", type=float, default=2.0)
+    ap.add_argument(
+        "--loader-cases",
+        default="cpu:all,torchvision:4,nvimgcodec:4,hybrid:all",
+        help="loader-alone cases, kind:workers[:cpus],... (see parse_cases)",
+    )
+    ap.add_argument(
+        "--train-cases",
+        default="cpu:all,hybrid:all,hybrid:8:8,dataloader:all",
+        help="ResNet-50 feeds, kind:workers[:cpus],... (kinds as --loader-cases, and dataloader)",
+    )
     ap.add_argument("--quick", action="store_true", help="small sizes: a dry run of the code paths")
     args = ap.parse_args(argv)
     if args.quick:

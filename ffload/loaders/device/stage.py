@@ -131,6 +131,8 @@ class DeviceImageStage:
         self._keep: collections.deque = collections.deque()  # (event, payloads) until the device is done
         self._keep_lock = threading.Lock()
         self._timings: collections.deque = collections.deque()  # (start, end, rows) CUDA events
+        self._phases = {"copy": 0.0, "decode": 0.0, "resample": 0.0, "host": 0.0}  # worker seconds
+        self._rows = {"device": 0, "host": 0}
 
     def __call__(self, indices, metadata, ptrs, sizes, region, boxes, flips, out_hw) -> torch.Tensor:
         """Decode one batch.
@@ -154,13 +156,14 @@ class DeviceImageStage:
         n_dev = self.controller.rows(batch)
         cuda = self.device.type == "cuda"
         self._reap()
+        t0 = time.perf_counter()
         payloads = [np.array(region[int(ptrs[s]) : int(ptrs[s]) + int(sizes[s])]) for s in indices[:n_dev]]
         start = torch.cuda.Event(enable_timing=True) if cuda else None
         if start is not None:
             start.record()
-        t0 = time.perf_counter()
-        self._device_rows(indices[:n_dev], metadata, payloads, boxes[:n_dev], flips[:n_dev], out[:n_dev])
-        device_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        decode_s = self._device_rows(indices[:n_dev], metadata, payloads, boxes[:n_dev], flips[:n_dev], out[:n_dev])
+        device_s = time.perf_counter() - t1
         mid = torch.cuda.Event(enable_timing=True) if cuda else None
         if mid is not None:
             mid.record()
@@ -169,6 +172,14 @@ class DeviceImageStage:
             t1 = time.perf_counter()
             self._host_rows(indices[n_dev:], metadata, ptrs, sizes, region, boxes[n_dev:], flips[n_dev:], out[n_dev:])
             host_s = time.perf_counter() - t1
+        with self._keep_lock:
+            phases, rows = self._phases, self._rows
+            phases["copy"] += t1 - t0
+            phases["decode"] += decode_s
+            phases["resample"] += device_s - decode_s
+            phases["host"] += host_s
+            rows["device"] += n_dev
+            rows["host"] += batch - n_dev
         if cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -181,16 +192,20 @@ class DeviceImageStage:
             self.controller.observe(batch - n_dev, host_s, n_dev, device_s)
         return out
 
-    def _device_rows(self, indices, metadata, payloads, boxes, flips, out) -> None:
+    def _device_rows(self, indices, metadata, payloads, boxes, flips, out) -> float:
+        """Decode, crop, resize and flip the device rows into ``out``; returns the worker's seconds
+        spent in the backend's decode call."""
         if len(indices) == 0:
-            return
+            return 0.0
         raw = metadata["mode"][indices] == RAW
         crops: list = [None] * len(indices)
         jpegs = np.flatnonzero(~raw)
+        t0 = time.perf_counter()
         if len(jpegs):
             decoded = self.backend.decode([payloads[k] for k in jpegs], boxes[jpegs], indices[jpegs])
             for k, tensor in zip(jpegs, decoded):
                 crops[k] = tensor
+        decode_s = time.perf_counter() - t0
         for k in np.flatnonzero(raw):
             s = indices[k]
             h, w = int(metadata["height"][s]), int(metadata["width"][s])
@@ -198,6 +213,7 @@ class DeviceImageStage:
             image = torch.from_numpy(payloads[k]).reshape(h, w, 3)[top : top + bh, left : left + bw]
             crops[k] = image.to(self.device, non_blocking=True)
         crop_resize(crops, out, torch.from_numpy(np.ascontiguousarray(flips)))
+        return decode_s
 
     def _host_rows(self, indices, metadata, ptrs, sizes, region, boxes, flips, out) -> None:
         host = torch.empty(tuple(out.shape), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
@@ -235,5 +251,20 @@ class DeviceImageStage:
             self.controller.observe(0, 0.0, rows, start.elapsed_time(end) / 1e3)
 
     def stats(self) -> dict:
-        """The backend's name and the controller's state (:meth:`ShareController.stats`)."""
-        return {"device": str(self.device), "backend": self.backend.name, **self.controller.stats()}
+        """The backend's name, the controller's state (:meth:`ShareController.stats`), rows done on
+        each side, and the worker threads' milliseconds per row in each phase (``copy``: payloads out
+        of the dataset, ``decode``: the backend's call, ``resample``: crop, resize and flip kernels
+        queued, ``host``: the CPU path's rows)."""
+        with self._keep_lock:
+            rows, phases = dict(self._rows), dict(self._phases)
+        per_row = {
+            f"{name}_ms_per_row": round(1e3 * secs / max(1, rows["host" if name == "host" else "device"]), 4)
+            for name, secs in phases.items()
+        }
+        return {
+            "device": str(self.device),
+            "backend": self.backend.name,
+            **self.controller.stats(),
+            "rows": rows,
+            **per_row,
+        }
