@@ -109,10 +109,10 @@ class SimpleRGBImageDecoder(_RGBDecoder):
             both. Applies to full-scale (8/8) decodes; the OpenCV fallback ignores it.
 
     Raises:
-        PipelineError (declare): the field is not an RGBImageField, or the images to be read
+        PipelineError: (at ``declare``) the field is not an RGBImageField, or the images to be read
             (``view.selected()``: a Loader's ``indices``) differ in size, naming two of them (use
             :class:`CenterCropRGBImageDecoder` / :class:`RandomResizedCropRGBImageDecoder`).
-        FormatError (call): a JPEG payload is corrupt (libjpeg-turbo's message) or
+        FormatError: (at ``call``) a JPEG payload is corrupt (libjpeg-turbo's message) or
             its header declares a size other than its metadata (refused before decoding, so no
             buffer is sized from it); the message names the field and sample.
     """
@@ -169,7 +169,7 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        PipelineError (declare): the field is not an RGBImageField.
+        PipelineError: (at ``declare``) the field is not an RGBImageField.
         ConfigurationError: bad arguments. FormatError (call): a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
@@ -206,7 +206,7 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        PipelineError (declare): the field is not an RGBImageField.
+        PipelineError: (at ``declare``) the field is not an RGBImageField.
         ConfigurationError: bad arguments. FormatError (call): a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
@@ -271,7 +271,7 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        PipelineError (declare): the field is not an RGBImageField.
+        PipelineError: (at ``declare``) the field is not an RGBImageField.
         ConfigurationError: a non-positive size. FormatError (call): a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """

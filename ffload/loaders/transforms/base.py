@@ -58,7 +58,7 @@ class NHWCTransform(Operation):
         field_name: the field (or view) it runs on, set at declare, for messages.
 
     Raises:
-        PipelineError (declare): input not numpy (H, W, C).
+        PipelineError: (at ``declare``) input not numpy (H, W, C).
     """
 
     def declare(self, spec, field, view):
@@ -101,7 +101,7 @@ class FilledTransform(NHWCTransform):
         fill_bits: ``(C,)`` the fill as unsigned bits of the image dtype (:func:`bits`), set at declare.
 
     Raises:
-        ConfigurationError (declare): the fill has not ``C`` values, or is not representable in the image
+        ConfigurationError: (at ``declare``) the fill has not ``C`` values, or is not representable in the image
             dtype. PipelineError (declare): input not numpy (H, W, C).
     """
 
