@@ -109,10 +109,10 @@ class SimpleRGBImageDecoder(_RGBDecoder):
             both. Applies to full-scale (8/8) decodes; the OpenCV fallback ignores it.
 
     Raises:
-        PipelineError: (at ``declare``) the field is not an RGBImageField, or the images to be read
+        PipelineError: (building the pipeline) the field is not an RGBImageField, or the images to be read
             (``view.selected()``: a Loader's ``indices``) differ in size, naming two of them (use
             :class:`CenterCropRGBImageDecoder` / :class:`RandomResizedCropRGBImageDecoder`).
-        FormatError: (at ``call``) a JPEG payload is corrupt (libjpeg-turbo's message) or
+        FormatError: (loading) a JPEG payload is corrupt (libjpeg-turbo's message) or
             its header declares a size other than its metadata (refused before decoding, so no
             buffer is sized from it); the message names the field and sample.
     """
@@ -169,8 +169,9 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        PipelineError: (at ``declare``) the field is not an RGBImageField.
-        ConfigurationError: bad arguments. FormatError (call): a corrupt JPEG (libjpeg-turbo's
+        PipelineError: (building the pipeline) the field is not an RGBImageField.
+        ConfigurationError: bad arguments.
+        FormatError: (loading) a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
 
@@ -206,8 +207,9 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        PipelineError: (at ``declare``) the field is not an RGBImageField.
-        ConfigurationError: bad arguments. FormatError (call): a corrupt JPEG (libjpeg-turbo's
+        PipelineError: (building the pipeline) the field is not an RGBImageField.
+        ConfigurationError: bad arguments.
+        FormatError: (loading) a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
 
@@ -271,8 +273,9 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        PipelineError: (at ``declare``) the field is not an RGBImageField.
-        ConfigurationError: a non-positive size. FormatError (call): a corrupt JPEG (libjpeg-turbo's
+        PipelineError: (building the pipeline) the field is not an RGBImageField.
+        ConfigurationError: a non-positive size.
+        FormatError: (loading) a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
 

@@ -58,7 +58,7 @@ class NHWCTransform(Operation):
         field_name: the field (or view) it runs on, set at declare, for messages.
 
     Raises:
-        PipelineError: (at ``declare``) input not numpy (H, W, C).
+        PipelineError: (building the pipeline) input not numpy (H, W, C).
     """
 
     def declare(self, spec, field, view):
@@ -101,8 +101,9 @@ class FilledTransform(NHWCTransform):
         fill_bits: ``(C,)`` the fill as unsigned bits of the image dtype (:func:`bits`), set at declare.
 
     Raises:
-        ConfigurationError: (at ``declare``) the fill has not ``C`` values, or is not representable in the image
-            dtype. PipelineError (declare): input not numpy (H, W, C).
+        ConfigurationError: (building the pipeline) the fill has not ``C`` values, or is not representable in the image
+            dtype.
+        PipelineError: (building the pipeline) input not numpy (H, W, C).
     """
 
     def declare(self, spec, field, view):

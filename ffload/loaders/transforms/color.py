@@ -63,7 +63,8 @@ class RandomGrayscale(_RGBTransform):
     is replaced with probability ``p``.
 
     Raises:
-        ConfigurationError: ``p`` outside [0, 1]. PipelineError (declare): input not ``(H, W, 3) uint8``.
+        ConfigurationError: ``p`` outside [0, 1].
+        PipelineError: (building the pipeline) input not ``(H, W, 3) uint8``.
     """
 
     keeps_geometry = True
@@ -250,7 +251,8 @@ class ColorJitter(_RGBTransform):
     2 saturation, 3 hue) then the four factors.
 
     Raises:
-        ConfigurationError: a negative factor, hue outside [-0.5, 0.5]. PipelineError (declare): input not
+        ConfigurationError: a negative factor, hue outside [-0.5, 0.5].
+        PipelineError: (building the pipeline) input not
             ``(H, W, 3) uint8``.
     """
 
@@ -345,8 +347,8 @@ class GaussianBlur(NHWCTransform):
     height in float32 with reflect padding (OpenCV's BORDER_REFLECT_101), rounded to uint8.
 
     Raises:
-        ConfigurationError: ``kernel_size`` even or < 1; sigma not > 0. PipelineError (declare):
-            input not numpy ``(H, W, C) uint8``, or not larger than half the kernel.
+        ConfigurationError: ``kernel_size`` even or < 1; sigma not > 0.
+        PipelineError: (building the pipeline) input not numpy ``(H, W, C) uint8``, or not larger than half the kernel.
     """
 
     keeps_geometry = True

@@ -82,7 +82,8 @@ class RandomTranslate(FilledTransform):
         fill: per-channel colour (``C`` values representable in the image dtype).
 
     Raises:
-        ConfigurationError: negative padding, bad fill. PipelineError (declare): input not numpy (H, W, C).
+        ConfigurationError: negative padding, bad fill.
+        PipelineError: (building the pipeline) input not numpy (H, W, C).
     """
 
     def __init__(self, padding: int, fill: Sequence[float] = (0, 0, 0)):
@@ -141,7 +142,8 @@ class RandomCrop(FilledTransform):
     uniform over the positions inside the padded image.
 
     Raises:
-        ConfigurationError: non-positive size, negative padding, bad fill. PipelineError (declare): input not
+        ConfigurationError: non-positive size, negative padding, bad fill.
+        PipelineError: (building the pipeline) input not
             numpy (H, W, C), or smaller than ``size`` without ``pad_if_needed``.
     """
 

@@ -45,7 +45,8 @@ class Cutout(FilledTransform):
         fill: per-channel colour (``C`` values representable in the image dtype).
 
     Raises:
-        ConfigurationError: crop_size < 1, bad fill. PipelineError (declare): input not numpy (H, W, C).
+        ConfigurationError: crop_size < 1, bad fill.
+        PipelineError: (building the pipeline) input not numpy (H, W, C).
     """
 
     keeps_geometry = True  # it paints, it moves nothing
@@ -109,7 +110,8 @@ class RandomErasing(FilledTransform):
     erased.
 
     Raises:
-        ConfigurationError: ``p`` outside [0, 1], bad ranges or fill. PipelineError (declare): input not
+        ConfigurationError: ``p`` outside [0, 1], bad ranges or fill.
+        PipelineError: (building the pipeline) input not
             numpy (H, W, C).
     """
 

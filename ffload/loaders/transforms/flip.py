@@ -75,7 +75,8 @@ class RandomHorizontalFlip(_RandomFlip):
     nothing (:attr:`fused`; the hook is described in :class:`~ffload.loaders.pipeline.operation.Operation`).
 
     Raises:
-        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not numpy (H, W, C).
+        ConfigurationError: ``flip_prob`` outside [0, 1].
+        PipelineError: (building the pipeline) input not numpy (H, W, C).
     """
 
     fused = False
@@ -123,7 +124,8 @@ class RandomVerticalFlip(_RandomFlip):
     salt)) < flip_prob``.
 
     Raises:
-        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not numpy (H, W, C).
+        ConfigurationError: ``flip_prob`` outside [0, 1].
+        PipelineError: (building the pipeline) input not numpy (H, W, C).
     """
 
     axis = "vflip"

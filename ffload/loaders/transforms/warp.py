@@ -321,7 +321,8 @@ class RandomAffine(_Warp):
     matrices in pixel-corner coordinates (torchvision's ``_get_inverse_affine_matrix``).
 
     Raises:
-        ConfigurationError: bad ranges or fill. PipelineError (declare): input not numpy (H, W, C) uint8.
+        ConfigurationError: bad ranges or fill.
+        PipelineError: (building the pipeline) input not numpy (H, W, C) uint8.
     """
 
     _apply_prob = 1.0
@@ -383,7 +384,8 @@ class RandomRotation(RandomAffine):
     distribution).
 
     Raises:
-        ConfigurationError: bad degrees or fill. PipelineError (declare): input not numpy (H, W, C) uint8.
+        ConfigurationError: bad degrees or fill.
+        PipelineError: (building the pipeline) input not numpy (H, W, C) uint8.
     """
 
     def __init__(self, degrees: float | Sequence[float], fill: Sequence[float] = (0, 0, 0)):
@@ -471,8 +473,8 @@ class RandomPerspective(_Warp):
     ``(B, 3, 3) float64`` inverse homographies; ``corners(seeds, height, width)``: the end points.
 
     Raises:
-        ConfigurationError: ``distortion_scale`` or ``p`` outside [0, 1], bad fill. PipelineError (declare):
-            input not numpy (H, W, C) uint8.
+        ConfigurationError: ``distortion_scale`` or ``p`` outside [0, 1], bad fill.
+        PipelineError: (building the pipeline) input not numpy (H, W, C) uint8.
     """
 
     def __init__(self, distortion_scale: float = 0.5, p: float = 0.5, fill: Sequence[float] = (0, 0, 0)):
