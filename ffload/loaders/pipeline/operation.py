@@ -20,7 +20,7 @@ timing.
 
 Writing a custom operation
 --------------------------
-Subclass :class:`Operation`; in :meth:`declare` validate the input spec and return the output
+Subclass :class:`Operation`; in :meth:`Operation.declare` validate the input spec and return the output
 spec (per-sample shape and dtype, or a torch spec once :class:`ToTensor` has run); in
 ``__call__`` fill ``dst[:B]`` from ``src`` with a numba kernel and return ``dst[:B]``::
 
