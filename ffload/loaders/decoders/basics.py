@@ -227,6 +227,9 @@ class RaggedLengthDecoder(Decoder):
     :class:`RaggedArrayDecoder` with the same ``max_length``). ``K = size // row_bytes``; the
     payload is never read.
 
+    Args:
+        max_length: cap on the count, as the :class:`RaggedArrayDecoder` it accompanies; None: no cap.
+
     Raises:
         PipelineError: (building the pipeline) the field is not a RaggedArrayField.
         ConfigurationError: a negative ``max_length``.

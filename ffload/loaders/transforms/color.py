@@ -62,6 +62,9 @@ class RandomGrayscale(_RGBTransform):
     The luma is ``0.2989 R + 0.587 G + 0.114 B``, truncated, in all three channels; each image
     is replaced with probability ``p``.
 
+    Args:
+        p: probability that a sample is replaced by its luma, in [0, 1].
+
     Raises:
         ConfigurationError: ``p`` outside [0, 1].
         PipelineError: (building the pipeline) input not ``(H, W, 3) uint8``.
@@ -250,6 +253,12 @@ class ColorJitter(_RGBTransform):
     ``params(seeds)``: ``(B, 8) float64``: the order (4 indices: 0 brightness, 1 contrast,
     2 saturation, 3 hue) then the four factors.
 
+    Args:
+        brightness: ``b`` (factor in ``[max(0, 1 - b), 1 + b]``) or a ``(min, max)`` factor range; 0: off.
+        contrast: as ``brightness``.
+        saturation: as ``brightness``.
+        hue: ``h`` in [0, 0.5] (shift in ``[-h, h]`` of a full turn) or a ``(min, max)`` range in [-0.5, 0.5].
+
     Raises:
         ConfigurationError: a negative factor, hue outside [-0.5, 0.5].
         PipelineError: (building the pipeline) input not
@@ -345,6 +354,10 @@ class GaussianBlur(NHWCTransform):
     Per sample ``sigma`` is uniform in ``sigma`` (a pair, pixels); the kernel is
     ``exp(-x^2 / (2 sigma^2))`` on ``x = -k//2 .. k//2``, normalised, applied along width then
     height in float32 with reflect padding (OpenCV's BORDER_REFLECT_101), rounded to uint8.
+
+    Args:
+        kernel_size: side of the square kernel, odd, pixels.
+        sigma: standard deviation, pixels: a number, or a ``(min, max)`` range drawn uniformly per sample.
 
     Raises:
         ConfigurationError: ``kernel_size`` even or < 1; sigma not > 0.

@@ -141,6 +141,12 @@ class RandomCrop(FilledTransform):
     Output per sample: ``(h, w, C)`` of the input dtype. The window's top ``i`` then left ``j`` are
     uniform over the positions inside the padded image.
 
+    Args:
+        size: ``(h, w)`` of the window, or an int (square), pixels.
+        padding: pixels of ``fill`` added on every side before cropping, >= 0.
+        pad_if_needed: pad images smaller than ``size`` up to it first.
+        fill: per-channel value of the padding, in the image's units (0-255 for uint8).
+
     Raises:
         ConfigurationError: non-positive size, negative padding, bad fill.
         PipelineError: (building the pipeline) input not

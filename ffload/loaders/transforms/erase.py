@@ -109,6 +109,12 @@ class RandomErasing(FilledTransform):
     ``params(seeds, height, width)``: ``(B, 4) int64`` ``(top, left, h, w)``, ``h = 0`` when not
     erased.
 
+    Args:
+        p: probability that a sample is erased, in [0, 1].
+        scale: ``(min, max)`` area of the box as a fraction of the image's.
+        ratio: ``(min, max)`` aspect ratio (width / height) of the box, drawn log-uniform.
+        fill: per-channel value painted into the box, in the image's units.
+
     Raises:
         ConfigurationError: ``p`` outside [0, 1], bad ranges or fill.
         PipelineError: (building the pipeline) input not

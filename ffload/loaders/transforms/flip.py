@@ -74,6 +74,9 @@ class RandomHorizontalFlip(_RandomFlip):
     RGB image decoder, the decoder mirrors the samples while writing them and this stage does
     nothing (:attr:`fused`; the hook is described in :class:`~ffload.loaders.pipeline.operation.Operation`).
 
+    Args:
+        flip_prob: probability that a sample flips, in [0, 1].
+
     Raises:
         ConfigurationError: ``flip_prob`` outside [0, 1].
         PipelineError: (building the pipeline) input not numpy (H, W, C).
@@ -122,6 +125,9 @@ class RandomVerticalFlip(_RandomFlip):
 
     Images are ``(H, W, C)``; each flips with probability ``flip_prob``. Sample b flips when ``uniform(seed_state(seeds[b],
     salt)) < flip_prob``.
+
+    Args:
+        flip_prob: probability that a sample flips, in [0, 1].
 
     Raises:
         ConfigurationError: ``flip_prob`` outside [0, 1].
