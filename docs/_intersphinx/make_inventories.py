@@ -84,7 +84,12 @@ def write(path: Path, project: str, version: str, objects: list[tuple[str, str, 
     soi.writebytes(path, soi.compress(inv.data_file(contract=True)))
 
 
+INVENTORIES = {  # file stem -> (project, version, objects)
+    "python": ("Python", "3", PY_OBJECTS),
+    "numpy": ("NumPy", "2", NUMPY_OBJECTS),
+    "torch": ("PyTorch", "2", TORCH_OBJECTS),
+}
+
 if __name__ == "__main__":
-    write(HERE / "python.inv", "Python", "3", PY_OBJECTS)
-    write(HERE / "numpy.inv", "NumPy", "2", NUMPY_OBJECTS)
-    write(HERE / "torch.inv", "PyTorch", "2", TORCH_OBJECTS)
+    for stem, (project, version, objects) in INVENTORIES.items():
+        write(HERE / f"{stem}.inv", project, version, objects)
