@@ -61,8 +61,8 @@ class FfloadError(Exception):
         sample: the sample index concerned (``int``), or ``None``.
         hint: what the user can do about it; appended to the message in parentheses, as
             py-lmdb appends ``MDB_HINT``.
-    Attributes:
-        message, path, field, sample, hint: as given.
+
+    Attributes ``message``, ``path``, ``field``, ``sample`` and ``hint`` hold the arguments as given.
     """
 
     def __init__(

@@ -2,18 +2,17 @@
 RGB <-> RGBX byte shuffles (``shufflevector``), and the 16-bit weighted sums of the resize.
 
 LLVM does not vectorise a transpose written as scalar loops: each element costs a load and a
-store (about 0.45 ns per element on a Zen 3 core, the larger part of :mod:`.resize`'s time).
-These intrinsics load the ``n`` rows of an ``n x n`` block as ``n``-lane vectors, transpose them
+store (the larger part of :mod:`.resize`'s time). These intrinsics load the ``n`` rows of an ``n x n`` block as ``n``-lane vectors, transpose them
 with ``log2(n)`` levels of pairwise unpacks (the SSE2 ``punpckl*/punpckh*`` network: at level
 ``g`` = 1, 2, 4 ... lanes, rows ``i`` and ``i + g`` of each group of ``2g`` rows interleave in runs
-of ``g`` lanes) and store the ``n`` results: about 0.05 ns per element.
+of ``g`` lanes) and store the ``n`` results: a few instructions per block instead of two per element
+(timings: ``docs/developer-notes.md``, ffload._jit.simd).
 
 * :func:`transpose8_u16`: an 8 x 8 block of ``uint16`` (one 128-bit vector per row);
 * :func:`transpose16_u8`: a 16 x 16 block of ``uint8``.
 
 Nor does it vectorise the stride-3 byte loops that widen packed RGB pixels to one ``uint32``
-each or narrow them back (about 0.8 ns per pixel on a Sapphire Rapids core, as the scalar loop
-it emits); one 16-byte shuffle (``pshufb``) does four pixels:
+each or narrow them back (it emits a scalar loop); one 16-byte shuffle (``pshufb``) does four pixels:
 
 * :func:`rgb_to_rgbx4`: 16 bytes are read from ``src``, the first 12 (four RGB pixels) are
   written to ``dst`` as four little-endian ``uint32`` ``R | G << 8 | B << 16`` (16 bytes);

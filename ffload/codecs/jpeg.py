@@ -15,21 +15,11 @@ Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
 2. The DCT scaling factor (:func:`scale_numerator`): 1/2 (``M = 4``) when the box is at least 4x
    the output on both sides, else 8/8 (no scaling). The box keeps its fractional edges in the
    scaled image (``edge * M / 8``), so the resize that follows samples exactly the same area as a
-   full-size decode would.
-
-   *Speed.* Only 1/2: ``scripts/bench_jpeg.py``'s profile decodes whole ~430-pixel q90 photos at
-   each M/8; in two runs 5/8, 6/8 and 7/8 took 1.33-1.35, 1.54-1.70 and 1.95x the time of a
-   full-size decode, 3/8 0.88-1.19x, 4/8 0.80-0.89x, 2/8 0.71-0.97x and 1/8 0.62-0.80x
-   (libjpeg-turbo has SIMD inverse DCTs only for 8x8 and the 1/2, 1/4 and 1/8 reductions, and
-   most of a q90 decode is entropy decoding, which scaling does not shrink).
-
-   *Quality.* ``scripts/jpeg_scale_quality.py`` on the benchmarks' 512 photos (~430 px q90 with
-   film grain): a decode at 1/2 then the resize, against a full decode then the same resize of
-   the same box, per image mean absolute difference, mean over the images (95th percentile):
-   box 2x the output 4.69 (6.06), 3x 2.76 (3.58), 3.5x 2.08, 4x 1.72 (2.25), 5x 1.34 (1.67),
-   8x 0.68; 1/4 and 1/8 are further off at every ratio (at 8x: 1.63 and 3.74). The issue's rule
-   is 2 grey levels: from 4x on the mean is within it (single images up to 2.9 at 4x). (The rule
-   before, 3x, was measured on photos without grain.)
+   full-size decode would. Only 1/2, because libjpeg-turbo has SIMD inverse DCTs only for 8x8 and
+   the 1/2, 1/4 and 1/8 reductions and most of a q90 decode is entropy decoding, which scaling does
+   not shrink; from 4x, because there a 1/2 decode + resize lands on average within 2 grey levels
+   of a full decode + the same resize, and 1/4 and 1/8 are further off at every ratio (the
+   measurements: ``docs/developer-notes.md``, ffload.codecs.jpeg).
 3. ``tj3SetCroppingRegion``: the scaled box's rows and columns (edges rounded outwards) and one
    more column on each side inside the image, its left edge moved down to the scaled iMCU grid
    (``ceil(MCUwidth * M / 8)`` pixels, TurboJPEG's requirement); the extra columns are skipped
@@ -40,7 +30,7 @@ Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
    region (the whole scaled image).
    *Restart markers.* A JPEG with restart markers that tile its MCU rows (ffload writes one per
    MCU, ``RGBImageField(jpeg_restart_interval=...)``) is first cut down to the restart segments
-   that hold the box (:mod:`.restarts`, ~10-20 us), so that libjpeg-turbo entropy-decodes only
+   that hold the box (:mod:`.restarts`), so that libjpeg-turbo entropy-decodes only
    those instead of every MCU above and beside the box; the pixels are the same.
 4. ``tj3Decompress8`` to RGB into a per-call scratch buffer (or straight into the output row when
    no resize, no flip and no column offset is needed), then

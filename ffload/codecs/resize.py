@@ -118,7 +118,7 @@ def _taps(offset, length, n, m, mode):
 def copy_rgb(src, src_start, src_stride, dst, dst_start, out_h, out_w, flip):
     """Copy an ``out_h x out_w`` RGB crop (layout as :func:`resize_rgb`) into an output row,
     mirrored left-right when ``flip``. Unsigned offsets: without numba's negative-index checks
-    the row copy vectorises (2.3x faster than signed indices on 256x256 rows)."""
+    the row copy vectorises."""
     row = np.uint64(out_w * 3)
     w = np.uint64(out_w)
     three = np.uint64(3)

@@ -25,8 +25,8 @@ Cost and limits
 ---------------
 * libjpeg-turbo decodes a scan with restart markers through its slower, checked Huffman decoder
   (its fast path is off whenever ``restart_interval`` is set): a whole-image decode of such a file
-  takes ~5-7 % longer, and each marker adds ~2.5 bytes (+~3 % for q90 photos at one marker per
-  MCU). ``RGBImageField``'s ``jpeg_restart_interval`` says when ffload writes them.
+  takes a little longer, and each marker adds a few bytes (measured: ``docs/developer-notes.md``,
+  ffload.codecs.restarts). ``RGBImageField``'s ``jpeg_restart_interval`` says when ffload writes them.
 * Only one-scan sequential Huffman JPEGs (SOF0/SOF1, all components in the scan) whose interval
   divides the MCUs per row are cut; anything else (progressive, arithmetic, a DNL height, markers
   out of sequence or missing) decodes the usual way, which also reports errors.

@@ -73,8 +73,8 @@ def convert_dataset(
             other options than the interrupted run (named in the message), or while another
             conversion to ``dst`` runs; an LMDB URL.
         FileExistsError: ``dst`` exists and ``overwrite`` is False.
-        SourceError / ConfigurationError: the source or the options are invalid (before any
-            writing); both are ``ValueError`` subclasses (:mod:`ffload.errors`).
+        SourceError: the source is invalid (before any writing); like ``ConfigurationError``, a
+            ``ValueError`` subclass (:mod:`ffload.errors`).
         StorageError: the upload to a URL ``dst`` failed (nothing is left there).
     """
     options = ConvertOptions(**keywords) if options is None else dataclasses.replace(options, **keywords)

@@ -36,8 +36,19 @@ def image_fields(
 ) -> dict[str, Field]:
     """The fields of an image-classification dataset: ``image`` (RGBImageField) then ``label`` (IntField).
 
-    The order is that of FFCV's examples. Raises ConfigurationError naming a bad argument
-    (RGBImageField's checks)."""
+    The order is that of FFCV's examples.
+
+    Args:
+        write_mode: ``'raw'``, ``'jpg'``, ``'smart'`` or ``'proportion'`` (as :class:`ConvertOptions`).
+        max_resolution: cap on the longer image side, pixels; None: none.
+        jpeg_quality: quality of the JPEGs ffload encodes, 1..100.
+        smart_threshold: ``'smart'``'s raw-size threshold, bytes.
+        compress_probability: ``'proportion'``'s probability of JPEG, in [0, 1].
+        jpeg_restart_interval: MCUs between restart markers; None: one per MCU from 128 px a side; 0: none.
+
+    Raises:
+        ConfigurationError: a bad argument, named (RGBImageField's checks).
+    """
     return {
         "image": RGBImageField(
             write_mode, max_resolution, smart_threshold, jpeg_quality, compress_probability, jpeg_restart_interval

@@ -1,7 +1,6 @@
 """JPEG pass-through: store a source JPEG's own bytes when they already are what the write mode asks for.
 
-FFCV's writer decodes every image and re-encodes it (ffcv issue #400: that is where multi-hour ImageNet
-conversions go). When the source file is a JPEG that the requested ``RGBImageField`` would store as JPEG anyway,
+FFCV's writer decodes every image and re-encodes it, which is most of a conversion's time. When the source file is a JPEG that the requested ``RGBImageField`` would store as JPEG anyway,
 and nothing has to change in its pixels, its bytes can be stored as they are: no decode, no encode, and the pixels
 at load time are exactly the source's decode (the loader decodes the very same bytes).
 

@@ -177,6 +177,19 @@ def write_dataset(
     :func:`ffload.convert.convert_dataset`, which encodes in parallel. ``info`` is a dataset-level
     JSON object read back as ``open_dataset(dst).info`` (e.g. ``{"classes": names}``).
 
+    Args:
+        dst: the output path (``.beton``, ``.lmdb``, or a shard directory with ``shard_size``).
+        fields: field name -> :class:`~ffload.formats.fields.Field`, in field order.
+        samples: ``num_samples`` tuples of values, one per field in field order.
+        num_samples: how many samples ``samples`` yields.
+        overwrite: replace an existing ``dst`` (atomically, once the new one is complete).
+        page_size: ``.beton`` page size in bytes (a power of two); None: the default (8 MiB).
+        info: dataset-level JSON object; None: ``{}``.
+        shard_size: bytes per shard, or a size string (``"1GB"``); None: one file.
+
+    Returns:
+        ``dst``.
+
     Raises:
         FieldError: a value does not fit its field (the message names the sample index).
         FileExistsError, ValueError: see :func:`dataset_writer`.

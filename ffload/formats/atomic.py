@@ -50,7 +50,14 @@ FORMATS = {".beton": "beton", ".lmdb": "lmdb"}
 
 
 def format_for_path(path: str) -> str:
-    """``'beton'`` or ``'lmdb'`` from the destination's suffix; ConfigurationError (a ValueError) else."""
+    """``'beton'`` or ``'lmdb'`` from the destination's suffix.
+
+    Args:
+        path: a destination path ending in ``.beton`` or ``.lmdb`` (any case).
+
+    Raises:
+        ConfigurationError: (a ``ValueError``) any other suffix.
+    """
     suffix = os.path.splitext(os.path.normpath(path))[1].lower()
     if suffix not in FORMATS:
         raise ConfigurationError(
@@ -247,6 +254,17 @@ def dataset_writer(
     ``tmp`` is kept: it is the partial output its journal describes). With ``shard_size``
     (bytes, or a size string such as ``"1GB"``) ``dst`` is a directory of ``.beton`` shards and
     its manifest (:class:`~.shards.ShardedWriter`), swapped in as a whole once complete.
+
+    Args:
+        dst: the output path, ``.beton`` or ``.lmdb`` (or a shard directory with ``shard_size``).
+        fields: field name -> :class:`~ffload.formats.fields.Field`, in field order.
+        num_samples: the number of samples that will be added.
+        overwrite: replace an existing ``dst`` once the new one is complete.
+        page_size: ``.beton`` page size in bytes; None: the default.
+        tmp: the temporary output's path; None: a fresh hidden name beside ``dst``.
+        open_writer: ``open_writer(tmp)`` makes the writer; None: a new one for the format.
+        info: the dataset-level JSON object; None: ``{}``.
+        shard_size: bytes per shard, or a size string such as ``"1GB"``; None: one file.
 
     Raises:
         DatasetBusyError: another process is writing ``dst`` (names its pid).

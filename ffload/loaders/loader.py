@@ -134,18 +134,18 @@ class Loader:
     Raises:
         ffload.formats.DatasetError: the path is not a dataset, or declares an image above
             ``max_pixels`` (naming the sample).
-        ffload.errors.ConfigurationError (a ``ValueError``): bad ``batch_size``, ``num_workers``,
+        ffload.errors.ConfigurationError: (a ``ValueError``) bad ``batch_size``, ``num_workers``,
             ``order``, ``seed``, ``indices`` (out of range, not integers, empty), unknown field
             names in ``pipelines``; with ``os_cache=False``, a batch that may need more than
             ``cache_limit`` bytes (both named); the batch buffers (``batch_size`` rows, one slot
             per batch ahead and per worker) need more bytes than the memory available (both named).
-        ffload.errors.PipelineError (a ``TypeError``): a pipeline that does not fit its field
+        ffload.errors.PipelineError: (a ``TypeError``) a pipeline that does not fit its field
             (the message names the field and the operation).
-        ffload.errors.UnavailableError (a ``RuntimeError``): ``distributed=True`` without an
+        ffload.errors.UnavailableError: (a ``RuntimeError``) ``distributed=True`` without an
             initialised process group; ``pin_memory=True`` without CUDA.
         ffload.errors.LoaderClosedError: ``iter()`` on a closed loader (and ``next()`` on an
             iterator whose loader was closed), saying so.
-        LoaderError (while iterating): a sample failed to decode (names the sample and field).
+        LoaderError: (while iterating) a sample failed to decode (names the sample and field).
     """
 
     def __init__(

@@ -84,7 +84,7 @@ class ImageFolderDataset(Dataset):
     (epoch 0) -> ``(image (3, H, W) float32 normalised, label int)``.
 
     Raises:
-        ffload.convert.sources.SourceError (a ValueError): ``root`` missing, without class
+        ffload.convert.sources.SourceError: (a ``ValueError``) ``root`` missing, without class
             folders, or a class folder without images (named in the message).
         OSError: an image cannot be decoded (names the file) when it is read.
     """

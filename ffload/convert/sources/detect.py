@@ -125,7 +125,10 @@ def detect_kind(path: str | os.PathLike) -> tuple[SourceKind, str]:
     """The first kind of :data:`SOURCE_KINDS` whose ``find`` accepts ``path``, and the folder it found.
 
     Reads only file names. Every path gets a kind: ``'imagefolder'`` when nothing else matches
-    (opening it then says what is missing).
+    (opening it then says what is missing), so nothing is raised here.
+
+    Args:
+        path: a source path (folder, file or shard pattern).
     """
     path = os.fspath(path)
     return next((kind, folder) for kind in SOURCE_KINDS.values() if (folder := kind.find(path)) is not None)

@@ -44,12 +44,18 @@ class ImageFolderSource:
         root: the dataset folder.
         max_pixels: images whose header declares more pixels are refused (see
             :func:`~ffload.convert.images.check_pixels`); ``None``: no limit. Also a settable attribute.
+
     Attributes:
-        root: absolute path. classes: ``list[str]``, class names indexed by label. labels: ``(N,) int64``.
-        name: ``basename(root)``. samples: ``[(path, label), ...]`` in sample order (torchvision's
-        ``ImageFolder.samples``), for code that reads the files itself (the DataLoader baselines).
+        root: absolute path.
+        classes: ``list[str]``, class names indexed by label.
+        labels: ``(N,) int64``.
+        name: ``basename(root)``.
+        samples: ``[(path, label), ...]`` in sample order (torchvision's ``ImageFolder.samples``), for code
+            that reads the files itself (the DataLoader baselines).
         left_out: ``[(path, cause), ...]``: every entry with an image extension, or folder, that is not a
-        sample (see above). unreadable: the part of ``left_out`` that is an error (cannot be read).
+            sample (see above).
+        unreadable: the part of ``left_out`` that is an error (cannot be read).
+
     Raises:
         SourceError: ``root`` missing, a file, empty or without class folders, or a class folder without images
             (named in the message) unless it could not be read (then it is in :attr:`unreadable`).

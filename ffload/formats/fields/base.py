@@ -25,7 +25,7 @@ ARG_SIZE = 1024  # bytes of the per-field argument block in the .beton field des
 class Field:
     """Base class of field types.
 
-    Class attributes:
+    Attributes:
         type_id: FFCV's type id (``ffcv.types.TYPE_ID_HANDLER``).
         metadata_type: numpy dtype of the per-sample metadata record.
         ptr_name: the metadata sub-field holding the payload's file offset, ``""`` when the whole

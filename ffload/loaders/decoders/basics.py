@@ -76,8 +76,8 @@ class NDArrayDecoder(Decoder):
     batch.
 
     Raises:
-        PipelineError (declare): the field is not an NDArrayField.
-        FormatError (declare): a payload's size differs from ``prod(shape) * itemsize``.
+        PipelineError: (building the pipeline) the field is not an NDArrayField.
+        FormatError: (building the pipeline) a payload's size differs from ``prod(shape) * itemsize``.
     """
 
     field_types = (NDArrayField,)
@@ -114,7 +114,7 @@ class BytesDecoder(Decoder):
     leaves the padding unspecified). Use ``JSONField.unpack`` to parse JSON rows.
 
     Raises:
-        PipelineError (declare): the field is neither a BytesField nor a JSONField.
+        PipelineError: (building the pipeline) the field is neither a BytesField nor a JSONField.
     """
 
     field_types = (BytesField, JSONField)
@@ -184,9 +184,11 @@ class RaggedArrayDecoder(Decoder):
     sample sets the size of every batch: pass ``max_length`` to bound it.
 
     Raises:
-        PipelineError (declare): the field is not a RaggedArrayField.
-        ConfigurationError: a negative ``max_length``. FieldError (declare): a ``fill`` the dtype
-            cannot hold. FormatError (call): a payload outside the data region, naming the field
+        PipelineError: (building the pipeline) the field is not a RaggedArrayField.
+        ConfigurationError: a negative ``max_length``.
+        FieldError: (building the pipeline) a ``fill`` the dtype
+            cannot hold.
+        FormatError: (loading) a payload outside the data region, naming the field
             and sample.
     """
 
@@ -225,8 +227,11 @@ class RaggedLengthDecoder(Decoder):
     :class:`RaggedArrayDecoder` with the same ``max_length``). ``K = size // row_bytes``; the
     payload is never read.
 
+    Args:
+        max_length: cap on the count, as the :class:`RaggedArrayDecoder` it accompanies; None: no cap.
+
     Raises:
-        PipelineError (declare): the field is not a RaggedArrayField.
+        PipelineError: (building the pipeline) the field is not a RaggedArrayField.
         ConfigurationError: a negative ``max_length``.
     """
 

@@ -49,7 +49,7 @@ class ImageArrayDecoder(Decoder):
     of another size is an error when its batch is decoded.
 
     Raises:
-        PipelineError (declare): the field is not an ImageArrayField, or the raw payloads to be read
+        PipelineError: (building the pipeline) the field is not an ImageArrayField, or the raw payloads to be read
             differ in size (images of several sizes).
         FormatError: (declare) no samples, or that first sample's header disagrees with its size (or its
             PNG is corrupt); (call) a sample whose image is not the dataset's size, or a corrupt
@@ -202,9 +202,11 @@ class CenterCropImageArrayDecoder(_CropImageArrayDecoder):
         output_size: ``(height, width)`` or an int (square), pixels.
 
     Raises:
-        PipelineError (declare): the field is not an ImageArrayField.
-        ConfigurationError: a non-positive size. ValueError (call): an image smaller than the
-            window (torchvision would pad it). FormatError (call): a corrupt header. Both
+        PipelineError: (building the pipeline) the field is not an ImageArrayField.
+        ConfigurationError: a non-positive size.
+        ValueError: (loading) an image smaller than the
+            window (torchvision would pad it).
+        FormatError: (loading) a corrupt header. Both
             name the field and sample.
     """
 
@@ -220,9 +222,11 @@ class RandomCropImageArrayDecoder(_CropImageArrayDecoder):
         output_size: ``(height, width)`` or an int (square), pixels.
 
     Raises:
-        PipelineError (declare): the field is not an ImageArrayField.
-        ConfigurationError: a non-positive size. ValueError (call): an image smaller than the
-            window. FormatError (call): a corrupt header. Both name the field and sample.
+        PipelineError: (building the pipeline) the field is not an ImageArrayField.
+        ConfigurationError: a non-positive size.
+        ValueError: (loading) an image smaller than the
+            window.
+        FormatError: (loading) a corrupt header. Both name the field and sample.
     """
 
     random = True

@@ -154,10 +154,10 @@ class SimpleRGBImageDecoder(_RGBDecoder):
             both. Applies to full-scale (8/8) decodes; the OpenCV fallback ignores it.
 
     Raises:
-        PipelineError (declare): the field is not an RGBImageField, or the images to be read
+        PipelineError: (building the pipeline) the field is not an RGBImageField, or the images to be read
             (``view.selected()``: a Loader's ``indices``) differ in size, naming two of them (use
             :class:`CenterCropRGBImageDecoder` / :class:`RandomResizedCropRGBImageDecoder`).
-        FormatError (call): a JPEG payload is corrupt (libjpeg-turbo's message) or
+        FormatError: (loading) a JPEG payload is corrupt (libjpeg-turbo's message) or
             its header declares a size other than its metadata (refused before decoding, so no
             buffer is sized from it); the message names the field and sample.
     """
@@ -228,8 +228,9 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        PipelineError (declare): the field is not an RGBImageField.
-        ConfigurationError: bad arguments. FormatError (call): a corrupt JPEG (libjpeg-turbo's
+        PipelineError: (building the pipeline) the field is not an RGBImageField.
+        ConfigurationError: bad arguments.
+        FormatError: (loading) a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
 
@@ -274,8 +275,9 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        PipelineError (declare): the field is not an RGBImageField.
-        ConfigurationError: bad arguments. FormatError (call): a corrupt JPEG (libjpeg-turbo's
+        PipelineError: (building the pipeline) the field is not an RGBImageField.
+        ConfigurationError: bad arguments.
+        FormatError: (loading) a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
 
@@ -343,8 +345,9 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
-        PipelineError (declare): the field is not an RGBImageField.
-        ConfigurationError: a non-positive size. FormatError (call): a corrupt JPEG (libjpeg-turbo's
+        PipelineError: (building the pipeline) the field is not an RGBImageField.
+        ConfigurationError: a non-positive size.
+        FormatError: (loading) a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
 

@@ -153,7 +153,7 @@ class TransformBoxes(Operation):
     Raises:
         ConfigurationError: bad arguments; (loader construction) the image pipeline is missing,
             runs later, or moves pixels in a way it does not record (:func:`.geometry.link`); (declare) not linked by a loader.
-        PipelineError (declare): the input is not a numpy ``(K, 4)`` float batch of a RaggedArrayField.
+        PipelineError: (building the pipeline) the input is not a numpy ``(K, 4)`` float batch of a RaggedArrayField.
     """
 
     publishes_count = True
@@ -229,7 +229,7 @@ class BoxCountDecoder(Decoder):
     Raises:
         ConfigurationError: ``boxes`` not a name; (loader construction) that pipeline is missing,
             runs later, or has no TransformBoxes; (declare) not linked by a loader.
-        PipelineError (declare): the field is not a RaggedArrayField.
+        PipelineError: (building the pipeline) the field is not a RaggedArrayField.
     """
 
     field_types = (RaggedArrayField,)
@@ -306,8 +306,8 @@ class FollowBoxes(Operation):
         ConfigurationError: ``boxes`` not a name; (loader construction) that pipeline is missing,
             runs later, or has no TransformBoxes; (declare) not linked by a loader, or a ``K_max``
             other than the boxes'.
-        PipelineError (declare): the input is not the numpy batch of a RaggedArrayField.
-        FormatError (call): a sample whose row count is not its boxes' count, naming the field and sample.
+        PipelineError: (building the pipeline) the input is not the numpy batch of a RaggedArrayField.
+        FormatError: (loading) a sample whose row count is not its boxes' count, naming the field and sample.
     """
 
     def __init__(self, boxes: str, fill: float = 0):
@@ -489,8 +489,8 @@ class MaskDecoder(Decoder):
         ConfigurationError: ``image`` not a name, a ``fill`` the mask dtype cannot hold; (loader
             construction) the image pipeline is missing, runs later, or moves pixels in a way it
             does not record; (declare) not linked by a loader.
-        PipelineError (declare): the field is not an ImageArrayField.
-        FormatError (call): a corrupt mask payload (raw or PNG), naming the field and sample.
+        PipelineError: (building the pipeline) the field is not an ImageArrayField.
+        FormatError: (loading) a corrupt mask payload (raw or PNG), naming the field and sample.
     """
 
     field_types = (ImageArrayField,)

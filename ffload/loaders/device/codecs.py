@@ -19,6 +19,7 @@ naming the sample.
 from __future__ import annotations
 
 import importlib.util
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -96,11 +97,13 @@ class TorchvisionBackend(JpegBackend):
         from torchvision.io import ImageReadMode, decode_jpeg
 
         self._decode, self._mode = decode_jpeg, ImageReadMode.RGB
+        self._lock = threading.Lock()  # one nvJPEG handle in torchvision, not documented as thread-safe
 
     def decode(self, payloads, boxes, samples):
         tensors = [torch.from_numpy(p) for p in payloads]
         try:
-            images = self._decode(tensors, device=self.device, mode=self._mode)
+            with self._lock:
+                images = self._decode(tensors, device=self.device, mode=self._mode)
         except RuntimeError:  # the batch call does not say which sample: decode them one by one
             for data, s in zip(tensors, samples):
                 try:
@@ -123,16 +126,22 @@ class NvImageCodecBackend(JpegBackend):
         from nvidia import nvimgcodec
 
         self._nv = nvimgcodec
-        if device.type == "cuda":
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            self._decoder = nvimgcodec.Decoder(device_id=index)
-        else:
-            self._decoder = nvimgcodec.Decoder(
-                device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[nvimgcodec.Backend(nvimgcodec.CPU_ONLY)]
-            )
+        self._local = threading.local()  # a decoder is not thread-safe: one per worker thread
+        self._decoder()  # fails here, not on a worker, when nvImageCodec cannot start
         self._params = nvimgcodec.DecodeParams(
             apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB, allow_any_depth=False
         )
+
+    def _decoder(self):
+        decoder = getattr(self._local, "decoder", None)
+        if decoder is None:
+            nv = self._nv
+            if self.device.type == "cuda":
+                decoder = nv.Decoder(device_id=self.device.index if self.device.index is not None else 0)
+            else:
+                decoder = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[nv.Backend(nv.CPU_ONLY)])
+            self._local.decoder = decoder
+        return decoder
 
     def decode(self, payloads, boxes, samples):
         nv = self._nv
@@ -141,7 +150,7 @@ class NvImageCodecBackend(JpegBackend):
             for p, (t, x, h, w) in zip(payloads, boxes)
         ]
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
-        images = self._decoder.decode(streams, params=self._params, cuda_stream=stream)
+        images = self._decoder().decode(streams, params=self._params, cuda_stream=stream)
         result = []
         for image, data, s in zip(images, payloads, samples):
             if image is None:

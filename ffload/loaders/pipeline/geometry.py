@@ -12,9 +12,9 @@ pipeline among the ones already built and asks it to publish:
   ``ImageArrayField`` decoders) stores its per-sample crop boxes, the stored image sizes and its
   output size; every later stage of the image pipeline either keeps the geometry
   (``keeps_geometry``: colour, normalisation, dtype and layout stages) or records what it does
-  (:meth:`~.operation.Operation.record_geometry`: :class:`~.transforms.RandomHorizontalFlip`,
-  :class:`~.augment.RandomVerticalFlip`, fused or not, :class:`~.transforms.RandomTranslate`,
-  :class:`~.augment.RandomAffine` and :class:`~.augment.RandomRotation`). Any other stage
+  (:meth:`~.operation.Operation.record_geometry`: :class:`~ffload.transforms.RandomHorizontalFlip`,
+  :class:`~ffload.transforms.RandomVerticalFlip`, fused or not, :class:`~ffload.transforms.RandomTranslate`,
+  :class:`~ffload.transforms.RandomAffine` and :class:`~ffload.transforms.RandomRotation`). Any other stage
   (``RandomCrop``, ``RandomPerspective``, a ``PythonTransform``, a torch module) makes
   :func:`link` refuse, naming it.
 * ``("count", name)`` -> :class:`KeptBoxes`: the boxes each sample kept after a

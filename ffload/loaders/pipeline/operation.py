@@ -20,7 +20,7 @@ timing.
 
 Writing a custom operation
 --------------------------
-Subclass :class:`Operation`; in :meth:`declare` validate the input spec and return the output
+Subclass :class:`Operation`; in :meth:`Operation.declare` validate the input spec and return the output
 spec (per-sample shape and dtype, or a torch spec once :class:`ToTensor` has run); in
 ``__call__`` fill ``dst[:B]`` from ``src`` with a numba kernel and return ``dst[:B]``::
 
@@ -137,7 +137,7 @@ class Operation:
       either records what it did (:meth:`record_geometry`) or makes the loader refuse box/mask
       operations that follow its image. The default, False, is the safe answer for unknown stages.
     * Reading another field's pipeline (:mod:`.geometry`): a stage with ``requires = ((kind,
-      name), ...)`` gets ``link(kind, producer)`` (the :class:`~.pipeline.FieldPipeline` named
+      name), ...)`` gets ``link(kind, producer)`` (the :class:`~ffload.loaders.pipeline.build.FieldPipeline` named
       ``name``, already built and declared) before its own ``declare``; at run time it reads
       ``ctx.shared[(kind, name)]``. The loader refuses a ``name`` that is absent or runs later.
     * Flip fusion: a stage whose :meth:`fusable_flip` returns ``(flip_prob, salt)`` (ffload's
@@ -195,7 +195,7 @@ class Operation:
 
     def link(self, kind: str, producer) -> None:
         """Called once per ``requires`` entry when the loader is built, before :meth:`declare`,
-        with the producing :class:`~.pipeline.FieldPipeline`. Default: nothing."""
+        with the producing :class:`~ffload.loaders.pipeline.build.FieldPipeline`. Default: nothing."""
 
     def record_geometry(self, geometry, ctx: BatchContext) -> None:
         """Geometry hook of stages that move pixels in a known way (the random flips,

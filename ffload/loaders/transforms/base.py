@@ -73,7 +73,7 @@ class NHWCTransform(Operation):
         channels_first: the torch batch is ``(B, C, H, W)`` (set at declare).
 
     Raises:
-        PipelineError (declare): input not an (H, W, C) image (numpy, or torch where ``torch_impl``).
+        PipelineError: (building the pipeline) input not an (H, W, C) image (numpy, or torch where ``torch_impl``).
     """
 
     torch_impl = False  # True where batch_torch implements the op on torch batches
@@ -138,8 +138,9 @@ class FilledTransform(NHWCTransform):
             the batch's declared device.
 
     Raises:
-        ConfigurationError (declare): the fill has not ``C`` values, or is not representable in the image
-            dtype. PipelineError (declare): input not an (H, W, C) image (see :class:`NHWCTransform`).
+        ConfigurationError: (building the pipeline) the fill has not ``C`` values, or is not representable in the image
+            dtype.
+        PipelineError: (building the pipeline) input not an (H, W, C) image (see :class:`NHWCTransform`).
     """
 
     def declare(self, spec, field, view):

@@ -73,8 +73,12 @@ class RandomGrayscale(_RGBTransform):
     p``. ``params(seeds)``: ``(B,) bool``, the samples replaced. A torch batch (after ``ToTensor``,
     NHWC or NCHW, any device) gets the same values in a new tensor.
 
+    Args:
+        p: probability that a sample is replaced by its luma, in [0, 1].
+
     Raises:
-        ConfigurationError: ``p`` outside [0, 1]. PipelineError (declare): input not ``(H, W, 3) uint8``.
+        ConfigurationError: ``p`` outside [0, 1].
+        PipelineError: (building the pipeline) input not ``(H, W, 3) uint8``.
     """
 
     keeps_geometry = True
@@ -274,8 +278,15 @@ class ColorJitter(_RGBTransform):
     and arithmetic, one adjustment step at a time over the whole batch
     (:func:`~ffload.loaders.transforms.batch_torch.color_jitter`), in a new tensor.
 
+    Args:
+        brightness: ``b`` (factor in ``[max(0, 1 - b), 1 + b]``) or a ``(min, max)`` factor range; 0: off.
+        contrast: as ``brightness``.
+        saturation: as ``brightness``.
+        hue: ``h`` in [0, 0.5] (shift in ``[-h, h]`` of a full turn) or a ``(min, max)`` range in [-0.5, 0.5].
+
     Raises:
-        ConfigurationError: a negative factor, hue outside [-0.5, 0.5]. PipelineError (declare): input not
+        ConfigurationError: a negative factor, hue outside [-0.5, 0.5].
+        PipelineError: (building the pipeline) input not
             ``(H, W, 3) uint8``.
     """
 
@@ -374,9 +385,13 @@ class GaussianBlur(NHWCTransform):
     ``exp(-x^2 / (2 sigma^2))`` on ``x = -k//2 .. k//2``, normalised, applied along width then
     height in float32 with reflect padding (OpenCV's BORDER_REFLECT_101), rounded to uint8.
 
+    Args:
+        kernel_size: side of the square kernel, odd, pixels.
+        sigma: standard deviation, pixels: a number, or a ``(min, max)`` range drawn uniformly per sample.
+
     Raises:
-        ConfigurationError: ``kernel_size`` even or < 1; sigma not > 0. PipelineError (declare):
-            input not numpy ``(H, W, C) uint8``, or not larger than half the kernel.
+        ConfigurationError: ``kernel_size`` even or < 1; sigma not > 0.
+        PipelineError: (building the pipeline) input not numpy ``(H, W, C) uint8``, or not larger than half the kernel.
     """
 
     keeps_geometry = True

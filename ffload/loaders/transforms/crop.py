@@ -82,7 +82,8 @@ class RandomTranslate(FilledTransform):
         fill: per-channel colour (``C`` values representable in the image dtype).
 
     Raises:
-        ConfigurationError: negative padding, bad fill. PipelineError (declare): input not numpy (H, W, C).
+        ConfigurationError: negative padding, bad fill.
+        PipelineError: (building the pipeline) input not numpy (H, W, C).
     """
 
     def __init__(self, padding: int, fill: Sequence[float] = (0, 0, 0)):
@@ -140,8 +141,15 @@ class RandomCrop(FilledTransform):
     Output per sample: ``(h, w, C)`` of the input dtype. The window's top ``i`` then left ``j`` are
     uniform over the positions inside the padded image.
 
+    Args:
+        size: ``(h, w)`` of the window, or an int (square), pixels.
+        padding: pixels of ``fill`` added on every side before cropping, >= 0.
+        pad_if_needed: pad images smaller than ``size`` up to it first.
+        fill: per-channel value of the padding, in the image's units (0-255 for uint8).
+
     Raises:
-        ConfigurationError: non-positive size, negative padding, bad fill. PipelineError (declare): input not
+        ConfigurationError: non-positive size, negative padding, bad fill.
+        PipelineError: (building the pipeline) input not
             numpy (H, W, C), or smaller than ``size`` without ``pad_if_needed``.
     """
 

@@ -48,7 +48,8 @@ class Cutout(FilledTransform):
         fill: per-channel colour (``C`` values representable in the image dtype).
 
     Raises:
-        ConfigurationError: crop_size < 1, bad fill. PipelineError (declare): input not numpy (H, W, C).
+        ConfigurationError: crop_size < 1, bad fill.
+        PipelineError: (building the pipeline) input not numpy (H, W, C).
     """
 
     keeps_geometry = True  # it paints, it moves nothing
@@ -114,9 +115,15 @@ class RandomErasing(FilledTransform):
     Images are ``(H, W, C)`` of any dtype: numpy (in place), or a torch batch after ``ToTensor``
     (``(B, H, W, C)``, or ``(B, C, H, W)`` after ``ToTorchImage``, any device; a new tensor is returned).
 
+    Args:
+        p: probability that a sample is erased, in [0, 1].
+        scale: ``(min, max)`` area of the box as a fraction of the image's.
+        ratio: ``(min, max)`` aspect ratio (width / height) of the box, drawn log-uniform.
+        fill: per-channel value painted into the box, in the image's units.
+
     Raises:
-        ConfigurationError: ``p`` outside [0, 1], bad ranges or fill. PipelineError (declare): input not
-            an (H, W, C) image (numpy or torch).
+        ConfigurationError: ``p`` outside [0, 1], bad ranges or fill.
+        PipelineError: (building the pipeline) input not an (H, W, C) image (numpy or torch).
     """
 
     keeps_geometry = True

@@ -89,9 +89,12 @@ class RandomHorizontalFlip(_RandomFlip):
     nothing (:attr:`fused`; the hook is described in :class:`~ffload.loaders.pipeline.operation.Operation`).
     ``params(seeds)``: ``(B,) bool``, the samples that flip.
 
+    Args:
+        flip_prob: probability that a sample flips, in [0, 1].
+
     Raises:
-        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not an (H, W, C)
-            image (numpy or torch).
+        ConfigurationError: ``flip_prob`` outside [0, 1].
+        PipelineError: (building the pipeline) input not an (H, W, C) image (numpy or torch).
     """
 
     fused = False
@@ -142,9 +145,12 @@ class RandomVerticalFlip(_RandomFlip):
     each flips with probability ``flip_prob``. Sample b flips when ``uniform(seed_state(seeds[b],
     salt)) < flip_prob``. ``params(seeds)``: ``(B,) bool``, the samples that flip.
 
+    Args:
+        flip_prob: probability that a sample flips, in [0, 1].
+
     Raises:
-        ConfigurationError: ``flip_prob`` outside [0, 1]. PipelineError (declare): input not an (H, W, C)
-            image (numpy or torch).
+        ConfigurationError: ``flip_prob`` outside [0, 1].
+        PipelineError: (building the pipeline) input not an (H, W, C) image (numpy or torch).
     """
 
     axis = "vflip"

@@ -87,7 +87,8 @@ class NormalizeImage(Operation):
 
     Raises:
         ConfigurationError: mean/std lengths differ, a std is 0, dtype not
-            floating. PipelineError (declare): input not uint8/int8/uint16/int16 or without a C-sized
+            floating.
+        PipelineError: (building the pipeline) input not uint8/int8/uint16/int16 or without a C-sized
             axis, or a dtype numpy lacks on the numpy stage.
     """
 

@@ -40,8 +40,10 @@ class PythonTransform(Operation):
             RGB/L image). ``y`` may be a numpy array, a tensor or a PIL image.
 
     Raises:
-        ConfigurationError: an unknown ``input_type``. PipelineError (declare): the input is already a torch
-            batch. ValueError (call): ``fn`` returned a shape or dtype other than declared (the
+        ConfigurationError: an unknown ``input_type``.
+        PipelineError: (building the pipeline) the input is already a torch
+            batch.
+        ValueError: (loading) ``fn`` returned a shape or dtype other than declared (the
             sample is named by the loader).
     """
 

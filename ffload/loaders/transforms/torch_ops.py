@@ -47,9 +47,12 @@ def _require(spec, on_torch: bool, op, field, view) -> None:
 class ToTensor(Operation):
     """Numpy batch -> ``torch.Tensor`` sharing its memory (``torch.from_numpy``, no copy).
 
-    A pinned loader buffer stays pinned. Per-sample shape unchanged, dtype the torch equivalent.
+    A pinned loader buffer stays pinned. Per-sample shape unchanged, dtype the torch equivalent: no
+    scaling to ``[0, 1]`` and no ``HWC -> CHW`` permutation, unlike torchvision's ``ToTensor``.
 
-    Raises PipelineError (declare): input already a tensor or a dtype torch lacks."""
+    Raises:
+        PipelineError: (building the pipeline) input already a tensor or a dtype torch lacks.
+    """
 
     keeps_geometry = True
     transfer = True  # not counted in later stages' salts (Operation)
@@ -71,7 +74,8 @@ class ToTorchImage(Operation):
         convert_back_int16: reinterpret an ``int16`` batch as ``float16`` (FFCV's CPU
             NormalizeImage emits float16 bits as int16; ffload's emits float16 directly).
 
-    Raises PipelineError (declare): input not a ``(H, W, C)`` tensor.
+    Raises:
+        PipelineError: (building the pipeline) input not a ``(H, W, C)`` tensor.
     """
 
     keeps_geometry = True
@@ -103,7 +107,14 @@ class Convert(Operation):
 
     On the numpy stage the cast (``numpy`` unsafe casting) writes into the loader's buffer; on
     the torch stage it is ``tensor.to(dtype)`` (layout kept). ``target_dtype`` may be numpy or
-    torch. Raises PipelineError (declare) for a dtype the stage lacks."""
+    torch.
+
+    Args:
+        target_dtype: the numpy or torch dtype of the output.
+
+    Raises:
+        PipelineError: (building the pipeline) a dtype the stage lacks, or placed first, as a decoder.
+    """
 
     keeps_geometry = True
 
@@ -132,8 +143,11 @@ class ToDevice(Operation):
         device: anything ``torch.device`` takes (``'cuda:0'``, ``torch.device('cpu')``).
         non_blocking: asynchronous host-to-device copy; only asynchronous from pinned memory.
 
-    Raises PipelineError (declare): input not a tensor; UnavailableError (declare): a CUDA device
-    without CUDA (torch built without it, or no GPU)."""
+    Raises:
+        PipelineError: (building the pipeline) input not a tensor.
+        UnavailableError: (building the pipeline) a CUDA device without CUDA (torch built without it,
+            or no GPU).
+    """
 
     keeps_geometry = True
     transfer = True  # not counted in later stages' salts (Operation)
@@ -162,8 +176,9 @@ class Squeeze(Operation):
         *dims: dimensions of the batch (0 is the batch dimension, which is never removed);
             none: every size-1 per-sample dimension (e.g. labels ``(B, 1)`` -> ``(B,)``).
 
-    Raises PipelineError (declare): placed first, as a decoder. ConfigurationError (declare): a dim
-    is 0, out of range or not of size 1.
+    Raises:
+        PipelineError: (building the pipeline) placed first, as a decoder.
+        ConfigurationError: (building the pipeline) a dim is 0, out of range or not of size 1.
     """
 
     keeps_geometry = True

@@ -332,9 +332,17 @@ class RandomAffine(_Warp):
     means x shear in ``(-s, s)``). ``params(seeds, height, width)``: ``(B, 3, 3) float64`` inverse
     matrices in pixel-corner coordinates (torchvision's ``_get_inverse_affine_matrix``).
 
+    Args:
+        degrees: rotation range in degrees, ``d`` for ``(-d, d)`` or ``(min, max)``.
+        translate: ``(t_x, t_y)``, the largest shift as a fraction of the width and height; None: no shift.
+        scale: ``(min, max)`` scale factor; None: 1.
+        shear: degrees, ``s`` for x in ``(-s, s)``, ``(min, max)`` for x, or 4 values for x then y; None: none.
+        fill: per-channel value of the pixels that come from outside the image, 0-255.
+
     Raises:
-        ConfigurationError: bad ranges or fill. PipelineError (declare): input not an (H, W, C) uint8 image
-            (numpy, or a torch batch after ``ToTensor``: warped by ``batch_torch.warp``).
+        ConfigurationError: bad ranges or fill.
+        PipelineError: (building the pipeline) input not an (H, W, C) uint8 image (numpy, or a torch batch
+            after ``ToTensor``: warped by ``batch_torch.warp``).
     """
 
     _apply_prob = 1.0
@@ -395,9 +403,14 @@ class RandomRotation(RandomAffine):
     without ``expand``; its angle is counter-clockwise, which for a symmetric range is the same
     distribution).
 
+    Args:
+        degrees: angle range in degrees, ``d`` for ``(-d, d)`` or ``(min, max)``.
+        fill: per-channel value of the pixels that come from outside the image, 0-255.
+
     Raises:
-        ConfigurationError: bad degrees or fill. PipelineError (declare): input not an (H, W, C) uint8 image
-            (numpy or torch, as for :class:`RandomAffine`).
+        ConfigurationError: bad degrees or fill.
+        PipelineError: (building the pipeline) input not an (H, W, C) uint8 image (numpy or torch, as for
+            :class:`RandomAffine`).
     """
 
     def __init__(self, degrees: float | Sequence[float], fill: Sequence[float] = (0, 0, 0)):
@@ -484,9 +497,15 @@ class RandomPerspective(_Warp):
     ``_get_perspective_coeffs``, solved exactly in float64). ``params(seeds, height, width)``:
     ``(B, 3, 3) float64`` inverse homographies; ``corners(seeds, height, width)``: the end points.
 
+    Args:
+        distortion_scale: how far corners may move, as a fraction of half the width / height, in [0, 1].
+        p: probability that a sample is distorted, in [0, 1].
+        fill: per-channel value of the pixels that come from outside the image, 0-255.
+
     Raises:
-        ConfigurationError: ``distortion_scale`` or ``p`` outside [0, 1], bad fill. PipelineError (declare):
-            input not an (H, W, C) uint8 image (numpy or torch, as for :class:`RandomAffine`).
+        ConfigurationError: ``distortion_scale`` or ``p`` outside [0, 1], bad fill.
+        PipelineError: (building the pipeline) input not an (H, W, C) uint8 image (numpy or torch, as for
+            :class:`RandomAffine`).
     """
 
     def __init__(self, distortion_scale: float = 0.5, p: float = 0.5, fill: Sequence[float] = (0, 0, 0)):
