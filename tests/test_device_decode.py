@@ -93,6 +93,17 @@ def test_crop_resize_in_chunks_equals_one_chunk(photos):
     assert torch.equal(whole, chunked)
 
 
+def test_crop_resize_in_float16_is_within_one_grey_level_of_float32(photos):
+    """What CUDA computes (float16 products, float32 accumulation), checked on CPU."""
+    rows = random_boxes(photos, 6, seed=2)
+    boxes = [torch.from_numpy(img[t : t + h, x : x + w].copy()) for img, (t, x, h, w) in rows]
+    flips = torch.tensor([True, False] * 3)
+    f32 = crop_resize(boxes, torch.empty((6, 40, 30, 3), dtype=torch.uint8), flips)
+    f16 = crop_resize(boxes, torch.empty((6, 40, 30, 3), dtype=torch.uint8), flips, compute_dtype=torch.float16)
+    diff = (f32.to(torch.int16) - f16.to(torch.int16)).abs()
+    assert int(diff.max()) <= 1 and float(diff.float().mean()) < 0.1
+
+
 def test_crop_resize_identity_and_flip_are_exact(photos):
     image = photos[3][:64, :80].copy()
     box = torch.from_numpy(image)
