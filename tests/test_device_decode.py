@@ -262,7 +262,8 @@ def test_device_decoder_output_spec_and_stats(dataset):
     assert spec.on_torch and spec.dtype == torch.uint8 and spec.shape == (32, 32, 3) and spec.device == "cpu"
     assert op.buffer_spec(spec, 8) is None
     stats = op.stage.stats()
-    assert stats["backend"] == "host" and stats["device"] == "cpu" and stats["auto"]
+    assert stats["backend"] == "host" and stats["device"] == "cpu" and not stats["auto"]
+    assert stats["device_share"] == 1.0 and stats["rows"] == {"device": 0, "host": 0}
 
 
 def test_corrupt_jpeg_on_the_device_path_names_field_and_sample(tmp_path, photos):

@@ -54,7 +54,7 @@ class _RGBDecoder(Decoder):
         fast_dct: bool = False,
         *,
         device: str | None = None,
-        device_share: float | str = "auto",
+        device_share: float | str = 1.0,
         device_backend: str = "auto",
     ):
         self.fast_dct = bool(fast_dct)
@@ -152,6 +152,14 @@ class SimpleRGBImageDecoder(_RGBDecoder):
             to ``cv2.imdecode``). Faster, and within about one grey level (mean absolute
             difference) of the accurate decode: ``scripts/bench_jpeg.py --fast-dct`` measures
             both. Applies to full-scale (8/8) decodes; the OpenCV fallback ignores it.
+        device: decode on this torch device (``"cuda"``, ``"cuda:1"``; experimental, see the
+            GPU guide): the output is then a ``(B, H, W, 3) uint8`` tensor there, with the same crop
+            boxes and flips as the CPU path (:mod:`ffload.loaders.device`); ``None``: the CPU path.
+        device_share: with ``device``, the share of each batch's rows decoded there, in ``[0, 1]``
+            (the rest by the CPU path at the same time, on the worker thread), or ``"auto"``: both
+            halves balanced from measured per-row times (:class:`~ffload.loaders.device.stage.ShareController`).
+        device_backend: with ``device``, the JPEG decoder there: ``"auto"``, ``"nvimgcodec"``,
+            ``"torchvision"`` or ``"host"`` (:func:`ffload.loaders.device.codecs.select`).
 
     Raises:
         PipelineError: (building the pipeline) the field is not an RGBImageField, or the images to be read
@@ -160,6 +168,9 @@ class SimpleRGBImageDecoder(_RGBDecoder):
         FormatError: (loading) a JPEG payload is corrupt (libjpeg-turbo's message) or
             its header declares a size other than its metadata (refused before decoding, so no
             buffer is sized from it); the message names the field and sample.
+        ConfigurationError: ``device_share`` outside [0, 1] and not ``"auto"``; an unknown
+            ``device_backend``.
+        UnavailableError: (building the pipeline) the named ``device_backend`` cannot run here.
     """
 
     def _declare(self, view):
@@ -196,7 +207,7 @@ class _ResizedCropRGBImageDecoder(_RGBDecoder):
         fast_dct: bool = False,
         *,
         device: str | None = None,
-        device_share: float | str = "auto",
+        device_share: float | str = 1.0,
         device_backend: str = "auto",
     ):
         super().__init__(fast_dct, device=device, device_share=device_share, device_backend=device_backend)
@@ -224,12 +235,15 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
         output_size: ``(height, width)`` or an int (square), pixels.
         ratio: crop side / shorter image side, in (0, 1]; 224/256 by default.
         fast_dct: libjpeg-turbo's fast IDCT, as in :class:`SimpleRGBImageDecoder`.
+        device, device_share, device_backend: decoding on a torch device, as in
+            :class:`SimpleRGBImageDecoder`.
 
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
         PipelineError: (building the pipeline) the field is not an RGBImageField.
         ConfigurationError: bad arguments.
+        UnavailableError: (building the pipeline) the named ``device_backend`` cannot run here.
         FormatError: (loading) a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
@@ -241,7 +255,7 @@ class CenterCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
         fast_dct: bool = False,
         *,
         device: str | None = None,
-        device_share: float | str = "auto",
+        device_share: float | str = 1.0,
         device_backend: str = "auto",
     ):
         super().__init__(output_size, fast_dct, device=device, device_share=device_share, device_backend=device_backend)
@@ -267,6 +281,8 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
         scale: ``(min, max)`` area fraction of the crop, ``0 < min <= max``.
         ratio: ``(min, max)`` aspect ratio (width / height) of the crop, ``0 < min <= max``.
         fast_dct: libjpeg-turbo's fast IDCT, as in :class:`SimpleRGBImageDecoder`.
+        device, device_share, device_backend: decoding on a torch device, as in
+            :class:`SimpleRGBImageDecoder`.
 
     Attributes:
         salt: ``uint64`` mixed into every sample seed, set at declare from the class and field
@@ -277,6 +293,7 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Raises:
         PipelineError: (building the pipeline) the field is not an RGBImageField.
         ConfigurationError: bad arguments.
+        UnavailableError: (building the pipeline) the named ``device_backend`` cannot run here.
         FormatError: (loading) a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """
@@ -289,7 +306,7 @@ class RandomResizedCropRGBImageDecoder(_ResizedCropRGBImageDecoder):
         fast_dct: bool = False,
         *,
         device: str | None = None,
-        device_share: float | str = "auto",
+        device_share: float | str = 1.0,
         device_backend: str = "auto",
     ):
         super().__init__(output_size, fast_dct, device=device, device_share=device_share, device_backend=device_backend)
@@ -341,12 +358,15 @@ class ResizeRGBImageDecoder(_ResizedCropRGBImageDecoder):
     Args:
         output_size: ``(height, width)`` or an int (square), pixels.
         fast_dct: libjpeg-turbo's fast IDCT, as in :class:`SimpleRGBImageDecoder`.
+        device, device_share, device_backend: decoding on a torch device, as in
+            :class:`SimpleRGBImageDecoder`.
 
     Output per sample: ``(height, width, 3) uint8`` RGB.
 
     Raises:
         PipelineError: (building the pipeline) the field is not an RGBImageField.
-        ConfigurationError: a non-positive size.
+        ConfigurationError: a non-positive size, or a bad ``device_share`` / ``device_backend``.
+        UnavailableError: (building the pipeline) the named ``device_backend`` cannot run here.
         FormatError: (loading) a corrupt JPEG (libjpeg-turbo's
             message), naming the field and sample.
     """

@@ -121,7 +121,7 @@ class DeviceImageStage:
             :class:`ShareController`.
     """
 
-    def __init__(self, device, backend: str = "auto", device_share: float | str = "auto", fast_dct: bool = False):
+    def __init__(self, device, backend: str = "auto", device_share: float | str = 1.0, fast_dct: bool = False):
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
