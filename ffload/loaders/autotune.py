@@ -22,7 +22,7 @@ The rules, evaluated once per window of :data:`WINDOW` batches (medians over the
 * **shrink** (two quiet windows in a row, waits under :data:`WAIT_QUIET`): workers above the
   need step down halfway to it; never to a count that made the consumer wait before (reset when
   the consumer's step changes by half or more).
-* **settle**: the window after a change is not judged (the new workers are still filling
+* **settle**: the window after a grow is not judged (the new workers are still filling
   their batches).
 
 Auto prefetch depth is ``workers + extra`` (``extra`` from 2, +1 per burst), at most what the
@@ -93,8 +93,9 @@ class CpuShares:
     """The CPUs the auto loaders of one process share (one :data:`PROCESS_SHARES` per process).
 
     Each tuner joins with a key, then reports its demand and its consumer's reserve (0 or 1 CPU)
-    and gets back its worker cap: the fair share (:func:`fair_shares`) of ``total`` minus every
-    consumer's reserve. Thread-safe.
+    and gets back its worker cap: what is left of ``total``, less every consumer's reserve, once
+    the others have their max-min fair shares (:func:`fair_shares`) of what they demand.
+    Thread-safe.
 
     Args:
         total: CPUs to share (``None``: :func:`ffload.system.available_cpus` on first use).
@@ -122,12 +123,14 @@ class CpuShares:
             self._members.pop(key, None)
 
     def update(self, key, demand: int, reserve: int) -> int:
-        """Record ``key``'s demand and reserve; its worker cap (>= 1)."""
+        """Record ``key``'s demand and reserve; its worker cap (>= 1): the most it may take while
+        the others keep their fair shares of what they demand."""
         with self._lock:
             self._members[key] = (max(1, demand), reserve)
-            free = self.total - sum(r for _, r in self._members.values())
-            shares = fair_shares(max(1, free), {k: d for k, (d, _) in self._members.items()})
-            return shares[key]
+            free = max(1, self.total - sum(r for _, r in self._members.values()))
+            demands = {k: d for k, (d, _) in self._members.items()}
+            demands[key] = free
+            return fair_shares(free, demands)[key]
 
 
 PROCESS_SHARES = CpuShares()
@@ -247,7 +250,7 @@ class AutoTuner:
             self._quiet = 0
         if reason is None:
             return None
-        self._quiet, self._settle = 0, True
+        self._quiet, self._settle = 0, workers > self.workers or extra > self._extra
         from_workers = self.workers
         self.workers, self._extra = workers, extra
         self.history.append(
