@@ -98,12 +98,12 @@ def test_no_oscillation_when_workers_contend(start):
 
 
 def test_bursty_waits_deepen_the_prefetch_within_the_budget():
-    """Enough workers on average, but every other window has a burst of waits: the depth grows
-    by one per burst, never beyond max_ahead, and the workers stay."""
+    """Enough workers on average, but every 16th and 17th batch wait long: the depth grows by
+    one per burst, never beyond max_ahead, and the workers stay."""
     tuner = AutoTuner(max_workers=4, max_ahead=7, workers=2, shares=CpuShares(4))
     start = tuner.ahead
     assert start == 4  # workers + 2
-    simulate(tuner, step=10 * MS, job=10 * MS, batches=200, burst=lambda i, t: 5 * MS if i % 16 < 8 else 0.0)
+    simulate(tuner, step=10 * MS, job=10 * MS, batches=200, burst=lambda i, t: 20 * MS if i % 16 < 2 else 0.0)
     assert tuner.workers == 2 and tuner.ahead == 7
     assert {h["reason"] for h in tuner.history} == {"the consumer waited in bursts"}
     fixed = AutoTuner(max_workers=4, max_ahead=3, workers=2, batches_ahead=3)

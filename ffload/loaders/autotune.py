@@ -12,13 +12,15 @@ The rules, evaluated once per window of :data:`WINDOW` batches (medians over the
   a batch's time on its worker, ``step``: the consumer's time between two requests; a consumer
   that does nothing but ``next()`` needs every worker the cap allows).
 * **headroom**: a consumer thread that uses more than half a core of CPU between its requests
-  (``time.thread_time``) reserves a whole CPU: the worker cap is the loader's fair share of the
+  (``time.thread_time``) in two windows in a row reserves a whole CPU (and gives it back after
+  two windows under half a core): the worker cap is the loader's fair share of the
   usable CPUs (:func:`ffload.system.available_cpus`, shared by the live auto loaders of the
   process through :class:`CpuShares`) minus that reserve, at least 1, and at most the batches in
   flight the memory budget allows.
 * **grow** (one window suffices): the consumer waited more than :data:`WAIT_GROW` of its batch
-  period: workers jump to ``min(cap, max(workers + 1, need))``; if the workers already cover
-  the need (the waits are bursts, not a shortfall), the prefetch depth grows by one instead.
+  period. A shortfall (most batches of the window waited, or the need exceeds the workers):
+  workers jump to ``min(cap, max(workers + 1, need))``. Bursts (a few batches waited long):
+  the prefetch depth grows by one.
 * **shrink** (two quiet windows in a row, waits under :data:`WAIT_QUIET`): workers above the
   need step down halfway to it; never to a count that made the consumer wait before (reset when
   the consumer's step changes by half or more).
@@ -62,11 +64,12 @@ class Observation:
     """What one batch cost, in seconds.
 
     Attributes:
-        wait: the consumer's time blocked in ``next()`` for this batch.
+        wait: the consumer's time blocked in ``next()`` waiting for this batch's job.
         step: the consumer's wall time between its previous ``next()`` returning and this one
-            being called (its training step).
-        consumer_cpu: the CPU time of the consumer's thread over that step
-            (``time.thread_time``).
+            returning, less ``wait`` (its training step plus the loader's own work in
+            ``next()``).
+        consumer_cpu: the CPU time of the consumer's thread between its previous ``next()``
+            returning and this one being called (``time.thread_time``; its training step's).
         job: the batch's wall time on its worker (after the worker was admitted).
     """
 
@@ -173,6 +176,7 @@ class AutoTuner:
         self._extra = EXTRA_START
         self.cap = self.max_workers
         self.reserve, self.need = 0, self.workers
+        self._reserve_votes = 0
         self._window: list[Observation] = []
         self._seen = 0
         self._quiet = 0
@@ -209,9 +213,15 @@ class AutoTuner:
         step = statistics.median(o.step for o in window)
         job = statistics.median(o.job for o in window)
         wait = statistics.fmean(o.wait for o in window)
+        waited = sum(o.wait > MIN_WAIT_S for o in window) / len(window)
         cpu = statistics.median(o.consumer_cpu / o.step if o.step > 0 else 0.0 for o in window)
         period = step + wait
-        self.reserve = int(cpu > 0.5)
+        if int(cpu > 0.5) != self.reserve:  # two windows in a row change it (a pause is not a trend)
+            self._reserve_votes += 1
+            if self._reserve_votes >= 2:
+                self.reserve, self._reserve_votes = 1 - self.reserve, 0
+        else:
+            self._reserve_votes = 0
         self.need = self.max_workers if step <= 0 else max(1, math.ceil(job / step * MARGIN))
         self._last = {"step_ms": step * 1e3, "wait_ms": wait * 1e3, "job_ms": job * 1e3, "consumer_cpu": cpu}
         cap = self.max_workers
@@ -232,14 +242,13 @@ class AutoTuner:
             workers, reason = cap, "headroom for the consumer and other loaders"
         elif waiting:
             self._quiet = 0
-            if self.auto_workers and workers < cap and self.need > workers:
+            shortfall = waited >= 0.5 or self.need > workers
+            if shortfall and self.auto_workers and workers < cap:
                 if self.history and self.history[-1]["workers"] < self.history[-1]["from_workers"]:
                     self._too_few = (workers, step)
                 workers, reason = min(cap, max(workers + 1, self.need)), "the consumer waited"
-            elif self.auto_ahead and self.ahead < self.max_ahead and self.need <= workers:
+            elif not shortfall and self.auto_ahead and self.ahead < self.max_ahead:
                 extra, reason = extra + 1, "the consumer waited in bursts"
-            elif self.auto_workers and workers < cap:
-                workers, reason = workers + 1, "the consumer waited"
         elif quiet and self.auto_workers and self.need < workers:
             self._quiet += 1
             floor = self._too_few[0] + 1 if self._too_few is not None else 1

@@ -379,23 +379,25 @@ class EpochIterator:
         if not self.active or self.batches_yielded >= len(self._batches):
             self.close()
             raise StopIteration
-        called, cpu = time.perf_counter(), time.thread_time()
+        cpu = time.thread_time()  # the consumer step's CPU ends here
         runner = self._runner
         runner.retire_held()
         self._fill(force=True)  # a slot of an abandoned epoch may not be back yet
         slot, future = self._futures.popleft()
+        waiting = time.perf_counter()
         try:
             out = future.result()
         except BaseException:
             runner.release_slot(slot)
             self.close()
             raise
-        waited = time.perf_counter() - called
+        now = time.perf_counter()
+        waited = now - waiting
         runner.hold(slot)
         self.batches_yielded += 1
         mark, thread = self._mark, threading.get_ident()
         if mark is not None and mark[2] == thread:  # a step of this consumer thread
-            runner.observe(Observation(waited, called - mark[0], cpu - mark[1], runner.job_time(slot)))
+            runner.observe(Observation(waited, now - mark[0] - waited, cpu - mark[1], runner.job_time(slot)))
         self._mark = (time.perf_counter(), time.thread_time(), thread)
         return runner.hand_over(slot, out)
 
