@@ -246,16 +246,17 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per config and round")
     ap.add_argument("--warm", type=int, default=40, help="batches before timing (auto converges in them)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--ahead", default="1,3,8", help="fixed batches_ahead values (the memory cells use 1,3)")
     ap.add_argument("--n-raw", type=int, default=20000)
     ap.add_argument("--n-jpeg", type=int, default=256)
-    ap.add_argument("--quick", action="store_true", help="raw and rrc, 0.4 s per config, one round")
+    ap.add_argument("--quick", action="store_true", help="raw and rrc, batches_ahead 3, 0.4 s per config, one round")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
     if args.quick:
-        args.pipelines, args.seconds, args.warm, args.repeats = "raw,rrc", 0.4, 30, 1
+        args.pipelines, args.seconds, args.warm, args.repeats, args.ahead = "raw,rrc", 0.4, 30, 1, "3"
     from ffload.bench import format_conditions, measurement_conditions, write_results
 
     t0 = time.perf_counter()
@@ -263,7 +264,7 @@ def main() -> None:
     paths = prepare(args.data, args.n_raw, args.n_jpeg)
     machine = len(os.sched_getaffinity(0))
     workers = sorted({1, 2, 4, 8, 16, machine} & set(range(1, machine + 1)))
-    ahead = [1, 3, 8] if not args.quick else [3]
+    ahead = [int(a) for a in args.ahead.split(",")]
     lines = [
         "| pipeline | situation | best fixed (img/s) | today's default | auto (choice at the end) | auto / best | auto / default |",
         "|---|---|---|---|---|---|---|",
