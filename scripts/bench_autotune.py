@@ -142,7 +142,7 @@ def child(spec: dict) -> dict:
     default_workers = len(os.sched_getaffinity(0))  # before this change: the affinity mask only
     path, batch = spec["path"], spec["batch"]
     pipes = _pipelines(spec["pipeline"], path, batch, spec["size"])
-    rate1, _ = _run(path, pipes, batch, 1, 3, lambda: None, spec["warm"], spec["seconds"] / 2)  # also compiles
+    rate1, _ = _run(path, pipes, batch, 1, 3, lambda: None, min(10, spec["warm"]), spec["seconds"] / 2)  # compiles too
     job = batch / rate1
     step = job / (STEP_SHARE * cpus)
     consume = _consumer("busy" if spec["situation"] == "cpu" else "sleep", step)
@@ -244,19 +244,23 @@ def main() -> None:
     ap.add_argument("--pipelines", default=",".join(PIPELINES))
     ap.add_argument("--situations", default=",".join(SITUATIONS))
     ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per config and round")
-    ap.add_argument("--warm", type=int, default=40, help="batches before timing (auto converges in them)")
+    ap.add_argument("--warm", type=int, default=120, help="batches before timing (auto converges in them)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--ahead", default="1,3,8", help="fixed batches_ahead values (the memory cells use 1,3)")
     ap.add_argument("--n-raw", type=int, default=20000)
     ap.add_argument("--n-jpeg", type=int, default=256)
-    ap.add_argument("--quick", action="store_true", help="raw and rrc, batches_ahead 3, 0.4 s per config, one round")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="raw and rrc, batches_ahead 3, 60 warm batches, 0.25 s per config, one round",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
     if args.quick:
-        args.pipelines, args.seconds, args.warm, args.repeats, args.ahead = "raw,rrc", 0.4, 30, 1, "3"
+        args.pipelines, args.seconds, args.warm, args.repeats, args.ahead = "raw,rrc", 0.25, 60, 1, "3"
     from ffload.bench import format_conditions, measurement_conditions, write_results
 
     t0 = time.perf_counter()

@@ -50,6 +50,24 @@ def test_slow_pipeline_gets_workers_until_the_consumer_never_waits():
     assert len(tuner.history) == 1 and tuner.history[0]["reason"] == "the consumer waited"
 
 
+def test_workers_that_do_not_help_are_given_back():
+    """A loader bound by serial work (its output peaks at 2 workers, each extra one costs 10 %),
+    an idle consumer: from 8 of 16 the tuner tries 16 (slower: back to 8), then fewer until 1 is
+    slower, and settles at 2."""
+    tuner = AutoTuner(max_workers=16, max_ahead=40, shares=CpuShares(16))
+
+    def cycle(n):  # the consumer's period: batches come out at min(n, 2) * 0.9 ** (n - 2) per ms
+        return 1 * MS / (min(n, 2) * 0.9 ** max(0, n - 2))
+
+    workers = []
+    for _ in range(300):
+        tuner.observe(Observation(wait=cycle(tuner.workers) - 0.02 * MS, step=0.02 * MS, consumer_cpu=0.0, job=1 * MS))
+        workers.append(tuner.workers)
+    assert workers[-1] == 2 and len(set(workers[-100:])) == 1
+    assert [h["workers"] for h in tuner.history][:2] == [16, 8]
+    assert tuner.history[1]["reason"] == "more workers did not shorten the consumer's cycle"
+
+
 def test_fast_consumer_parks_workers_it_does_not_need():
     """Jobs of 4 ms for a consumer step of 10 ms: one worker keeps up; the surplus is parked in
     halving steps, two quiet windows each, never making the consumer wait."""

@@ -21,6 +21,12 @@ The rules, evaluated once per window of :data:`WINDOW` batches (medians over the
   period. A shortfall (most batches of the window waited, or the need exceeds the workers):
   workers jump to ``min(cap, max(workers + 1, need))``. Bursts (a few batches waited long):
   the prefetch depth grows by one.
+* **probe** (while the consumer waits): a grow is a probe; the next judged window compares the
+  consumer's cycle (step + wait, median): unless it shortened by :data:`GAIN`, the workers go
+  back and that count becomes a ceiling (a loader bound by serial work gets slower with more
+  threads). At such a ceiling (not at the CPU cap), fewer workers are tried (two thirds); they stay unless the cycle
+  lengthens by :data:`GAIN`, else the count comes back and becomes a floor. Ceiling and floor
+  are forgotten when the consumer's step changes by half or more.
 * **shrink** (two quiet windows in a row, waits under :data:`WAIT_QUIET`): workers above the
   need step down halfway to it; never to a count that made the consumer wait before (reset when
   the consumer's step changes by half or more).
@@ -53,6 +59,9 @@ MARGIN = 1.25
 WAIT_GROW, WAIT_QUIET = 0.05, 0.01
 """Consumer wait, as a fraction of its batch period, above which workers grow / under which a
 window counts as quiet."""
+GAIN = 0.05
+"""A probe's change of workers is kept when the consumer's cycle (step + wait) shortens by this
+fraction (more workers) or lengthens by less than it (fewer workers)."""
 MIN_WAIT_S = 50e-6
 """Waits shorter than this never count as waiting (the cost of a lock hand-over)."""
 EXTRA_START = 2
@@ -182,6 +191,8 @@ class AutoTuner:
         self._quiet = 0
         self._settle = False
         self._too_few: tuple[int, float] | None = None  # (workers that made the consumer wait, step then)
+        self._ceiling: tuple[int, float] | None = None  # (workers beyond which the cycle did not shorten, step)
+        self._probe: tuple[str, int, float] | None = None  # ('up' | 'down', workers before, cycle before)
         self._last: dict | None = None
         self.history: list[dict] = []
         if self.auto_workers:
@@ -235,23 +246,40 @@ class AutoTuner:
             return None
         waiting = wait > MIN_WAIT_S and wait > WAIT_GROW * period
         quiet = wait <= MIN_WAIT_S or wait <= WAIT_QUIET * period
-        if self._too_few is not None and abs(step - self._too_few[1]) > 0.5 * self._too_few[1]:
-            self._too_few = None  # the consumer changed: what was too few may do now
+        cycle = statistics.median(o.step + o.wait for o in window)
+        for bound in ("_too_few", "_ceiling"):
+            known = getattr(self, bound)
+            if known is not None and abs(step - known[1]) > 0.5 * known[1]:
+                setattr(self, bound, None)  # the consumer changed: what was learnt may not hold
+        probe, self._probe = self._probe, None
         workers, extra, reason = self.workers, self._extra, None
+        floor = self._too_few[0] + 1 if self._too_few is not None else 1
         if self.auto_workers and workers > cap:
             workers, reason = cap, "headroom for the consumer and other loaders"
+        elif probe is not None and probe[0] == "up" and cycle > probe[2] * (1 - GAIN):
+            self._ceiling = (probe[1], step)
+            workers, reason = probe[1], "more workers did not shorten the consumer's cycle"
+        elif probe is not None and probe[0] == "down" and cycle > probe[2] * (1 + GAIN):
+            self._too_few = (workers, step)
+            workers, reason = probe[1], "fewer workers lengthened the consumer's cycle"
         elif waiting:
             self._quiet = 0
+            if probe is not None and probe[0] == "down":
+                self._ceiling = (workers, step)  # as fast with fewer: stay at most here
             shortfall = waited >= 0.5 or self.need > workers
-            if shortfall and self.auto_workers and workers < cap:
+            top = cap if self._ceiling is None else min(cap, self._ceiling[0])
+            if shortfall and self.auto_workers and workers < top:
                 if self.history and self.history[-1]["workers"] < self.history[-1]["from_workers"]:
                     self._too_few = (workers, step)
-                workers, reason = min(cap, max(workers + 1, self.need)), "the consumer waited"
+                self._probe = ("up", workers, cycle)
+                workers, reason = min(top, max(workers + 1, self.need)), "the consumer waited"
+            elif shortfall and self.auto_workers and workers > floor and top < cap and workers >= top:
+                self._probe = ("down", workers, cycle)
+                workers, reason = max(floor, min(workers - 1, workers * 2 // 3)), "trying fewer workers (no gain above)"
             elif not shortfall and self.auto_ahead and self.ahead < self.max_ahead:
                 extra, reason = extra + 1, "the consumer waited in bursts"
         elif quiet and self.auto_workers and self.need < workers:
             self._quiet += 1
-            floor = self._too_few[0] + 1 if self._too_few is not None else 1
             target = max(self.need, floor, workers - max(1, (workers - self.need) // 2))
             if self._quiet >= 2 and target < workers:
                 workers, reason = target, "the consumer never waited"
@@ -259,7 +287,7 @@ class AutoTuner:
             self._quiet = 0
         if reason is None:
             return None
-        self._quiet, self._settle = 0, workers > self.workers or extra > self._extra
+        self._quiet, self._settle = 0, workers > self.workers or extra > self._extra or self._probe is not None
         from_workers = self.workers
         self.workers, self._extra = workers, extra
         self.history.append(
