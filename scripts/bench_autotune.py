@@ -1,7 +1,7 @@
 """``num_workers="auto"`` against every fixed ``num_workers`` x ``batches_ahead``, same run.
 
     python scripts/bench_autotune.py              # ~5 min on 2 cores
-    python scripts/bench_autotune.py --quick      # <= 90 s on 16 cores (raw and rrc only, shorter runs)
+    python scripts/bench_autotune.py --quick      # ~90 s on 16 cores (raw and rrc, 4 situations, short runs)
 
 Cells: pipeline x situation. Pipelines: ``raw`` (32x32 raw images, flip, batch 256), ``rrc``
 (ImageNet-sized JPEGs, RandomResizedCrop 160, flip, batch 32), ``dl_complex`` (Deep Lake's
@@ -252,7 +252,7 @@ def main() -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="raw and rrc, batches_ahead 3, 60 warm batches, 0.25 s per config, one round",
+        help="raw and rrc; gpu, cpu, quota, memory; batches_ahead 3, 40 warm batches, 0.15 s per config, one round",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -260,7 +260,8 @@ def main() -> None:
         print(json.dumps(child(json.loads(args.child))))
         return
     if args.quick:
-        args.pipelines, args.seconds, args.warm, args.repeats, args.ahead = "raw,rrc", 0.25, 60, 1, "3"
+        args.pipelines, args.seconds, args.warm, args.repeats, args.ahead = "raw,rrc", 0.15, 40, 1, "3"
+        args.situations = "gpu,cpu,quota,memory"
     from ffload.bench import format_conditions, measurement_conditions, write_results
 
     t0 = time.perf_counter()
