@@ -120,6 +120,7 @@ class CpuShares:
 
     @property
     def total(self) -> int:
+        """The CPUs shared."""
         if self._total is None:
             from ffload.system import available_cpus
 
@@ -127,10 +128,12 @@ class CpuShares:
         return self._total
 
     def join(self, key, demand: int) -> None:
+        """Add a loader wanting ``demand`` workers (no reserve yet)."""
         with self._lock:
             self._members[key] = (max(1, demand), 0)
 
     def leave(self, key) -> None:
+        """Remove a loader (closed): its share goes to the others at their next window."""
         with self._lock:
             self._members.pop(key, None)
 
