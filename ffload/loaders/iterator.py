@@ -12,7 +12,12 @@ recycles slots under this rule (FFCV's, made explicit):
     batch after that (``next()`` for batch ``k + 2``) lets the loader overwrite batch ``k``.
 
 With ``num_slots = ahead + 2`` the batches ``k - 1 .. k + ahead`` have distinct slots while the
-consumer waits for batch ``k``. When the batches end on a CUDA device, each slot has its own CUDA
+consumer waits for batch ``k``. Slots come from a free list: the runner holds the slots of the
+last two batches yielded (across epochs) and frees the older one when the next batch is
+requested. The :class:`~.autotune.AutoTuner` may change ``ahead`` and the workers admitted at
+any batch: a new slot is allocated when the free list is empty and fewer than ``ahead + 2``
+slots exist, and a slot coming back while more than ``ahead + 2`` exist is dropped (its
+buffers are released; a batch the consumer still references keeps its memory alive). When the batches end on a CUDA device, each slot has its own CUDA
 stream: the consumer's stream waits for the slot's work before a batch is handed over, the slot's
 next job waits (on the GPU) for the consumer's work recorded when the batch was retired, and the
 host waits for the slot's previous host-to-device copies before overwriting pinned buffers.
@@ -25,12 +30,14 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
+import time
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from ffload.errors import LoaderClosedError, LoaderError
+from ffload.loaders.autotune import AutoTuner, Observation, WorkerGate
 from ffload.loaders.pipeline.geometry import shared_rows
 from ffload.loaders.pipeline.operation import BatchContext
 from ffload.loaders.rng import sample_seeds
@@ -46,8 +53,10 @@ class BatchRunner:
             after a batch's reads).
         view: the :class:`ffload.formats.DatasetView`.
         seed: the loader's seed (per-sample seeds come from :func:`~.rng.sample_seeds`).
-        num_workers: threads.
-        num_slots: batch slots (buffers are allocated on first use of each slot).
+        tuner: the :class:`~.autotune.AutoTuner` that sets the workers admitted and the batches
+            ahead (``ahead + 2`` slots; buffers are allocated on first use of each slot); with
+            auto workers the pool has ``tuner.max_workers`` threads and a
+            :class:`~.autotune.WorkerGate` parks those beyond ``tuner.workers``.
         pin_memory: allocate the inputs of ``ToTensor`` in pinned memory.
         device: the CUDA device the batches end on, or ``None`` (no streams, no events).
         read_ahead: the :class:`~.readahead.ReadAhead` told which batch each job starts, or
@@ -60,35 +69,87 @@ class BatchRunner:
         memory,
         view,
         seed: int,
-        num_workers: int,
-        num_slots: int,
+        tuner: AutoTuner,
         pin_memory: bool,
         device: torch.device | None,
         read_ahead=None,
     ):
         self.pipelines, self.memory, self.seed = pipelines, memory, seed
         self.read_ahead = read_ahead
-        self.num_slots, self.pin_memory, self.device = num_slots, pin_memory, device
+        self.tuner, self.pin_memory, self.device = tuner, pin_memory, device
         self._columns = [
             (view.metadata[p.source], memory.ptrs.get(p.source), view.sizes.get(p.source)) for p in pipelines
         ]
-        self._buffers: list[list | None] = [None] * num_slots
-        self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, "ffload-worker")
+        self._buffers: dict[int, list] = {}
+        threads = tuner.max_workers if tuner.auto_workers else tuner.workers
+        self.gate = WorkerGate(tuner.workers) if tuner.auto_workers else None
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, "ffload-worker")
         self._pending: set = set()
         self._lock = threading.Lock()
-        self._slot_counter = 0
+        self._alive: set[int] = set()  # slots that exist
+        self._free: list[int] = []  # existing slots no batch uses
+        self._held: collections.deque = collections.deque()  # slots of the last batches yielded
+        self._job_time: dict[int, float] = {}  # slot -> wall seconds of its last job
+        self._tickets = 0
         if device is not None:
-            self._streams = [torch.cuda.Stream(device=device) for _ in range(num_slots)]
-            self._done: list[torch.cuda.Event | None] = [None] * num_slots
-            self._released: list[torch.cuda.Event | None] = [None] * num_slots
+            self._streams: dict[int, torch.cuda.Stream] = {}
+            self._done: dict[int, torch.cuda.Event] = {}
+            self._released: dict[int, torch.cuda.Event] = {}
 
-    def next_slot(self) -> int:
-        """The slot of the next batch submitted: round-robin over all batches ever submitted, so
-        that a new epoch's first batches do not reuse the slot of the previous epoch's last batch
-        (which stays valid until the batch after the next one is requested)."""
-        slot = self._slot_counter % self.num_slots
-        self._slot_counter += 1
-        return slot
+    @property
+    def num_slots(self) -> int:
+        """Slots the runner keeps: ``tuner.ahead + 2``."""
+        return self.tuner.ahead + 2
+
+    def slots_allocated(self) -> int:
+        """Slots that exist now (more than :attr:`num_slots` while a shrink drains)."""
+        with self._lock:
+            return len(self._alive)
+
+    def acquire_slot(self, force: bool = False) -> int | None:
+        """A free slot for the next job, a new one while fewer than :attr:`num_slots` exist (or
+        with ``force``), else ``None``."""
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            if len(self._alive) < self.num_slots or force:
+                slot = min(set(range(len(self._alive) + 1)) - self._alive)
+                self._alive.add(slot)
+                return slot
+            return None
+
+    def release_slot(self, slot: int) -> None:
+        """``slot``'s batch is no longer valid: reuse the slot, or drop it (and its buffers) when
+        more than :attr:`num_slots` exist."""
+        with self._lock:
+            if len(self._alive) > self.num_slots:
+                self._alive.discard(slot)
+                self._buffers.pop(slot, None)
+                self._job_time.pop(slot, None)
+                if self.device is not None:
+                    for table in (self._streams, self._done, self._released):
+                        table.pop(slot, None)
+            else:
+                self._free.append(slot)
+
+    def retire_held(self) -> None:
+        """A batch is being requested: the batch yielded before the last one may be overwritten."""
+        while len(self._held) > 1:
+            self.release_slot(self._held.popleft())
+
+    def hold(self, slot: int) -> None:
+        """``slot``'s batch was yielded: it stays valid until the batch after the next one is
+        requested."""
+        self._held.append(slot)
+
+    def job_time(self, slot: int) -> float:
+        """Wall seconds of the last job that filled ``slot``."""
+        return self._job_time.get(slot, 0.0)
+
+    def observe(self, observation: Observation) -> None:
+        """Feed the tuner; apply a change of the workers admitted."""
+        if self.tuner.observe(observation) is not None and self.gate is not None:
+            self.gate.set_limit(self.tuner.workers)
 
     def submit(
         self, slot: int, indices: np.ndarray, epoch: int, batch: int, cancel: threading.Event
@@ -97,10 +158,13 @@ class BatchRunner:
         The future's result is the tuple of field batches, or ``None`` if ``cancel`` was set
         before the job started."""
         if self.device is not None:  # the consumer is done with the slot's previous batch
+            if slot not in self._streams:
+                self._streams[slot] = torch.cuda.Stream(device=self.device)
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
             self._released[slot] = event
-        future = self._pool.submit(self._job, slot, indices, epoch, batch, cancel)
+        self._tickets += 1
+        future = self._pool.submit(self._job, slot, indices, epoch, batch, cancel, self._tickets)
         with self._lock:
             self._pending.add(future)
         future.add_done_callback(self._forget)
@@ -116,13 +180,28 @@ class BatchRunner:
             pending = list(self._pending)
         concurrent.futures.wait(pending)
 
-    def _job(self, slot, indices, epoch, batch, cancel):
+    def _job(self, slot, indices, epoch, batch, cancel, ticket):
         if cancel.is_set():
             return None
+        if self.gate is None:
+            return self._timed(slot, indices, epoch, batch)
+        self.gate.enter(ticket)  # parked here while the tuner admits fewer workers
+        try:
+            return None if cancel.is_set() else self._timed(slot, indices, epoch, batch)
+        finally:
+            self.gate.leave()
+
+    def _timed(self, slot, indices, epoch, batch):
+        start = time.perf_counter()
+        out = self._on_device(slot, indices, epoch, batch)
+        self._job_time[slot] = time.perf_counter() - start
+        return out
+
+    def _on_device(self, slot, indices, epoch, batch):
         if self.device is None:
             return self._compute(slot, indices, epoch, batch)
         stream = self._streams[slot]
-        if self._done[slot] is not None:
+        if self._done.get(slot) is not None:
             self._done[slot].synchronize()  # earlier copies out of this slot's pinned buffers
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             stream.wait_event(self._released[slot])
@@ -133,9 +212,9 @@ class BatchRunner:
         return out
 
     def _compute(self, slot, indices, epoch, batch):
-        if self._buffers[slot] is None:
-            self._buffers[slot] = [p.allocate(self.pin_memory) for p in self.pipelines]
-        buffers = self._buffers[slot]
+        buffers = self._buffers.get(slot)
+        if buffers is None:
+            buffers = self._buffers[slot] = [p.allocate(self.pin_memory) for p in self.pipelines]
         if self.read_ahead is not None:
             self.read_ahead.started(batch)
         try:
@@ -239,7 +318,6 @@ class EpochIterator:
         batches: the epoch's batches, each ``(B,) int64`` sample ids, all of them (batch 0 first).
         epoch: the epoch number.
         start: the first batch to produce (``> 0`` when resuming from a state dict).
-        ahead: jobs kept queued beyond the batch being consumed (``runner.num_slots - 2``).
         owner: the object to keep alive while iterating (the Loader).
 
     Attributes:
@@ -254,14 +332,14 @@ class EpochIterator:
         batches: Sequence[np.ndarray],
         epoch: int,
         start: int,
-        ahead: int,
         owner: object = None,
     ):
         # ``owner`` (the Loader) is kept alive while its iterator is: in ``for b in Loader(...)``
         # nothing else references the loader, whose finalizer would stop the workers.
         self._owner = owner
         self._runner, self._batches = runner, batches
-        self.epoch, self.batches_yielded, self._ahead = epoch, start, ahead
+        self.epoch, self.batches_yielded = epoch, start
+        self._mark: tuple | None = None  # (wall, thread CPU, thread id) when the last batch was returned
         self._next_submit = start
         self._futures: collections.deque = collections.deque()
         self._cancel = threading.Event()
@@ -275,11 +353,13 @@ class EpochIterator:
     def __iter__(self):
         return self
 
-    def _fill(self) -> None:
-        limit = min(len(self._batches), self.batches_yielded + self._ahead + 1)
+    def _fill(self, force: bool = False) -> None:
+        limit = min(len(self._batches), self.batches_yielded + self._runner.tuner.ahead + 1)
         while self._next_submit < limit:
             b = self._next_submit
-            slot = self._runner.next_slot()
+            slot = self._runner.acquire_slot(force=force and not self._futures)
+            if slot is None:
+                return  # the slots are in use: the next request frees one
             future = self._runner.submit(slot, self._batches[b], self.epoch, b, self._cancel)
             self._futures.append((slot, future))
             self._next_submit += 1
@@ -299,15 +379,27 @@ class EpochIterator:
         if not self.active or self.batches_yielded >= len(self._batches):
             self.close()
             raise StopIteration
-        self._fill()
+        cpu = time.thread_time()  # the consumer step's CPU ends here
+        runner = self._runner
+        runner.retire_held()
+        self._fill(force=True)  # a slot of an abandoned epoch may not be back yet
         slot, future = self._futures.popleft()
+        waiting = time.perf_counter()
         try:
             out = future.result()
         except BaseException:
+            runner.release_slot(slot)
             self.close()
             raise
+        now = time.perf_counter()
+        waited = now - waiting
+        runner.hold(slot)
         self.batches_yielded += 1
-        return self._runner.hand_over(slot, out)
+        mark, thread = self._mark, threading.get_ident()
+        if mark is not None and mark[2] == thread:  # a step of this consumer thread
+            runner.observe(Observation(waited, now - mark[0] - waited, cpu - mark[1], runner.job_time(slot)))
+        self._mark = (time.perf_counter(), time.thread_time(), thread)
+        return runner.hand_over(slot, out)
 
     def close(self, reason: str | None = None) -> None:
         """End the epoch: queued jobs are cancelled, running ones finish on their own (the
@@ -316,8 +408,9 @@ class EpochIterator:
         if self.active:
             self.active = False
             self._cancel.set()
-            for _, future in self._futures:
+            for slot, future in self._futures:
                 future.cancel()
+                future.add_done_callback(lambda _, s=slot: self._runner.release_slot(s))
             self._futures.clear()
             self._closed_reason = reason
 

@@ -23,6 +23,7 @@ from ffload.errors import ConfigurationError, LoaderClosedError, UnavailableErro
 from ffload.formats import open_dataset
 from ffload.formats.shardio import open_data_files
 from ffload.limits import DEFAULT_MAX_PIXELS
+from ffload.loaders.autotune import PROCESS_SHARES, AutoTuner
 from ffload.loaders.iterator import BatchRunner, EpochIterator
 from ffload.loaders.memory import readahead
 from ffload.loaders.memory.os_cache import OSCacheMemory
@@ -71,8 +72,13 @@ class Loader:
             object. LMDB URLs are refused (LMDB needs a local memory map).
         batch_size: samples per batch (>= 1); the last batch of an epoch may be smaller unless
             ``drop_last``.
-        num_workers: worker threads (>= 1); ``None`` or ``-1``: the CPUs this process may use;
-            more than those CPUs is capped at their number with a warning.
+        num_workers: worker threads (>= 1); ``None`` or ``-1``: the CPUs this process may use
+            (its affinity mask and cgroup CPU quota, :func:`ffload.system.available_cpus`);
+            more than those CPUs is capped at their number with a warning. ``"auto"``: chosen
+            and changed while the loader runs, between 1 and those CPUs, from how long the
+            consumer waits, how long jobs take and the CPU the consumer's own thread uses
+            (:mod:`ffload.loaders.autotune`; the choices are in :meth:`stats` and logged at
+            INFO). Batches are identical whatever the setting.
         order: ``'sequential'``, ``'random'`` or ``'quasi_random'`` (or :class:`OrderOption`), see
             :mod:`ffload.loaders.orders`.
         os_cache: True: memory-map the file (the OS page cache serves and shares it); False: read
@@ -94,6 +100,8 @@ class Loader:
             for ``SimpleRGBImageDecoder``).
         batches_ahead: batches prepared in advance (>= 0). The loader keeps
             ``max(batches_ahead, num_workers)`` batches in flight so that every worker is busy.
+            ``"auto"``: the workers plus a depth that grows when the consumer waits in bursts,
+            within ``buffer_limit``.
         pin_memory: place the inputs of ``ToTensor`` in pinned memory (fast asynchronous copies
             to the GPU). ``None``: True when CUDA is available and some field ends on a CUDA
             device.
@@ -115,6 +123,9 @@ class Loader:
         max_requests: a remote ``path``'s range GETs in flight at most (``None``: 8); for a
             local file read through the page pool (``os_cache=False``, QUASI_RANDOM), the page
             reads its read-ahead issues at once (``None``: 32).
+        buffer_limit: ``batches_ahead="auto"`` only: bytes the batch buffers (``batches_ahead +
+            2`` slots) may take at most (``None``: a quarter of the available memory); it must
+            hold 2 slots.
 
     Attributes:
         memory: the memory manager; for a remote ``path`` the :class:`~.pagepool.PagePoolMemory`
@@ -135,6 +146,7 @@ class Loader:
         ffload.formats.DatasetError: the path is not a dataset, or declares an image above
             ``max_pixels`` (naming the sample).
         ffload.errors.ConfigurationError: (a ``ValueError``) bad ``batch_size``, ``num_workers``,
+            ``batches_ahead`` (an integer or ``"auto"``), ``buffer_limit`` (under 2 slots),
             ``order``, ``seed``, ``indices`` (out of range, not integers, empty), unknown field
             names in ``pipelines``; with ``os_cache=False``, a batch that may need more than
             ``cache_limit`` bytes (both named); the batch buffers (``batch_size`` rows, one slot
@@ -152,7 +164,7 @@ class Loader:
         self,
         path: str | os.PathLike,
         batch_size: int,
-        num_workers: int | None = None,
+        num_workers: int | str | None = None,
         order: str | OrderOption = "random",
         os_cache: bool = True,
         pipelines: Mapping[str, Sequence[Any] | None] | None = None,
@@ -160,7 +172,7 @@ class Loader:
         distributed: bool = False,
         seed: int = 0,
         indices: Sequence[int] | None = None,
-        batches_ahead: int = 3,
+        batches_ahead: int | str = 3,
         pin_memory: bool | None = None,
         cache_limit: int | None = None,
         read_ahead: int | None = None,
@@ -169,20 +181,23 @@ class Loader:
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | os.PathLike | None = None,
         max_requests: int | None = None,
+        buffer_limit: int | None = None,
     ):
         self.batch_size = _check_int("batch_size", batch_size, 1)
         cpus = available_cpus()
+        auto_workers = _is_auto("num_workers", num_workers)
         if num_workers is None or num_workers == -1:
             num_workers = cpus
-        self.num_workers = _check_int("num_workers", num_workers, 1)
-        if self.num_workers > cpus:
+        workers = cpus if auto_workers else _check_int("num_workers", num_workers, 1)
+        if workers > cpus:
             warnings.warn(
-                f"num_workers={self.num_workers} exceeds the {cpus} CPUs this process may use: "
+                f"num_workers={workers} exceeds the {cpus} CPUs this process may use: "
                 f"capped at {cpus} (more threads than cores only contend)",
                 stacklevel=2,
             )
-            self.num_workers = cpus
-        self.batches_ahead = _check_int("batches_ahead", batches_ahead, 0)
+            workers = cpus
+        auto_ahead = _is_auto("batches_ahead", batches_ahead)
+        self.batches_ahead = None if auto_ahead else _check_int("batches_ahead", batches_ahead, 0)
         self.seed = _check_int("seed", seed, 0)
         self.order = parse_order(order)
         self.drop_last, self.distributed, self.os_cache = bool(drop_last), bool(distributed), bool(os_cache)
@@ -218,8 +233,20 @@ class Loader:
             self._order = make_order(self.order, self.indices, self.seed, self.view.sample_pages, window)
         else:
             self._order = make_order(self.order, self.indices, self.seed)
-        self._ahead = max(self.batches_ahead, self.num_workers)
-        _check_buffer_memory(self._pipelines, self._ahead + 2, self.batch_size, self.batches_ahead)
+        per_slot = _slot_bytes(self._pipelines)
+        if auto_ahead:
+            max_ahead = _auto_depth(per_slot, buffer_limit, workers)
+        else:
+            max_ahead = max(self.batches_ahead, workers)
+            _check_buffer_memory(per_slot, max_ahead + 2, self.batch_size, self.batches_ahead)
+        self._tuner = AutoTuner(
+            max_workers=workers,
+            max_ahead=max_ahead,
+            workers=None if auto_workers else workers,
+            batches_ahead=self.batches_ahead,
+            shares=PROCESS_SHARES,
+            name=str(self.path),
+        )
         self._next_epoch, self._start_batch = 0, 0
         self.cache_limit = default_cache_limit() if cache_limit is None else _check_int("cache_limit", cache_limit, 1)
         self.read_ahead = DEFAULT_READ_AHEAD if read_ahead is None else _check_int("read_ahead", read_ahead, 0)
@@ -305,7 +332,7 @@ class Loader:
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start)
-        iterator = EpochIterator(runner, batches, epoch, start, self._ahead, owner=self)
+        iterator = EpochIterator(runner, batches, epoch, start, owner=self)
         self._current = weakref.ref(iterator)
         return iterator
 
@@ -331,13 +358,34 @@ class Loader:
                 self._memory,
                 self.view,
                 self.seed,
-                self.num_workers,
-                self._ahead + 2,
+                self._tuner,
                 self.pin_memory,
                 self._device,
                 read_ahead,
             )
         return self._runner
+
+    @property
+    def num_workers(self) -> int:
+        """Worker threads running jobs now (the fixed setting, or the auto-tuner's choice)."""
+        return self._tuner.workers
+
+    def stats(self) -> dict[str, Any]:
+        """The worker and prefetch choices and what they were made from.
+
+        Returns:
+            :meth:`ffload.loaders.autotune.AutoTuner.stats` (``num_workers``,
+            ``batches_ahead``, ``auto_workers``, ``auto_ahead``, ``max_workers``, ``max_ahead``,
+            ``cap``, ``reserve``, ``need``, ``batches_observed``, ``last_window`` with the
+            medians ``step_ms``, ``wait_ms``, ``job_ms`` and ``consumer_cpu`` (fraction of a
+            core), ``history`` of changes) plus ``slots`` (batch slots allocated) and
+            ``parked`` (worker threads blocked waiting for admission, auto workers only).
+        """
+        out = self._tuner.stats()
+        runner = self._runner
+        out["slots"] = runner.slots_allocated() if runner is not None else 0
+        out["parked"] = runner.gate.parked if runner is not None and runner.gate is not None else 0
+        return out
 
     def _live_iterator(self) -> EpochIterator | None:
         iterator = self._current() if self._current is not None else None
@@ -354,7 +402,9 @@ class Loader:
 
         Returns:
             ``{'epoch', 'batches_yielded', 'seed', 'batch_size', 'order', 'drop_last',
-            'num_indices', 'world_size'}`` (plain ints/str/bool). Inside a live epoch:
+            'num_indices', 'world_size'}`` (plain ints/str/bool), and with ``"auto"`` workers or
+            depth ``'autotune': {'num_workers', 'batches_ahead'}`` (the tuner's choices, which a
+            resumed loader starts from; batches do not depend on them). Inside a live epoch:
             that epoch and the batches handed out so far; otherwise the next epoch and 0.
             A finished epoch is reported as the start of the next one.
         """
@@ -365,7 +415,7 @@ class Loader:
             epoch, done = self._next_epoch, self._start_batch
         if len(self) and done >= len(self):
             epoch, done = epoch + 1, 0
-        return {
+        state = {
             "epoch": int(epoch),
             "batches_yielded": int(done),
             "seed": self.seed,
@@ -375,6 +425,9 @@ class Loader:
             "num_indices": int(len(self.indices)),
             "world_size": self.world_size,
         }
+        if self._tuner.auto_workers or self._tuner.auto_ahead:
+            state["autotune"] = self._tuner.state()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next ``iter(loader)`` yields the remaining batches of ``state['epoch']``,
@@ -397,6 +450,11 @@ class Loader:
         if done > len(self):
             raise ConfigurationError(f"state['batches_yielded']={done} exceeds the {len(self)} batches per epoch")
         self._close_current()
+        tuned = state.get("autotune")
+        if isinstance(tuned, Mapping) and all(isinstance(tuned.get(k), int) for k in ("num_workers", "batches_ahead")):
+            self._tuner.restore(tuned)
+            if self._runner is not None and self._runner.gate is not None:
+                self._runner.gate.set_limit(self._tuner.workers)
         finished = len(self) and done == len(self)
         self._next_epoch, self._start_batch = (epoch + 1, 0) if finished else (epoch, done)
 
@@ -407,6 +465,7 @@ class Loader:
             return
         self._closed = True
         self._close_current("because its loader was closed (loader.close())")
+        self._tuner.close()
         if self._runner is not None:
             self._runner.shutdown(wait=True)
         if self._memory is not None:
@@ -419,6 +478,9 @@ class Loader:
         self.close()
 
     def __del__(self, _finalizing=sys.is_finalizing):
+        tuner = getattr(self, "_tuner", None)
+        if tuner is not None:
+            tuner.close()
         runner = getattr(self, "_runner", None)
         # At interpreter exit the executor's own atexit hook joins the threads, and the modules
         # shutdown() needs may already be torn down (``sys`` itself may be None by then: the
@@ -429,14 +491,22 @@ class Loader:
     def __repr__(self) -> str:
         return (
             f"Loader({self.path!r}, batch_size={self.batch_size}, num_workers="
-            f"{self.num_workers}, order={self.order.value!r}, fields={self.field_names})"
+            f"{'auto:' if self._tuner.auto_workers else ''}{self.num_workers}, order={self.order.value!r}, "
+            f"fields={self.field_names})"
         )
 
 
-def _check_buffer_memory(pipelines, slots: int, batch_size: int, batches_ahead: int) -> None:
-    """Refuse buffers that cannot fit in memory: ``slots`` batch slots of every pipeline's host
-    buffers against :func:`~ffload.system.available_memory`. Raises ConfigurationError with the
-    bytes needed."""
+def _is_auto(name: str, value) -> bool:
+    """Whether ``value`` is ``"auto"``; another string raises ConfigurationError naming ``name``."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ConfigurationError(f"{name} must be an integer or 'auto', got {value!r}")
+        return True
+    return False
+
+
+def _slot_bytes(pipelines) -> int:
+    """Bytes of host memory one batch slot takes: every pipeline's buffers but those on CUDA."""
     per_slot = 0
     for pipeline in pipelines:
         for spec in pipeline.buffer_specs:
@@ -444,6 +514,30 @@ def _check_buffer_memory(pipelines, slots: int, batch_size: int, batches_ahead: 
                 continue
             itemsize = spec.dtype.itemsize if spec.on_torch else np.dtype(spec.dtype).itemsize
             per_slot += int(np.prod(spec.shape, dtype=np.int64)) * itemsize
+    return per_slot
+
+
+def _auto_depth(per_slot: int, buffer_limit: int | None, cpus: int) -> int:
+    """The deepest auto prefetch: ``buffer_limit`` (``None``: a quarter of the available memory)
+    over ``per_slot`` bytes, less the 2 slots of the batches the consumer holds, at most ``4 *
+    cpus + 8``. Raises ConfigurationError when ``buffer_limit`` holds fewer than 2 slots."""
+    if buffer_limit is None:
+        budget = available_memory() // 4
+    else:
+        budget = _check_int("buffer_limit", buffer_limit, 1)
+    slots = budget // per_slot if per_slot else 4 * cpus + 10
+    if slots < 2:
+        raise ConfigurationError(
+            f"buffer_limit={budget} bytes holds {slots} batch slot(s) of {per_slot} bytes; "
+            "batches_ahead='auto' needs 2: raise buffer_limit or lower batch_size"
+        )
+    return min(slots - 2, 4 * cpus + 8)
+
+
+def _check_buffer_memory(per_slot: int, slots: int, batch_size: int, batches_ahead: int) -> None:
+    """Refuse buffers that cannot fit in memory: ``slots`` batch slots of ``per_slot`` bytes
+    against :func:`~ffload.system.available_memory`. Raises ConfigurationError with the
+    bytes needed."""
     needed, available = per_slot * slots, available_memory()
     if needed > available:
         raise ConfigurationError(

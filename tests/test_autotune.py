@@ -1,0 +1,414 @@
+"""num_workers="auto" / batches_ahead="auto": the tuner's decisions from made-up observations
+(slow, fast and CPU-bound consumers, bursts, no oscillation, fair shares), the worker gate's
+parking, usable CPUs from fake cgroup files, and loaders under auto (bit-identical batches, the
+buffer-reuse contract while slots grow and drain, stats, resume, two loaders in two threads)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import ffload
+from ffload.errors import ConfigurationError
+from ffload.formats import IntField, RGBImageField, write_dataset
+from ffload.loaders import RandomHorizontalFlip, SimpleRGBImageDecoder, ToTensor
+from ffload.loaders.autotune import WARMUP, WINDOW, AutoTuner, CpuShares, Observation, WorkerGate, fair_shares
+from ffload.system import available_cpus, cgroup_cpu_quota
+
+MS = 1e-3
+
+
+def simulate(tuner, step, job, batches, cpu=0.0, burst=None):
+    """Feed ``tuner`` the observations of a steady pipeline: workers produce a batch every
+    ``job / workers`` s, the consumer takes ``step`` s (``cpu`` of it on its own thread); the
+    consumer waits for the shortfall. ``burst(i, tuner)``: extra wait at batch ``i``. Returns the
+    workers after each batch and the waits."""
+    workers, waits = [], []
+    for i in range(batches):
+        wait = max(0.0, job / tuner.workers - step)
+        if burst is not None:
+            wait += burst(i, tuner)
+        tuner.observe(Observation(wait=wait, step=step, consumer_cpu=cpu * step, job=job))
+        workers.append(tuner.workers)
+        waits.append(wait)
+    return workers, waits
+
+
+def test_slow_pipeline_gets_workers_until_the_consumer_never_waits():
+    """A GPU-like consumer (sleeps 10 ms, no CPU) and 35 ms jobs: 4 workers are needed."""
+    tuner = AutoTuner(max_workers=8, max_ahead=20)
+    assert tuner.workers == 4  # starts at half the CPUs
+    tuner.workers = 1
+    workers, waits = simulate(tuner, step=10 * MS, job=35 * MS, batches=60)
+    assert workers[-1] == 5  # ceil(35 / 10 * 1.25)
+    first = workers.index(5)
+    assert first < WARMUP + 2 * WINDOW  # one decision window
+    assert waits[first + 1 :] == [0.0] * (len(waits) - first - 1)
+    assert len(tuner.history) == 1 and tuner.history[0]["reason"] == "the consumer waited"
+
+
+def test_workers_that_do_not_help_are_given_back():
+    """A loader bound by serial work (its output peaks at 2 workers, each extra one costs 10 %),
+    an idle consumer: from 8 of 16 the tuner tries 16 (slower: back to 8), then fewer until 1 is
+    slower, and settles at 2."""
+    tuner = AutoTuner(max_workers=16, max_ahead=40, shares=CpuShares(16))
+
+    def cycle(n):  # the consumer's period: batches come out at min(n, 2) * 0.9 ** (n - 2) per ms
+        return 1 * MS / (min(n, 2) * 0.9 ** max(0, n - 2))
+
+    workers = []
+    for _ in range(300):
+        tuner.observe(Observation(wait=cycle(tuner.workers) - 0.02 * MS, step=0.02 * MS, consumer_cpu=0.0, job=1 * MS))
+        workers.append(tuner.workers)
+    assert workers[-1] == 2 and len(set(workers[-100:])) == 1
+    assert [h["workers"] for h in tuner.history][:2] == [16, 8]
+    assert tuner.history[1]["reason"] == "more workers did not shorten the consumer's cycle"
+
+
+def test_fast_consumer_parks_workers_it_does_not_need():
+    """Jobs of 4 ms for a consumer step of 10 ms: one worker keeps up; the surplus is parked in
+    halving steps, two quiet windows each, never making the consumer wait."""
+    tuner = AutoTuner(max_workers=16, max_ahead=40, shares=CpuShares(16))
+    assert tuner.workers == 8
+    workers, waits = simulate(tuner, step=10 * MS, job=4 * MS, batches=100)
+    assert workers[-1] == 1
+    assert workers.index(1) < 80  # 8 -> 5 -> 3 -> 2 -> 1
+    assert max(waits) == 0.0
+    assert [h["workers"] for h in tuner.history] == [5, 3, 2, 1]
+    assert all(h["reason"] == "the consumer never waited" for h in tuner.history)
+
+
+def test_cpu_bound_consumer_keeps_a_cpu_for_itself():
+    """A consumer that busy-loops (its thread's CPU time = its step) on 4 CPUs with a loader that
+    could use them all: workers stop at 3, and a restored 4 is brought down to 3."""
+    tuner = AutoTuner(max_workers=4, max_ahead=20, shares=CpuShares(4))
+    workers, _ = simulate(tuner, step=2 * MS, job=20 * MS, batches=40, cpu=1.0)
+    assert workers[-1] == 3 and tuner.reserve == 1 and tuner.cap == 3
+    tuner.restore({"num_workers": 4, "batches_ahead": 6})
+    workers, _ = simulate(tuner, step=2 * MS, job=20 * MS, batches=2 * WINDOW, cpu=1.0)
+    assert workers[-1] == 3 and tuner.history[-1]["reason"] == "headroom for the consumer and other loaders"
+    # the same loader with a sleeping consumer takes every CPU
+    idle = AutoTuner(max_workers=4, max_ahead=20, shares=CpuShares(4))
+    assert simulate(idle, step=2 * MS, job=20 * MS, batches=40)[0][-1] == 4 and idle.reserve == 0
+
+
+@pytest.mark.parametrize("start", [1, 8])
+def test_no_oscillation_when_workers_contend(start):
+    """Jobs slow down by a quarter per extra worker (contention) and jitter by 10 %: from 1 or
+    from 8 workers the tuner moves one way only, settles, and the consumer stops waiting."""
+    tuner = AutoTuner(max_workers=8, max_ahead=20, shares=CpuShares(8))
+    tuner.workers = start
+    rng = np.random.default_rng(start)
+    workers, waits = [], []
+    for _ in range(400):
+        job = 10 * MS * (1 + 0.25 * (tuner.workers - 1)) * rng.uniform(0.9, 1.1)
+        wait = max(0.0, job / tuner.workers - 6 * MS)
+        tuner.observe(Observation(wait, 6 * MS, 0.0, job))
+        workers.append(tuner.workers)
+        waits.append(wait)
+    moves = np.sign(np.diff(workers))
+    assert len(set(moves[moves != 0])) <= 1  # never back and forth
+    assert len(tuner.history) <= 4 and len(set(workers[-300:])) == 1
+    assert 3 <= workers[-1] <= 6 and max(waits[-300:]) < 0.05 * 6 * MS
+
+
+def test_bursty_waits_deepen_the_prefetch_within_the_budget():
+    """Enough workers on average, but every 16th and 17th batch wait long: the depth grows by
+    one per burst, never beyond max_ahead, and the workers stay."""
+    tuner = AutoTuner(max_workers=4, max_ahead=7, workers=2, shares=CpuShares(4))
+    start = tuner.ahead
+    assert start == 4  # workers + 2
+    simulate(tuner, step=10 * MS, job=10 * MS, batches=200, burst=lambda i, t: 20 * MS if i % 16 < 2 else 0.0)
+    assert tuner.workers == 2 and tuner.ahead == 7
+    assert {h["reason"] for h in tuner.history} == {"the consumer waited in bursts"}
+    fixed = AutoTuner(max_workers=4, max_ahead=3, workers=2, batches_ahead=3)
+    simulate(fixed, step=10 * MS, job=30 * MS, batches=100)
+    assert (fixed.workers, fixed.ahead, fixed.history) == (2, 3, [])  # fixed settings never move
+
+
+def test_memory_budget_caps_the_workers_too():
+    """With room for 2 batches ahead, a 3rd worker could never have a batch: the cap is 3."""
+    tuner = AutoTuner(max_workers=8, max_ahead=2, shares=CpuShares(8))
+    simulate(tuner, step=1 * MS, job=20 * MS, batches=60)
+    assert tuner.workers == 3 and tuner.ahead == 2 and tuner.cap == 3
+
+
+def test_fair_shares():
+    assert fair_shares(8, {"a": 8, "b": 8}) == {"a": 4, "b": 4}
+    assert fair_shares(8, {"a": 2, "b": 8}) == {"a": 2, "b": 6}
+    assert fair_shares(5, {"a": 9, "b": 9}) == {"a": 2, "b": 3}
+    assert fair_shares(2, {"a": 4, "b": 4, "c": 4}) == {"a": 1, "b": 1, "c": 1}  # at least one each
+
+
+def test_two_tuners_share_the_cpus():
+    """Two hungry auto loaders on 8 CPUs get 4 each; one that needs 2 leaves 6 to the other;
+    two CPU-bound consumers each keep a CPU (3 + 3); a closed loader gives its share back."""
+    shares = CpuShares(8)
+    a, b = (AutoTuner(max_workers=8, max_ahead=40, shares=shares, name=n) for n in "ab")
+    for _ in range(60):
+        for t in (a, b):
+            simulate(t, step=1 * MS, job=40 * MS, batches=1)
+    assert (a.workers, b.workers) == (4, 4)
+    for _ in range(120):
+        simulate(a, step=10 * MS, job=12 * MS, batches=1)  # needs 2
+        simulate(b, step=1 * MS, job=40 * MS, batches=1)
+    assert (a.workers, b.workers) == (2, 6)
+    shared = CpuShares(8)
+    c, d = (AutoTuner(max_workers=8, max_ahead=40, shares=shared) for _ in range(2))
+    for _ in range(60):
+        for t in (c, d):
+            simulate(t, step=1 * MS, job=40 * MS, batches=1, cpu=1.0)
+    assert (c.workers, d.workers) == (3, 3)
+    d.close()
+    simulate(c, step=1 * MS, job=40 * MS, batches=3 * WINDOW, cpu=1.0)
+    assert c.workers == 7
+
+
+def test_worker_gate_parks_threads_and_admits_in_ticket_order():
+    gate = WorkerGate(1)
+    order, admitted = [], threading.Event()
+
+    def job(ticket):
+        gate.enter(ticket)
+        order.append(ticket)
+        admitted.set()
+        gate.leave()
+
+    gate.enter(0)  # the one running job
+    threads = [threading.Thread(target=job, args=(t,)) for t in (3, 1, 2)]
+    for t in threads:
+        t.start()
+    for _ in range(1000):
+        if gate.parked == 3:
+            break
+        threading.Event().wait(0.01)
+    assert gate.parked == 3 and not admitted.is_set()  # blocked, not running
+    gate.set_limit(2)  # one more runs beside ticket 0: the parked ones, one after the other, lowest first
+    for t in threads:
+        t.join(10)
+    assert order == [1, 2, 3] and gate.parked == 0
+    gate.leave()
+
+
+# ---------------------------------------------------------------- usable CPUs
+def fake_tree(root, cgroup, files):
+    os.makedirs(root / "proc/self", exist_ok=True)
+    (root / "proc/self/cgroup").write_text(cgroup)
+    for rel, text in files.items():
+        path = root / "sys/fs/cgroup" / rel
+        os.makedirs(path.parent, exist_ok=True)
+        path.write_text(text)
+    return str(root)
+
+
+def test_cgroup_v2_quota_of_the_process_and_its_ancestors(tmp_path):
+    cg = "0::/user.slice/job\n"
+    assert cgroup_cpu_quota(fake_tree(tmp_path / "none", cg, {})) is None
+    assert cgroup_cpu_quota(fake_tree(tmp_path / "max", cg, {"user.slice/job/cpu.max": "max 100000\n"})) is None
+    own = fake_tree(tmp_path / "own", cg, {"user.slice/job/cpu.max": "150000 100000\n"})
+    assert cgroup_cpu_quota(own) == 1.5
+    parent = fake_tree(
+        tmp_path / "parent",
+        cg,
+        {"user.slice/job/cpu.max": "400000 100000\n", "user.slice/cpu.max": "50000 100000\n"},
+    )
+    assert cgroup_cpu_quota(parent) == 0.5  # the parent's limit binds the child
+    bad = fake_tree(tmp_path / "bad", cg, {"user.slice/job/cpu.max": "lots 100000\n"})
+    assert cgroup_cpu_quota(bad) is None
+
+
+def test_cgroup_v1_quota(tmp_path):
+    cg = "4:memory:/x\n1:cpu,cpuacct:/docker/abc\n"
+    files = {
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "250000\n",
+        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000",
+    }
+    assert cgroup_cpu_quota(fake_tree(tmp_path / "v1", cg, files)) == 2.5
+    none = {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}
+    assert cgroup_cpu_quota(fake_tree(tmp_path / "nolimit", "1:cpu:/\n", none)) is None
+
+
+def test_available_cpus_takes_the_tighter_of_affinity_and_quota(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    cg = "0::/\n"
+    assert available_cpus(fake_tree(tmp_path / "a", cg, {"cpu.max": "250000 100000"})) == 3  # 2.5 rounded up
+    assert available_cpus(fake_tree(tmp_path / "b", cg, {})) == 16
+    assert available_cpus(fake_tree(tmp_path / "c", cg, {"cpu.max": "10000 100000"})) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5}, raising=False)
+    assert available_cpus(fake_tree(tmp_path / "d", cg, {"cpu.max": "800000 100000"})) == 2
+
+
+# --------------------------------------------------------------- loaders
+N = 90
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (N, 6, 7, 3), dtype=np.uint8)
+    path = tmp_path_factory.mktemp("auto") / "auto.beton"
+    fields = {"image": RGBImageField("raw"), "index": IntField()}
+    return write_dataset(str(path), fields, ((images[i], i) for i in range(N)), N), images
+
+
+def pipelines():
+    return {"image": [SimpleRGBImageDecoder(), RandomHorizontalFlip(), ToTensor()], "index": None}
+
+
+def epochs(loader, n=2):
+    return [[b[0].numpy().copy() for b in loader] for _ in range(n)]
+
+
+def churn(loader):
+    """Make the tuner change workers and depth at every batch (1..3 workers, 0..5 extra)."""
+    tuner = loader._tuner
+    count = iter(range(10**6))
+
+    def observe(obs):
+        i = next(count)
+        tuner.workers = 1 + i % 3
+        tuner._extra = (i * 7) % 6
+        if loader._runner.gate is not None:
+            loader._runner.gate.set_limit(tuner.workers)
+        return "churn"
+
+    tuner.observe = observe
+
+
+def test_auto_batches_equal_a_fixed_setting_bit_for_bit(dataset):
+    path, _ = dataset
+    with ffload.Loader(path, batch_size=8, num_workers=1, seed=3, pipelines=pipelines()) as fixed:
+        expected = epochs(fixed)
+    with ffload.Loader(
+        path, batch_size=8, num_workers="auto", batches_ahead="auto", seed=3, pipelines=pipelines()
+    ) as auto:
+        assert auto._tuner.auto_workers and auto._tuner.auto_ahead
+        churn(auto)
+        got = epochs(auto)
+    for e, g in zip(expected, got):
+        assert len(e) == len(g)
+        for a, b in zip(e, g):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_buffer_contract_holds_while_slots_grow_and_drain(dataset):
+    """Batch k stays intact while the consumer handles batch k + 1, whatever the tuner does
+    between them (slots created, slots dropped), across an epoch boundary too."""
+    path, images = dataset
+    pipes = {"image": [SimpleRGBImageDecoder(), ToTensor()], "index": [ffload.loaders.IntDecoder(), ToTensor()]}
+    with ffload.Loader(
+        path, batch_size=7, num_workers="auto", batches_ahead="auto", order="random", pipelines=pipes
+    ) as loader:
+        churn(loader)
+        previous, sizes = None, set()
+        for _ in range(2):
+            for image, index in loader:
+                loader._runner.wait_idle()  # every job queued so far has run: no timing luck
+                np.testing.assert_array_equal(image.numpy(), images[index.numpy()])
+                if previous is not None:
+                    np.testing.assert_array_equal(previous[0].numpy(), images[previous[1]])
+                previous = (image, index.numpy().copy())
+                sizes.add(loader._runner.slots_allocated())
+        assert max(sizes) > min(sizes)  # slots did grow and drain
+        assert loader._runner.slots_allocated() <= loader._tuner.ahead + 2 + 1
+
+
+def test_stats_report_the_choices(dataset):
+    path, _ = dataset
+    with ffload.Loader(path, batch_size=4, num_workers="auto", pipelines=pipelines()) as loader:
+        before = loader.stats()
+        assert before["auto_workers"] and not before["auto_ahead"] and before["slots"] == 0
+        for _ in loader:
+            pass
+        stats = loader.stats()
+        assert stats["num_workers"] == loader.num_workers and 1 <= stats["num_workers"] <= available_cpus()
+        assert stats["batches_ahead"] == max(3, stats["num_workers"])
+        assert stats["batches_observed"] == len(loader) - 1  # the first batch of an epoch has no step
+        assert set(stats["last_window"]) == {"step_ms", "wait_ms", "job_ms", "consumer_cpu"}
+        assert 0 < stats["slots"] <= stats["batches_ahead"] + 3
+        assert stats["max_workers"] == available_cpus()
+        assert "auto:" in repr(loader)
+    with ffload.Loader(path, batch_size=4, num_workers=1, pipelines=pipelines()) as fixed:
+        stats = fixed.stats()
+        assert (stats["num_workers"], stats["auto_workers"], stats["parked"]) == (1, False, 0)
+        assert "autotune" not in fixed.state_dict()
+
+
+def test_state_dict_carries_the_choices_and_resume_is_bit_identical(dataset):
+    path, _ = dataset
+    kw = dict(batch_size=8, num_workers="auto", batches_ahead="auto", seed=5, pipelines=pipelines())
+    with ffload.Loader(path, **kw) as loader:
+        whole = epochs(loader, 1)[0]
+        it = iter(loader)
+        loader._tuner.workers, loader._tuner._extra = 1, 4
+        head = [next(it)[0].numpy().copy() for _ in range(3)]
+        state = loader.state_dict()
+    assert state["autotune"] == {"num_workers": 1, "batches_ahead": 5}
+    with ffload.Loader(path, **kw) as resumed:
+        resumed.load_state_dict(state)
+        assert resumed.stats()["num_workers"] == 1 and resumed.stats()["batches_ahead"] == 5
+        tail = [b[0].numpy().copy() for b in resumed]
+    with ffload.Loader(path, **{**kw, "num_workers": 2}) as other:
+        other.load_state_dict(state)  # a fixed loader takes an auto state (choices ignored)
+        assert other.num_workers == min(2, available_cpus())
+    with ffload.Loader(path, **kw) as again:
+        second = epochs(again, 2)[1]
+    assert len(head) + len(tail) == len(second)
+    for a, b in zip(head + tail, second):
+        np.testing.assert_array_equal(a, b)
+    assert len(whole) == len(second)
+
+
+def test_two_loaders_in_two_threads(dataset):
+    """Two auto loaders feeding two consumers in one process: each sees exactly its own batches
+    (the ones of a fixed single-threaded run), both share the process's CPUs while open and give
+    them back at close, and closing from the consumer threads does not deadlock."""
+    from ffload.loaders.autotune import PROCESS_SHARES
+
+    path, _ = dataset
+    expected = {}
+    for seed in (1, 2):
+        with ffload.Loader(path, batch_size=6, num_workers=1, seed=seed, pipelines=pipelines()) as fixed:
+            expected[seed] = epochs(fixed)
+    loaders = {
+        seed: ffload.Loader(
+            path, batch_size=6, num_workers="auto", batches_ahead="auto", seed=seed, pipelines=pipelines()
+        )
+        for seed in (1, 2)
+    }
+    assert {id(lo._tuner) for lo in loaders.values()} <= set(PROCESS_SHARES._members)
+    got, errors, ready = {}, [], threading.Barrier(2)
+
+    def train(seed):
+        try:
+            ready.wait(10)
+            got[seed] = epochs(loaders[seed])
+            loaders[seed].close()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=train, args=(s,)) for s in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads) and not errors
+    for seed in (1, 2):
+        assert len(got[seed][0]) == len(expected[seed][0])
+        for e, g in zip(expected[seed], got[seed]):
+            for a, b in zip(e, g):
+                np.testing.assert_array_equal(a, b)
+    assert not {id(lo._tuner) for lo in loaders.values()} & set(PROCESS_SHARES._members)
+
+
+def test_bad_auto_arguments_are_refused(dataset):
+    path, _ = dataset
+    with pytest.raises(ConfigurationError, match="num_workers must be an integer or 'auto'"):
+        ffload.Loader(path, batch_size=4, num_workers="many")
+    with pytest.raises(ConfigurationError, match="batches_ahead must be an integer or 'auto'"):
+        ffload.Loader(path, batch_size=4, batches_ahead="deep")
+    with pytest.raises(ConfigurationError, match="buffer_limit=100 bytes holds 0 batch slot"):
+        ffload.Loader(path, batch_size=4, batches_ahead="auto", buffer_limit=100, pipelines=pipelines())
