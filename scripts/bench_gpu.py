@@ -379,14 +379,14 @@ def parse_cases(text: str, cores: int) -> list[tuple[str, str, int, int]]:
     """``"kind:workers[:cpus],..."`` -> ``[(name, kind, workers, cpus)]``. ``kind``: ``cpu`` (the
     compiled CPU path), ``torchvision`` / ``nvimgcodec`` (all rows on the GPU with that backend),
     ``hybrid`` (``device_share='auto'``, the best backend), ``dataloader`` (training only);
-    ``workers`` and ``cpus`` may be ``all``; ``cpus`` restricts the process's affinity for the case."""
+    ``workers`` may be ``all`` or ``auto`` (``num_workers="auto"``), ``cpus`` ``all``; ``cpus`` restricts the process's affinity for the case."""
     out = []
     for item in filter(None, text.split(",")):
         kind, *rest = item.split(":")
-        workers = cores if not rest or rest[0] == "all" else int(rest[0])
+        workers = cores if not rest or rest[0] == "all" else rest[0] if rest[0] == "auto" else min(cores, int(rest[0]))
         n_cpus = cores if len(rest) < 2 or rest[1] == "all" else min(cores, int(rest[1]))
         name = f"{kind}_{workers}w" + (f"_{n_cpus}cpu" if n_cpus != cores else "")
-        out.append((name, kind, min(workers, cores), n_cpus))
+        out.append((name, kind, workers, n_cpus))
     return out
 
 
@@ -449,13 +449,8 @@ def loader_alone(run: Run, args) -> dict:
 
 
 def _stage_stats(loader) -> dict:
-    """The device stage's report (backend, share), read from the loader's image decoder."""
-    for pipeline in getattr(loader, "_pipelines", []):
-        for op in getattr(pipeline, "ops", []):
-            stage = getattr(op, "stage", None)
-            if stage is not None:
-                return stage.stats()
-    return {}
+    """The image decoder's device stage report (backend, share, per-phase times), if it has one."""
+    return loader.stats()["devices"].get("image", {})
 
 
 def _pixel_check(run: Run, flip: bool) -> dict:
@@ -787,7 +782,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--train-cases",
-        default="cpu:all,hybrid:all,hybrid:8:8,dataloader:all",
+        default="cpu:all,cpu:auto,hybrid:all,hybrid:8:8,dataloader:all",
         help="ResNet-50 feeds, kind:workers[:cpus],... (kinds as --loader-cases, and dataloader)",
     )
     ap.add_argument("--quick", action="store_true", help="small sizes: a dry run of the code paths")

@@ -255,6 +255,21 @@ def test_simple_decoder_on_device_is_exact_for_raw(tmp_path, photos):
         assert torch.equal(a, b)
 
 
+def test_loader_stats_report_the_device_stage(dataset):
+    loader = Loader(
+        dataset,
+        batch_size=6,
+        num_workers=1,
+        pipelines={"image": [CenterCropRGBImageDecoder(32, device="cpu", device_share=0.5)], "label": [IntDecoder()]},
+    )
+    with loader:
+        assert len(list(loader)) == 3
+        stats = loader.stats()["devices"]["image"]
+    assert stats["backend"] == "host" and stats["device_share"] == 0.5
+    assert stats["rows"] == {"device": 9, "host": 9}
+    assert stats["decode_ms_per_row"] > 0 and stats["host_ms_per_row"] > 0
+
+
 def test_device_decoder_output_spec_and_stats(dataset):
     op = RandomResizedCropRGBImageDecoder(32, device="cpu")
     view = open_dataset(dataset)

@@ -378,13 +378,19 @@ class Loader:
             ``batches_ahead``, ``auto_workers``, ``auto_ahead``, ``max_workers``, ``max_ahead``,
             ``cap``, ``reserve``, ``need``, ``batches_observed``, ``last_window`` with the
             medians ``step_ms``, ``wait_ms``, ``job_ms`` and ``consumer_cpu`` (fraction of a
-            core), ``history`` of changes) plus ``slots`` (batch slots allocated) and
-            ``parked`` (worker threads blocked waiting for admission, auto workers only).
+            core), ``history`` of changes) plus ``slots`` (batch slots allocated),
+            ``parked`` (worker threads blocked waiting for admission, auto workers only) and
+            ``devices``: per field whose decoder runs on a device (``device=``), its stage's
+            :meth:`~ffload.loaders.device.stage.DeviceImageStage.stats` (backend, share, rows and
+            per-row times).
         """
         out = self._tuner.stats()
         runner = self._runner
         out["slots"] = runner.slots_allocated() if runner is not None else 0
         out["parked"] = runner.gate.parked if runner is not None and runner.gate is not None else 0
+        out["devices"] = {
+            p.name: p.ops[0].stage.stats() for p in self._pipelines if getattr(p.ops[0], "stage", None) is not None
+        }
         return out
 
     def _live_iterator(self) -> EpochIterator | None:
