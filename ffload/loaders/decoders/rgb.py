@@ -366,6 +366,8 @@ class ResizeCenterCropRGBImageDecoder(_RGBDecoder):
         crop_size: an int (square), a ``(height, width)`` pair, or None; pixels.
         max_size: the longest side after an int ``size`` resize, or None.
         fast_dct: libjpeg-turbo's fast IDCT, as in :class:`SimpleRGBImageDecoder`.
+        floor_offsets: place the crop at ``(new - crop) // 2`` (Albumentations' ``CenterCrop``)
+            instead of torchvision's rounding.
 
     ``output_size`` (the crop's, else the resize's) may be set between epochs (progressive
     resizing, as :class:`CenterCropRGBImageDecoder`): the crop takes the new size and ``size``
@@ -389,8 +391,10 @@ class ResizeCenterCropRGBImageDecoder(_RGBDecoder):
         crop_size: int | tuple[int, int] | None = None,
         max_size: int | None = None,
         fast_dct: bool = False,
+        floor_offsets: bool = False,
     ):
         super().__init__(fast_dct)
+        self.floor_offsets = bool(floor_offsets)
         if size is None and crop_size is None:
             raise ConfigurationError("ResizeCenterCropRGBImageDecoder needs a size, a crop_size or both")
         if isinstance(size, (int, np.integer)):
@@ -463,8 +467,9 @@ class ResizeCenterCropRGBImageDecoder(_RGBDecoder):
         w = np.asarray(widths[ctx.indices], np.int64)
         new_h, new_w = self._resized(h, w)
         crop_h, crop_w = (new_h, new_w) if self.crop_size is None else self.crop_size
-        top = np.round((new_h - crop_h) / 2.0)
-        left = np.round((new_w - crop_w) / 2.0)
+        place = np.floor if self.floor_offsets else np.round
+        top = place((new_h - crop_h) / 2.0)
+        left = place((new_w - crop_w) / 2.0)
         sy, sx = h / new_h, w / new_w
         windows = np.stack([top * sy, left * sx, crop_h * sy, crop_w * sx], axis=1)
         for axis, (scale, n) in enumerate(((sy, h), (sx, w))):

@@ -407,7 +407,8 @@ def from_albumentations(compose: Any, *, output: str = "tensor") -> CompiledTran
 
     Mapped where the semantics agree (``docs/transforms-parity.md``): a leading
     ``RandomResizedCrop`` (its ``size``, ``scale``, ``ratio``; ffload's antialiased resize where
-    Albumentations uses ``cv2.INTER_LINEAR``, the documented difference), ``CenterCrop``,
+    Albumentations uses ``cv2.INTER_LINEAR``, the documented difference), ``CenterCrop`` (its
+    ``(H - h) // 2`` offsets),
     ``HorizontalFlip``, ``VerticalFlip``, ``RandomCrop`` (no padding), ``Normalize`` (``mean``,
     ``std``, ``max_pixel_value``) and ``ToTensorV2`` (layout only, no scaling). A leading ``Resize``
     folds into :class:`ResizeRGBImageDecoder` (area when shrinking, linear when enlarging; Albumentations
@@ -441,7 +442,7 @@ def from_albumentations(compose: Any, *, output: str = "tensor") -> CompiledTran
         c.size = (int(t.height), int(t.width))
     elif name == "CenterCrop":
         t = transforms.pop(0)
-        c.stages.append(ResizeCenterCropRGBImageDecoder(None, (int(t.height), int(t.width))))
+        c.stages.append(ResizeCenterCropRGBImageDecoder(None, (int(t.height), int(t.width)), floor_offsets=True))
         c.size = (int(t.height), int(t.width))
     else:
         c.stages.append(SimpleRGBImageDecoder())
@@ -453,7 +454,7 @@ def from_albumentations(compose: Any, *, output: str = "tensor") -> CompiledTran
         elif kind == "RandomCrop" and p >= 1.0 and not getattr(t, "pad_if_needed", False):
             c.size = (int(t.height), int(t.width))
             c.add(RandomCrop(c.size))
-        elif kind == "Normalize" and not c.floats and not c.run and p >= 1.0 and t.max_pixel_value:
+        elif kind == "Normalize" and p >= 1.0 and t.max_pixel_value and (c.flush() or not c.floats):
             mean = np.asarray(t.mean, np.float64) * float(t.max_pixel_value)
             std = np.asarray(t.std, np.float64) * float(t.max_pixel_value)
             c.pending = (mean, std)
