@@ -141,3 +141,16 @@ def test_python_transform_learns_its_output_shape_at_declare(raw):
         batch = next(iter(loader))[0]
     assert batch.shape == (3, 20, 10, 1)
     assert op.output_shape is None  # the loader's copy learned it; the object passed is unchanged
+
+
+def test_bench_stack_spec_errors_name_the_cause(tmp_path):
+    from ffload.bench.user_stack import load_stack
+
+    with pytest.raises(ConfigurationError, match="expects 'module:attribute'"):
+        load_stack("stacks")
+    (tmp_path / "stacks.py").write_text("stack = [1]\n")
+    assert load_stack(f"{tmp_path / 'stacks.py'}:stack") == [1]
+    with pytest.raises(ConfigurationError, match="has no attribute 'other'"):
+        load_stack(f"{tmp_path / 'stacks.py'}:other")
+    with pytest.raises(ConfigurationError, match="cannot import no_such_module_here"):
+        load_stack("no_such_module_here:x")

@@ -306,3 +306,68 @@ def test_compiled_stack_matches_torchvision_end_to_end(datasets):
         x = F.normalize(F.to_dtype(x, torch.float32, scale=True), [0.5, 0.4, 0.3], [0.2, 0.25, 0.3])
         grey = 255 * np.array([0.2, 0.25, 0.3])[:, None, None]  # normalised units -> grey levels
         assert _mean_diff(got[b] * grey, x.numpy() * grey) <= 1.0, b
+
+
+def test_from_torchvision_maps_folds_and_warns_once():
+    from ffload.errors import ConfigurationError
+    from ffload.transforms import from_torchvision
+
+    stack = v2.Compose(
+        [
+            v2.Resize(256),
+            v2.CenterCrop(224),
+            v2.RandomAffine(10),  # nearest by default: compiled bilinear, said in the warning
+            v2.Lambda(lambda x: x),
+            v2.RandomPosterize(4),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize([0.5] * 3, [0.25] * 3),
+            v2.RandomErasing(value=0),
+        ]
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stages = from_torchvision(stack)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "not compiled, run per sample in Python holding the GIL: Lambda, RandomPosterize (measured " in message
+    assert "per 224x224 sample" in message and "RandomAffine: nearest resampled as bilinear" in message
+    assert [type(s).__name__ for s in stages] == [
+        "ResizeCenterCropRGBImageDecoder",
+        "RandomAffine",
+        "PythonTransform",
+        "NormalizeImage",  # (x - 127.5) / 63.75, emitted before the erasing: value 0 is not a whole uint8 value
+        "RandomErasing",
+        "ToTensor",
+        "ToTorchImage",
+    ]
+    assert stages.not_compiled == ["Lambda", "RandomPosterize"] and stages.output_size == (224, 224)
+    assert stages[3].mean.tolist() == [127.5] * 3 and stages[3].std.tolist() == [63.75] * 3
+    numpy_out = from_torchvision(v2.Compose([v2.RandomCrop(32, padding=2), v2.ToImage()]), output="numpy")
+    assert [type(s).__name__ for s in numpy_out] == ["SimpleRGBImageDecoder", "RandomCrop"]
+    with pytest.raises(ConfigurationError, match="takes no device"):
+        from_torchvision(stack, device="cuda")
+
+
+def test_bench_torchvision_prints_both_rates_and_the_pixel_difference(datasets, tmp_path):
+    from click.testing import CliRunner
+
+    from ffload.cli import main
+
+    stack_file = tmp_path / "stacks.py"
+    stack_file.write_text(
+        "from torchvision.transforms import v2\n"
+        "import torch\n"
+        "stack = v2.Compose([v2.Resize(100), v2.CenterCrop(80), v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])\n"
+    )
+    _, _, path = datasets["jpg"]
+    args = ["bench", path, "--torchvision", f"{stack_file}:stack", "--epochs", "2", "--num-workers", "1"]
+    result = CliRunner().invoke(main, [*args, "--batch-size", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    report = json.loads(result.output)
+    assert report["compiled_img_s"] > 0 and report["torchvision_img_s"] > 0 and not report["random"]
+    assert report["shape"] == [3, 80, 80] and report["pixel_diff"] <= 1.0
+    result = CliRunner().invoke(main, [*args, "--batch-size", "5"])
+    assert "DataLoader + PIL + torchvision:" in result.output and "pixel difference" in result.output

@@ -263,8 +263,8 @@ def _torchvision_stage(t, c: _Compiler) -> None:
             c.flush()
             c.pending = (np.zeros(3), np.full(3, 255.0))
             return
-    elif name in ("PILToTensor", "ToImage", "ToPureTensor") and not c.floats and not c.run:
-        return  # the numpy stage is already the uint8 image
+    elif name in ("PILToTensor", "ToImage", "ToPureTensor") and not c.floats:
+        return  # the numpy stage is already the uint8 image (a Python run's result comes back as one)
     elif name == "Normalize" and not c.floats and not c.run and c.pending is not None:
         mean, std = np.asarray(t.mean, np.float64), np.asarray(t.std, np.float64)
         c.pending = (c.pending[0] + mean * c.pending[1], c.pending[1] * std)
