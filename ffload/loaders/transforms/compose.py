@@ -208,6 +208,21 @@ def _flatten(transforms) -> list[Any]:
     return out
 
 
+def _build(decoder_type: type, device, *args, **kwargs) -> Operation:
+    """``decoder_type(*args, **kwargs)``, with ``device=device`` where a device is asked for.
+
+    Raises:
+        ConfigurationError: a device asked of a decoder whose constructor takes none.
+    """
+    if device is not None:
+        if "device" not in inspect.signature(decoder_type.__init__).parameters:
+            raise ConfigurationError(
+                f"device={device!r}: {decoder_type.__name__} decodes on the CPU only (it takes no device)"
+            )
+        kwargs["device"] = device
+    return decoder_type(*args, **kwargs)
+
+
 def _decoder(transforms: list, compiler: _Compiler, device) -> Operation:
     """The decoder for the stack's leading transforms, consuming those it folds in."""
     first = transforms[0] if transforms else None
@@ -216,7 +231,9 @@ def _decoder(transforms: list, compiler: _Compiler, device) -> Operation:
     if name == "RandomResizedCrop":
         transforms.pop(0)
         size = _pair(first.size)
-        decoder = RandomResizedCropRGBImageDecoder(size, tuple(first.scale), tuple(first.ratio), antialias=True)
+        decoder = _build(
+            RandomResizedCropRGBImageDecoder, device, size, tuple(first.scale), tuple(first.ratio), antialias=True
+        )
         if _mode(first) != "bilinear" or getattr(first, "antialias", True) is False:
             compiler.approximated.append(f"RandomResizedCrop: {_mode(first)} resampled as antialiased bilinear")
         compiler.size = size
@@ -234,16 +251,10 @@ def _decoder(transforms: list, compiler: _Compiler, device) -> Operation:
                 crop = _pair(transforms.pop(0).size)
         else:
             crop = _pair(first.size)
-        decoder = ResizeCenterCropRGBImageDecoder(resize, crop, max_size)
+        decoder = _build(ResizeCenterCropRGBImageDecoder, device, resize, crop, max_size)
         compiler.size = decoder.output_size
     else:
-        decoder = SimpleRGBImageDecoder()
-    if device is not None:
-        if "device" not in inspect.signature(type(decoder).__init__).parameters:
-            raise ConfigurationError(
-                f"device={device!r}: {type(decoder).__name__} decodes on the CPU only (it takes no device)"
-            )
-        decoder.device = device
+        decoder = _build(SimpleRGBImageDecoder, device)
     return decoder
 
 
