@@ -371,3 +371,58 @@ def test_bench_torchvision_prints_both_rates_and_the_pixel_difference(datasets, 
     assert report["shape"] == [3, 80, 80] and report["pixel_diff"] <= 1.0
     result = CliRunner().invoke(main, [*args, "--batch-size", "5"])
     assert "DataLoader + PIL + torchvision:" in result.output and "pixel difference" in result.output
+
+
+def test_deeplake_complex_stack_matches_torchvision_end_to_end(datasets):
+    """Deep Lake's complex stack (resize, affine, both flips, perspective, jitter, normalize) as a torchvision
+    Compose, compiled and run by a Loader on the JPEGs, against torchvision's functional ops with the same
+    draws on Pillow's decode of the same bytes."""
+    from ffload import Loader
+    from ffload.transforms import from_torchvision
+
+    view, decoded, path = datasets["jpg"]
+    bilinear = v2.InterpolationMode.BILINEAR
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    stack = v2.Compose(
+        [
+            v2.Resize(128),
+            v2.CenterCrop(112),
+            v2.RandomAffine(20, interpolation=bilinear),
+            v2.RandomHorizontalFlip(),
+            v2.RandomVerticalFlip(),
+            v2.RandomPerspective(0.5, p=0.5),
+            v2.ColorJitter(0.2, 0.2, 0.2, 0.2),
+            v2.ToImage(),
+            v2.ToDtype(torch.float32, scale=True),
+            v2.Normalize(mean, std),
+        ]
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stages = from_torchvision(stack)
+    n = len(decoded)
+    with Loader(path, batch_size=n, pipelines={"image": stages}, seed=2, num_workers=1, order="sequential") as loader:
+        got = next(iter(loader))[0].numpy()
+    seeds = sample_seeds(2, 0, np.arange(n, dtype=np.int64))
+    salts = [op_salt(int(op_salt(type(s).__name__, "image")), i) for i, s in enumerate(stages)]
+    affine, perspective, jitter = stages[1], stages[4], stages[5]
+    perspective.salt, jitter.salt = salts[4], salts[5]
+    ends, factors = perspective.corners(seeds, 112, 112), jitter.params(seeds)
+    adjust = [F.adjust_brightness, F.adjust_contrast, F.adjust_saturation, F.adjust_hue]
+    grey = 255 * np.array(std)[:, None, None]
+    diffs = []
+    for b in range(n):
+        x = v2.Compose([v2.Resize(128), v2.CenterCrop(112)])(_tensor(decoded[b]))
+        angle, shift, scale, shear = _affine_draws(seeds[b], salts[1], affine.ranges, affine.translate, 112, 112)
+        x = F.affine(x, angle, shift, scale, shear, bilinear, [0, 0, 0])
+        for salt, flip in ((salts[2], F.horizontal_flip), (salts[3], F.vertical_flip)):
+            if uniform(np.uint64(seed_state(seeds[b], salt)))[0] < 0.5:
+                x = flip(x)
+        start = [[0, 0], [111, 0], [111, 111], [0, 111]]
+        if ends[b].astype(int).tolist() != start:
+            x = F.perspective(x, start, ends[b].astype(int).tolist(), bilinear, [0, 0, 0])
+        for k in factors[b, :4].astype(int):
+            x = adjust[k](x, float(factors[b, 4 + k]))
+        x = F.normalize(F.to_dtype(x, torch.float32, scale=True), mean, std)
+        diffs.append(_mean_diff(got[b] * grey, x.numpy() * grey))
+    assert max(diffs) <= 1.0, diffs
