@@ -45,7 +45,7 @@ pytestmark = pytest.mark.torchvision
 
 
 def _tensor(image: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+    return torch.from_numpy(np.array(image)).permute(2, 0, 1)  # a writable copy
 
 
 def _hwc(tensor: torch.Tensor) -> np.ndarray:
