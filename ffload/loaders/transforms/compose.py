@@ -162,7 +162,7 @@ class _Compiler:
 class _TorchvisionRun:
     """A run of transforms not compiled, as one per-sample callable for :class:`PythonTransform`:
     numpy ``(H, W, C)`` in, as a ``(C, H, W)`` tensor (or a PIL image) through the transforms, numpy
-    ``(H, W, C)`` out; the ``seed`` keyword seeds torch's (and Python's) generator first."""
+    ``(H, W, C)`` out; the ``seed`` keyword seeds torch's global generator first."""
 
     def __init__(self, transforms: Sequence[Any], pil: bool):
         self.transforms, self.pil = list(transforms), pil
