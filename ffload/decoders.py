@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ffload.loaders.decoders.image_array import RandomCropImageArrayDecoder as RandomCropImageArrayDecoder
     from ffload.loaders.decoders.rgb import CenterCropRGBImageDecoder as CenterCropRGBImageDecoder
     from ffload.loaders.decoders.rgb import RandomResizedCropRGBImageDecoder as RandomResizedCropRGBImageDecoder
+    from ffload.loaders.decoders.rgb import ResizeCenterCropRGBImageDecoder as ResizeCenterCropRGBImageDecoder
     from ffload.loaders.decoders.rgb import ResizeRGBImageDecoder as ResizeRGBImageDecoder
     from ffload.loaders.decoders.rgb import SimpleRGBImageDecoder as SimpleRGBImageDecoder
     from ffload.loaders.decoders.targets import BoxCountDecoder as BoxCountDecoder
@@ -40,6 +41,7 @@ _MODULES = {  # public name -> the module defining it; imported on first use (nu
             "CenterCropRGBImageDecoder",
             "RandomResizedCropRGBImageDecoder",
             "ResizeRGBImageDecoder",
+            "ResizeCenterCropRGBImageDecoder",
             "SimpleRGBImageDecoder",
         ],
         "ffload.loaders.decoders.rgb",

@@ -1,6 +1,7 @@
 """Transforms, the stages of a field's pipeline after its decoder (FFCV's ``ffcv.transforms``): compiled
 per-sample augmentations seeded per (epoch, sample), the torch conversions, user Python callables, and the
-detection targets that follow their image's geometry (``TransformBoxes``, ``FollowBoxes``).
+detection targets that follow their image's geometry (``TransformBoxes``, ``FollowBoxes``), and
+``from_torchvision`` / ``from_albumentations``: a user's ``Compose`` compiled into these stages.
 
 ``from ffload.transforms import RandomHorizontalFlip, ToTensor`` imports the defining module under
 ``ffload.loaders.transforms`` (or ``ffload.loaders.decoders.targets``) on first use (numba, torch). This map
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
     from ffload.loaders.transforms.color import ColorJitter as ColorJitter
     from ffload.loaders.transforms.color import GaussianBlur as GaussianBlur
     from ffload.loaders.transforms.color import RandomGrayscale as RandomGrayscale
+    from ffload.loaders.transforms.compose import CompiledTransforms as CompiledTransforms
+    from ffload.loaders.transforms.compose import from_albumentations as from_albumentations
+    from ffload.loaders.transforms.compose import from_torchvision as from_torchvision
     from ffload.loaders.transforms.crop import RandomCrop as RandomCrop
     from ffload.loaders.transforms.crop import RandomTranslate as RandomTranslate
     from ffload.loaders.transforms.erase import Cutout as Cutout
@@ -47,6 +51,9 @@ _MODULES = {  # public name -> the module defining it; imported on first use (to
         ["ToTensor", "ToTorchImage", "Convert", "ToDevice", "Squeeze"], "ffload.loaders.transforms.torch_ops"
     ),
     "PythonTransform": "ffload.loaders.transforms.python",
+    **dict.fromkeys(
+        ["from_torchvision", "from_albumentations", "CompiledTransforms"], "ffload.loaders.transforms.compose"
+    ),
     **dict.fromkeys(["TransformBoxes", "FollowBoxes"], "ffload.loaders.decoders.targets"),
 }
 

@@ -62,6 +62,8 @@ def decode_boxes(payloads, boxes, out_hw, cut=True):
         sizes,
         region,
         np.asarray(boxes, np.int64),
+        np.asarray(boxes, np.float64),
+        jpeg.AUTO,
         np.zeros(b, bool),
         out.reshape(-1),
         out_hw[0],

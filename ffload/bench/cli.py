@@ -95,6 +95,15 @@ def _header(path: str, info: dict, pipeline: str, size: int, batch_size: int, ep
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N samples.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--timeout", type=click.FloatRange(min=1), default=None, help="Seconds per measurement.")
+@click.option(
+    "--torchvision",
+    "torchvision_stack",
+    default=None,
+    metavar="MODULE:ATTRIBUTE",
+    help="A torchvision Compose ('package.module:name' or 'file.py:name'): run it compiled "
+    "(ffload.transforms.from_torchvision) and through DataLoader + PIL + torchvision, print both rates "
+    "and the pixel difference (instead of the pipelines above).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def bench_command(
     path,
@@ -111,6 +120,7 @@ def bench_command(
     limit,
     seed,
     timeout,
+    torchvision_stack,
     as_json,
 ):
     """Measure loading speed of PATH (a .beton file or an LMDB directory): images/s per epoch,
@@ -120,6 +130,8 @@ def bench_command(
     progress goes to stderr."""
     from ffload.system import available_cpus
 
+    if torchvision_stack:
+        return _bench_user_stack(path, torchvision_stack, batch_size, num_workers, epochs, limit, seed, as_json)
     info = describe_dataset(path)  # FfloadErrors become one line in ffload's command group
     pipeline = choose_pipeline(info, pipeline)
     num_workers = num_workers or available_cpus()
@@ -180,3 +192,29 @@ def bench_command(
             click.echo(f"plot: {plot}")
     if all(r["runs"] == 0 for r in rows if r["kind"] == "ffload"):
         raise click.ClickException("every ffload measurement failed: " + rows[0]["errors"][0])
+
+
+def _bench_user_stack(path, spec, batch_size, num_workers, epochs, limit, seed, as_json) -> None:
+    """``--torchvision``: :func:`ffload.bench.user_stack.compare_user_stack`, printed (or as JSON)."""
+    from ffload.system import available_cpus
+
+    from .user_stack import compare_user_stack
+
+    result = compare_user_stack(
+        path, spec, batch_size or 64, num_workers or available_cpus(), max(epochs, 2), limit, seed
+    )
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(f"{path}: {spec} -> {' -> '.join(result['stages'])} ({'x'.join(map(str, result['shape']))})")
+    click.echo(f"  compiled (ffload Loader):           {result['compiled_img_s']:9.0f} img/s")
+    click.echo(f"  DataLoader + PIL + torchvision:     {result['torchvision_img_s']:9.0f} img/s")
+    click.echo(f"  ratio:                              {result['ratio']:9.2f}x")
+    what = (
+        "per-channel means of the first batches (random transforms draw differently)"
+        if result["random"]
+        else "same samples"
+    )
+    click.echo(f"  pixel difference (mean abs, grey levels, {what}): {result['pixel_diff']:.3f}")
+    for message in result["warnings"]:
+        click.echo(f"note: {message}")

@@ -57,7 +57,7 @@ from numba import njit
 
 from ffload.codecs import restarts
 from ffload.codecs import turbojpeg as tj
-from ffload.codecs.resize import copy_rgb, interpolation, resize_rgb, scratch_size
+from ffload.codecs.resize import AUTO, copy_rgb, pick, resize_rgb, scratch_size
 from ffload.errors import ConfigurationError
 
 OK = 0
@@ -182,20 +182,22 @@ def decode_whole(data: np.ndarray, out: np.ndarray, m: int = 8) -> str:
 
 
 @njit(nogil=True, cache=True)
-def scale_numerator(h, w, out_h, out_w):
+def scale_numerator(h, w, out_h, out_w, mode=AUTO):
     """The DCT scaling numerator ``M`` (scale ``M/8``) for an ``h x w`` crop box resized to
-    ``out_h x out_w`` (pixels): 4 when the box is at least 4x the output on both sides (the
-    half-size box >= 2x the output), else 8 (the module docstring says why)."""
-    return 4 if h >= 4 * out_h and w >= 4 * out_w else 8
+    ``out_h x out_w`` (pixels) with resize ``mode`` (:mod:`.resize`): 4 when the box is at least 4x
+    the output on both sides (the half-size box >= 2x the output; 8x for torchvision's antialiased
+    bilinear, whose parity rule is one grey level), else 8 (the module docstring says why)."""
+    k = 4 if mode == AUTO else 8
+    return 4 if h >= k * out_h and w >= k * out_w else 8
 
 
 @njit(nogil=True, cache=True)
-def scaled_box(top, left, h, w, height, width, out_h, out_w):
+def scaled_box(top, left, h, w, height, width, out_h, out_w, mode=AUTO):
     """``(M, y0, x0, y1, x1)``: the DCT scaling numerator ``M`` (:func:`scale_numerator`) for a
     crop box ``(top, left, h, w)`` of a ``height x width`` JPEG and an ``out_h x out_w`` output,
     and the rows ``[y0, y1)`` and columns ``[x0, x1)`` of the scaled image that hold the box (its
-    edges times ``M/8``, rounded outwards). Pixels."""
-    m = scale_numerator(h, w, out_h, out_w)
+    edges times ``M/8``, rounded outwards). Pixels; ``mode`` as :func:`scale_numerator`."""
+    m = scale_numerator(h, w, out_h, out_w, mode)
     sh = (height * m + 7) // 8
     sw = (width * m + 7) // 8
     y0 = min(top * m // 8, sh - 1)
@@ -252,7 +254,25 @@ its symbols must never be loaded by a process without it (the fallback compiles 
 
 @njit(nogil=True, cache=_CACHE)
 def _decode_jpeg(
-    handle, region, p, n, height, width, box, out_h, out_w, scratch, cut_buf, starts, flip, out, d0, tmp, info
+    handle,
+    region,
+    p,
+    n,
+    height,
+    width,
+    box,
+    window,
+    mode,
+    out_h,
+    out_w,
+    scratch,
+    cut_buf,
+    starts,
+    flip,
+    out,
+    d0,
+    tmp,
+    info,
 ):
     """Decode one JPEG and resize its box into ``out[d0:]``; returns a status code.
 
@@ -270,9 +290,14 @@ def _decode_jpeg(
     needs fewer of its segments than the usual path would entropy-decode (9 in 10 at most), is
     decoded from the JPEG of those segments alone (:mod:`.restarts`) written into ``cut_buf``
     (``uint8``, at least ``n + 16`` bytes), with ``starts`` (``int64``) for the segment offsets;
-    the box is then taken in that smaller image's coordinates, with the same pixels."""
+    the box is then taken in that smaller image's coordinates, with the same pixels.
+
+    ``window`` ``(4,) float64`` is the area resampled, inside the box (:func:`decode_rows`); ``mode``
+    the resize mode (:mod:`.resize`)."""
     top, left, h, w = box[0], box[1], box[2], box[3]
-    m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w)
+    wy, wx, wh, ww = window[0] - top, window[1] - left, window[2], window[3]  # the window, from the box's corner
+    exact = wy == 0 and wx == 0 and wh == h and ww == w
+    m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w, mode)
     whole = m == 8 and top == 0 and left == 0 and h == height and w == width
     layout = restarts.headers(region, p, n)
     sof, sos_end, fh, fw, mcu_w, mcu_h, interval, _ = layout
@@ -286,7 +311,7 @@ def _decode_jpeg(
             top -= r0 * mcu_h
             left -= c0 * interval * mcu_w
             height, width, fh, fw = ch, cw, ch, cw
-            m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w)
+            m, y0, x0, y1, x1 = scaled_box(top, left, h, w, height, width, out_h, out_w, mode)
     num, den = scale_fraction(m)
     sw = (width * m + 7) // 8
     sh = (height * m + 7) // 8
@@ -313,13 +338,13 @@ def _decode_jpeg(
             return FAILED
     elif _crop(handle, tj.pack2(rx, ry), tj.pack2(rw, rh)) != 0:
         return FAILED
-    direct = m == 8 and h == out_h and w == out_w and rx == x0 and rw == w and not flip
+    direct = m == 8 and exact and h == out_h and w == out_w and rx == x0 and rw == w and not flip
     target = out.ctypes.data + np.uint64(d0) if direct else scratch.ctypes.data
     if _decompress(handle, buf, size, target, rw * 3, tj.TJPF_RGB) != 0:
         return FAILED  # errors and warnings alike (the module's warnings rule)
     if direct:
         return OK
-    if m == 8 and h == out_h and w == out_w:
+    if m == 8 and exact and h == out_h and w == out_w:
         copy_rgb(scratch, ((top - ry) * rw + left - rx) * 3, rw * 3, out, d0, out_h, out_w, flip)
         return OK
     f = m / 8
@@ -329,11 +354,11 @@ def _decode_jpeg(
         rw * 3,
         rh,
         rw,
-        top * f - ry,
-        left * f - rx,
-        h * f,
-        w * f,
-        interpolation(h, w, out_h, out_w),
+        (top + wy) * f - ry,
+        (left + wx) * f - rx,
+        wh * f,
+        ww * f,
+        pick(mode, wh, ww, out_h, out_w),
         out,
         d0,
         out_h,
@@ -355,6 +380,8 @@ def decode_rows(
     sizes,
     region,
     boxes,
+    windows,
+    mode,
     flips,
     out,
     out_h,
@@ -373,7 +400,12 @@ def decode_rows(
             :data:`PENDING` for the Python fallback.
         indices: ``(B,) int64`` sample ids; modes/heights/widths: ``(N,)`` metadata columns;
             ptrs/sizes: ``(N,) uint64`` payload offsets/sizes (bytes) into ``region`` (1-D uint8).
-        boxes: ``(B, 4) int64`` crop boxes ``(top, left, height, width)``, stored-image pixels.
+        boxes: ``(B, 4) int64`` crop boxes ``(top, left, height, width)``, stored-image pixels: what is
+            decoded (and, for :data:`~.resize.TRIANGLE_SOURCE`, where the filter's taps may reach).
+        windows: ``(B, 4) float64`` the area resampled to the output, ``(top, left, height, width)``
+            in stored-image pixels inside the box (the box itself as floats, unless a resize then crop
+            is decoded: then the crop's area of the image, its box widened by the filter's support).
+        mode: the resize mode (:mod:`.resize`: :data:`~.resize.AUTO`, or a mode for every row).
         flips: ``(B,) bool`` mirror the row left-right.
         out: flat ``(B * out_h * out_w * 3,) uint8`` output.
         scratch: ``uint8`` of at least ``max(H * W) * 3`` bytes over the batch; tmp: ``uint16`` of
@@ -403,8 +435,9 @@ def decode_rows(
                 return b
             status[b] = OK
             top, left, h, w = boxes[b, 0], boxes[b, 1], boxes[b, 2], boxes[b, 3]
+            wy, wx, wh, ww = windows[b, 0] - top, windows[b, 1] - left, windows[b, 2], windows[b, 3]
             start = p + (top * width + left) * 3
-            if h == out_h and w == out_w:
+            if h == out_h and w == out_w and wy == 0 and wx == 0 and wh == h and ww == w:
                 copy_rgb(region, start, width * 3, out, b * row, out_h, out_w, flips[b])
             else:
                 resize_rgb(
@@ -413,11 +446,11 @@ def decode_rows(
                     width * 3,
                     h,
                     w,
-                    0.0,
-                    0.0,
-                    h,
-                    w,
-                    interpolation(h, w, out_h, out_w),
+                    wy,
+                    wx,
+                    wh,
+                    ww,
+                    pick(mode, wh, ww, out_h, out_w),
                     out,
                     b * row,
                     out_h,
@@ -436,6 +469,8 @@ def decode_rows(
                 height,
                 width,
                 boxes[b],
+                windows[b],
+                mode,
                 out_h,
                 out_w,
                 scratch,
@@ -453,10 +488,10 @@ def decode_rows(
 
 
 def _decode_rows_opencv(
-    indices, heights, widths, ptrs, sizes, region, boxes, flips, out, out_h, out_w, tmp, status, info
+    indices, heights, widths, ptrs, sizes, region, boxes, windows, mode, flips, out, out_h, out_w, tmp, status, info
 ):
     """The fallback for the :data:`PENDING` rows (JPEGs): ``cv2.imdecode`` at 1/k, k = 8 / M
-    (:func:`scale_numerator`, the compiled path's factor), then the compiled resize of the box's
+    (:func:`scale_numerator`, the compiled path's factor), then the compiled resize of the window's
     exact area (fractional edges in the reduced image). A frame header (:func:`frame_size`)
     declaring another size than the metadata's is :data:`BAD_SIZE` before anything is decoded (a
     hostile header would make OpenCV allocate its size), as in the compiled path. Returns -1 or
@@ -465,7 +500,7 @@ def _decode_rows_opencv(
     row = out_h * out_w * 3
     for b in np.flatnonzero(status == PENDING).tolist():
         s = int(indices[b])
-        k = 8 // scale_numerator(boxes[b, 2], boxes[b, 3], out_h, out_w)
+        k = 8 // scale_numerator(boxes[b, 2], boxes[b, 3], out_h, out_w, mode)
         p, n = int(ptrs[s]), int(sizes[s])
         h, w = int(heights[s]), int(widths[s])
         fh, fw = frame_size(region, p, n)
@@ -483,29 +518,10 @@ def _decode_rows_opencv(
             info[:] = image.shape[1] * k, image.shape[0] * k
             status[b] = BAD_SIZE
             return b
-        top, left, ch, cw = (int(v) for v in boxes[b])
+        top, left, wh, ww = (float(v) for v in windows[b])
         src, stride = image.reshape(-1), image.shape[1] * 3
-        if k == 1 and (ch, cw) == (out_h, out_w):
-            copy_rgb(src, (top * w + left) * 3, stride, out, b * row, out_h, out_w, bool(flips[b]))
-        elif k == 1:
-            resize_rgb(
-                src,
-                (top * w + left) * 3,
-                stride,
-                ch,
-                cw,
-                0.0,
-                0.0,
-                ch,
-                cw,
-                interpolation(ch, cw, out_h, out_w),
-                out,
-                b * row,
-                out_h,
-                out_w,
-                bool(flips[b]),
-                tmp,
-            )
+        if k == 1 and (wh, ww) == (out_h, out_w) and (top, left) == (int(top), int(left)):
+            copy_rgb(src, (int(top) * w + int(left)) * 3, stride, out, b * row, out_h, out_w, bool(flips[b]))
         else:
             resize_rgb(
                 src,
@@ -515,9 +531,9 @@ def _decode_rows_opencv(
                 image.shape[1],
                 top / k,
                 left / k,
-                ch / k,
-                cw / k,
-                interpolation(ch, cw, out_h, out_w),
+                wh / k,
+                ww / k,
+                pick(mode, wh, ww, out_h, out_w),
                 out,
                 b * row,
                 out_h,
@@ -529,14 +545,16 @@ def _decode_rows_opencv(
     return -1
 
 
-def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast_dct=False):
+def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast_dct=False, mode=AUTO, windows=None):
     """Decode a batch of RGB images (raw or JPEG) into ``out`` ``(B, out_h, out_w, 3) uint8``.
 
     One GIL-free compiled call for the batch (:func:`decode_rows`); on the fallback backend, one
     ``cv2.imdecode`` per JPEG sample besides. Arguments as :func:`decode_rows`; ``metadata`` is the
     field's structured metadata column (``mode``, ``height``, ``width``); ``fast_dct``: full-scale
     (8/8) JPEG decodes use libjpeg-turbo's fast integer IDCT (``TJPARAM_FASTDCT``; the scaled
-    IDCTs of M/8 < 1 have no fast variant; the OpenCV fallback ignores it).
+    IDCTs of M/8 < 1 have no fast variant; the OpenCV fallback ignores it); ``mode`` the resize
+    mode (:mod:`.resize`; :data:`~.resize.AUTO` picks area or linear per row); ``windows``
+    ``(B, 4) float64`` the areas resampled inside the boxes (:func:`decode_rows`; None: the boxes).
 
     Returns:
         ``(row, status, detail)``: ``row`` is -1 when every row succeeded, else the failing row with
@@ -555,6 +573,7 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast
     starts = np.empty(restarts.starts_size(h, w), np.int64)
     status = np.zeros(batch, np.int64)
     info = np.zeros(2, np.int64)
+    windows = boxes.astype(np.float64) if windows is None else np.ascontiguousarray(windows, dtype=np.float64)
     flat = out.reshape(-1)
     handle = thread_handle(fast_dct)
     bad = decode_rows(
@@ -567,6 +586,8 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast
         sizes,
         region,
         boxes,
+        windows,
+        mode,
         flips,
         flat,
         out_h,
@@ -580,7 +601,22 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast
     )
     if bad < 0 and handle == 0:
         bad = _decode_rows_opencv(
-            indices, heights, widths, ptrs, sizes, region, boxes, flips, flat, out_h, out_w, tmp, status, info
+            indices,
+            heights,
+            widths,
+            ptrs,
+            sizes,
+            region,
+            boxes,
+            windows,
+            mode,
+            flips,
+            flat,
+            out_h,
+            out_w,
+            tmp,
+            status,
+            info,
         )
     if bad < 0:
         return -1, OK, ""

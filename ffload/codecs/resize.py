@@ -4,7 +4,10 @@ Follows OpenCV's ``cv2.resize`` (``imgproc/src/resize.cpp``) for ``uint8`` image
 ``INTER_AREA`` when neither side grows (area-weighted averages, the tables of
 ``computeResizeAreaTab``) and ``INTER_LINEAR`` otherwise (half-pixel centres; the window's edge
 pixels replicated at its borders, as ``cv2.resize`` of the cut-out crop does: no pixel outside the
-crop box is ever read).
+crop box is ever read); or, with :data:`TRIANGLE`, Pillow's (and torchvision's ``Resize``)
+antialiased bilinear: a triangle filter over ``max(scale, 1)`` source pixels each side (Pillow's
+``Resample.c``; within a grey level of ``PIL.Image.resize(..., BILINEAR)``, which rounds to 8 bits
+between its two passes where this keeps 8 more bits).
 Arithmetic is fixed point in 16-bit lanes where OpenCV uses 11-bit fixed point (linear) or
 ``float`` with ``cvRound`` (area): results differ from OpenCV's by at most one grey level
 (tests/test_resize.py). Weights are ``Q16`` (``uint16``, a row's summing to ``2**16``, a lone
@@ -46,6 +49,17 @@ from ffload._jit.simd import transpose8_u16, transpose16_u8, weigh_u8, weighted_
 
 AREA = 0
 LINEAR = 1
+TRIANGLE = 2
+"""torchvision's antialiased bilinear (``Resize``'s default; Pillow's ``BILINEAR`` resample, ``Resample.c``):
+a triangle filter whose support is scaled by the shrink factor (``max(scale, 1)`` source pixels each side of
+the output pixel's centre, so it is plain bilinear when enlarging), weights normalised over the taps inside
+the window (the window cut out as an image of its own, as torchvision's crop then resize)."""
+TRIANGLE_SOURCE = 3
+""":data:`TRIANGLE` with taps inside the whole source axis instead of the window: the window is then part
+of a larger resized image (torchvision's ``Resize`` then ``CenterCrop``), and the source passed must reach
+the filter's support beyond it (or the image's edge)."""
+AUTO = -1
+"""Pick per window: :data:`AREA` when shrinking, :data:`LINEAR` when enlarging (:func:`interpolation`)."""
 
 
 @njit(nogil=True, cache=True)
@@ -57,11 +71,65 @@ def interpolation(crop_h, crop_w, out_h, out_w):
 
 
 @njit(nogil=True, cache=True)
+def pick(mode, crop_h, crop_w, out_h, out_w):
+    """``mode``, or :func:`interpolation`'s choice for ``crop_h x crop_w -> out_h x out_w`` when it is :data:`AUTO`."""
+    if mode == AUTO:
+        return interpolation(crop_h, crop_w, out_h, out_w)
+    return mode
+
+
+@njit(nogil=True, cache=True)
+def _triangle_taps(offset, length, n, m, whole):
+    """:func:`_taps` for :data:`TRIANGLE` (``whole`` False) and :data:`TRIANGLE_SOURCE` (``whole`` True):
+    Pillow's ``precompute_coeffs`` for the bilinear filter (``ImagingResampleHorizontal_8bpc``): output
+    pixel ``d``'s centre ``c = offset + (d + 0.5) * scale``, support ``max(scale, 1)``, weight of source
+    pixel ``s`` ``1 - |s + 0.5 - c| / support`` where positive, normalised to sum to one."""
+    scale = length / m
+    support = max(scale, 1.0)
+    if whole:
+        lo = np.int64(0)
+        hi = np.int64(n - 1)
+    else:
+        lo = max(np.int64(math.floor(offset)), np.int64(0))
+        hi = min(np.int64(math.ceil(offset + length)) - 1, n - 1)
+    t = 2 * np.int64(math.ceil(support)) + 2
+    idx = np.zeros((m, t), np.int64)
+    wts = np.zeros((m, t), np.float64)
+    count = np.zeros(m, np.int64)
+    for d in range(m):
+        c = offset + (d + 0.5) * scale
+        first = max(np.int64(math.floor(c - support - 0.5)), lo)
+        last = min(np.int64(math.ceil(c + support - 0.5)), hi)
+        total = 0.0
+        k = 0
+        for s in range(first, last + 1):
+            w = 1.0 - abs(s + 0.5 - c) / support
+            if w > 0.0:
+                idx[d, k] = s
+                wts[d, k] = w
+                total += w
+                k += 1
+        if k == 0:  # a window thinner than a pixel, between two centres: the nearest pixel
+            idx[d, 0] = min(max(np.int64(math.floor(c)), lo), hi)
+            wts[d, 0] = 1.0
+            total = 1.0
+            k = 1
+        for j in range(k):
+            wts[d, j] /= total
+        count[d] = k
+        for j in range(k, t):  # padding taps: weight 0 on a pixel of the window
+            idx[d, j] = idx[d, 0]
+    return idx, wts, count
+
+
+@njit(nogil=True, cache=True)
 def _taps(offset, length, n, m, mode):
     """Source indices ``(m, T) int64``, weights ``(m, T) float64`` and tap counts ``(m,) int64``
     resampling the window ``[offset, offset + length)`` (source pixels, fractional allowed) of an
     axis of ``n`` pixels to ``m`` output pixels: OpenCV's tables for the window cut out as an image
     of its own (no tap outside it; for an integer window exactly ``cv2.resize`` of the crop)."""
+    if mode == TRIANGLE or mode == TRIANGLE_SOURCE:
+        return _triangle_taps(offset, length, n, m, mode == TRIANGLE_SOURCE)
     scale = length / m
     if mode == LINEAR:  # borders replicate the window's edge pixels, as cv2.resize of the crop does
         lo = np.int64(math.floor(offset))
@@ -228,7 +296,8 @@ def resize_rgb(
             ``src_start + y * src_stride + 3 * x + c`` (bytes).
         y0, x0, win_h, win_w: the window to resample (source pixels, floats: a crop box mapped
             into a DCT-scaled decode keeps its fractional edges).
-        mode: :data:`AREA` or :data:`LINEAR` (see :func:`interpolation`).
+        mode: :data:`AREA`, :data:`LINEAR` (see :func:`interpolation`), :data:`TRIANGLE` or
+            :data:`TRIANGLE_SOURCE` (torchvision's antialiased bilinear).
         dst: 1-D ``uint8`` array with unit stride; the ``(out_h, out_w, 3)`` output starts at
             ``dst_start``.
         flip: mirror the output left-right (the fused horizontal flip).

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ffload.loaders.decoders.image_array import RandomCropImageArrayDecoder as RandomCropImageArrayDecoder
     from ffload.loaders.decoders.rgb import CenterCropRGBImageDecoder as CenterCropRGBImageDecoder
     from ffload.loaders.decoders.rgb import RandomResizedCropRGBImageDecoder as RandomResizedCropRGBImageDecoder
+    from ffload.loaders.decoders.rgb import ResizeCenterCropRGBImageDecoder as ResizeCenterCropRGBImageDecoder
     from ffload.loaders.decoders.rgb import ResizeRGBImageDecoder as ResizeRGBImageDecoder
     from ffload.loaders.decoders.rgb import SimpleRGBImageDecoder as SimpleRGBImageDecoder
     from ffload.loaders.decoders.targets import BoxCountDecoder as BoxCountDecoder
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
     from ffload.loaders.transforms.color import ColorJitter as ColorJitter
     from ffload.loaders.transforms.color import GaussianBlur as GaussianBlur
     from ffload.loaders.transforms.color import RandomGrayscale as RandomGrayscale
+    from ffload.loaders.transforms.compose import CompiledTransforms as CompiledTransforms
+    from ffload.loaders.transforms.compose import from_albumentations as from_albumentations
+    from ffload.loaders.transforms.compose import from_torchvision as from_torchvision
     from ffload.loaders.transforms.crop import RandomCrop as RandomCrop
     from ffload.loaders.transforms.crop import RandomTranslate as RandomTranslate
     from ffload.loaders.transforms.erase import Cutout as Cutout

@@ -7,7 +7,8 @@ Modules (each decoder is one compiled call per batch):
 * ``basics``: scalars, arrays and bytes (``IntDecoder``, ``FloatDecoder``, ``NDArrayDecoder``,
   ``BytesDecoder``, ``RaggedArrayDecoder``, ``RaggedLengthDecoder``).
 * ``rgb``: RGB images, raw or JPEG (``SimpleRGBImageDecoder``, ``CenterCropRGBImageDecoder``,
-  ``RandomResizedCropRGBImageDecoder``, ``ResizeRGBImageDecoder``) and the flip draws they fuse.
+  ``RandomResizedCropRGBImageDecoder``, ``ResizeRGBImageDecoder``, torchvision's resize then centre
+  crop ``ResizeCenterCropRGBImageDecoder``) and the flip draws they fuse.
 * ``crops``: where crop boxes are drawn (RandomResizedCrop's box, the centre crop, the
   ImageArrayField windows).
 * ``image_array``: ImageArrayFields (``ImageArrayDecoder``, ``CenterCropImageArrayDecoder``,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from ffload.loaders.decoders.image_array import RandomCropImageArrayDecoder as RandomCropImageArrayDecoder
     from ffload.loaders.decoders.rgb import CenterCropRGBImageDecoder as CenterCropRGBImageDecoder
     from ffload.loaders.decoders.rgb import RandomResizedCropRGBImageDecoder as RandomResizedCropRGBImageDecoder
+    from ffload.loaders.decoders.rgb import ResizeCenterCropRGBImageDecoder as ResizeCenterCropRGBImageDecoder
     from ffload.loaders.decoders.rgb import ResizeRGBImageDecoder as ResizeRGBImageDecoder
     from ffload.loaders.decoders.rgb import SimpleRGBImageDecoder as SimpleRGBImageDecoder
     from ffload.loaders.decoders.targets import BoxCountDecoder as BoxCountDecoder

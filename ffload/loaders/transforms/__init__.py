@@ -10,6 +10,7 @@
     normalize   NormalizeImage: (x - mean) / std fused with the integer -> float conversion
     torch_ops   ToTensor, ToTorchImage, Convert, ToDevice, Squeeze: the torch stage
     python      PythonTransform: a user's Python callable per sample
+    compose     from_torchvision, from_albumentations: a user's Compose compiled into these stages
 
 ``from ffload.loaders.transforms import ColorJitter`` imports the defining module on first use.
 """
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from ffload.loaders.transforms.color import ColorJitter as ColorJitter
     from ffload.loaders.transforms.color import GaussianBlur as GaussianBlur
     from ffload.loaders.transforms.color import RandomGrayscale as RandomGrayscale
+    from ffload.loaders.transforms.compose import CompiledTransforms as CompiledTransforms
+    from ffload.loaders.transforms.compose import from_albumentations as from_albumentations
+    from ffload.loaders.transforms.compose import from_torchvision as from_torchvision
     from ffload.loaders.transforms.crop import RandomCrop as RandomCrop
     from ffload.loaders.transforms.crop import RandomTranslate as RandomTranslate
     from ffload.loaders.transforms.erase import Cutout as Cutout

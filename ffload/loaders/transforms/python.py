@@ -32,7 +32,9 @@ class PythonTransform(Operation):
 
     Args:
         fn: ``fn(x) -> y`` per sample; it may accept a ``seed`` keyword (a Python int).
-        output_shape: ``y``'s per-sample shape, e.g. ``(224, 224, 3)``.
+        output_shape: ``y``'s per-sample shape, e.g. ``(224, 224, 3)``; None: learned at declare from one
+            call of ``fn`` on a sample of zeros of the input's shape and dtype (``output_dtype`` is then
+            that call's too), for callables whose output shape is the same for every sample.
         output_dtype: ``y``'s numpy dtype.
         input_type: what ``fn`` receives: ``'numpy'`` (the ``(H, W, C)`` array, Albumentations' input),
             ``'tensor'`` (a ``torch.Tensor`` sharing the array's memory, HWC as stored; a torchvision
@@ -50,14 +52,15 @@ class PythonTransform(Operation):
     def __init__(
         self,
         fn: Callable,
-        output_shape: Sequence[int],
+        output_shape: Sequence[int] | None,
         output_dtype: npt.DTypeLike = np.uint8,
         input_type: str = "numpy",
     ):
         if input_type not in INPUTS:
             raise ConfigurationError(f"input_type must be one of {INPUTS}, got {input_type!r}")
         self.fn, self.input_type = fn, input_type
-        self.output_shape, self.output_dtype = tuple(int(d) for d in output_shape), np.dtype(output_dtype)
+        self.output_dtype = np.dtype(output_dtype)
+        self.output_shape = None if output_shape is None else tuple(int(d) for d in output_shape)
         try:
             self._takes_seed = "seed" in inspect.signature(fn).parameters
         except (TypeError, ValueError):  # builtins without a signature
@@ -69,6 +72,10 @@ class PythonTransform(Operation):
             raise PipelineError(f"PythonTransform (field '{name}') runs on numpy samples, before ToTensor; got {spec}")
         self.salt = op_salt(type(self).__name__, name)
         self.field_name = name
+        if self.output_shape is None:  # learned from one call on zeros (a copy: ops are shared between pipelines)
+            kwargs = {"seed": 0} if self._takes_seed else {}
+            y = _as_array(self.fn(self._convert_in(np.zeros(spec.shape, spec.dtype)), **kwargs))
+            self.output_shape, self.output_dtype = y.shape, y.dtype
         return Spec(self.output_shape, self.output_dtype)
 
     def _convert_in(self, x: np.ndarray):
@@ -84,8 +91,7 @@ class PythonTransform(Operation):
         out = dst[: len(src)]
         for b in range(len(src)):
             kwargs = {"seed": int(seed_state(ctx.seeds[b], self.salt))} if self._takes_seed else {}
-            y = self.fn(self._convert_in(src[b]), **kwargs)
-            y = y.numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+            y = _as_array(self.fn(self._convert_in(src[b]), **kwargs))
             if y.shape != self.output_shape or y.dtype != self.output_dtype:
                 raise ValueError(
                     f"PythonTransform (field '{self.field_name}'): the callable returned "
@@ -93,3 +99,8 @@ class PythonTransform(Operation):
                 )
             out[b] = y
         return out
+
+
+def _as_array(y) -> np.ndarray:
+    """A callable's result (numpy array, tensor or PIL image) as a numpy array."""
+    return y.numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
