@@ -327,3 +327,8 @@ def test_corrupt_payload_is_a_format_error_from_the_host_backend():
         codecs.HostBackend(torch.device("cpu")).decode(
             [np.frombuffer(b"not a jpeg at all", np.uint8)], np.array([[0, 0, 1, 1]]), np.array([7])
         )
+
+
+def test_antialias_has_no_device_path_yet():
+    with pytest.raises(ConfigurationError, match="antialias"):
+        RandomResizedCropRGBImageDecoder(32, antialias=True, device="cpu")
