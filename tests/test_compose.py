@@ -20,6 +20,7 @@ from ffload import Loader
 from ffload.codecs import jpeg
 from ffload.errors import ConfigurationError, PipelineError
 from ffload.formats import RGBImageField
+from ffload.loaders import RandomHorizontalFlip, RandomResizedCropRGBImageDecoder
 from ffload.loaders.decoders.rgb import ResizeCenterCropRGBImageDecoder, SimpleRGBImageDecoder, resized_sizes
 from ffload.loaders.transforms.compose import CompiledTransforms, from_albumentations
 from ffload.loaders.transforms.normalize import NormalizeImage
@@ -68,6 +69,31 @@ def test_resize_without_crop_needs_one_size_and_a_crop_no_larger_than_the_image(
         decode(ResizeCenterCropRGBImageDecoder(64, 70), view, "image", [0])
     with pytest.raises(ConfigurationError, match="needs a size, a crop_size or both"):
         ResizeCenterCropRGBImageDecoder(None)
+
+
+def test_output_size_changes_between_epochs_of_one_loader(raw):
+    """FFCV's progressive resizing: set the decoder's output_size between epochs; the next epoch has
+    the new size, with the crops and flips it would have had anyway (a loader built at that size
+    gives the same batches), and nothing is compiled again."""
+    _, path = raw
+
+    def loader(decoder):
+        ops = {"image": [decoder, RandomHorizontalFlip()]}
+        return Loader(path, batch_size=3, pipelines=ops, num_workers=2, order="random", seed=4)
+
+    decoder = RandomResizedCropRGBImageDecoder(32)
+    with loader(decoder) as progressive:
+        first = [b[0].copy() for b in progressive]
+        compiled = len(jpeg.decode_rows.signatures)
+        decoder.output_size = 40
+        second = [b[0].copy() for b in progressive]
+        assert len(jpeg.decode_rows.signatures) == compiled
+    assert {b.shape[1:] for b in first} == {(32, 32, 3)} and {b.shape[1:] for b in second} == {(40, 40, 3)}
+    with loader(RandomResizedCropRGBImageDecoder(40)) as fixed:
+        list(fixed)  # epoch 0
+        reference = [b[0].copy() for b in fixed]
+    for a, b in zip(second, reference):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_output_size_changes_between_loaders_without_compiling(raw, photos):

@@ -74,13 +74,11 @@ class BatchRunner:
         device: torch.device | None,
         read_ahead=None,
     ):
-        self.pipelines, self.memory, self.seed = pipelines, memory, seed
+        self.memory, self.seed, self.view = memory, seed, view
         self.read_ahead = read_ahead
         self.tuner, self.pin_memory, self.device = tuner, pin_memory, device
-        self._columns = [
-            (view.metadata[p.source], memory.ptrs.get(p.source), view.sizes.get(p.source)) for p in pipelines
-        ]
         self._buffers: dict[int, list] = {}
+        self.replace_pipelines(pipelines)
         threads = tuner.max_workers if tuner.auto_workers else tuner.workers
         self.gate = WorkerGate(tuner.workers) if tuner.auto_workers else None
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, "ffload-worker")
@@ -95,6 +93,17 @@ class BatchRunner:
             self._streams: dict[int, torch.cuda.Stream] = {}
             self._done: dict[int, torch.cuda.Event] = {}
             self._released: dict[int, torch.cuda.Event] = {}
+
+    def replace_pipelines(self, pipelines) -> None:
+        """Run ``pipelines`` from the next job on (an epoch's start, no job running: the loader
+        calls it after :meth:`wait_idle`). The slots' buffers are dropped and allocated again for
+        the new shapes on first use; a batch the consumer still holds keeps its own memory."""
+        self.pipelines = pipelines
+        self._columns = [
+            (self.view.metadata[p.source], self.memory.ptrs.get(p.source), self.view.sizes.get(p.source))
+            for p in pipelines
+        ]
+        self._buffers.clear()
 
     @property
     def num_slots(self) -> int:

@@ -218,7 +218,9 @@ class Loader:
         rows = max(1, min(self.batch_size, self._samples_per_rank()))
         # the pipelines' declare-time checks (one image size, the largest payload) see only what will be read
         declared_on = self.view if indices is None else dataclasses.replace(self.view, selection=self.indices)
-        self._pipelines = build_pipelines(declared_on, pipelines, rows, custom_field_mapper)
+        self._build = (declared_on, pipelines, rows, custom_field_mapper)
+        self._pipelines = build_pipelines(*self._build)
+        self._sizes = _output_sizes(pipelines)
         self.field_names: list[str] = [p.name for p in self._pipelines]
         self._read_fields = list(dict.fromkeys(p.source for p in self._pipelines))  # each field read once
         self._device = cuda_device(self._pipelines)
@@ -325,6 +327,7 @@ class Loader:
         self._close_current()
         runner = self._get_runner()
         runner.wait_idle()  # jobs of an abandoned iterator may still write into the slots
+        self._resize_if_asked(runner)
         epoch, start = self._next_epoch, self._start_batch
         self._next_epoch, self._start_batch = epoch + 1, 0
         order = self.epoch_order(epoch)
@@ -335,6 +338,27 @@ class Loader:
         iterator = EpochIterator(runner, batches, epoch, start, owner=self)
         self._current = weakref.ref(iterator)
         return iterator
+
+    def _resize_if_asked(self, runner: BatchRunner) -> None:
+        """Progressive resizing (FFCV's ImageNet recipe): when an operation given to this loader
+        (a decoder's ``output_size``, or a :func:`~ffload.transforms.from_torchvision` result's) has
+        a new output size, declare the pipelines again before the epoch starts. The compiled kernels
+        take the size as an argument, so nothing is compiled again; the slots' buffers are
+        allocated for the new shapes (the last two batches yielded keep their memory).
+
+        Raises:
+            ConfigurationError: the new size is invalid for its pipeline, or its buffers cannot fit
+                in memory (named as at construction).
+        """
+        sizes = _output_sizes(self._build[1])
+        if sizes == self._sizes:
+            return
+        pipelines = build_pipelines(*self._build)
+        if self.batches_ahead is not None:
+            _check_buffer_memory(_slot_bytes(pipelines), runner.num_slots, self.batch_size, self.batches_ahead)
+        logger.info("%s: output sizes changed to %s; pipelines declared again", self.path, sizes)
+        self._pipelines, self._sizes = pipelines, sizes
+        runner.replace_pipelines(pipelines)
 
     def _local_files(self) -> bool:
         """Whether the payloads live in local files (one data file, or a sharded dataset's shards)."""
@@ -509,6 +533,19 @@ def _is_auto(name: str, value) -> bool:
             raise ConfigurationError(f"{name} must be an integer or 'auto', got {value!r}")
         return True
     return False
+
+
+def _output_sizes(pipelines) -> dict[tuple[str, int], Any]:
+    """``(field, position) -> output_size`` of every given operation that has one (the crop and
+    resize decoders): what :meth:`Loader.__iter__` compares to notice a change between epochs."""
+    if not pipelines:
+        return {}
+    return {
+        (name, i): op.output_size
+        for name, ops in pipelines.items()
+        for i, op in enumerate(ops or ())
+        if hasattr(type(op), "output_size")
+    }
 
 
 def _slot_bytes(pipelines) -> int:

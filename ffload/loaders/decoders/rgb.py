@@ -217,8 +217,9 @@ class _ResizedCropRGBImageDecoder(_RGBDecoder):
     and cropped by libjpeg-turbo for JPEGs), resize and write, one compiled call per batch.
 
     ``output_size`` may be set between epochs (progressive resizing, FFCV's ImageNet recipe): the
-    compiled kernels take the size as an argument, so nothing is compiled again; a loader built
-    with the decoder afterwards (its pipelines copy the decoder when built) yields the new size.
+    compiled kernels take the size as an argument, so nothing is compiled again; a loader given
+    the decoder yields the new size from its next epoch on (``iter(loader)`` declares its
+    pipelines again when an output size changed).
     ``antialias`` resizes with torchvision's antialiased bilinear (:data:`ffload.codecs.resize.TRIANGLE`)
     instead of area / linear."""
 

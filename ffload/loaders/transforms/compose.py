@@ -80,8 +80,8 @@ class CompiledTransforms(list):
         """The decoder's ``(height, width)`` output, pixels (None where it depends on the images).
 
         Setting it between epochs is progressive resizing (FFCV's ImageNet recipe): the kernels take
-        the size as an argument, so nothing is compiled again; a loader built from these stages
-        afterwards yields the new size (a loader copies its stages when built). Stages after the
+        the size as an argument, so nothing is compiled again; a loader given these stages yields the
+        new size from its next epoch on (``iter(loader)`` declares its pipelines again). Stages after the
         decoder take their sizes from it, except a ``RandomCrop``'s fixed window.
 
         Raises:
