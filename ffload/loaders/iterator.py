@@ -74,8 +74,9 @@ class BatchRunner:
         ]
         self._buffers: list[list | None] = [None] * num_slots
         self._pool = concurrent.futures.ThreadPoolExecutor(num_workers, "ffload-worker")
-        self._pending: set = set()
-        self._lock = threading.Lock()
+        # the jobs that may still run, oldest first: submit() (the consumer's thread only) drops the
+        # finished ones at the front, so it holds about the jobs in flight, with no lock or callback per batch
+        self._submitted: collections.deque = collections.deque()
         self._slot_counter = 0
         if device is not None:
             self._streams = [torch.cuda.Stream(device=device) for _ in range(num_slots)]
@@ -101,20 +102,15 @@ class BatchRunner:
             event.record(torch.cuda.current_stream(self.device))
             self._released[slot] = event
         future = self._pool.submit(self._job, slot, indices, epoch, batch, cancel)
-        with self._lock:
-            self._pending.add(future)
-        future.add_done_callback(self._forget)
+        submitted = self._submitted
+        while submitted and submitted[0].done():
+            submitted.popleft()
+        submitted.append(future)
         return future
-
-    def _forget(self, future) -> None:
-        with self._lock:
-            self._pending.discard(future)
 
     def wait_idle(self) -> None:
         """Block until every submitted job has finished or been cancelled (slots are free)."""
-        with self._lock:
-            pending = list(self._pending)
-        concurrent.futures.wait(pending)
+        concurrent.futures.wait(list(self._submitted))
 
     def _job(self, slot, indices, epoch, batch, cancel):
         if cancel.is_set():
