@@ -21,7 +21,14 @@ from ffload.loaders.memory.base import MemoryManager
 from ffload.loaders.memory.os_cache import OSCacheMemory
 from ffload.loaders.memory.pagepool import PagePoolMemory
 from ffload.loaders.memory.process_cache import CACHE_BLOCK, ProcessCacheMemory, cache_block
-from ffload.loaders.memory.readahead import ADVISE_PAGE, ReadAhead, advise_runs, unit_runs
+from ffload.loaders.memory.readahead import (
+    ADVISE_PAGE,
+    ReadAhead,
+    advise_runs,
+    sort_unique,
+    spanned_units,
+    unit_runs,
+)
 from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
 from ffload.loaders.pagedsamples import PagedSamples
 
@@ -433,6 +440,23 @@ def test_read_ahead_in_cache_blocks_covers_what_the_cache_reads(stamped_dataset)
     memory.close()
     with pytest.raises(ValueError, match="multiple of"):
         ReadAhead(view.data_path, view.data_size, columns, 1, unit=1000)
+
+
+def test_compiled_units_are_batch_blocks():
+    """spanned_units + sort_unique (the read-ahead's GIL-free path) give batch_blocks' units: empty,
+    one-unit and many-unit payloads, two columns sharing units."""
+    rng = np.random.default_rng(5)
+    n, unit = 300, 4096
+    columns = []
+    for most in (3_000, 40_000):
+        sizes = rng.integers(0, most, n).astype(np.uint64)
+        sizes[::7] = 0
+        columns.append((rng.integers(0, 1 << 24, n).astype(np.uint64), sizes))
+    indices = rng.choice(n, 64, replace=False).astype(np.int64)
+    units = np.concatenate([spanned_units(indices, p, s, unit) for p, s in columns])
+    count = sort_unique(units)
+    np.testing.assert_array_equal(units[:count], batch_blocks(columns, indices, unit))
+    assert sort_unique(np.zeros(0, np.int64)) == 0
 
 
 def test_unit_runs_merge_consecutive_units_and_clip_to_the_region():

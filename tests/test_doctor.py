@@ -249,3 +249,43 @@ def test_text_report_of_a_full_startup(tmp_path):
 def test_bad_datasets(tmp_path):
     result = CliRunner().invoke(doctor_command, [str(tmp_path)])
     assert result.exit_code == 1 and "ffload: error:" in result.output
+
+
+def test_serial_fraction_of_a_loader(raw_beton):
+    """The profile finds the worker and consumer threads, splits their time, and the fraction is a share."""
+    from ffload import Loader
+    from ffload.bench.serial import serial_fraction
+
+    r = serial_fraction(lambda w: Loader(raw_beton, batch_size=16, num_workers=w), 30)
+    assert {"main", "worker"} <= set(r["per_batch_us"])
+    assert r["per_batch_us"]["worker"]["nogil"] > 0  # the decoder's compiled kernels
+    assert 0 <= r["serial_fraction"] <= r["serial_fraction_upper"] <= 1
+    assert r["batches"] == 30 and r["calls_per_batch"] > 0 and r["top_held"]
+
+
+def test_split_profile_sorts_kernels_waits_and_python():
+    import cProfile
+    import pstats
+    import threading
+
+    from numba import njit
+
+    from ffload.bench.serial import nogil_kernels, split_profile
+
+    @njit(nogil=True)
+    def kernel(x):
+        return x + 1
+
+    kernel(1)
+    lock = threading.Lock()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    kernel(2)
+    with lock:
+        sum(range(1000))
+    profiler.disable()
+    code = kernel.py_func.__code__
+    split = split_profile(pstats.Stats(profiler), {(code.co_filename, code.co_firstlineno, code.co_name)})
+    assert split["kernel_calls"] == 1 and split["nogil"] > 0
+    assert split["held"] > 0 and any("sum" in label for label, _, _ in split["top_held"])
+    assert (code.co_filename, code.co_firstlineno, code.co_name) not in nogil_kernels()  # a local: not in a module

@@ -98,11 +98,18 @@ def first_batch(config: dict, env: dict, count: int = 1, timeout: float = 600.0,
     Returns one dict per process: ``{'wall_s' (spawn to exit), 'import_s', 'first_batch_s'
     (interpreter start to the first batch), 'ffload' (the package imported)}``, or ``{'error': the
     last line of stderr, 'wall_s'}``."""
+    config = {**config, "path": os.path.abspath(config["path"])}
     arg = json.dumps({"config": config, "read_only_root": read_only_root})
     t0 = time.perf_counter()
+    neutral = tempfile.gettempdir()  # not this folder: ``python -c`` would import an ffload found here first
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _CHILD, arg], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-c", _CHILD, arg],
+            env=env,
+            cwd=neutral,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for _ in range(count)
     ]
@@ -125,8 +132,12 @@ def first_batch(config: dict, env: dict, count: int = 1, timeout: float = 600.0,
 
 
 def _env(**changes) -> dict:
-    """This process's environment with ``changes`` (None removes a variable)."""
-    env = dict(os.environ)
+    """This process's environment with ``changes`` (None removes a variable), the folder of the
+    ffload package imported here first on ``PYTHONPATH`` (so that the children import the same one)."""
+    import ffload
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(ffload.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     for key, value in changes.items():
         if value is None:
             env.pop(key, None)
@@ -189,8 +200,8 @@ def _read_only(config: dict, tmp: str, timeout: float) -> dict:
         os.chmod(folder, 0o555)
     simulated = _writable(os.path.join(package, "__pycache__"))  # root: permissions do not apply
     user_cache = os.path.join(tmp, "xdg")
-    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    env = _env(NUMBA_CACHE_DIR=None, XDG_CACHE_HOME=user_cache, PYTHONPATH=path)
+    env = _env(NUMBA_CACHE_DIR=None, XDG_CACHE_HOME=user_cache)
+    env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]])
     flag = os.path.realpath(package) if simulated else ""
     runs = [first_batch(config, env, timeout=timeout, read_only_root=flag)[0] for _ in range(2)]
     in_tree = sum(_cache_files(folder) for folder, _, _ in os.walk(package) if folder.endswith("__pycache__"))
