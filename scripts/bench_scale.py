@@ -350,8 +350,7 @@ def build_scaling_data(folder: str, raw_samples: int, jpeg_samples: int) -> dict
         images = np.random.default_rng(0).integers(0, 256, (raw_samples, 32, 32, 3), dtype=np.uint8)
         samples = ((images[i], i % 10) for i in range(raw_samples))
         fields = {"image": RGBImageField(write_mode="raw"), "label": IntField()}
-        write_dataset(paths["raw"] + ".part", fields, samples, raw_samples)
-        os.replace(paths["raw"] + ".part", paths["raw"])
+        write_dataset(paths["raw"], fields, samples, raw_samples)  # atomic: complete or absent
     if not os.path.exists(paths["rrc"]):
         from ffload.bench.datasets import build_photo_jpegs
         from ffload.convert import convert_dataset
@@ -360,9 +359,7 @@ def build_scaling_data(folder: str, raw_samples: int, jpeg_samples: int) -> dict
         photos = os.path.join(folder, f"photos_{jpeg_samples}")
         shutil.rmtree(photos, ignore_errors=True)
         build_photo_jpegs(photos, jpeg_samples)
-        part = paths["rrc"] + ".part.beton"
-        convert_dataset(ImageFolderSource(photos), part, write_mode="jpg", progress=False)
-        os.replace(part, paths["rrc"])
+        convert_dataset(ImageFolderSource(photos), paths["rrc"], write_mode="jpg", progress=False)
         shutil.rmtree(photos)
     return paths
 
