@@ -28,6 +28,12 @@ of its rate, and ``os.preadv`` from threads waits for each read (one thread per 
 flight) and copies every byte once more. io_uring has no well-kept Python wheel to rely on. The
 measurements (``scripts/bench_scale.py --readahead-probe``) are in ``docs/developer-notes.md``.
 
+A batch whose pages are already in the page cache (the file is warm: every epoch after the first
+of a dataset that fits in memory) is not asked for: the IO thread first checks a few of its pages
+with ``mincore`` (:func:`sampled_resident`, :data:`RESIDENT_PROBES`), and asks for the whole batch
+when one is missing. Without that check, a warm dataset of small samples cost one ``madvise`` per
+run, hundreds per batch, as much CPU as decoding the batch, on a core the workers needed.
+
 The same read-ahead serves ``os_cache=False`` in RANDOM order: the block cache's ``preadv``
 then copies from the page cache instead of waiting on the disk.
 
@@ -57,6 +63,12 @@ AVAILABLE = process_symbol("madvise")
 """Whether the C library's ``madvise`` was found (POSIX systems); without it the loader runs
 without read-ahead (see ``Loader``)."""
 _madvise = extern("madvise", "i", "ppi")
+_MINCORE = process_symbol("mincore")
+_mincore = extern("mincore", "i", "ppp")
+
+RESIDENT_PROBES = 8
+"""Pages of a batch (the first of evenly spread runs) whose residency is checked before asking for
+the batch: when all are in the page cache, the batch is not asked for (see :meth:`ReadAhead._request`)."""
 
 _RETRY_SECONDS = 0.02
 """How long :class:`PagePoolReadAhead` waits before asking a full pool again (a batch starting
@@ -91,7 +103,8 @@ class ReadAhead:
             the unit the batch itself will read (see the module docstring).
 
     Attributes:
-        requested: ``[(offset, length), ...]`` of the last epoch when ``record`` is True (tests).
+        requested: ``[(offset, length), ...]`` of the last epoch when ``record`` is True (tests): the
+            runs of the batches asked for (not of those found in the page cache).
         refused: ``madvise`` calls the kernel refused so far (advice: nothing fails, but a
             non-zero count means the read-ahead is not reaching the kernel).
         max_bytes_ahead: the most bytes ever outstanding ahead (``<= limit`` + one batch).
@@ -106,6 +119,7 @@ class ReadAhead:
             raise ConfigurationError(f"unit must be a multiple of {ADVISE_PAGE} bytes, got {unit}")
         self.data_size = int(data_size)
         self.unit = int(unit)
+        self._vec = np.zeros(1, np.uint8)  # mincore's answer for one page
         self._columns = columns
         if isinstance(path, ShardLayout):  # a sharded dataset: its own contiguous mapping of the shards
             self._map = FileMapping(path.paths, path.bases, path.sizes)
@@ -185,6 +199,10 @@ class ReadAhead:
         """Ask for the pages of one batch; the bytes asked for (None: not now, ask again). Runs
         on the IO thread, which alone uses ``_address`` (it unmaps at :meth:`_finish`)."""
         starts, lengths = self._runs(indices)
+        if _MINCORE and sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data):
+            # a warm file: one madvise per run (hundreds per batch of small samples) would only
+            # find the pages there, and take a core from the workers to do it
+            return 0
         self.refused += advise_runs(self._address, starts, lengths, mmap.MADV_WILLNEED)
         if self.requested is not None:
             with self._cond:
@@ -305,6 +323,22 @@ def unit_runs(units, unit, data_size, starts, lengths):
             n += 1
         i = j + 1
     return n
+
+
+@njit(nogil=True, cache=True)
+def sampled_resident(address, starts, probes, vec, vec_address):
+    """Whether the first page of each of ``probes`` evenly spread runs (byte offsets ``starts``,
+    ``(R,) int64``, page multiples, into the mapping at ``address``) is in the page cache
+    (``mincore``; ``vec``: a ``(1,) uint8`` array at ``vec_address``). False when there is no run or
+    a call fails."""
+    n = starts.shape[0]
+    if n == 0:
+        return False
+    step = max(1, n // probes)
+    for r in range(0, n, step):
+        if _mincore(address + starts[r], ADVISE_PAGE, vec_address) != 0 or (vec[0] & 1) == 0:
+            return False
+    return True
 
 
 @njit(nogil=True, cache=True)
