@@ -1,4 +1,4 @@
-"""The ``ffload`` command line: ``convert``, ``inspect``, ``verify``, ``export``, ``bench``, ``recipe``.
+"""The ``ffload`` command line: ``convert``, ``inspect``, ``verify``, ``export``, ``bench``, ``doctor``, ``recipe``.
 
 Errors: any :class:`~ffload.errors.FfloadError` (and an ``OSError`` on a user's path) is one line
 on stderr, ``ffload: error: <message>``, with exit status 1; usage errors exit with 2;
@@ -59,7 +59,7 @@ def _num_workers_option(what: str):
 
 @click.group(
     cls=FfloadGroup,
-    lazy={"bench": ("ffload.bench", "bench_command")},
+    lazy={"bench": ("ffload.bench", "bench_command"), "doctor": ("ffload.bench.doctor", "doctor_command")},
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 @click.version_option(package_name="ffload")

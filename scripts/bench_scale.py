@@ -29,6 +29,25 @@
    ratios (this VM's disk swings 1.5-2x within minutes: one round per cell is not enough to
    compare two formats).
 
+``--scaling``: instead of the above, how ffload scales with worker threads on this machine, data in
+the page cache (``--quick``: <= 90 s on a 16-core node):
+
+* ``raw``: raw 32x32 images (``--raw-samples``, random pixels), ``SimpleRGBImageDecoder`` + flip,
+  batch 256, random order (each sample repeated so that an epoch has 40 batches per worker of the
+  largest count); ``rrc``: ImageNet-sized JPEGs (``--jpeg-samples`` photos of
+  ``ffload.bench.datasets.build_photo_jpegs``), ``RandomResizedCrop(224)`` + flip, batch 128. Both
+  are built in ``--dir`` and reused.
+* img/s at each of ``--workers`` (default 1, 2, 4, 8, 12, 16, the usable CPUs at most), every case
+  in a fresh process, ``--seconds`` each after the first batch.
+* the serial fraction (:func:`ffload.bench.serial.serial_fraction`): per batch, the CPU time the
+  loader's threads hold the GIL against all the CPU time they spend, with one worker, profiled; and
+  the workers' lock wait. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
+  its share of linear), next to the measured curve.
+* ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
+  in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
+
+Writes ``results.md`` and ``results.json`` to ``--out``.
+
 Prints img/s, MiB/s, peak RSS (``VmHWM`` of the case's process; with ``os_cache=True`` it
 counts the page-cache pages the process mapped, which the kernel reclaims), the ratio to ffcv in the
 same cell, and to the disk limit (random cases: the 16-in-flight random rate; quasi-random: the
@@ -314,6 +333,211 @@ def spawn_case(script_args, loader, order, os_cache, data=None) -> dict:
     return json.loads(lines[-1])
 
 
+# ------------------------------------------------------------ worker scaling
+SCALING_CASES = {"raw": ("simple", 256), "rrc": ("rrc", 128)}
+"""Case -> (``ffload bench`` pipeline, batch size)."""
+
+
+def build_scaling_data(folder: str, raw_samples: int, jpeg_samples: int) -> dict:
+    """The two datasets of ``--scaling`` in ``folder`` (reused when present): ``{'raw': path, 'rrc': path}``."""
+    from ffload.formats import IntField, RGBImageField, write_dataset
+
+    os.makedirs(folder, exist_ok=True)
+    paths = {
+        "raw": os.path.join(folder, f"raw32_{raw_samples}.beton"),
+        "rrc": os.path.join(folder, f"photos_{jpeg_samples}.beton"),
+    }
+    if not os.path.exists(paths["raw"]):
+        images = np.random.default_rng(0).integers(0, 256, (raw_samples, 32, 32, 3), dtype=np.uint8)
+        samples = ((images[i], i % 10) for i in range(raw_samples))
+        fields = {"image": RGBImageField(write_mode="raw"), "label": IntField()}
+        write_dataset(paths["raw"], fields, samples, raw_samples)  # atomic: complete or absent
+    if not os.path.exists(paths["rrc"]):
+        from ffload.bench.datasets import build_photo_jpegs
+        from ffload.convert import convert_dataset
+        from ffload.convert.sources import ImageFolderSource
+
+        photos = os.path.join(folder, f"photos_{jpeg_samples}")
+        shutil.rmtree(photos, ignore_errors=True)
+        build_photo_jpegs(photos, jpeg_samples)
+        convert_dataset(ImageFolderSource(photos), paths["rrc"], write_mode="jpg", progress=False)
+        shutil.rmtree(photos)
+    return paths
+
+
+def scaling_case(args) -> dict:
+    """In a fresh process: one case at every worker count, then its serial fraction. Uses only the
+    public ``Loader`` and ``ffload.loaders`` (so that ``--baseline`` may be an older checkout); the
+    serial fraction where the checkout has :mod:`ffload.bench.serial`."""
+    import torch  # noqa: F401  (kept out of the timing)
+
+    import ffload
+    import ffload.formats
+    from ffload.loaders import (
+        IntDecoder,
+        RandomHorizontalFlip,
+        RandomResizedCropRGBImageDecoder,
+        SimpleRGBImageDecoder,
+        ToTensor,
+        ToTorchImage,
+    )
+
+    pipeline, batch_size = SCALING_CASES[args.case_name]
+    # an epoch of at least 40 batches per worker of the largest count (samples repeated): epoch
+    # boundaries, where the workers drain, must not be what limits 16 workers on a small dataset
+    n = ffload.formats.open_dataset(args.data).num_samples
+    indices = np.tile(np.arange(n), -(-40 * max(args.worker_list) * batch_size // n))
+
+    def build(workers):
+        decoder = SimpleRGBImageDecoder() if pipeline == "simple" else RandomResizedCropRGBImageDecoder((224, 224))
+        pipes = {
+            "image": [decoder, RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
+            "label": [IntDecoder(), ToTensor()],
+        }
+        return ffload.Loader(
+            args.data, batch_size=batch_size, num_workers=workers, order="random", pipelines=pipes, indices=indices
+        )
+
+    def rate(workers):
+        with build(workers) as loader:
+            it = iter(loader)
+            next(it)  # compilation, buffers, page faults
+            images, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < args.seconds:
+                try:
+                    images += len(next(it)[0])
+                except StopIteration:
+                    it = iter(loader)
+            return images / (time.perf_counter() - t0)
+
+    rates = {w: rate(w) for w in args.worker_list}
+    try:
+        from ffload.bench.serial import serial_fraction
+    except ImportError:  # an older checkout
+        serial = None
+    else:
+        batches = (
+            args.serial_batches if pipeline == "simple" else max(10, args.serial_batches // 8)
+        )  # JPEG: ~0.1 s each
+        serial = serial_fraction(build, batches) if args.serial_batches else None
+    return {"rates": rates, "serial": serial, "ffload": os.path.dirname(ffload.__file__)}
+
+
+def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--scaling-case",
+        case,
+        "--data",
+        data,
+        "--workers",
+        ",".join(map(str, args.worker_list)),
+        "--seconds",
+        str(args.seconds),
+        "--serial-batches",
+        str(args.serial_batches),
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"exit {out.returncode}: {tail[0][:300]}"}
+    return json.loads(lines[-1])
+
+
+def scaling_report(results: dict, note: str) -> tuple[str, dict]:
+    """Markdown and JSON of ``--scaling``: per case and tree, the median img/s per worker count,
+    speed-up over one worker, the serial fraction and Amdahl's projection."""
+    from ffload.bench.doctor.verdict import amdahl
+
+    lines, data = [f"# bench_scale --scaling: {note}", ""], {"note": note, "cases": {}}
+    for case, trees in results.items():
+        data["cases"][case] = {}
+        for tree, runs in trees.items():
+            ok = [r for r in runs if "rates" in r]
+            if not ok:
+                lines += [f"## {case} ({tree}): failed: {runs[0].get('error')}", ""]
+                continue
+            workers = sorted({int(w) for r in ok for w in r["rates"]})
+            median = {w: float(np.median([r["rates"][str(w)] or 0 for r in ok])) for w in workers}
+            serials = [r["serial"] for r in ok if r.get("serial")]
+            s = float(np.median([x["serial_fraction"] for x in serials])) if serials else None
+            base = median[workers[0]] / workers[0] if workers and median[workers[0]] else None
+            lines += [
+                f"## {case} ({tree}, {len(ok)} round(s))",
+                "",
+                "| workers | img/s | vs 1 worker x n |",
+                "|---|---|---|",
+            ]
+            for w in workers:
+                lines.append(
+                    f"| {w} | {median[w]:.0f} | {median[w] / (base * w):.2f} |"
+                    if base
+                    else f"| {w} | {median[w]:.0f} | - |"
+                )
+            entry = {"img_s": median, "runs": ok}
+            if s is not None:
+                x = serials[len(serials) // 2]
+                proj = {n: amdahl(s, n) for n in (16, 32)}
+                lines += [
+                    "",
+                    f"serial fraction {s:.3f} (upper bound {x['serial_fraction_upper']:.3f}): per batch "
+                    f"{x['held_corrected_us']:.0f} us CPU holding the GIL, {x['nogil_us']:.0f} us without it; "
+                    f"workers' lock wait {x['worker_lock_wait_us']:.1f} us; dispatch {x['dispatch_us']:.0f} us; "
+                    f"profiler overhead removed {x['profiler_overhead_us']:.0f} us",
+                    "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in proj.items()),
+                    "largest GIL holders (us per batch, profiled): "
+                    + "; ".join(f"{label} {us:.1f}" for label, us in x["top_held"][:6]),
+                ]
+                entry.update(serial_fraction=s, amdahl={str(n): v for n, v in proj.items()})
+            lines.append("")
+            data["cases"][case][tree] = entry
+        if len(trees) == 2 and all(t in data["cases"][case] for t in trees):
+            a, b = (data["cases"][case][t]["img_s"] for t in trees)
+            names = list(trees)
+            lines += [
+                f"{names[1]} / {names[0]}: "
+                + ", ".join(f"{w} workers {b[w] / a[w]:.2f}x" for w in a if a[w] and w in b),
+                "",
+            ]
+    return "\n".join(lines), data
+
+
+def run_scaling(args) -> None:
+    from ffload.system import available_cpus
+
+    cpus = available_cpus()
+    args.worker_list = [w for w in args.worker_list if w <= cpus] or [1]
+    t0 = time.perf_counter()
+    paths = build_scaling_data(os.path.join(args.dir, "ffload_bench_scale"), args.raw_samples, args.jpeg_samples)
+    print(f"data ready in {time.perf_counter() - t0:.0f} s: {paths}", flush=True)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = {"current": here}
+    if args.baseline:
+        trees = {"baseline": os.path.abspath(args.baseline), "current": here}
+    results = {}
+    for case in args.cases.split(","):
+        for round_ in range(args.rounds):
+            order = list(trees.items())
+            for name, tree in order[::-1] if round_ % 2 else order:
+                r = spawn_scaling(args, case, paths[case], tree)
+                results.setdefault(case, {}).setdefault(name, []).append(r)
+                summary = r.get("error") or {w: round(v or 0) for w, v in r["rates"].items()}
+                sf = r.get("serial") and round(r["serial"]["serial_fraction"], 3)
+                print(f"{case} {name} round {round_ + 1}: {summary} serial {sf}", flush=True)
+    note = (
+        f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
+        f"JPEG {args.jpeg_samples} samples, page cache warm, {args.rounds} round(s), {time.perf_counter() - t0:.0f} s"
+    )
+    text, data = scaling_report(results, note)
+    from ffload.bench import write_results
+
+    write_results(args.out, text, data)
+    print(text)
+
+
 # ------------------------------------------------------------------- report
 def ratio(a, b):
     return f"{a / b:.2f}x" if a and b else "-"
@@ -439,7 +663,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs per case, interleaved; medians reported")
     parser.add_argument("--out", default="runs/bench_scale")
     parser.add_argument("--case", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--scaling", action="store_true", help="worker scaling and serial fraction (see above)")
+    parser.add_argument("--quick", action="store_true", help="--scaling: small data, 1 s per count (<= 90 s)")
+    parser.add_argument("--workers", default="1,2,4,8,12,16", help="--scaling: worker counts (<= usable CPUs)")
+    parser.add_argument("--cases", default="raw,rrc", help="--scaling: raw, rrc")
+    parser.add_argument("--raw-samples", type=int, default=None, help="--scaling: default 50000 (--quick 20000)")
+    parser.add_argument("--jpeg-samples", type=int, default=None, help="--scaling: default 1024 (--quick 256)")
+    parser.add_argument("--serial-batches", type=int, default=None, help="--scaling: default 400 (--quick 150)")
+    parser.add_argument("--baseline", default=None, help="--scaling: another checkout to compare, same run")
+    parser.add_argument("--scaling-case", help=argparse.SUPPRESS)
     args = parser.parse_args()
+
+    if args.scaling or args.scaling_case:
+        args.worker_list = [int(w) for w in args.workers.split(",") if w.strip()]
+        args.raw_samples = args.raw_samples or (20000 if args.quick else 50000)
+        args.jpeg_samples = args.jpeg_samples or (256 if args.quick else 1024)
+        args.serial_batches = args.serial_batches if args.serial_batches is not None else (150 if args.quick else 400)
+        if args.quick and args.seconds == 60.0:
+            args.seconds = 1.0
+        elif args.seconds == 60.0:
+            args.seconds = 3.0
+        if args.scaling_case:
+            args.case_name = args.scaling_case
+            print(json.dumps(scaling_case(args)), flush=True)
+        else:
+            if args.out == "runs/bench_scale":
+                args.out = "runs/bench_scale_scaling"
+            run_scaling(args)
+        return
 
     if args.case:
         args.loader, args.order, args.os_cache = args.case[0], args.case[1], args.case[2] == "1"

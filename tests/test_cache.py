@@ -21,7 +21,15 @@ from ffload.loaders.memory.base import MemoryManager
 from ffload.loaders.memory.os_cache import OSCacheMemory
 from ffload.loaders.memory.pagepool import PagePoolMemory
 from ffload.loaders.memory.process_cache import CACHE_BLOCK, ProcessCacheMemory, cache_block
-from ffload.loaders.memory.readahead import ADVISE_PAGE, ReadAhead, advise_runs, unit_runs
+from ffload.loaders.memory.readahead import (
+    ADVISE_PAGE,
+    ReadAhead,
+    advise_runs,
+    sampled_resident,
+    sort_unique,
+    spanned_units,
+    unit_runs,
+)
 from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
 from ffload.loaders.pagedsamples import PagedSamples
 
@@ -239,6 +247,31 @@ def test_a_waiting_batch_gets_room_when_others_release(stamped_dataset):
     memory.close()
 
 
+def evict(path) -> None:
+    """Drop ``path``'s pages from the page cache (``POSIX_FADV_DONTNEED``; clean pages, no privilege)."""
+    fd = os.open(path, os.O_RDONLY)
+    os.fdatasync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
+def test_read_ahead_skips_batches_in_the_page_cache(stamped_dataset):
+    """A warm file's batches are not asked for; once evicted, they are."""
+    view = open_dataset(stamped_dataset)
+    columns = payload_columns(view, ["blob"])
+    ahead = ReadAhead(view.data_path, view.data_size, columns, 1 << 30, record=True)
+    batch = np.arange(8)
+    with open(view.data_path, "rb") as f:
+        f.read()  # warm
+    assert ahead._request(batch, 0) == 0 and ahead.requested == []
+    evict(view.data_path)
+    assert ahead._request(batch, 0) > 0 and ahead.requested
+    ahead.close()
+    starts = np.array([0], np.int64)
+    vec = np.zeros(1, np.uint8)
+    assert not sampled_resident(ahead._address, starts[:0], 8, vec, vec.ctypes.data)  # no run: ask
+
+
 def wait_until_stalled(ahead: ReadAhead) -> None:
     deadline = time.monotonic() + 120  # liveness only: a loaded CI machine may be slow
     while time.monotonic() < deadline:
@@ -257,6 +290,7 @@ def test_read_ahead_requests_only_payload_pages_and_stays_bounded(stamped_datase
     order = np.random.default_rng(0).permutation(N)
     batches = [order[i : i + 8] for i in range(0, N, 8)]
     limit = 10 * 8 * SAMPLE
+    evict(view.data_path)  # batches found in the page cache are not asked for
     ahead = ReadAhead(view.data_path, view.data_size, columns, limit, record=True)
     ahead.schedule(batches, 0)
     wait_until_stalled(ahead)
@@ -290,6 +324,7 @@ def test_read_ahead_with_the_loader_serves_the_same_bytes(stamped_dataset, monke
         loader_module, "ReadAhead", lambda *a, **kw: made.append(ReadAhead(*a, **kw, record=True)) or made[-1]
     )
     view = open_dataset(stamped_dataset)
+    evict(view.data_path)
     with (
         loader(stamped_dataset, order="random", read_ahead=64 * SAMPLE) as a,
         loader(stamped_dataset, order="random", read_ahead=0) as b,
@@ -433,6 +468,23 @@ def test_read_ahead_in_cache_blocks_covers_what_the_cache_reads(stamped_dataset)
     memory.close()
     with pytest.raises(ValueError, match="multiple of"):
         ReadAhead(view.data_path, view.data_size, columns, 1, unit=1000)
+
+
+def test_compiled_units_are_batch_blocks():
+    """spanned_units + sort_unique (the read-ahead's GIL-free path) give batch_blocks' units: empty,
+    one-unit and many-unit payloads, two columns sharing units."""
+    rng = np.random.default_rng(5)
+    n, unit = 300, 4096
+    columns = []
+    for most in (3_000, 40_000):
+        sizes = rng.integers(0, most, n).astype(np.uint64)
+        sizes[::7] = 0
+        columns.append((rng.integers(0, 1 << 24, n).astype(np.uint64), sizes))
+    indices = rng.choice(n, 64, replace=False).astype(np.int64)
+    units = np.concatenate([spanned_units(indices, p, s, unit) for p, s in columns])
+    count = sort_unique(units)
+    np.testing.assert_array_equal(units[:count], batch_blocks(columns, indices, unit))
+    assert sort_unique(np.zeros(0, np.int64)) == 0
 
 
 def test_unit_runs_merge_consecutive_units_and_clip_to_the_region():

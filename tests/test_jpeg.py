@@ -16,7 +16,7 @@ from skimage import data
 from sklearn.datasets import load_sample_images
 
 from ffload.bench.datasets import GRAIN_SIGMA
-from ffload.codecs import jpeg, turbojpeg
+from ffload.codecs import jpeg, restarts, turbojpeg
 from ffload.codecs.resize import interpolation, resize_rgb, scratch_size
 from ffload.formats import RGBImageField
 from ffload.loaders.decoders.crops import random_resized_crop_boxes
@@ -394,3 +394,16 @@ def test_compiled_decoder_is_cached_on_disk_across_processes(tmp_path, photos):
         for _ in range(2)
     ]
     assert runs == [[0, 1], [1, 0]]  # compiled once, then loaded from the cache
+
+
+def test_batch_extents_are_the_maxima_decode_batch_sizes_its_scratch_from():
+    """One compiled pass gives what the NumPy gathers gave: max pixels, width, payload bytes and 8x8 blocks."""
+    rng = np.random.default_rng(3)
+    heights = rng.integers(1, 700, 50).astype(np.uint32)
+    widths = rng.integers(1, 700, 50).astype(np.uint32)
+    sizes = rng.integers(0, 10**6, 50).astype(np.uint64)
+    indices = rng.choice(50, 17, replace=False).astype(np.int64)
+    out = np.zeros(4, np.int64)
+    jpeg.batch_extents(indices, heights, widths, sizes, out)
+    h, w = heights[indices].astype(np.int64), widths[indices].astype(np.int64)
+    assert out.tolist() == [(h * w).max(), w.max(), int(sizes[indices].max()), restarts.starts_size(h, w) - 2]

@@ -304,6 +304,29 @@ def test_pages_spanned():
     np.testing.assert_array_equal(pages_spanned(ptrs[:0], sizes[:0], 100), [])
 
 
+def test_wait_idle_waits_for_the_jobs_of_an_abandoned_iterator(dataset):
+    """A job still running for an abandoned iterator keeps wait_idle() (and so the next iter()) waiting;
+    the runner's record of submitted jobs stays about as long as the jobs in flight."""
+    loader = ffload.Loader(dataset, batch_size=5, num_workers=2, batches_ahead=2, pipelines={"weight": None})
+    runner = loader._get_runner()
+    for _ in loader:
+        pass
+    assert len(runner._submitted) <= runner.num_slots
+    started, release, compute = threading.Event(), threading.Event(), runner._compute
+    runner._compute = lambda *args: (started.set(), release.wait(), compute(*args))[2]
+    iterator = iter(loader)
+    assert started.wait(30)
+    iterator.close()  # abandoned while a job runs: it blocks on ``release``
+    waiter = threading.Thread(target=runner.wait_idle)
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()
+    release.set()
+    waiter.join(30)
+    assert not waiter.is_alive()
+    loader.close()
+
+
 # ------------------------------------------------------------ buffer reuse
 def test_batch_valid_until_the_one_after_next_is_requested(dataset, digits):
     images, _ = digits

@@ -82,7 +82,9 @@ class BatchRunner:
         threads = tuner.max_workers if tuner.auto_workers else tuner.workers
         self.gate = WorkerGate(tuner.workers) if tuner.auto_workers else None
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, "ffload-worker")
-        self._pending: set = set()
+        # the jobs that may still run, oldest first: submit() (the consumer's thread only) drops the
+        # finished ones at the front, so it holds about the jobs in flight, with no callback per batch
+        self._submitted: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._alive: set[int] = set()  # slots that exist
         self._free: list[int] = []  # existing slots no batch uses
@@ -174,20 +176,15 @@ class BatchRunner:
             self._released[slot] = event
         self._tickets += 1
         future = self._pool.submit(self._job, slot, indices, epoch, batch, cancel, self._tickets)
-        with self._lock:
-            self._pending.add(future)
-        future.add_done_callback(self._forget)
+        submitted = self._submitted
+        while submitted and submitted[0].done():
+            submitted.popleft()
+        submitted.append(future)
         return future
-
-    def _forget(self, future) -> None:
-        with self._lock:
-            self._pending.discard(future)
 
     def wait_idle(self) -> None:
         """Block until every submitted job has finished or been cancelled (slots are free)."""
-        with self._lock:
-            pending = list(self._pending)
-        concurrent.futures.wait(pending)
+        concurrent.futures.wait(list(self._submitted))
 
     def _job(self, slot, indices, epoch, batch, cancel, ticket):
         if cancel.is_set():

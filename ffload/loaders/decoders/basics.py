@@ -29,7 +29,9 @@ class _MetadataDecoder(Decoder):
 
     def __call__(self, src, dst, ctx):
         out = dst[: len(ctx.indices)]
-        np.take(ctx.metadata, ctx.indices, out=out)
+        # not np.take(..., out=out): on a strided column (a field of the metadata table) it first
+        # copies the whole column, every batch (~200 us per batch for 50,000 samples)
+        out[...] = ctx.metadata[ctx.indices]
         return out
 
 

@@ -15,17 +15,24 @@ one batch) ahead of the batch being decoded, so read-ahead cannot flood the page
 mapping itself costs no memory: WILLNEED fills the page cache without mapping pages into the
 process.
 
-Per batch, the IO thread computes the runs with NumPy and issues the ``madvise`` calls from one
-compiled call that does not hold the GIL (:func:`advise_runs`, through the C library's symbol,
-:mod:`ffload._jit.cextern`): a Python loop would make one call per run (hundreds per batch of
-small random samples) holding the GIL that the decoding workers need between their compiled
-calls.
+Per batch, the IO thread computes the runs (:func:`spanned_units`, :func:`sort_unique`,
+:func:`unit_runs`) and issues the ``madvise`` calls (:func:`advise_runs`, through the C library's
+symbol, :mod:`ffload._jit.cextern`) in compiled calls that do not hold the GIL: a Python loop would
+make one call per run (hundreds per batch of small random samples), and even NumPy's steps held the
+GIL that the decoding workers need between their compiled calls about as long as a batch of small
+raw images takes to decode.
 
 Why ``madvise``: WILLNEED only *submits* the reads and returns, so one thread keeps many requests
 in flight, and the block layer merges neighbours; ``posix_fadvise(WILLNEED)`` reached a fraction
 of its rate, and ``os.preadv`` from threads waits for each read (one thread per request in
 flight) and copies every byte once more. io_uring has no well-kept Python wheel to rely on. The
 measurements (``scripts/bench_scale.py --readahead-probe``) are in ``docs/developer-notes.md``.
+
+A batch whose pages are already in the page cache (the file is warm: every epoch after the first
+of a dataset that fits in memory) is not asked for: the IO thread first checks a few of its pages
+with ``mincore`` (:func:`sampled_resident`, :data:`RESIDENT_PROBES`), and asks for the whole batch
+when one is missing. Without that check, a warm dataset of small samples cost one ``madvise`` per
+run, hundreds per batch, as much CPU as decoding the batch, on a core the workers needed.
 
 The same read-ahead serves ``os_cache=False`` in RANDOM order: the block cache's ``preadv``
 then copies from the page cache instead of waiting on the disk.
@@ -51,12 +58,17 @@ from numba import njit
 from ffload._jit.cextern import extern, process_symbol
 from ffload.errors import ConfigurationError
 from ffload.formats.shardio import FileMapping, ShardLayout
-from ffload.loaders.memory.schedule import batch_blocks
 
 AVAILABLE = process_symbol("madvise")
 """Whether the C library's ``madvise`` was found (POSIX systems); without it the loader runs
 without read-ahead (see ``Loader``)."""
 _madvise = extern("madvise", "i", "ppi")
+_MINCORE = process_symbol("mincore")
+_mincore = extern("mincore", "i", "ppp")
+
+RESIDENT_PROBES = 8
+"""Pages of a batch (the first of evenly spread runs) whose residency is checked before asking for
+the batch: when all are in the page cache, the batch is not asked for (see :meth:`ReadAhead._request`)."""
 
 _RETRY_SECONDS = 0.02
 """How long :class:`PagePoolReadAhead` waits before asking a full pool again (a batch starting
@@ -91,7 +103,8 @@ class ReadAhead:
             the unit the batch itself will read (see the module docstring).
 
     Attributes:
-        requested: ``[(offset, length), ...]`` of the last epoch when ``record`` is True (tests).
+        requested: ``[(offset, length), ...]`` of the last epoch when ``record`` is True (tests): the
+            runs of the batches asked for (not of those found in the page cache).
         refused: ``madvise`` calls the kernel refused so far (advice: nothing fails, but a
             non-zero count means the read-ahead is not reaching the kernel).
         max_bytes_ahead: the most bytes ever outstanding ahead (``<= limit`` + one batch).
@@ -106,6 +119,7 @@ class ReadAhead:
             raise ConfigurationError(f"unit must be a multiple of {ADVISE_PAGE} bytes, got {unit}")
         self.data_size = int(data_size)
         self.unit = int(unit)
+        self._vec = np.zeros(1, np.uint8)  # mincore's answer for one page
         self._columns = columns
         if isinstance(path, ShardLayout):  # a sharded dataset: its own contiguous mapping of the shards
             self._map = FileMapping(path.paths, path.bases, path.sizes)
@@ -185,6 +199,10 @@ class ReadAhead:
         """Ask for the pages of one batch; the bytes asked for (None: not now, ask again). Runs
         on the IO thread, which alone uses ``_address`` (it unmaps at :meth:`_finish`)."""
         starts, lengths = self._runs(indices)
+        if _MINCORE and sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data):
+            # a warm file: one madvise per run (hundreds per batch of small samples) would only
+            # find the pages there, and take a core from the workers to do it
+            return 0
         self.refused += advise_runs(self._address, starts, lengths, mmap.MADV_WILLNEED)
         if self.requested is not None:
             with self._cond:
@@ -202,8 +220,12 @@ class ReadAhead:
 
     def _runs(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(offsets, lengths)``, two ``(R,) int64`` arrays (bytes): the runs of units the payloads
-        of ``indices`` span, clipped to the data region."""
-        units = batch_blocks(self._columns, indices, self.unit)
+        of ``indices`` span, clipped to the data region. Compiled calls without the GIL (the same
+        units as :func:`~.schedule.batch_blocks`, whose NumPy steps held the GIL the workers need
+        for about as long as a small-image batch's decoding)."""
+        parts = [spanned_units(indices, ptrs, sizes, self.unit) for ptrs, sizes in self._columns]
+        units = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        units = units[: sort_unique(units)]
         starts = np.empty(units.size, np.int64)
         lengths = np.empty(units.size, np.int64)
         n = unit_runs(units, self.unit, self.data_size, starts, lengths)
@@ -245,6 +267,44 @@ class PagePoolReadAhead(ReadAhead):
 
 
 @njit(nogil=True, cache=True)
+def spanned_units(indices, ptrs, sizes, unit):
+    """``(U,) int64`` the unit numbers (``offset // unit``) the payloads ``[ptrs[s], ptrs[s] +
+    sizes[s])`` of the samples ``indices`` (``(B,) int64``) span, payload by payload (unsorted,
+    repeats kept; empty payloads span none); ``ptrs``, ``sizes``: ``(N,) uint64`` bytes."""
+    n = 0
+    for b in range(indices.shape[0]):
+        s = indices[b]
+        size = np.int64(sizes[s])
+        if size > 0:
+            p = np.int64(ptrs[s])
+            n += (p + size - 1) // unit - p // unit + 1
+    out = np.empty(n, np.int64)
+    k = 0
+    for b in range(indices.shape[0]):
+        s = indices[b]
+        size = np.int64(sizes[s])
+        if size > 0:
+            p = np.int64(ptrs[s])
+            for u in range(p // unit, (p + size - 1) // unit + 1):
+                out[k] = u
+                k += 1
+    return out
+
+
+@njit(nogil=True, cache=True)
+def sort_unique(values):
+    """Sort the 1-D ``int64`` array ``values`` in place and move its distinct values to the front;
+    returns their count (``values[:count]`` is :func:`~.schedule.sorted_unique` of the input)."""
+    values.sort()
+    n = 0
+    for i in range(values.shape[0]):
+        if n == 0 or values[i] != values[n - 1]:
+            values[n] = values[i]
+            n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
 def unit_runs(units, unit, data_size, starts, lengths):
     """Merge sorted distinct unit numbers ``units`` (``(U,) int64``) into runs of consecutive
     units: run ``r`` is bytes ``[starts[r], starts[r] + lengths[r])``, clipped to ``data_size``
@@ -263,6 +323,22 @@ def unit_runs(units, unit, data_size, starts, lengths):
             n += 1
         i = j + 1
     return n
+
+
+@njit(nogil=True, cache=True)
+def sampled_resident(address, starts, probes, vec, vec_address):
+    """Whether the first page of each of ``probes`` evenly spread runs (byte offsets ``starts``,
+    ``(R,) int64``, page multiples, into the mapping at ``address``) is in the page cache
+    (``mincore``; ``vec``: a ``(1,) uint8`` array at ``vec_address``). False when there is no run or
+    a call fails."""
+    n = starts.shape[0]
+    if n == 0:
+        return False
+    step = max(1, n // probes)
+    for r in range(0, n, step):
+        if _mincore(address + starts[r], ADVISE_PAGE, vec_address) != 0 or (vec[0] & 1) == 0:
+            return False
+    return True
 
 
 @njit(nogil=True, cache=True)

@@ -1,0 +1,291 @@
+"""`ffload doctor`: the reading of injected measurements (fractions, the binding limit, the recommended
+settings), the report's JSON fields, its text and plot, and the probes on small files. Behaviour only:
+no assertion on any timing value."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import cv2
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ffload.bench.doctor import LIMIT_NAMES, analyse, doctor_command, limit, probes, startup
+from ffload.bench.doctor.report import format_report, plot_report
+from ffload.bench.doctor.run import SCHEMA, worker_counts
+from ffload.bench.doctor.verdict import amdahl
+from ffload.convert import convert_dataset
+from ffload.convert.demo_data import digits_images
+from ffload.convert.sources import ArraySource, ImageFolderSource
+from ffload.formats import open_dataset
+
+GIB = 2**30
+
+
+def limits(disk=1e6, decode=1e5, memory=1e7, consumer=None, disk_applies=False):
+    return {
+        "disk_random": limit(disk, disk_applies),
+        "disk_sequential": limit(4 * disk, False),
+        "decode": limit(decode, True),
+        "memory": limit(memory, True),
+        "consumer": limit(consumer, consumer is not None),
+    }
+
+
+def runs(*rates):
+    """Runs at 1, 2, 4, ... workers with the given img/s."""
+    return [{"num_workers": 2**k, "img_s": r} for k, r in enumerate(rates)]
+
+
+def test_decode_binds_when_the_loader_is_near_it():
+    v = analyse(limits(decode=1e5), runs(5e4, 8.5e4, 9e4), 4, GIB, 16 * GIB, 256)
+    assert v["binding"] == "decode"
+    assert v["loader_img_s"] == 9e4 and v["best_num_workers"] == 4
+    assert v["fractions"]["decode"] == pytest.approx(0.9)
+    assert v["fractions"]["memory"] == pytest.approx(9e-3)
+    assert "consumer" not in v["fractions"]  # not measured
+    assert v["recommended"] == {"num_workers": 4, "batches_ahead": 3, "os_cache": True}  # 8.5e4 < 95% of 9e4
+    assert set(v["reasons"]) == {"num_workers", "batches_ahead", "os_cache"}
+
+
+def test_fewest_workers_within_five_percent_of_the_best():
+    assert analyse(limits(), runs(5e4, 8.5e4, 8.6e4), 4, GIB, 16 * GIB, 256)["recommended"]["num_workers"] == 2
+    assert analyse(limits(), runs(5e4, 8e4, 9e4), 4, GIB, 16 * GIB, 256)["recommended"]["num_workers"] == 4
+
+
+def test_the_loader_binds_when_far_from_every_limit():
+    v = analyse(limits(decode=1e6), runs(1e5, 1.5e5), 2, GIB, 16 * GIB, 256)
+    assert v["binding"] == "loader"
+    assert "decode" in v["binding_reason"]  # the nearest limit is named
+
+
+def test_a_disk_that_does_not_apply_never_binds():
+    # the file fits in the page cache: a slow disk limits the first epoch only
+    v = analyse(limits(disk=1e3, decode=1e6), runs(1e5), 2, GIB, 16 * GIB, 256)
+    assert v["binding"] == "loader"
+    assert v["fractions"]["disk_random"] == pytest.approx(100)
+
+
+def test_the_disk_binds_a_file_larger_than_the_page_cache():
+    v = analyse(limits(disk=1e4, disk_applies=True), runs(5e3, 9e3), 2, 40 * GIB, 16 * GIB, 256)
+    assert v["binding"] == "disk_random"
+    assert v["recommended"]["os_cache"] is False
+    assert v["recommended"]["batches_ahead"] == 2 * v["recommended"]["num_workers"]
+    assert "quasi_random" in v["reasons"]["os_cache"]
+
+
+def test_the_consumer_binds_and_gets_just_enough_workers():
+    # consumer 256 images per 10 ms = 25,600 img/s; 1.1x that = 28,160
+    consumer = 256 / 0.010
+    v = analyse(limits(consumer=consumer), runs(2e4, 3e4, 5e4, 6e4), 8, GIB, 16 * GIB, 256, step_ms=10)
+    assert v["binding"] == "consumer"
+    assert v["recommended"]["num_workers"] == 2
+    assert v["recommended"]["batches_ahead"] == 2
+
+
+def test_a_slow_loader_is_not_bound_by_a_faster_consumer():
+    v = analyse(limits(decode=1e5, consumer=1e6), runs(9e4), 2, GIB, 16 * GIB, 256, step_ms=0.1)
+    assert v["binding"] == "decode"
+
+
+def test_a_consumer_keeps_one_cpu_of_many():
+    v = analyse(limits(decode=1e9), runs(1, 2, 4, 8), 8, GIB, 16 * GIB, 256, step_ms=1000)
+    assert v["binding"] == "loader" and v["best_num_workers"] == 8
+    assert v["recommended"]["num_workers"] == 7 and "training thread" in v["reasons"]["num_workers"]
+
+
+def test_no_successful_run():
+    v = analyse(limits(), [{"num_workers": 1, "img_s": None}], 2, GIB, 16 * GIB, 256)
+    assert v["binding"] == "unknown" and v["loader_img_s"] is None
+    assert v["recommended"]["num_workers"] is None
+
+
+def test_worker_counts_and_amdahl():
+    assert worker_counts(1) == [1]
+    assert worker_counts(2) == [1, 2]
+    assert worker_counts(16) == [1, 8, 16]
+    assert amdahl(0.0, 16) == pytest.approx(16)
+    assert amdahl(1.0, 16) == pytest.approx(1)
+    assert amdahl(0.05, 16) == pytest.approx(1 / (0.05 + 0.95 / 16))
+
+
+@pytest.fixture(scope="module")
+def raw_beton(tmp_path_factory):
+    images, labels = digits_images(16)
+    path = str(tmp_path_factory.mktemp("doctor") / "digits.beton")
+    convert_dataset(ArraySource(images[:300], labels[:300]), path, write_mode="raw", num_workers=0, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def jpeg_beton(tmp_path_factory):
+    root = tmp_path_factory.mktemp("doctor_jpeg")
+    rng = np.random.default_rng(0)
+    for k in range(12):
+        (root / "src" / str(k % 2)).mkdir(parents=True, exist_ok=True)
+        image = cv2.GaussianBlur(rng.integers(0, 256, (60 + k, 80, 3), dtype=np.uint8), (5, 5), 0)
+        cv2.imwrite(str(root / "src" / str(k % 2) / f"{k}.jpg"), image)
+    path = str(root / "photos.beton")
+    convert_dataset(ImageFolderSource(str(root / "src")), path, write_mode="jpg", num_workers=0, progress=False)
+    return path
+
+
+def test_probes_on_small_files(raw_beton, jpeg_beton):
+    view = open_dataset(raw_beton)
+    disk = probes.disk_rates(probes.data_file(view), 768, seconds=0.05, in_flight=2)
+    assert disk["random_mib_s"] > 0 and disk["sequential_mib_s"] > 0
+    assert disk["read_bytes"] == 4096 and isinstance(disk["direct"], bool) and disk["note"]
+    raw = probes.decode_rate(view, "image", samples=50, seconds=0.01)
+    assert raw["decoder"] == "copy (raw payloads)" and raw["jpeg_fraction"] == 0
+    assert raw["samples"] == 50 and raw["payload_mean_bytes"] == 16 * 16 * 3
+    jpeg = probes.decode_rate(open_dataset(jpeg_beton), "image", seconds=0.01)
+    assert jpeg["jpeg_fraction"] == 1 and jpeg["samples"] == 12 and jpeg["img_s_per_core"] > 0
+    assert probes.memory_bandwidth(1 << 16, seconds=0.01)["buffer_bytes"] == 1 << 16
+
+
+def test_numba_cache_location_names_a_folder():
+    where = startup.numba_cache_location()
+    assert set(where) == {
+        "numba_cache_dir",
+        "locator",
+        "path",
+        "package_writable",
+        "read_only_fallback",
+        "fallback_writable",
+    }
+    assert where["locator"].endswith("CacheLocator") and os.path.isabs(where["path"])
+    assert where["read_only_fallback"] != where["path"] or where["numba_cache_dir"]
+
+
+FAKE_START = {"wall_s": 1.0, "import_s": 0.5, "first_batch_s": 0.9, "ffload": "x"}
+
+
+def doctor_json(path, monkeypatch, *args):
+    """The doctor's JSON report on ``path`` (the start-up subprocess replaced: it only imports)."""
+    monkeypatch.setattr(startup, "first_batch", lambda *a, **k: [dict(FAKE_START)])
+    result = CliRunner().invoke(doctor_command, [path, "--json", "--seconds", "0.1", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_json_report_fields(raw_beton, monkeypatch, tmp_path):
+    plot = tmp_path / "doctor.png"
+    report = doctor_json(raw_beton, monkeypatch, "--step-ms", "5", "--plot", str(plot))
+    assert report["schema"] == SCHEMA
+    assert set(report) == {"schema", "dataset", "machine", "limits", "loader", "startup", "verdict", "seconds", "plot"}
+    d = report["dataset"]
+    assert d["pipeline"] == "simple" and d["batch_size"] == 512 and d["samples"] == 300
+    assert d["output_bytes_per_image"] == 16 * 16 * 3 and d["jpeg_fraction"] == 0
+    assert set(report["limits"]) == set(LIMIT_NAMES)
+    for rec in report["limits"].values():
+        assert set(rec) == {"img_s", "applies", "note", "measured"}
+    assert report["limits"]["consumer"]["img_s"] == pytest.approx(512 / 0.005)
+    assert report["limits"]["consumer"]["applies"] and report["limits"]["decode"]["applies"]
+    assert not report["limits"]["disk_random"]["applies"]  # a small file: the page cache holds it
+    counts = [r["num_workers"] for r in report["loader"]["runs"]]
+    assert counts == worker_counts(report["machine"]["usable_cpus"])
+    for run in report["loader"]["runs"]:
+        assert set(run) == {"num_workers", "img_s", "batches", "first_batch_s", "wait_fraction"} and run["img_s"] > 0
+    v = report["verdict"]
+    assert v["binding"] in LIMIT_NAMES + ("loader",)
+    assert v["recommended"]["num_workers"] in counts and v["recommended"]["os_cache"] is True
+    assert report["loader"]["with_consumer"]["num_workers"] == v["recommended"]["num_workers"]
+    s = report["startup"]
+    assert s["warm"] == FAKE_START and s["cold"] is None and s["ranks"] is None and s["read_only"] is None
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = format_report(report)
+    assert "binding: " in text and "num_workers=" in text and "not measured (--startup)" in text
+
+
+def test_crop_pipeline_on_jpegs(jpeg_beton, monkeypatch):
+    report = doctor_json(jpeg_beton, monkeypatch, "--pipeline", "center", "--size", "32", "--batch-size", "4")
+    assert report["dataset"]["pipeline"] == "center" and report["dataset"]["output_bytes_per_image"] == 32 * 32 * 3
+    assert report["limits"]["decode"]["measured"]["jpeg_fraction"] == 1
+    assert report["limits"]["consumer"]["img_s"] is None and report["loader"]["with_consumer"] is None
+
+
+def test_text_report_of_a_full_startup(tmp_path):
+    report = {
+        "dataset": {
+            "path": "x.beton",
+            "format": "beton",
+            "samples": 10,
+            "file_bytes": 2**20,
+            "jpeg_fraction": 1.0,
+            "payload_mean_bytes": 1000.0,
+            "pipeline": "rrc",
+            "batch_size": 8,
+        },
+        "machine": {"usable_cpus": 2},
+        "limits": limits(consumer=100.0),
+        "loader": {
+            "runs": [{**r, "batches": 3, "first_batch_s": 0.1} for r in runs(10.0, 20.0)],
+            "with_consumer": None,
+        },
+        "verdict": analyse(limits(consumer=100.0), runs(10.0, 20.0), 2, 2**20, GIB, 8, step_ms=80),
+        "startup": {
+            "cache": {
+                "path": "/c",
+                "locator": "InTreeCacheLocator",
+                "read_only_fallback": "/u",
+                "fallback_writable": 0,
+            },
+            "warm": FAKE_START,
+            "cold": {"error": "exit 1: boom", "wall_s": 1.0},
+            "ranks": {"count": 3, "runs": [FAKE_START, FAKE_START], "max_first_batch_s": 0.9, "cache_files": 5},
+            "read_only": {"mode": "chmod a-w", "runs": [FAKE_START, FAKE_START], "cache_went_to": "nowhere"},
+        },
+        "seconds": 3.0,
+    }
+    text = format_report(report)
+    assert "FAILED: exit 1: boom" in text and "3 ranks at once" in text and "NOT writable" in text
+    assert "cache went to the nowhere" in text and "binding: loader" in text
+    plot_report(report, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_bad_datasets(tmp_path):
+    result = CliRunner().invoke(doctor_command, [str(tmp_path)])
+    assert result.exit_code == 1 and "ffload: error:" in result.output
+
+
+def test_serial_fraction_of_a_loader(raw_beton):
+    """The profile finds the worker and consumer threads, splits their time, and the fraction is a share."""
+    from ffload import Loader
+    from ffload.bench.serial import serial_fraction
+
+    r = serial_fraction(lambda w: Loader(raw_beton, batch_size=16, num_workers=w), 30)
+    assert {"main", "worker"} <= set(r["per_batch_us"])
+    assert r["per_batch_us"]["worker"]["nogil"] > 0  # the decoder's compiled kernels
+    assert 0 <= r["serial_fraction"] <= r["serial_fraction_upper"] <= 1
+    assert r["batches"] == 30 and r["calls_per_batch"] > 0 and r["top_held"]
+
+
+def test_split_profile_sorts_kernels_waits_and_python():
+    import cProfile
+    import pstats
+    import threading
+
+    from numba import njit
+
+    from ffload.bench.serial import nogil_kernels, split_profile
+
+    @njit(nogil=True)
+    def kernel(x):
+        return x + 1
+
+    kernel(1)
+    lock = threading.Lock()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    kernel(2)
+    with lock:
+        sum(range(1000))
+    profiler.disable()
+    code = kernel.py_func.__code__
+    split = split_profile(pstats.Stats(profiler), {(code.co_filename, code.co_firstlineno, code.co_name)})
+    assert split["kernel_calls"] == 1 and split["nogil"] > 0
+    assert split["held"] > 0 and any("sum" in label for label, _, _ in split["top_held"])
+    assert (code.co_filename, code.co_firstlineno, code.co_name) not in nogil_kernels()  # a local: not in a module
