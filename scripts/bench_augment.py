@@ -20,6 +20,10 @@ decoding the same JPEG bytes whole at full size with the fastest decoder availab
 dataloader_*`` is the most a loader that decodes every image at full size could reach over that
 peer; ffload decodes the centre square only (its rows up to the square's last, its iMCU columns).
 
+``ffload_torchvision`` is ffload with the same stack written as a torchvision ``v2.Compose`` and
+compiled by :func:`ffload.transforms.from_torchvision` (goal: >= 0.95x the hand-written ``ffload``
+pipeline); it runs where torchvision imports (the row is left out, saying so, elsewhere).
+
 ``ffload_rst`` reads ``photos_rst.beton``: the same images re-encoded by ffload at the same
 quality with a restart marker per MCU (``ffload convert --reencode --jpeg-restart-interval 1``),
 so that its decoders entropy-decode only the centre square's restart segments
@@ -57,6 +61,7 @@ ROWS = (
     ("decode_ceiling", "decode_ceiling", "beton"),
     ("ffload_rst", "ffload", "rst"),
     ("decode_ceiling_rst", "decode_ceiling", "rst"),
+    ("ffload_torchvision", "ffload_torchvision", "beton"),
 )
 """``(row name, BenchConfig kind, data)``: what each row measures, on which copy of the data."""
 TARGETS = {
@@ -68,6 +73,7 @@ TARGETS = {
     ("ffload", "decode_ceiling"): (">=", 0.0),
     ("ffload_rst", "decode_ceiling_rst"): (">=", 0.0),
     ("ffload_rst", "ffload"): (">=", 0.0),
+    ("ffload_torchvision", "ffload"): (">=", 0.95),
     ("decode_ceiling", "dataloader_pil"): (">=", 0.0),
     ("decode_ceiling", "dataloader_albumentations"): (">=", 0.0),
 }
@@ -125,6 +131,12 @@ def main() -> None:
     os.makedirs(args.data, exist_ok=True)
     paths = prepare(args.data, args.n_images)
     env = measurement_conditions()
+    rows_run = ROWS
+    try:
+        import torchvision  # noqa: F401  (the ffload_torchvision row compiles a torchvision Compose)
+    except Exception as e:  # absent, or built for another torch (its native ops fail to load)
+        rows_run = tuple(r for r in ROWS if r[1] != "ffload_torchvision")
+        print(f"ffload_torchvision left out: torchvision does not import here ({e})", file=sys.stderr)
     sections = []
     for pipeline, size in STACKS.items():
         configs = [
@@ -138,7 +150,7 @@ def main() -> None:
                 epochs=args.epochs,
                 size=size,
             )
-            for name, kind, data in ROWS
+            for name, kind, data in rows_run
         ]
         print(f"== {pipeline} ({size} px): {DEEPLAKE_STACKS[pipeline]}", file=sys.stderr)
         rows = summarize(

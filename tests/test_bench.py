@@ -338,6 +338,8 @@ def test_config_validation():
         BenchConfig(kind="ffload", pipeline="resize", **common)
     with pytest.raises(ValueError, match="simple"):
         BenchConfig(kind="dataloader_arrays", pipeline="rrc", **common)
+    with pytest.raises(ValueError, match="ffload_torchvision compiles the augmentation stacks only"):
+        BenchConfig(kind="ffload_torchvision", pipeline="rrc", **common)
     with pytest.raises(ValueError, match="batch_size"):
         BenchConfig(kind="ffload", pipeline="simple", **dict(common, batch_size=0))
     cfg = BenchConfig(kind="ffcv", pipeline="center", disabled_fields=["a"], **common)

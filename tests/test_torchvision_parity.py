@@ -426,3 +426,21 @@ def test_deeplake_complex_stack_matches_torchvision_end_to_end(datasets):
         x = F.normalize(F.to_dtype(x, torch.float32, scale=True), mean, std)
         diffs.append(_mean_diff(got[b] * grey, x.numpy() * grey))
     assert max(diffs) <= 1.0, diffs
+
+
+@pytest.mark.parametrize("pipeline", ["dl_simple", "dl_complex"])
+def test_deeplake_stacks_as_torchvision_compose_compile_entirely(pipeline):
+    """What bench_augment's ffload_torchvision row runs: the stack as a user writes it, every
+    transform compiled (nothing left to Python), the resize and crop folded into the decoder."""
+    from ffload.bench.config import BenchConfig
+    from ffload.bench.pipelines import deeplake_compose
+    from ffload.transforms import from_torchvision
+
+    cfg = BenchConfig(
+        kind="ffload_torchvision", path="x", pipeline=pipeline, batch_size=4, num_workers=1, epochs=1, size=96
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a stage left to Python or approximated would warn
+        stages = from_torchvision(deeplake_compose(cfg))
+    assert isinstance(stages.decoder, ResizeCenterCropRGBImageDecoder)
+    assert not stages.not_compiled and stages.output_size == (96, 96)

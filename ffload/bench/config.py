@@ -9,6 +9,7 @@ from .peers.ceiling import DECODERS, default_decoder
 
 KINDS = {
     "ffload": "ffload Loader",
+    "ffload_torchvision": "ffload Loader, the stack compiled from its torchvision Compose (from_torchvision)",
     "ffcv": "ffcv Loader",
     "dataloader_arrays": "DataLoader, in-memory arrays",
     "dataloader_pil": "DataLoader + PIL, ImageFolder",
@@ -126,6 +127,8 @@ class BenchConfig:
             return "dataloader_arrays holds images of one size: it runs the 'simple' pipeline only"
         if self.kind == "dataloader_albumentations" and self.pipeline not in DEEPLAKE_PIPELINES:
             return f"dataloader_albumentations runs the augmentation stacks only ({DEEPLAKE_PIPELINES})"
+        if self.kind == "ffload_torchvision" and self.pipeline not in DEEPLAKE_PIPELINES:
+            return f"ffload_torchvision compiles the augmentation stacks only ({DEEPLAKE_PIPELINES})"
         if self.fast_dct and self.kind != "ffload":
             return f"fast_dct is an option of ffload's decoders, not of {self.kind}"
         if self.kind in ("ffcv", "dataloader_arrays") and self.pipeline in DEEPLAKE_PIPELINES:

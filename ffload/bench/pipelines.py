@@ -62,6 +62,32 @@ def deeplake_ops(cfg: BenchConfig, ops: Mapping) -> list:
     return stack + [ops["NormalizeImage"](mean, std, np.float32), ops["ToTensor"](), ops["ToTorchImage"]()]
 
 
+def deeplake_compose(cfg: BenchConfig):
+    """A Deep Lake stack (:data:`~.config.DEEPLAKE_STACKS`) as the torchvision ``v2.Compose`` a user
+    would write (``Resize`` + ``CenterCrop`` for the centre square at ``size``, bilinear warps,
+    ``ToImage`` + ``ToDtype(scale=True)`` + ``Normalize``): what ``ffload_torchvision`` compiles
+    with :func:`ffload.transforms.from_torchvision`. Needs torchvision."""
+    import torch
+    from torchvision.transforms import InterpolationMode, v2
+
+    p, bilinear = DEEPLAKE_PARAMS, InterpolationMode.BILINEAR
+    stack = [
+        v2.Resize(cfg.size),
+        v2.CenterCrop(cfg.size),
+        v2.RandomAffine(p["degrees"], interpolation=bilinear),
+        v2.RandomHorizontalFlip(),
+    ]
+    if cfg.pipeline == "dl_complex":
+        j = p["jitter"]
+        stack += [
+            v2.RandomVerticalFlip(),
+            v2.RandomPerspective(p["distortion_scale"], p=p["perspective_p"], interpolation=bilinear),
+            v2.ColorJitter(j, j, j, j),
+        ]
+    stack += [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(p["mean"], p["std"])]
+    return v2.Compose(stack)
+
+
 def rrc_box(
     width: int, height: int, rng: random.Random, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
 ) -> tuple[int, int, int, int]:

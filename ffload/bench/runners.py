@@ -15,12 +15,14 @@ from .config import BenchConfig
 from .measurement import LoaderSetup, Measurement, median_after_warmup, peak_rss_mb, time_epochs
 from .peers.baselines import BASELINES
 from .peers.ceiling import DECODERS, load_jpeg_payloads, measure_decode_ceiling
-from .pipelines import build_pipelines
+from .pipelines import build_pipelines, deeplake_compose
 
 
 def run_ffload(cfg: BenchConfig) -> LoaderSetup:
     """``ffload.Loader`` with ffload's operations (:func:`build_pipelines`), ``order='random'``,
-    ``os_cache=True``, ``drop_last=False``, ``batches_ahead=3``; ``import ffload`` is timed."""
+    ``os_cache=True``, ``drop_last=False``, ``batches_ahead=3``; ``import ffload`` is timed. Kind
+    ``ffload_torchvision``: the image pipeline is :func:`ffload.transforms.from_torchvision` of the
+    stack's torchvision ``Compose`` (:func:`~.pipelines.deeplake_compose`) instead."""
     start = time.perf_counter()
     import ffload  # the import being timed
     import ffload.loaders
@@ -29,13 +31,22 @@ def run_ffload(cfg: BenchConfig) -> LoaderSetup:
     t1 = time.perf_counter()
     indices = None if cfg.limit is None else list(range(cfg.limit))
     ops = {name: getattr(ffload.loaders, name) for name in ffload.loaders.__all__}  # imported on first use
+    pipelines = build_pipelines(cfg, ops)
+    if cfg.kind == "ffload_torchvision":
+        import warnings
+
+        from ffload.transforms import from_torchvision
+
+        with warnings.catch_warnings():  # the warning names what runs in Python: nothing, for these stacks
+            warnings.simplefilter("ignore")
+            pipelines[cfg.image_field] = from_torchvision(deeplake_compose(cfg))
     loader = ffload.Loader(
         cfg.path,
         batch_size=cfg.batch_size,
         num_workers=cfg.num_workers,
         order="random",
         os_cache=True,
-        pipelines=build_pipelines(cfg, ops),
+        pipelines=pipelines,
         drop_last=False,
         seed=cfg.seed,
         indices=indices,
@@ -44,7 +55,7 @@ def run_ffload(cfg: BenchConfig) -> LoaderSetup:
     return LoaderSetup(loader, start, import_s, time.perf_counter() - t1, len(loader.indices), close=loader.close)
 
 
-RUNNERS = {"ffload": run_ffload, **BASELINES}
+RUNNERS = {"ffload": run_ffload, "ffload_torchvision": run_ffload, **BASELINES}
 """Loader kinds (all but ``decode_ceiling``) and the runners that build their loaders."""
 
 
