@@ -260,7 +260,7 @@ PIPELINE_ERRORS = [
     pytest.param(
         lambda: _declare(_op("RandomHorizontalFlip"), ((), np.int64)),
         errors.PipelineError,
-        "field 'x'.*works on numpy \\(H, W, C\\)",
+        "field 'x'.*works on numpy or torch \\(H, W, C\\)",
         id="flip-on-labels",
     ),
     pytest.param(
