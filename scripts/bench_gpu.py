@@ -4,7 +4,8 @@ data wait, a profiler trace of copy/compute overlap, then the CPU loader's scali
 cores. Every section writes into ``--out/results.json`` as it finishes, so a run cut short keeps
 what it measured.
 
-    # on the GPU machine (no package index: the wheels and photos come along, see --wheels, --photos)
+    # on the GPU machine (no package index: the wheels and photos come along, see --wheels, --photos;
+    # scripts/bench_gpu_assets.sh builds .bench_gpu/ beforehand, where an index is reachable)
     python scripts/bench_gpu.py --out $OUT --wheels .bench_gpu/wheels --photos .bench_gpu/photos
     # anywhere, a CPU-only dry run of the same code (sections that need CUDA say so and skip)
     python scripts/bench_gpu.py --out runs/bench_gpu --quick
