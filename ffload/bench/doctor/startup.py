@@ -50,8 +50,8 @@ imported = time.perf_counter() - t0
 loader = make_loader(BenchConfig(**spec["config"]), 1)
 next(iter(loader))
 loader.close()
-print(json.dumps({"import_s": imported, "first_batch_s": time.perf_counter() - t0,
-                  "ffload": os.path.dirname(ffload.__file__)}))
+sys.stdout.write(json.dumps({"import_s": imported, "first_batch_s": time.perf_counter() - t0,
+                             "ffload": os.path.dirname(ffload.__file__)}) + "\n")
 """
 
 
