@@ -28,15 +28,16 @@ Nor does it narrow a resize's multiply-adds to 16-bit lanes (it widens them to 3
 one 16-bit multiply x86 (``pmulhuw``) and ARM (``umull`` + narrowing shift) have, the high half
 of an unsigned product, ``mulhi(x, w) = (x * w) >> 16``, with ``w`` a ``Q16`` weight:
 
-* :func:`weigh_u8`: one tap of 32 lanes: loads 32 bytes ``p`` at ``src`` and stores at ``dst``
-  the 32 ``uint16`` ``acc + mulhi(p << 8, weight)`` (``p`` with 8 fraction bits, times the
-  weight), where ``acc`` is the 32 ``uint16`` already at ``dst`` when ``accumulate`` is non-zero,
-  else ``start`` in every lane (``dst`` is then read but its value unused);
-* :func:`weighted_sum_u16`: ``n >= 1`` taps of 16 lanes, each lane starting at ``start``, summed
-  in registers; tap ``k`` loads 16 ``uint16`` ``x`` (already with 8 fraction bits) at
-  ``base + offsets[k]`` and adds ``mulhi(x, weights[k])`` (``offsets``: the address of ``n``
-  ``int64`` byte offsets, ``weights``: of ``n`` ``uint16``); the sums are rounded half up to
-  ``uint8``, ``(sum + 128) >> 8``, and stored at ``dst`` (16 bytes).
+Both take ``(base, offsets, weights, n, start, dst)``: ``n >= 1`` taps, each lane starting at
+``start`` and summed in registers; tap ``k`` reads at ``base + offsets[k]`` (``offsets``: the
+address of ``n`` ``int64`` byte offsets, ``weights``: of ``n`` ``uint16``) and adds
+``mulhi(x, weights[k])``:
+
+* :func:`weighted_sum_u8`: 32 lanes; tap ``k`` loads 32 bytes ``p`` and weighs ``x = p << 8``
+  (8 fraction bits); the 32 ``uint16`` sums are stored at ``dst`` (64 bytes);
+* :func:`weighted_sum_u16`: 16 lanes; tap ``k`` loads 16 ``uint16`` ``x`` (already with 8
+  fraction bits); the sums are rounded half up to ``uint8``, ``(sum + 128) >> 8``, and stored at
+  ``dst`` (16 bytes).
 
 In both, every addition saturates at ``2**16 - 1`` (``llvm.uadd.sat``: ``paddusw`` / ``uqadd``),
 the rounding's too: nothing wraps.
@@ -44,7 +45,7 @@ the rounding's too: nothing wraps.
 All take byte addresses (``uint64``; an array's ``ctypes.data`` plus an offset), the transposes
 byte strides too, and return nothing. Nothing is checked: the caller guarantees that every byte
 read or written lies inside its buffers (the ``n`` rows of ``n`` elements at ``src + r *
-src_stride`` and ``dst + r * dst_stride``; the 16 bytes at ``src`` and at ``dst``). Unaligned
+src_stride`` and ``dst + r * dst_stride``; the bytes each tap reads and ``dst``'s 16 or 64). Unaligned
 addresses are fine (the loads and stores are ``align 1``).
 
 numba's on-disk cache keys a function on its own source file: code cached with these intrinsics
@@ -192,43 +193,14 @@ def _add_sat(builder, a, b):
     return _vector_intrinsic(builder, "uadd.sat", a.type, [a, b])
 
 
-def _weigh_u8():
-    """The ``@intrinsic`` :func:`weigh_u8` ``(src, weight, start, accumulate, dst)``."""
-    lanes = 32
-    v16 = ir.VectorType(ir.IntType(16), lanes)
-    source = ir.VectorType(ir.IntType(8), lanes)
-
-    def typer(typingctx, src, weight, start, accumulate, dst):
-        if not all(isinstance(t, types.Integer) for t in (src, weight, start, accumulate, dst)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            s, w, first, add, d = (context.cast(builder, v, t, types.uint64) for v, t in zip(args, sig.args))
-            i16 = ir.IntType(16)
-            x = builder.zext(builder.load(builder.inttoptr(s, source.as_pointer()), align=1), v16)
-            x = builder.shl(x, ir.Constant(v16, [8] * lanes))
-            at = builder.inttoptr(d, v16.as_pointer())
-            acc = builder.select(
-                builder.icmp_unsigned("!=", add, ir.Constant(add.type, 0)),
-                builder.load(at, align=1),
-                _splat(builder, builder.trunc(first, i16), v16),
-            )
-            builder.store(_add_sat(builder, acc, _mulhi(builder, x, builder.trunc(w, i16))), at, align=1)
-            return context.get_dummy_value()
-
-        return types.void(src, weight, start, accumulate, dst), codegen
-
-    typer.__name__ = "weigh_u8"
-    typer.__doc__ = "One weighted tap over 32 bytes (see the module docstring)."
-    return intrinsic(typer)
-
-
-def _weighted_sum_u16():
-    """The ``@intrinsic`` :func:`weighted_sum_u16` ``(base, offsets, weights, n, start, dst)``:
-    the taps summed in registers, one loop iteration per tap."""
-    lanes = 16
-    i16, i64 = ir.IntType(16), ir.IntType(64)
+def _weighted_sum(name: str, lanes: int, widen: bool):
+    """The ``@intrinsic`` ``name(base, offsets, weights, n, start, dst)``: ``n >= 1`` taps of ``lanes``
+    lanes summed in registers, one loop iteration per tap. ``widen``: each tap loads ``lanes`` bytes and
+    shifts them to 8 fraction bits, and the ``uint16`` sums are stored as they are (:func:`weighted_sum_u8`);
+    else each tap loads ``lanes`` ``uint16`` and the sums are rounded to bytes (:func:`weighted_sum_u16`)."""
+    i8, i16, i64 = ir.IntType(8), ir.IntType(16), ir.IntType(64)
     v16 = ir.VectorType(i16, lanes)
+    source = ir.VectorType(i8 if widen else i16, lanes)
 
     def typer(typingctx, base, offsets, weights, n, start, dst):
         if not all(isinstance(t, types.Integer) for t in (base, offsets, weights, n, start, dst)):
@@ -248,28 +220,30 @@ def _weighted_sum_u16():
             acc.add_incoming(first, entry)
             offset = builder.load(builder.gep(builder.inttoptr(o, i64.as_pointer()), [k]), align=1)
             weight = builder.load(builder.gep(builder.inttoptr(w, i16.as_pointer()), [k]), align=1)
-            x = builder.load(builder.inttoptr(builder.add(b, offset), v16.as_pointer()), align=1)
+            x = builder.load(builder.inttoptr(builder.add(b, offset), source.as_pointer()), align=1)
+            if widen:
+                x = builder.shl(builder.zext(x, v16), ir.Constant(v16, [8] * lanes))
             total = _add_sat(builder, acc, _mulhi(builder, x, weight))
             following = builder.add(k, ir.Constant(i64, 1))
             k.add_incoming(following, loop)
             acc.add_incoming(total, loop)
             builder.cbranch(builder.icmp_unsigned("<", following, count), loop, done)
             builder.position_at_end(done)
-            rounded = _add_sat(builder, total, ir.Constant(v16, [128] * lanes))
-            total = builder.lshr(rounded, ir.Constant(v16, [8] * lanes))
-            total = builder.trunc(total, ir.VectorType(ir.IntType(8), lanes))
+            if not widen:
+                rounded = _add_sat(builder, total, ir.Constant(v16, [128] * lanes))
+                total = builder.trunc(builder.lshr(rounded, ir.Constant(v16, [8] * lanes)), ir.VectorType(i8, lanes))
             builder.store(total, builder.inttoptr(d, total.type.as_pointer()), align=1)
             return context.get_dummy_value()
 
         return types.void(base, offsets, weights, n, start, dst), codegen
 
-    typer.__name__ = "weighted_sum_u16"
-    typer.__doc__ = "16 lanes of uint16, weighted, summed and rounded to uint8 (see the module docstring)."
+    typer.__name__ = name
+    typer.__doc__ = f"{lanes} lanes of weighted taps summed in registers (see the module docstring)."
     return intrinsic(typer)
 
 
-weigh_u8 = _weigh_u8()
-weighted_sum_u16 = _weighted_sum_u16()
+weighted_sum_u8 = _weighted_sum("weighted_sum_u8", 32, widen=True)
+weighted_sum_u16 = _weighted_sum("weighted_sum_u16", 16, widen=False)
 
 
 @njit(nogil=True, cache=True)

@@ -22,8 +22,8 @@ instead, as is a window narrower than 11 pixels (one 32-byte run). Separable,
 vertical pass first (it shrinks the rows the horizontal pass reads), in strips of 16 output rows
 (a strip's intermediates stay in the core's cache):
 
-* vertical: per output row, tap by tap, 32 bytes of the window's columns at a time
-  (:func:`~.simd.weigh_u8`), stored as ``uint16`` with 8 fraction bits (value * 256);
+* vertical: per output row, 32 bytes of the window's columns at a time, the taps summed in
+  registers (:func:`~.simd.weighted_sum_u8`), stored as ``uint16`` with 8 fraction bits (value * 256);
 * transpose of the strip's rows (each byte column becomes 16 contiguous ``uint16``) in 8 x 8
   blocks of vector shuffles (:func:`~.simd.transpose8_u16`);
 * horizontal: each output byte column is a weighted sum of whole transposed columns, the 16 rows
@@ -45,7 +45,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ffload._jit.simd import transpose8_u16, transpose16_u8, weigh_u8, weighted_sum_u16
+from ffload._jit.simd import transpose8_u16, transpose16_u8, weighted_sum_u8, weighted_sum_u16
 
 AREA = 0
 LINEAR = 1
@@ -206,7 +206,7 @@ def copy_rgb(src, src_start, src_stride, dst, dst_start, out_h, out_w, flip):
 
 
 _STRIP = 16  # output rows per strip: the horizontal pass's lanes, the u8 transpose's block
-_LANES = 32  # bytes per vertical weighted sum (weigh_u8)
+_LANES = 32  # bytes per vertical weighted sum (weighted_sum_u8)
 _HALF_TAPS = 128  # ceil(taps / 2) of both passes together, at most, for the 16-bit lanes (module docstring)
 
 
@@ -281,8 +281,8 @@ def resize_rgb(
 ):
     """Resize a window of an RGB image into an output row.
 
-    Strips of 16 output rows, four steps each: the vertical pass (tap by tap, 32 bytes of a row
-    at a time, :func:`~.simd.weigh_u8`), an 8 x 8 ``uint16`` block transpose of its result
+    Strips of 16 output rows, four steps each: the vertical pass (32 bytes of a row at a time,
+    all taps in registers, :func:`~.simd.weighted_sum_u8`), an 8 x 8 ``uint16`` block transpose of its result
     (:func:`~.simd.transpose8_u16`: each byte column becomes 16 contiguous ``uint16``), the
     horizontal pass (per output byte a weighted sum of whole transposed columns, the 16 rows in
     the lanes, :func:`~.simd.weighted_sum_u16`, written as a 16-byte run at its mirrored place
@@ -353,22 +353,19 @@ def resize_rgb(
     src_at = np.uint64(src.ctypes.data)
     out_at = np.uint64(dst.ctypes.data) + np.uint64(dst_start)
     xo_at, wx_at = np.uint64(xo.ctypes.data), np.uint64(wx.ctypes.data)
-    tx = np.uint64(xi.shape[1])
+    yo_at, wy_at = np.uint64(yo.ctypes.data), np.uint64(wy.ctypes.data)
+    tx, ty = np.uint64(xi.shape[1]), np.uint64(yi.shape[1])
     for r0 in range(np.uint64(0), np.uint64(out_h), strip):
-        for r in range(strip):  # vertical, tap by tap over the row's window, 32 bytes at a time
+        for r in range(strip):  # vertical: 32 bytes of the row's window at a time, all taps in registers
             y = min(r0 + r, np.uint64(out_h - 1))
-            n = yn[y]
+            n = np.uint64(yn[y])
             bias = _bias(n)
             row = at + two * r * cs
-            full = cols // lanes * lanes
-            if full < cols:  # the last 32 bytes first, all taps: the runs below rewrite their overlap
-                tail = cols - lanes
-                for k in range(n):
-                    weigh_u8(src_at + np.uint64(yo[y, k]) + tail, wy[y, k], bias, k, row + two * tail)
-            for k in range(n):
-                s = src_at + np.uint64(yo[y, k])
-                for j in range(np.uint64(0), full, lanes):
-                    weigh_u8(s + j, wy[y, k], bias, k, row + two * j)
+            offsets, weights = yo_at + np.uint64(8) * ty * y, wy_at + two * ty * y
+            for j in range(np.uint64(0), cols - lanes, lanes):
+                weighted_sum_u8(src_at + j, offsets, weights, n, bias, row + two * j)
+            tail = cols - lanes  # the last 32 bytes, overlapping the run before: the same sums again
+            weighted_sum_u8(src_at + tail, offsets, weights, n, bias, row + two * tail)
         for j in range(np.uint64(0), cs, np.uint64(8)):  # column j becomes the 16 uint16 at trans + 32 j
             for h in range(np.uint64(0), strip, np.uint64(8)):
                 transpose8_u16(at + two * (h * cs + j), two * cs, trans + two * (j * strip + h), two * strip)
