@@ -25,6 +25,7 @@ from ffload.loaders.memory.readahead import (
     ADVISE_PAGE,
     ReadAhead,
     advise_runs,
+    payloads_resident,
     sampled_resident,
     sort_unique,
     spanned_units,
@@ -270,6 +271,47 @@ def test_read_ahead_skips_batches_in_the_page_cache(stamped_dataset):
     starts = np.array([0], np.int64)
     vec = np.zeros(1, np.uint8)
     assert not sampled_resident(ahead._address, starts[:0], 8, vec, vec.ctypes.data)  # no run: ask
+
+
+def test_read_ahead_asks_for_no_batch_of_an_epoch_whose_payloads_are_cached(stamped_dataset):
+    """The epoch's check finds every payload page of a warm file cached: no batch is asked for (nor
+    checked one by one), and the IO thread is done with the epoch; after an eviction the next
+    epoch's batches are asked for."""
+    view = open_dataset(stamped_dataset)
+    columns = payload_columns(view, ["blob"])
+    batches = [np.arange(i, min(i + 8, N)) for i in range(0, N, 8)]
+    ptrs, sizes = columns[0]
+    ahead = ReadAhead(view.data_path, view.data_size, columns, 1 << 30, record=True)
+    try:
+        pages = np.zeros(3, np.uint8)  # chunks of three pages: a run is checked in several calls
+
+        def resident(indices):
+            return payloads_resident(ahead._address, indices, ptrs, sizes, view.data_size, pages, pages.ctypes.data)
+
+        evict(view.data_path)
+        assert not resident(np.arange(N))
+        fd = os.open(view.data_path, os.O_RDONLY)  # warm the blobs' pages only (no kernel read-ahead)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for s in range(N):
+            os.pread(fd, int(sizes[s]), int(ptrs[s]))
+        os.close(fd)
+        assert resident(np.arange(N)) and resident(np.array([3, 3, 1], np.int64))
+        other_ptrs, other_sizes = payload_columns(view, ["other"])[0]  # pages holding no blob are not cached
+        assert not payloads_resident(
+            ahead._address, np.arange(N), other_ptrs, other_sizes, view.data_size, pages, pages.ctypes.data
+        )
+        checked, request = [], ahead._request  # the per-batch step (its own mincore probes) is not reached
+        ahead._request = lambda indices, batch: checked.append(batch) or request(indices, batch)
+        ahead.schedule(batches, 0)
+        wait_until_stalled(ahead)
+        assert ahead._next == len(batches) and checked == [] and ahead.requested == []
+        evict(view.data_path)
+        assert not resident(np.arange(N))
+        ahead.schedule(list(batches), 0)  # a new epoch (a new list)
+        wait_until_stalled(ahead)
+        assert checked and ahead.requested
+    finally:
+        ahead.close()
 
 
 def wait_until_stalled(ahead: ReadAhead) -> None:

@@ -32,7 +32,13 @@ A batch whose pages are already in the page cache (the file is warm: every epoch
 of a dataset that fits in memory) is not asked for: the IO thread first checks a few of its pages
 with ``mincore`` (:func:`sampled_resident`, :data:`RESIDENT_PROBES`), and asks for the whole batch
 when one is missing. Without that check, a warm dataset of small samples cost one ``madvise`` per
-run, hundreds per batch, as much CPU as decoding the batch, on a core the workers needed.
+run, hundreds per batch, as much CPU as decoding the batch, on a core the workers needed. Before
+that, at the start of each epoch, the IO thread checks every page the epoch's payloads span
+(:func:`payloads_resident`: the payloads in file order merged into runs of pages, ``mincore`` in
+chunks, stopping at the first missing page); when all are in the page cache it asks for none of
+the epoch's batches, so a warm dataset costs no GIL time per batch for read-ahead
+at all (the per-batch check took the GIL between the workers' compiled calls). Pages evicted later
+in that epoch are read when the decoders touch them; the next epoch checks again.
 
 The same read-ahead serves ``os_cache=False`` in RANDOM order: the block cache's ``preadv``
 then copies from the page cache instead of waiting on the disk.
@@ -69,6 +75,9 @@ _mincore = extern("mincore", "i", "ppp")
 RESIDENT_PROBES = 8
 """Pages of a batch (the first of evenly spread runs) whose residency is checked before asking for
 the batch: when all are in the page cache, the batch is not asked for (see :meth:`ReadAhead._request`)."""
+
+RESIDENT_CHUNK = 64 << 20
+"""Most bytes per ``mincore`` call of an epoch's residency check (:func:`payloads_resident`)."""
 
 _RETRY_SECONDS = 0.02
 """How long :class:`PagePoolReadAhead` waits before asking a full pool again (a batch starting
@@ -120,6 +129,7 @@ class ReadAhead:
         self.data_size = int(data_size)
         self.unit = int(unit)
         self._vec = np.zeros(1, np.uint8)  # mincore's answer for one page
+        self._pages = np.zeros(RESIDENT_CHUNK // ADVISE_PAGE, np.uint8)  # ... for a chunk of the region
         self._columns = columns
         if isinstance(path, ShardLayout):  # a sharded dataset: its own contiguous mapping of the shards
             self._map = FileMapping(path.paths, path.bases, path.sizes)
@@ -142,6 +152,7 @@ class ReadAhead:
         self.max_bytes_ahead = 0
         self.requested: list[tuple[int, int]] | None = [] if record else None
         self.refused = 0
+        self._checked = None  # the batches of the epoch whose residency was checked last
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ffload-readahead", daemon=True)
         self._thread.start()
@@ -163,7 +174,8 @@ class ReadAhead:
             self._decoding = max(self._decoding, batch + 1)
             while self._ahead and self._ahead[0][0] < self._decoding:
                 self._ahead_bytes -= self._ahead.popleft()[1]
-            self._cond.notify_all()
+            if self._may_advance():  # else the IO thread would only wake to wait again (a GIL hand-off per batch)
+                self._cond.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -176,6 +188,13 @@ class ReadAhead:
                 batches, b = self._batches, max(self._next, self._decoding)
                 self._next = b + 1
             try:
+                if batches is not self._checked:  # a new epoch: are all its payloads already cached?
+                    self._checked = batches
+                    if self._resident(batches):
+                        with self._cond:
+                            if batches is self._batches:
+                                self._next = len(batches)
+                        continue
                 nbytes = self._request(batches[b], b)
             except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown": a
                 if not (_exiting() or self._closed):  # loader left open at exit, or closed meanwhile
@@ -194,6 +213,18 @@ class ReadAhead:
                     self._ahead.append((b, nbytes))
                     self._ahead_bytes += nbytes
                     self.max_bytes_ahead = max(self.max_bytes_ahead, self._ahead_bytes)
+
+    def _resident(self, batches) -> bool:
+        """Whether every page the payloads of ``batches`` span is in the page cache (once per epoch,
+        on the IO thread; compiled, without the GIL)."""
+        if not _MINCORE or not len(batches):
+            return False
+        indices = np.concatenate(batches).astype(np.int64, copy=False)
+        address, pages = self._address, self._pages
+        return all(
+            payloads_resident(address, indices, ptrs, sizes, self.data_size, pages, pages.ctypes.data)
+            for ptrs, sizes in self._columns
+        )
 
     def _request(self, indices: np.ndarray, batch: int) -> int | None:
         """Ask for the pages of one batch; the bytes asked for (None: not now, ask again). Runs
@@ -261,6 +292,9 @@ class PagePoolReadAhead(ReadAhead):
 
     def _request(self, indices: np.ndarray, batch: int) -> int | None:
         return self._pool.prefetch(indices, batch)
+
+    def _resident(self, batches) -> bool:
+        return False  # the pool's pages are its own, not the page cache's
 
     def _finish(self) -> None:
         pass
@@ -339,6 +373,51 @@ def sampled_resident(address, starts, probes, vec, vec_address):
         if _mincore(address + starts[r], ADVISE_PAGE, vec_address) != 0 or (vec[0] & 1) == 0:
             return False
     return True
+
+
+@njit(nogil=True, cache=True)
+def _pages_resident(address, first, last, pages, pages_address):
+    """Whether pages ``first..last`` (inclusive) of the mapping at ``address`` are all in the page
+    cache: ``mincore`` over chunks of ``pages.shape[0]`` pages; False when a call fails."""
+    p = first
+    while p <= last:
+        n = min(last - p + 1, pages.shape[0])
+        if _mincore(address + p * ADVISE_PAGE, n * ADVISE_PAGE, pages_address) != 0:
+            return False
+        for i in range(n):
+            if (pages[i] & 1) == 0:
+                return False
+        p += n
+    return True
+
+
+@njit(nogil=True, cache=True)
+def payloads_resident(address, indices, ptrs, sizes, data_size, pages, pages_address):
+    """Whether every page that the payloads ``[ptrs[s], ptrs[s] + sizes[s])`` of the samples
+    ``indices`` (``(B,) int64``, repeats allowed; ``ptrs``, ``sizes``: ``(N,) uint64`` bytes) span,
+    within the ``data_size`` bytes mapped at ``address`` (page-aligned), is in the page cache. The
+    payloads are taken in file order and merged into runs of consecutive pages, each checked by
+    :func:`_pages_resident` (``pages``: ``(P,) uint8`` scratch at ``pages_address``); stops at the first
+    missing page. Pages no payload touches (a page's unused tail, other fields) are not checked."""
+    at = np.empty(indices.shape[0], np.int64)
+    for b in range(indices.shape[0]):
+        at[b] = np.int64(ptrs[indices[b]])
+    last_page = (data_size - 1) // ADVISE_PAGE
+    lo = np.int64(-1)
+    hi = np.int64(-2)
+    for b in np.argsort(at):
+        size = np.int64(sizes[indices[b]])
+        if size <= 0:
+            continue
+        first = at[b] // ADVISE_PAGE
+        last = min((at[b] + size - 1) // ADVISE_PAGE, last_page)
+        if first <= hi + 1:
+            hi = max(hi, last)
+            continue
+        if lo >= 0 and not _pages_resident(address, lo, hi, pages, pages_address):
+            return False
+        lo, hi = first, last
+    return lo < 0 or _pages_resident(address, lo, hi, pages, pages_address)
 
 
 @njit(nogil=True, cache=True)
