@@ -21,17 +21,20 @@ from ffload.system import available_cpus, cgroup_cpu_quota
 MS = 1e-3
 
 
-def simulate(tuner, step, job, batches, cpu=0.0, burst=None):
+def simulate(tuner, step, job, batches, cpu=0.0, burst=None, cpus=None):
     """Feed ``tuner`` the observations of a steady pipeline: workers produce a batch every
     ``job / workers`` s, the consumer takes ``step`` s (``cpu`` of it on its own thread); the
-    consumer waits for the shortfall. ``burst(i, tuner)``: extra wait at batch ``i``. Returns the
-    workers after each batch and the waits."""
+    consumer waits for the shortfall. ``burst(i, tuner)``: extra wait at batch ``i``. ``cpus``:
+    the machine's CPUs, time-shared when the workers and the consumer's CPU exceed them (every
+    thread then runs ``(workers + cpu) / cpus`` times slower). Returns the workers after each batch
+    and the waits."""
     workers, waits = [], []
     for i in range(batches):
-        wait = max(0.0, job / tuner.workers - step)
+        slow = 1.0 if cpus is None else max(1.0, (tuner.workers + cpu) / cpus)
+        wait = max(0.0, slow * (job / tuner.workers - step))
         if burst is not None:
             wait += burst(i, tuner)
-        tuner.observe(Observation(wait=wait, step=step, consumer_cpu=cpu * step, job=job))
+        tuner.observe(Observation(wait=wait, step=slow * step, consumer_cpu=cpu * slow * step, job=slow * job))
         workers.append(tuner.workers)
         waits.append(wait)
     return workers, waits
@@ -82,14 +85,29 @@ def test_fast_consumer_parks_workers_it_does_not_need():
 
 
 def test_cpu_bound_consumer_keeps_a_cpu_for_itself():
-    """A consumer that busy-loops (its thread's CPU time = its step) on 4 CPUs with a loader that
-    could use them all: workers stop at 3, and a restored 4 is brought down to 3."""
+    """A consumer that busy-loops (its thread's CPU time = its step) on 4 CPUs, nearly balanced with
+    a loader that could use them all: 3 workers; a 4th, time-sharing the consumer's CPU, lengthens
+    the cycle, so it is tried once and undone; a restored 4 is brought down to 3."""
     tuner = AutoTuner(max_workers=4, max_ahead=20, shares=CpuShares(4))
-    workers, _ = simulate(tuner, step=2 * MS, job=20 * MS, batches=40, cpu=1.0)
+    workers, _ = simulate(tuner, step=3.5 * MS, job=12 * MS, batches=80, cpu=1.0, cpus=4)
     assert workers[-1] == 3 and tuner.reserve == 1 and tuner.cap == 3
+    reasons = [h["reason"] for h in tuner.history]
+    assert reasons.count("the consumer waited: trying its reserved CPU") == 1
+    assert reasons[-1] == "lending the consumer's CPU did not shorten its cycle"
     tuner.restore({"num_workers": 4, "batches_ahead": 6})
-    workers, _ = simulate(tuner, step=2 * MS, job=20 * MS, batches=2 * WINDOW, cpu=1.0)
+    workers, _ = simulate(tuner, step=3.5 * MS, job=12 * MS, batches=2 * WINDOW, cpu=1.0, cpus=4)
     assert workers[-1] == 3 and tuner.history[-1]["reason"] == "headroom for the consumer and other loaders"
+
+
+def test_a_waiting_consumer_lends_its_reserved_cpu():
+    """2 CPUs, a consumer that needs its core for 2 ms per batch and 20 ms jobs: the loader is the
+    bottleneck and the consumer mostly waits, so its reserved CPU is better time-shared: the probe
+    to 2 workers shortens the cycle (20 to 15 ms) and stays, as in later windows."""
+    tuner = AutoTuner(max_workers=2, max_ahead=20, shares=CpuShares(2))
+    workers, _ = simulate(tuner, step=2 * MS, job=20 * MS, batches=120, cpu=1.0, cpus=2)
+    assert tuner.reserve == 1 and tuner.cap == 1
+    assert workers[-1] == 2 and len(set(workers[-60:])) == 1
+    assert "headroom for the consumer and other loaders" not in [h["reason"] for h in tuner.history]
     # the same loader with a sleeping consumer takes every CPU
     idle = AutoTuner(max_workers=4, max_ahead=20, shares=CpuShares(4))
     assert simulate(idle, step=2 * MS, job=20 * MS, batches=40)[0][-1] == 4 and idle.reserve == 0
@@ -145,7 +163,9 @@ def test_fair_shares():
 
 def test_two_tuners_share_the_cpus():
     """Two hungry auto loaders on 8 CPUs get 4 each; one that needs 2 leaves 6 to the other;
-    two CPU-bound consumers each keep a CPU (3 + 3); a closed loader gives its share back."""
+    two CPU-bound consumers each keep a CPU (3 + 3: loaders sharing CPUs do not lend them); a
+    closed loader gives its share back (7, and lending the 8th to its consumer, whose CPU the
+    8 CPUs would then time-share, does not pay)."""
     shares = CpuShares(8)
     a, b = (AutoTuner(max_workers=8, max_ahead=40, shares=shares, name=n) for n in "ab")
     for _ in range(60):
@@ -163,7 +183,7 @@ def test_two_tuners_share_the_cpus():
             simulate(t, step=1 * MS, job=40 * MS, batches=1, cpu=1.0)
     assert (c.workers, d.workers) == (3, 3)
     d.close()
-    simulate(c, step=1 * MS, job=40 * MS, batches=3 * WINDOW, cpu=1.0)
+    simulate(c, step=1 * MS, job=40 * MS, batches=6 * WINDOW, cpu=1.0, cpus=8)
     assert c.workers == 7
 
 

@@ -16,7 +16,13 @@ The rules, evaluated once per window of :data:`WINDOW` batches (medians over the
   two windows under half a core): the worker cap is the loader's fair share of the
   usable CPUs (:func:`ffload.system.available_cpus`, shared by the live auto loaders of the
   process through :class:`CpuShares`) minus that reserve, at least 1, and at most the batches in
-  flight the memory budget allows.
+  flight the memory budget allows. The reserve is a first stop, not a wall: a consumer that
+  still waits at the cap gets one more worker as a probe (*lending* its CPU: the threads then
+  time-share it); kept when the consumer's cycle shortens by :data:`GAIN`, else undone and not
+  tried again until the cap or the consumer's step changes. A consumer waiting for its batches does not use its core meanwhile, so
+  where the loader is the bottleneck, time-sharing beats reserving (a 2-CPU machine: one worker
+  instead of two). Only a loader alone in its :class:`CpuShares` lends: the probes of several
+  loaders would change each other's cycles.
 * **grow** (one window suffices): the consumer waited more than :data:`WAIT_GROW` of its batch
   period. A shortfall (most batches of the window waited, or the need exceeds the workers):
   workers jump to ``min(cap, max(workers + 1, need))``. Bursts (a few batches waited long):
@@ -137,6 +143,12 @@ class CpuShares:
         with self._lock:
             self._members.pop(key, None)
 
+    @property
+    def members(self) -> int:
+        """Auto loaders sharing the CPUs now."""
+        with self._lock:
+            return len(self._members)
+
     def update(self, key, demand: int, reserve: int) -> int:
         """Record ``key``'s demand and reserve; its worker cap (>= 1): the most it may take while
         the others keep their fair shares of what they demand."""
@@ -196,6 +208,8 @@ class AutoTuner:
         self._too_few: tuple[int, float] | None = None  # (workers that made the consumer wait, step then)
         self._ceiling: tuple[int, float] | None = None  # (workers beyond which the cycle did not shorten, step)
         self._probe: tuple[str, int, float] | None = None  # ('up' | 'down', workers before, cycle before)
+        self._lent: float | None = None  # the step when a probe into the consumer's reserved CPU was kept
+        self._kept: tuple[int, float] | None = None  # (cap, step) when such a probe was undone
         self._last: dict | None = None
         self.history: list[dict] = []
         if self.auto_workers:
@@ -233,16 +247,20 @@ class AutoTuner:
         if int(cpu > 0.5) != self.reserve:  # two windows in a row change it (a pause is not a trend)
             self._reserve_votes += 1
             if self._reserve_votes >= 2:
-                self.reserve, self._reserve_votes = 1 - self.reserve, 0
+                self.reserve, self._reserve_votes, self._lent, self._kept = 1 - self.reserve, 0, None, None
         else:
             self._reserve_votes = 0
         self.need = self.max_workers if step <= 0 else max(1, math.ceil(job / step * MARGIN))
         self._last = {"step_ms": step * 1e3, "wait_ms": wait * 1e3, "job_ms": job * 1e3, "consumer_cpu": cpu}
-        cap = self.max_workers
+        cap = lend = self.max_workers
         if self.auto_workers:
             share = self.shares.update(id(self), min(self.need, self.max_workers), self.reserve)
-            cap = max(1, min(self.max_workers, share))
-            cap = min(cap, self.max_ahead + 1)  # more workers than batches in flight idle
+            flight = self.max_ahead + 1  # more workers than batches in flight idle
+            cap = max(1, min(self.max_workers, share, flight))
+            if self.shares.members == 1:  # alone: several loaders' probes would confound each other's cycles
+                lend = max(1, min(self.max_workers, share + self.reserve, flight))  # the reserved CPU lent
+            else:
+                lend = cap
         self.cap = cap
         if self._settle:
             self._settle = False
@@ -254,11 +272,22 @@ class AutoTuner:
             known = getattr(self, bound)
             if known is not None and abs(step - known[1]) > 0.5 * known[1]:
                 setattr(self, bound, None)  # the consumer changed: what was learnt may not hold
+        if self._lent is not None and abs(step - self._lent) > 0.5 * self._lent:
+            self._lent = None
+        if self._kept is not None and (self._kept[0] != cap or abs(step - self._kept[1]) > 0.5 * self._kept[1]):
+            self._kept = None  # another cap (loaders came or went) or another consumer: lending may pay now
         probe, self._probe = self._probe, None
+        into_reserve = probe is not None and probe[0] == "up" and probe[1] >= cap
+        if into_reserve and cycle <= probe[2] * (1 - GAIN):
+            self._lent = step  # the probe into the reserve paid: keep the CPU lent
+        limit = lend if self._lent is not None else cap
         workers, extra, reason = self.workers, self._extra, None
         floor = self._too_few[0] + 1 if self._too_few is not None else 1
-        if self.auto_workers and workers > cap:
-            workers, reason = cap, "headroom for the consumer and other loaders"
+        if into_reserve and self._lent is None:
+            self._kept = (cap, step)
+            workers, reason = min(probe[1], limit), "lending the consumer's CPU did not shorten its cycle"
+        elif self.auto_workers and workers > limit:
+            workers, reason = limit, "headroom for the consumer and other loaders"
         elif probe is not None and probe[0] == "up" and cycle > probe[2] * (1 - GAIN):
             self._ceiling = (probe[1], step)
             workers, reason = probe[1], "more workers did not shorten the consumer's cycle"
@@ -271,11 +300,15 @@ class AutoTuner:
                 self._ceiling = (workers, step)  # as fast with fewer: stay at most here
             shortfall = waited >= 0.5 or self.need > workers
             top = cap if self._ceiling is None else min(cap, self._ceiling[0])
+            lendable = self._kept is None and (self._ceiling is None or self._ceiling[0] > workers)
             if shortfall and self.auto_workers and workers < top:
                 if self.history and self.history[-1]["workers"] < self.history[-1]["from_workers"]:
                     self._too_few = (workers, step)
                 self._probe = ("up", workers, cycle)
                 workers, reason = min(top, max(workers + 1, self.need)), "the consumer waited"
+            elif shortfall and self.auto_workers and cap <= workers < lend and lendable:
+                self._probe = ("up", workers, cycle)
+                workers, reason = workers + 1, "the consumer waited: trying its reserved CPU"
             elif shortfall and self.auto_workers and workers > floor and top < cap and workers >= top:
                 self._probe = ("down", workers, cycle)
                 workers, reason = max(floor, min(workers - 1, workers * 2 // 3)), "trying fewer workers (no gain above)"
