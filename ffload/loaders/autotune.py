@@ -387,41 +387,53 @@ class AutoTuner:
 
 class WorkerGate:
     """Admits at most ``limit`` jobs at once, lowest ticket first; the pool's other threads park
-    (block on a condition variable, no spinning) until a job leaves or the limit rises.
+    (each blocks on its own event, no spinning) until a job leaves or the limit rises.
+
+    A job that finds room and nobody parked takes a lock and goes on; a leaving job hands its
+    place directly to the lowest parked ticket (sets that one thread's event), so no other parked
+    thread wakes for nothing (a shared condition with ``notify_all`` woke every parked thread at
+    every job's start and end, each taking the GIL to go back to sleep).
 
     Args:
         limit: jobs admitted at once (>= 1).
     """
 
     def __init__(self, limit: int):
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._limit, self._active = max(1, limit), 0
-        self._waiting: list[int] = []
+        self._waiting: list[tuple[int, threading.Event]] = []  # a heap of parked (ticket, event)
 
     def enter(self, ticket: int) -> None:
         """Block until the job with ``ticket`` (its batch's submission number) may run."""
-        with self._cond:
-            heapq.heappush(self._waiting, ticket)
-            while self._active >= self._limit or self._waiting[0] != ticket:
-                self._cond.wait()
-            heapq.heappop(self._waiting)
+        with self._lock:
+            if self._active < self._limit and not self._waiting:
+                self._active += 1
+                return
+            event = threading.Event()
+            heapq.heappush(self._waiting, (ticket, event))
+        event.wait()  # set by _admit, which counted this job as active
+
+    def _admit(self) -> None:
+        # with the lock held: hand free places to the lowest parked tickets
+        while self._waiting and self._active < self._limit:
+            _, event = heapq.heappop(self._waiting)
             self._active += 1
-            self._cond.notify_all()  # the next ticket may fit too
+            event.set()
 
     def leave(self) -> None:
         """A job admitted by :meth:`enter` is done."""
-        with self._cond:
+        with self._lock:
             self._active -= 1
-            self._cond.notify_all()
+            self._admit()
 
     def set_limit(self, limit: int) -> None:
-        """Change how many jobs run at once (running ones finish; parked ones wake)."""
-        with self._cond:
+        """Change how many jobs run at once (running ones finish; parked ones are admitted)."""
+        with self._lock:
             self._limit = max(1, limit)
-            self._cond.notify_all()
+            self._admit()
 
     @property
     def parked(self) -> int:
         """Threads blocked waiting for admission."""
-        with self._cond:
+        with self._lock:
             return len(self._waiting)
