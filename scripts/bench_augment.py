@@ -4,6 +4,7 @@
     python scripts/bench_augment.py                  # ~4 min on 2 cores
     python scripts/bench_augment.py --quick          # one round, fewer images
     python scripts/bench_augment.py --num-workers 16 # on a many-core machine
+    python scripts/bench_augment.py --rows ffload,ffload_torchvision --repeats 11   # one ratio, more rounds
 
 Data: the ImageNet-sized JPEG ImageFolder of :mod:`ffload.bench.datasets` (~430 px, ~98 KB at
 q90), converted once to ``photos.beton`` (JPEG payloads as they are; ffload reads it, the
@@ -124,6 +125,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--quick", action="store_true", help="128 images, one round")
+    ap.add_argument("--rows", default=None, help="comma-separated row names to run (default: all; see ROWS)")
     args = ap.parse_args()
     if args.quick:
         args.n_images, args.repeats = 128, 1
@@ -132,6 +134,12 @@ def main() -> None:
     paths = prepare(args.data, args.n_images)
     env = measurement_conditions()
     rows_run = ROWS
+    if args.rows:
+        wanted = args.rows.split(",")
+        unknown = sorted(set(wanted) - {r[0] for r in ROWS})
+        if unknown:
+            ap.error(f"unknown rows {unknown}; rows are {[r[0] for r in ROWS]}")
+        rows_run = tuple(r for r in ROWS if r[0] in wanted)
     try:
         import torchvision  # noqa: F401  (the ffload_torchvision row compiles a torchvision Compose)
     except Exception as e:  # absent, or built for another torch (its native ops fail to load)

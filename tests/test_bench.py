@@ -381,10 +381,18 @@ def test_summarize_medians_and_ratios():
     assert rows[0]["img_s"] == 200.0 and rows[1]["img_s"] == 100.0 and rows[0]["runs"] == 3
     assert rows[0]["peak_rss_mb"] == 103.0  # the maximum over runs
     ratios = compute_ratios(rows, [("ffload", "ffcv")])
-    assert ratios == [{"numerator": "ffload", "denominator": "ffcv", "num_workers": 2, "ratio": 2.0}]
+    # rounds' ratios 6, 2/3, 2: their median 2; the medians' ratio 200 / 100
+    assert ratios == [{"numerator": "ffload", "denominator": "ffcv", "num_workers": 2, "ratio": 2.0, "paired": 2.0}]
     table = format_ratios(ratios, {("ffload", "ffcv"): (">=", 2.5)})
-    assert "| ffload / ffcv | 2 | 2.00x | >= 2.5x | NO |" in table
-    assert "| ffload / ffcv | 2 | 2.00x | >= 1.5x | yes |" in format_ratios(ratios, {("ffload", "ffcv"): (">=", 1.5)})
+    assert "| ffload / ffcv | 2 | 2.00x | 2.00x | >= 2.5x | NO |" in table
+    assert "| ffload / ffcv | 2 | 2.00x | 2.00x | >= 1.5x | yes |" in format_ratios(
+        ratios, {("ffload", "ffcv"): (">=", 1.5)}
+    )
+    drift = summarize(  # a machine that swings: a is 1.1x b in two rounds, the medians fall in different rounds
+        [fake_run("a", 2, v) for v in (110.0, 550.0, 300.0)] + [fake_run("b", 2, v) for v in (100.0, 500.0, 600.0)]
+    )
+    (paired,) = compute_ratios(drift, [("a", "b")])
+    assert paired["ratio"] == 300.0 / 500.0 and paired["paired"] == pytest.approx(1.1)
 
 
 def test_rrc_box_follows_torchvision_rule():

@@ -39,11 +39,12 @@ def format_rows(rows: Sequence[dict]) -> str:
 
 
 def format_ratios(ratios: Sequence[dict], targets: Mapping[tuple[str, str], tuple[str, float]] | None = None) -> str:
-    """A markdown table of :func:`compute_ratios` entries. ``targets`` maps a
+    """A markdown table of :func:`compute_ratios` entries: the ratio of the medians (``value``,
+    which the target is checked against) and the median of the rounds' ratios. ``targets`` maps a
     ``(numerator, denominator)`` pair to ``('>=' | '<=', value)``; the table then says whether
     each ratio meets its target."""
     targets = targets or {}
-    lines = ["| ratio | workers | value | target | met |", "|---|---|---|---|---|"]
+    lines = ["| ratio | workers | value | rounds' median | target | met |", "|---|---|---|---|---|---|"]
     for q in ratios:
         target = targets.get((q["numerator"], q["denominator"]))
         met = "-"
@@ -53,6 +54,7 @@ def format_ratios(ratios: Sequence[dict], targets: Mapping[tuple[str, str], tupl
         lines.append(
             f"| {q['numerator']} / {q['denominator']} | {q['num_workers']} | "
             f"{_fmt(q['ratio'], '.2f')}{'x' if q['ratio'] is not None else ''} | "
+            f"{_fmt(q.get('paired'), '.2f')}{'x' if q.get('paired') is not None else ''} | "
             f"{f'{target[0]} {target[1]}x' if target else '-'} | {met} |"
         )
     return "\n".join(lines)

@@ -86,21 +86,28 @@ def summarize(results: Sequence[dict]) -> list[dict]:
 
 def compute_ratios(rows: Sequence[dict], pairs: Sequence[tuple[str, str]]) -> list[dict]:
     """``img_s`` ratios of rows with equal ``num_workers``: for each ``(numerator, denominator)``
-    pair of row names, ``{'numerator', 'denominator', 'num_workers', 'ratio'}`` (``ratio`` is
-    ``None`` when either median is missing). Pairs without both rows are left out."""
+    pair of row names, ``{'numerator', 'denominator', 'num_workers', 'ratio', 'paired'}``:
+    ``ratio`` the ratio of the two medians (``None`` when either is missing), ``paired`` the median
+    of the rounds' own ratios (run ``i`` over run ``i``: :func:`~.harness.run_rounds` runs every
+    config once per round, so a machine whose speed drifts between rounds moves both alike;
+    ``None`` unless both rows succeeded in every round). Pairs without both rows are left out."""
     by_key = {(r["name"], r["num_workers"]): r for r in rows}
     out = []
     for num, den in pairs:
         for (name, workers), row in by_key.items():
             if name != num or (den, workers) not in by_key:
                 continue
-            a, b = row["img_s"], by_key[(den, workers)]["img_s"]
+            other = by_key[(den, workers)]
+            a, b = row["img_s"], other["img_s"]
+            runs_a, runs_b = row["img_s_runs"], other["img_s_runs"]
+            together = not row["errors"] and not other["errors"] and runs_a and len(runs_a) == len(runs_b)
             out.append(
                 {
                     "numerator": num,
                     "denominator": den,
                     "num_workers": workers,
                     "ratio": a / b if a is not None and b else None,
+                    "paired": _median([x / y for x, y in zip(runs_a, runs_b)]) if together and all(runs_b) else None,
                 }
             )
     return out
