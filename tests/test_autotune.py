@@ -133,18 +133,38 @@ def test_no_oscillation_when_workers_contend(start):
     assert 3 <= workers[-1] <= 6 and max(waits[-300:]) < 0.05 * 6 * MS
 
 
-def test_bursty_waits_deepen_the_prefetch_within_the_budget():
-    """Enough workers on average, but every 16th and 17th batch wait long: the depth grows by
-    one per burst, never beyond max_ahead, and the workers stay."""
-    tuner = AutoTuner(max_workers=4, max_ahead=7, workers=2, shares=CpuShares(4))
-    start = tuner.ahead
-    assert start == 4  # workers + 2
-    simulate(tuner, step=10 * MS, job=10 * MS, batches=200, burst=lambda i, t: 20 * MS if i % 16 < 2 else 0.0)
-    assert tuner.workers == 2 and tuner.ahead == 7
+def test_bursty_waits_deepen_the_prefetch_while_it_absorbs_them():
+    """Enough workers on average, but every 16th and 17th batch comes 60 ms late, less what the
+    queued batches absorb (10 ms per batch ahead): the depth grows one at a time while the mean
+    cycle shortens, until the bursts are gone (6 ahead), and the workers stay. With room for 5,
+    it stops at 5."""
+
+    def burst(i, t):
+        return max(0.0, 60 * MS - 10 * MS * t.ahead) if i % 16 < 2 else 0.0
+
+    tuner = AutoTuner(max_workers=4, max_ahead=20, workers=2, shares=CpuShares(4))
+    assert tuner.ahead == 4  # workers + 2
+    _, waits = simulate(tuner, step=10 * MS, job=10 * MS, batches=300, burst=burst)
+    assert tuner.workers == 2 and tuner.ahead == 6 and max(waits[-100:]) == 0.0
     assert {h["reason"] for h in tuner.history} == {"the consumer waited in bursts"}
+    small = AutoTuner(max_workers=4, max_ahead=5, workers=2, shares=CpuShares(4))
+    simulate(small, step=10 * MS, job=10 * MS, batches=300, burst=burst)
+    assert small.ahead == 5
     fixed = AutoTuner(max_workers=4, max_ahead=3, workers=2, batches_ahead=3)
-    simulate(fixed, step=10 * MS, job=30 * MS, batches=100)
+    simulate(fixed, step=10 * MS, job=10 * MS, batches=100, burst=burst)
     assert (fixed.workers, fixed.ahead, fixed.history) == (2, 3, [])  # fixed settings never move
+
+
+def test_waits_a_deeper_prefetch_does_not_absorb_leave_the_depth():
+    """Late batches whatever the depth (jitter): one deeper probe, undone, and no more (each slot
+    more is buffer memory)."""
+    tuner = AutoTuner(max_workers=4, max_ahead=20, workers=2, shares=CpuShares(4))
+    simulate(tuner, step=10 * MS, job=10 * MS, batches=300, burst=lambda i, t: 20 * MS if i % 16 < 2 else 0.0)
+    assert tuner.workers == 2 and tuner.ahead == 4
+    assert [h["reason"] for h in tuner.history] == [
+        "the consumer waited in bursts",
+        "a deeper prefetch did not shorten the consumer's cycle",
+    ]
 
 
 def test_memory_budget_caps_the_workers_too():

@@ -26,7 +26,10 @@ The rules, evaluated once per window of :data:`WINDOW` batches (medians over the
 * **grow** (one window suffices): the consumer waited more than :data:`WAIT_GROW` of its batch
   period. A shortfall (most batches of the window waited, or the need exceeds the workers):
   workers jump to ``min(cap, max(workers + 1, need))``. Bursts (a few batches waited long):
-  the prefetch depth grows by one.
+  the prefetch depth grows by one, as a probe judged on the *mean* cycle (bursts move the mean,
+  not the median): unless it shortened by :data:`GAIN`, the depth goes back and becomes a
+  ceiling. Waits that a deeper queue does not absorb (a noisy machine's jitter) would otherwise
+  deepen it batch after batch, and every slot more is buffer memory the caches must hold.
 * **probe** (while the consumer waits): a grow is a probe; the next judged window compares the
   consumer's cycle (step + wait, median): unless it shortened by :data:`GAIN`, the workers go
   back and that count becomes a ceiling (a loader bound by serial work gets slower with more
@@ -210,6 +213,7 @@ class AutoTuner:
         self._probe: tuple[str, int, float] | None = None  # ('up' | 'down', workers before, cycle before)
         self._lent: float | None = None  # the step when a probe into the consumer's reserved CPU was kept
         self._kept: tuple[int, float] | None = None  # (cap, step) when such a probe was undone
+        self._deepest: tuple[int, float] | None = None  # (extra beyond which depth did not help, step)
         self._last: dict | None = None
         self.history: list[dict] = []
         if self.auto_workers:
@@ -268,7 +272,8 @@ class AutoTuner:
         waiting = wait > MIN_WAIT_S and wait > WAIT_GROW * period
         quiet = wait <= MIN_WAIT_S or wait <= WAIT_QUIET * period
         cycle = statistics.median(o.step + o.wait for o in window)
-        for bound in ("_too_few", "_ceiling"):
+        mean_cycle = statistics.fmean(o.step for o in window) + wait  # wait: the window's mean already
+        for bound in ("_too_few", "_ceiling", "_deepest"):
             known = getattr(self, bound)
             if known is not None and abs(step - known[1]) > 0.5 * known[1]:
                 setattr(self, bound, None)  # the consumer changed: what was learnt may not hold
@@ -294,6 +299,9 @@ class AutoTuner:
         elif probe is not None and probe[0] == "down" and cycle > probe[2] * (1 + GAIN):
             self._too_few = (workers, step)
             workers, reason = probe[1], "fewer workers lengthened the consumer's cycle"
+        elif probe is not None and probe[0] == "deeper" and mean_cycle > probe[2] * (1 - GAIN):
+            self._deepest = (probe[1], step)
+            extra, reason = probe[1], "a deeper prefetch did not shorten the consumer's cycle"
         elif waiting:
             self._quiet = 0
             if probe is not None and probe[0] == "down":
@@ -301,6 +309,7 @@ class AutoTuner:
             shortfall = waited >= 0.5 or self.need > workers
             top = cap if self._ceiling is None else min(cap, self._ceiling[0])
             lendable = self._kept is None and (self._ceiling is None or self._ceiling[0] > workers)
+            deeper = self._deepest is None or extra < self._deepest[0]
             if shortfall and self.auto_workers and workers < top:
                 if self.history and self.history[-1]["workers"] < self.history[-1]["from_workers"]:
                     self._too_few = (workers, step)
@@ -312,7 +321,8 @@ class AutoTuner:
             elif shortfall and self.auto_workers and workers > floor and top < cap and workers >= top:
                 self._probe = ("down", workers, cycle)
                 workers, reason = max(floor, min(workers - 1, workers * 2 // 3)), "trying fewer workers (no gain above)"
-            elif not shortfall and self.auto_ahead and self.ahead < self.max_ahead:
+            elif not shortfall and self.auto_ahead and self.ahead < self.max_ahead and deeper:
+                self._probe = ("deeper", extra, mean_cycle)
                 extra, reason = extra + 1, "the consumer waited in bursts"
         elif quiet and self.auto_workers and self.need < workers:
             self._quiet += 1
