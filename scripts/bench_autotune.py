@@ -20,7 +20,7 @@ each in its own process:
 
 ``step`` is ``job / (0.6 * cpus)``, ``job`` the batch time of one worker measured at the
 start of each cell (the consumer needs about 60 % of the usable CPUs' output). Every config
-runs ``--warm`` batches (auto converges in them), then ``--seconds`` timed; the configs run
+runs ``--warm`` batches and ``--warm-seconds`` (auto converges in them), then ``--seconds`` timed; the configs run
 in a rotated order for ``--repeats`` rounds and the medians are compared. Ratios: auto / the
 best fixed setting, auto / today's default (``num_workers`` = the CPUs of the affinity mask,
 the cgroup quota ignored as before this change, ``batches_ahead=3``). Goal (issue 33): auto >=
@@ -100,7 +100,7 @@ def _consumer(kind: str, step: float):
     return work
 
 
-def _run(path, pipes, batch, workers, ahead, consume, warm, seconds, buffer_limit=None):
+def _run(path, pipes, batch, workers, ahead, consume, warm, seconds, buffer_limit=None, warm_seconds=0.0):
     """Images/s of one config with the consumer; the loader's stats at the end."""
     import ffload
 
@@ -113,9 +113,11 @@ def _run(path, pipes, batch, workers, ahead, consume, warm, seconds, buffer_limi
                 yield from loader
 
         it = batches()
-        for _ in range(warm):
+        n, t0 = 0, time.perf_counter()
+        while n < warm or time.perf_counter() - t0 < warm_seconds:
             next(it)
             consume()
+            n += 1
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             next(it)
@@ -165,7 +167,16 @@ def child(spec: dict) -> dict:
                 refused.append(f"{w}x{a}")
                 continue
             rate, stats = _run(
-                path, pipes, batch, w, a, consume, spec["warm"], spec["seconds"], buffer_limit if w == "auto" else None
+                path,
+                pipes,
+                batch,
+                w,
+                a,
+                consume,
+                spec["warm"],
+                spec["seconds"],
+                buffer_limit if w == "auto" else None,
+                spec["warm_seconds"],
             )
             rates[(w, a)].append(rate)
             if w == "auto":
@@ -245,6 +256,9 @@ def main() -> None:
     ap.add_argument("--situations", default=",".join(SITUATIONS))
     ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per config and round")
     ap.add_argument("--warm", type=int, default=120, help="batches before timing (auto converges in them)")
+    ap.add_argument(
+        "--warm-seconds", type=float, default=1.0, help="... and seconds at least (tuning windows are time)"
+    )
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--ahead", default="1,3,8", help="fixed batches_ahead values (the memory cells use 1,3)")
     ap.add_argument("--n-raw", type=int, default=20000)
@@ -252,7 +266,7 @@ def main() -> None:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="raw and rrc; gpu, cpu, quota, memory; batches_ahead 3, 40 warm batches, 0.15 s per config, one round",
+        help="raw and rrc; gpu, cpu, quota, memory; batches_ahead 3, 40 warm batches and 0.3 s, 0.15 s per config, one round",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -261,6 +275,7 @@ def main() -> None:
         return
     if args.quick:
         args.pipelines, args.seconds, args.warm, args.repeats, args.ahead = "raw,rrc", 0.15, 40, 1, "3"
+        args.warm_seconds = 0.3
         args.situations = "gpu,cpu,quota,memory"
     from ffload.bench import format_conditions, measurement_conditions, write_results
 
@@ -287,6 +302,7 @@ def main() -> None:
                 "workers": workers,
                 "ahead": [1, 3] if situation == "memory" else ahead,
                 "warm": args.warm,
+                "warm_seconds": args.warm_seconds,
                 "seconds": args.seconds,
                 "repeats": args.repeats,
             }
@@ -320,7 +336,7 @@ def main() -> None:
             format_conditions(env),
             "",
             f"{machine} CPUs; workers {workers}, batches_ahead {ahead} (memory: [1, 3], budget {MEMORY_SLOTS} slots); "
-            f"{args.warm} warm batches, {args.seconds} s timed, {args.repeats} round(s); "
+            f"{args.warm} warm batches and {args.warm_seconds} s, {args.seconds} s timed, {args.repeats} round(s); "
             f"{time.perf_counter() - t0:.0f} s in all.",
             "",
             *lines,

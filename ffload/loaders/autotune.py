@@ -6,7 +6,10 @@ calls and how much CPU its own thread used meanwhile, how long the batch's job r
 worker) and reads back :attr:`AutoTuner.workers` and :attr:`AutoTuner.ahead`. Nothing in it
 reads a clock, so its decisions are tested from made-up observations.
 
-The rules, evaluated once per window of :data:`WINDOW` batches (medians over the window):
+The rules, evaluated once per window of at least :data:`WINDOW` batches and :data:`WINDOW_S`
+seconds of the consumer's cycles (medians over the window): a window of small batches would
+otherwise last a few milliseconds, shorter than one scheduler time slice, and every decision
+would follow the noise of whichever thread the kernel ran last:
 
 * **need**: ``ceil(job / step * MARGIN)`` workers produce one batch per consumer step (``job``:
   a batch's time on its worker, ``step``: the consumer's time between two requests; a consumer
@@ -60,7 +63,9 @@ import threading
 logger = logging.getLogger(__name__)
 
 WINDOW = 8
-"""Batches per decision window."""
+"""Batches per decision window, at least."""
+WINDOW_S = 0.05
+"""Seconds per decision window (the consumer's step + wait, summed), at least."""
 WARMUP = 2
 """Batches ignored when a loader starts (numba compiling, caches filling)."""
 MARGIN = 1.25
@@ -205,6 +210,7 @@ class AutoTuner:
         self.reserve, self.need = 0, self.workers
         self._reserve_votes = 0
         self._window: list[Observation] = []
+        self._window_s = 0.0  # the current window's seconds
         self._seen = 0
         self._quiet = 0
         self._settle = False
@@ -236,8 +242,10 @@ class AutoTuner:
         if self._seen <= WARMUP or not (self.auto_workers or self.auto_ahead):
             return None
         self._window.append(obs)
-        if len(self._window) < WINDOW:
+        self._window_s += obs.step + obs.wait
+        if len(self._window) < WINDOW or self._window_s < WINDOW_S:
             return None
+        self._window_s = 0.0
         window, self._window = self._window, []
         return self._decide(window)
 
