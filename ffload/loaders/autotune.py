@@ -22,10 +22,10 @@ would follow the noise of whichever thread the kernel ran last:
   flight the memory budget allows. The reserve is a first stop, not a wall: a consumer that
   still waits at the cap gets one more worker as a probe (*lending* its CPU: the threads then
   time-share it); kept when the consumer's cycle shortens by :data:`GAIN`, else undone and not
-  tried again until the cap or the consumer's step changes. A consumer waiting for its batches does not use its core meanwhile, so
-  where the loader is the bottleneck, time-sharing beats reserving (a 2-CPU machine: one worker
-  instead of two). Only a loader alone in its :class:`CpuShares` lends: the probes of several
-  loaders would change each other's cycles.
+  tried again until the cap or the consumer's step changes. A consumer waiting for its batches
+  does not use its core meanwhile, so where the loader is the bottleneck, time-sharing beats
+  reserving (a 2-CPU machine: one worker instead of two). Only a loader alone in its
+  :class:`CpuShares` lends: the probes of several loaders would change each other's cycles.
 * **grow** (one window suffices): the consumer waited more than :data:`WAIT_GROW` of its batch
   period. A shortfall (most batches of the window waited, or the need exceeds the workers):
   workers jump to ``min(cap, max(workers + 1, need))``. Bursts (a few batches waited long):
