@@ -190,7 +190,7 @@ class ReadAhead:
             try:
                 if batches is not self._checked:  # a new epoch: are all its payloads already cached?
                     self._checked = batches
-                    if self._resident(batches):
+                    if self._resident(batches, b):
                         with self._cond:
                             if batches is self._batches:
                                 self._next = len(batches)
@@ -214,10 +214,14 @@ class ReadAhead:
                     self._ahead_bytes += nbytes
                     self.max_bytes_ahead = max(self.max_bytes_ahead, self._ahead_bytes)
 
-    def _resident(self, batches) -> bool:
+    def _resident(self, batches, first: int) -> bool:
         """Whether every page the payloads of ``batches`` span is in the page cache (once per epoch,
-        on the IO thread; compiled, without the GIL)."""
+        on the IO thread; compiled, without the GIL). Batch ``first`` (the next to decode) is probed
+        first: a cold epoch's first requests are not delayed by sorting the whole epoch."""
         if not _MINCORE or not len(batches):
+            return False
+        starts, _ = self._runs(batches[first])
+        if not sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data):
             return False
         indices = np.concatenate(batches).astype(np.int64, copy=False)
         address, pages = self._address, self._pages
@@ -293,7 +297,7 @@ class PagePoolReadAhead(ReadAhead):
     def _request(self, indices: np.ndarray, batch: int) -> int | None:
         return self._pool.prefetch(indices, batch)
 
-    def _resident(self, batches) -> bool:
+    def _resident(self, batches, first: int) -> bool:
         return False  # the pool's pages are its own, not the page cache's
 
     def _finish(self) -> None:
