@@ -268,7 +268,7 @@ class ColorJitter(_RGBTransform):
     (``h <= 0.5``); a pair gives the range itself. Each adjustment is torchvision's on uint8:
     brightness blends with black, contrast with the mean of the truncated luma, saturation with
     the truncated luma per pixel (each ``clamp(f * x + (1 - f) * other)`` truncated to uint8),
-    hue rotates H in HSV (float32 on ``x / 255``, back as ``trunc(255 * v)``). A factor of 0
+    hue rotates H in HSV (float32 on the 0..255 scale, the recomputed channel truncated). A factor of 0
     disables its adjustment.
 
     ``params(seeds)``: ``(B, 8) float64``: the order (4 indices: 0 brightness, 1 contrast,
