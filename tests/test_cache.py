@@ -314,6 +314,29 @@ def test_read_ahead_asks_for_no_batch_of_an_epoch_whose_payloads_are_cached(stam
         ahead.close()
 
 
+def test_read_ahead_compiles_its_kernels_before_its_thread_runs(stamped_dataset):
+    """In a fresh process, every kernel of the IO thread has its signature once the constructor
+    returns and before any epoch is scheduled: the IO thread never compiles (nor loads from the
+    cache) while workers run compiled code, which crashed the process."""
+    import subprocess
+
+    script = """
+import sys
+from ffload.formats import open_dataset
+from ffload.loaders.memory import readahead as ra
+from ffload.loaders.memory.schedule import payload_columns
+view = open_dataset(sys.argv[1])
+ahead = ra.ReadAhead(view.data_path, view.data_size, payload_columns(view, ["blob"]), 1 << 20)
+kernels = ("spanned_units", "sort_unique", "unit_runs", "advise_runs", "sampled_resident", "payloads_resident")
+print(sorted(name for name in kernels if not getattr(ra, name).signatures))
+ahead.close()
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", script, stamped_dataset], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def wait_until_stalled(ahead: ReadAhead) -> None:
     deadline = time.monotonic() + 120  # liveness only: a loaded CI machine may be slow
     while time.monotonic() < deadline:

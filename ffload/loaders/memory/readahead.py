@@ -138,7 +138,24 @@ class ReadAhead:
             with open(path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), self.data_size, prot=mmap.PROT_READ)
             self._address = np.frombuffer(self._map, np.uint8).ctypes.data  # the view ends here: close() may unmap
+        self._compile()
         self._start(limit, record)
+
+    def _compile(self) -> None:
+        """Compile (or load from numba's cache) every kernel the IO thread calls, here on the
+        constructing thread, with this dataset's column types and no work: loading a kernel on the
+        IO thread while the workers run theirs crashed the process (SIGSEGV: the IO thread in
+        llvmlite's ``parse_bitcode`` for its first ``payloads_resident`` as two workers ran
+        ``decode_rows``, once in about 60 runs)."""
+        none = np.zeros(0, np.int64)
+        starts, lengths = self._runs(none)
+        advise_runs(self._address, starts, lengths, mmap.MADV_WILLNEED)  # no runs: no call
+        if _MINCORE:
+            sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data)
+            for ptrs, sizes in self._columns:
+                payloads_resident(
+                    self._address, none, ptrs, sizes, self.data_size, self._pages, self._pages.ctypes.data
+                )
 
     def _start(self, limit: int, record: bool) -> None:
         """Set up the state and start the IO thread."""
