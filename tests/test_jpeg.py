@@ -407,3 +407,34 @@ def test_batch_extents_are_the_maxima_decode_batch_sizes_its_scratch_from():
     jpeg.batch_extents(indices, heights, widths, sizes, out)
     h, w = heights[indices].astype(np.int64), widths[indices].astype(np.int64)
     assert out.tolist() == [(h * w).max(), w.max(), int(sizes[indices].max()), restarts.starts_size(h, w) - 2]
+
+
+def test_decode_scratch_is_kept_per_thread_up_to_its_cap():
+    """A worker's batches share its scratch arrays (grown on demand), other threads get their
+    own, and an array larger than ``SCRATCH_KEPT`` bytes is used once and not kept. Each check
+    runs in a new thread (the test's own thread may hold scratch from earlier tests)."""
+
+    def in_new_thread(fn):
+        result = []
+        thread = threading.Thread(target=lambda: result.append(fn()))
+        thread.start()
+        thread.join()
+        return result[0]
+
+    def one_worker():
+        first = jpeg._thread_scratch(100, 10, 50, 3)
+        assert [a.dtype for a in first] == [np.uint8, np.uint16, np.uint8, np.int64]
+        again = jpeg._thread_scratch(80, 10, 10, 3)
+        assert all(a is b for a, b in zip(first, again))
+        grown = jpeg._thread_scratch(4000, 10, 50, 3)
+        assert grown[0] is not first[0] and grown[0].shape[0] >= 4000 and grown[1] is first[1]
+        assert jpeg._thread_scratch(10, 10, 10, 3)[0] is grown[0]
+        huge = jpeg._thread_scratch(jpeg.SCRATCH_KEPT + 1, 10, 10, 3)[0]
+        assert huge.shape[0] >= jpeg.SCRATCH_KEPT + 1
+        assert jpeg._thread_scratch(jpeg.SCRATCH_KEPT + 1, 10, 10, 3)[0] is not huge
+        assert jpeg._thread_scratch(10, 10, 10, 3)[0] is grown[0]
+        return grown
+
+    mine = in_new_thread(one_worker)
+    other = in_new_thread(lambda: jpeg._thread_scratch(10, 10, 10, 3))
+    assert not any(a is b for a, b in zip(other, mine))

@@ -32,7 +32,7 @@ Per JPEG sample (libjpeg-turbo's ``tj3*`` API, one handle per worker thread):
    MCU, ``RGBImageField(jpeg_restart_interval=...)``) is first cut down to the restart segments
    that hold the box (:mod:`.restarts`), so that libjpeg-turbo entropy-decodes only
    those instead of every MCU above and beside the box; the pixels are the same.
-4. ``tj3Decompress8`` to RGB into a per-call scratch buffer (or straight into the output row when
+4. ``tj3Decompress8`` to RGB into the thread's scratch buffer (or straight into the output row when
    no resize, no flip and no column offset is needed), then
    :func:`ffload.codecs.resize.resize_rgb` (or :func:`~ffload.codecs.resize.copy_rgb`).
 
@@ -141,6 +141,37 @@ def thread_handle(fast_dct: bool = False) -> int:
         handle = _local.handle = _Handle()
     handle.set_fast_dct(bool(fast_dct))
     return handle.value
+
+
+SCRATCH_KEPT = 1 << 22
+"""Bytes up to which a thread keeps a scratch array of :func:`decode_batch` for its next batches
+(larger ones, for images of more than about 1.4 megapixels, are allocated per batch: their
+decoding costs far more than the allocation, and a worker does not hold on to the largest image's
+size)."""
+
+_SCRATCH_DTYPES = (np.uint8, np.uint16, np.uint8, np.int64)
+
+
+def _thread_scratch(*lengths: int) -> list[np.ndarray]:
+    """The calling thread's scratch arrays for :func:`decode_batch`: ``(pixels,) uint8``,
+    ``(resize,) uint16``, ``(payload,) uint8`` and ``(blocks,) int64`` of at least ``lengths``
+    elements. Each is the thread's kept array when that is large enough, else a new one, kept for
+    later batches when it has at most :data:`SCRATCH_KEPT` bytes. A worker decodes one batch at a
+    time, so its batches share them instead of allocating four arrays each: for batches of small
+    images that allocation is Python work under the GIL, serial across workers."""
+    kept = getattr(_local, "scratch", None)
+    if kept is None:
+        kept = _local.scratch = [np.empty(0, d) for d in _SCRATCH_DTYPES]
+    out = []
+    for k, (n, dtype) in enumerate(zip(lengths, _SCRATCH_DTYPES)):
+        if kept[k].shape[0] >= n:
+            out.append(kept[k])
+            continue
+        array = np.empty(n, dtype)
+        if array.nbytes <= SCRATCH_KEPT:
+            kept[k] = array
+        out.append(array)
+    return out
 
 
 def failure_message(handle: int) -> str:
@@ -584,11 +615,13 @@ def decode_batch(indices, metadata, ptrs, sizes, region, boxes, flips, out, fast
     modes, heights, widths = metadata["mode"], metadata["height"], metadata["width"]
     extents = np.zeros(4, np.int64)
     batch_extents(indices, heights, widths, sizes, extents)  # one GIL-free pass, not five NumPy gathers
-    max_pixels, max_width, max_size, max_blocks = (int(v) for v in extents)
-    scratch = np.empty(max_pixels * 3 if batch else 0, np.uint8)
-    tmp = np.empty(scratch_size(out_h, out_w, max_width) if batch else 0, np.uint16)
-    cut_buf = np.empty(max_size + 16 if batch else 0, np.uint8)
-    starts = np.empty(max_blocks + 2 if batch else 0, np.int64)
+    max_pixels, max_width, max_size, max_blocks = extents.tolist()
+    scratch, tmp, cut_buf, starts = _thread_scratch(
+        max_pixels * 3 if batch else 0,
+        scratch_size(out_h, out_w, max_width) if batch else 0,
+        max_size + 16 if batch else 0,
+        max_blocks + 2 if batch else 0,
+    )
     status = np.zeros(batch, np.int64)
     info = np.zeros(2, np.int64)
     windows = boxes.astype(np.float64) if windows is None else np.ascontiguousarray(windows, dtype=np.float64)
