@@ -15,7 +15,7 @@ import ffload
 from ffload.errors import ConfigurationError
 from ffload.formats import IntField, RGBImageField, write_dataset
 from ffload.loaders import RandomHorizontalFlip, SimpleRGBImageDecoder, ToTensor
-from ffload.loaders.autotune import WARMUP, WINDOW, AutoTuner, CpuShares, Observation, WorkerGate, fair_shares
+from ffload.loaders.autotune import WARMUP, WINDOW, AutoTuner, CpuShares, Observation, fair_shares
 from ffload.system import available_cpus, cgroup_cpu_quota
 
 MS = 1e-3
@@ -207,32 +207,6 @@ def test_two_tuners_share_the_cpus():
     assert c.workers == 7
 
 
-def test_worker_gate_parks_threads_and_admits_in_ticket_order():
-    gate = WorkerGate(1)
-    order, admitted = [], threading.Event()
-
-    def job(ticket):
-        gate.enter(ticket)
-        order.append(ticket)
-        admitted.set()
-        gate.leave()
-
-    gate.enter(0)  # the one running job
-    threads = [threading.Thread(target=job, args=(t,)) for t in (3, 1, 2)]
-    for t in threads:
-        t.start()
-    for _ in range(1000):
-        if gate.parked == 3:
-            break
-        threading.Event().wait(0.01)
-    assert gate.parked == 3 and not admitted.is_set()  # blocked, not running
-    gate.set_limit(2)  # one more runs beside ticket 0: the parked ones, one after the other, lowest first
-    for t in threads:
-        t.join(10)
-    assert order == [1, 2, 3] and gate.parked == 0
-    gate.leave()
-
-
 # ---------------------------------------------------------------- usable CPUs
 def fake_tree(root, cgroup, files):
     os.makedirs(root / "proc/self", exist_ok=True)
@@ -311,8 +285,7 @@ def churn(loader):
         i = next(count)
         tuner.workers = 1 + i % 3
         tuner._extra = (i * 7) % 6
-        if loader._runner.gate is not None:
-            loader._runner.gate.set_limit(tuner.workers)
+        loader._runner.set_workers(tuner.workers)
         return "churn"
 
     tuner.observe = observe
@@ -455,3 +428,42 @@ def test_bad_auto_arguments_are_refused(dataset):
         ffload.Loader(path, batch_size=4, batches_ahead="deep")
     with pytest.raises(ConfigurationError, match="buffer_limit=100 bytes holds 0 batch slot"):
         ffload.Loader(path, batch_size=4, batches_ahead="auto", buffer_limit=100, pipelines=pipelines())
+
+
+@pytest.mark.parametrize("admitted", [1, 2])
+def test_admitted_workers_run_jobs_back_to_back(dataset, admitted):
+    """With ``admitted`` of the pool's threads let in, jobs run on exactly that many threads, never
+    more at once, in the order they were submitted (one worker runs its next batch itself, no other
+    thread is woken for it); the batches are a fixed loader's."""
+    if admitted > available_cpus():
+        pytest.skip(f"{admitted} workers need {admitted} usable CPUs")
+    path, _ = dataset
+    lock = threading.Lock()
+    running, most, threads, order = [0], [0], set(), []
+
+    class Watched(SimpleRGBImageDecoder):
+        def __call__(self, src, dst, ctx):
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+                threads.add(threading.get_ident())
+                order.append(int(ctx.indices[0]))
+            try:
+                return super().__call__(src, dst, ctx)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+    watched = {"image": [Watched(), RandomHorizontalFlip(), ToTensor()], "index": None}
+    kw = dict(batch_size=4, order="sequential", seed=2)
+    with ffload.Loader(path, num_workers=1, pipelines=pipelines(), **kw) as fixed:
+        expected = epochs(fixed, 1)
+    with ffload.Loader(path, num_workers="auto", batches_ahead=6, pipelines=watched, **kw) as loader:
+        loader._tuner.observe = lambda obs: None  # hold the count: no decisions
+        loader._get_runner().set_workers(admitted)
+        got = epochs(loader, 1)
+        assert loader.stats()["parked"] == loader._tuner.max_workers - admitted
+    assert [np.array_equal(a, b) for a, b in zip(got[0], expected[0])] == [True] * len(expected[0])
+    assert most[0] <= admitted and (admitted > 1 or len(threads) == 1)
+    if admitted == 1:
+        assert order == sorted(order)

@@ -678,3 +678,40 @@ def test_loader_left_alive_at_exit_exits_quietly(dataset):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("num_workers", [2, "auto"])
+def test_the_first_job_runs_alone(tmp_path, digits, num_workers):
+    """No job starts before the loader's first job has ended (it makes every first kernel call,
+    which compiles or loads code): the first job waits up to 0.5 s for another job to start, which
+    would show in the log as a start between its start and its end."""
+    images, labels = digits
+    path = write_digits(tmp_path / "d.beton", images, labels)
+    log: list[str] = []
+    lock = threading.Lock()
+    another_started = threading.Event()
+
+    class StartLogged(SimpleRGBImageDecoder):
+        def __call__(self, src, dst, ctx):
+            with lock:
+                first = not log
+                log.append("start")
+            if first:
+                another_started.wait(0.5)
+            else:
+                another_started.set()
+            return super().__call__(src, dst, ctx)
+
+    class EndLogged(IntDecoder):
+        def __call__(self, src, dst, ctx):
+            out = super().__call__(src, dst, ctx)
+            with lock:
+                log.append("end")
+            return out
+
+    pipelines = {"image": [StartLogged(), ToTensor()], "label": [EndLogged(), ToTensor()]}
+    pipelines.update(index=None, weight=None, vec=None)
+    with ffload.Loader(path, batch_size=8, num_workers=num_workers, batches_ahead=4, pipelines=pipelines) as loader:
+        assert sum(len(label) for _, label in loader) == N
+    assert log[:2] == ["start", "end"]
+    assert log.count("start") == log.count("end") == -(-N // 8)

@@ -54,7 +54,6 @@ a loader yields, only when.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import logging
 import math
 import statistics
@@ -401,57 +400,3 @@ class AutoTuner:
             self.workers = max(1, min(self.max_workers, int(state["num_workers"])))
         if self.auto_ahead:
             self._extra = max(0, int(state["batches_ahead"]) - self.workers)
-
-
-class WorkerGate:
-    """Admits at most ``limit`` jobs at once, lowest ticket first; the pool's other threads park
-    (each blocks on its own event, no spinning) until a job leaves or the limit rises.
-
-    A job that finds room and nobody parked takes a lock and goes on; a leaving job hands its
-    place directly to the lowest parked ticket (sets that one thread's event), so no other parked
-    thread wakes for nothing (a shared condition with ``notify_all`` woke every parked thread at
-    every job's start and end, each taking the GIL to go back to sleep).
-
-    Args:
-        limit: jobs admitted at once (>= 1).
-    """
-
-    def __init__(self, limit: int):
-        self._lock = threading.Lock()
-        self._limit, self._active = max(1, limit), 0
-        self._waiting: list[tuple[int, threading.Event]] = []  # a heap of parked (ticket, event)
-
-    def enter(self, ticket: int) -> None:
-        """Block until the job with ``ticket`` (its batch's submission number) may run."""
-        with self._lock:
-            if self._active < self._limit and not self._waiting:
-                self._active += 1
-                return
-            event = threading.Event()
-            heapq.heappush(self._waiting, (ticket, event))
-        event.wait()  # set by _admit, which counted this job as active
-
-    def _admit(self) -> None:
-        # with the lock held: hand free places to the lowest parked tickets
-        while self._waiting and self._active < self._limit:
-            _, event = heapq.heappop(self._waiting)
-            self._active += 1
-            event.set()
-
-    def leave(self) -> None:
-        """A job admitted by :meth:`enter` is done."""
-        with self._lock:
-            self._active -= 1
-            self._admit()
-
-    def set_limit(self, limit: int) -> None:
-        """Change how many jobs run at once (running ones finish; parked ones are admitted)."""
-        with self._lock:
-            self._limit = max(1, limit)
-            self._admit()
-
-    @property
-    def parked(self) -> int:
-        """Threads blocked waiting for admission."""
-        with self._lock:
-            return len(self._waiting)

@@ -23,6 +23,12 @@ next job waits (on the GPU) for the consumer's work recorded when the batch was 
 host waits for the slot's previous host-to-device copies before overwriting pinned buffers.
 Returned CUDA tensors are marked with ``record_stream`` so the caching allocator does not reuse
 their memory while the consumer's stream may still read it.
+
+A runner's first job runs alone: the others wait until it has finished (or was cancelled). numba
+compiles a kernel, or loads it from its on-disk cache, on its first call; the first job makes
+every first call of the pipelines, so no worker loads code into the process while another runs
+compiled code (a read-ahead thread loading a kernel while two workers decoded crashed a process,
+see :class:`~.memory.readahead.ReadAhead`, which compiles its own kernels in its constructor).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import numpy as np
 import torch
 
 from ffload.errors import LoaderClosedError, LoaderError
-from ffload.loaders.autotune import AutoTuner, Observation, WorkerGate
+from ffload.loaders.autotune import AutoTuner, Observation
 from ffload.loaders.pipeline.geometry import shared_rows
 from ffload.loaders.pipeline.operation import BatchContext
 from ffload.loaders.rng import sample_seeds
@@ -55,8 +61,8 @@ class BatchRunner:
         seed: the loader's seed (per-sample seeds come from :func:`~.rng.sample_seeds`).
         tuner: the :class:`~.autotune.AutoTuner` that sets the workers admitted and the batches
             ahead (``ahead + 2`` slots; buffers are allocated on first use of each slot); with
-            auto workers the pool has ``tuner.max_workers`` threads and a
-            :class:`~.autotune.WorkerGate` parks those beyond ``tuner.workers``.
+            auto workers the pool has ``tuner.max_workers`` threads, of which at most
+            ``tuner.workers`` run jobs (:meth:`set_workers`).
         pin_memory: allocate the inputs of ``ToTensor`` in pinned memory.
         device: the CUDA device the batches end on, or ``None`` (no streams, no events).
         read_ahead: the :class:`~.readahead.ReadAhead` told which batch each job starts, or
@@ -79,9 +85,15 @@ class BatchRunner:
         self.tuner, self.pin_memory, self.device = tuner, pin_memory, device
         self._buffers: dict[int, list] = {}
         self.replace_pipelines(pipelines)
-        threads = tuner.max_workers if tuner.auto_workers else tuner.workers
-        self.gate = WorkerGate(tuner.workers) if tuner.auto_workers else None
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, "ffload-worker")
+        self._threads = tuner.max_workers if tuner.auto_workers else tuner.workers
+        self._pool = concurrent.futures.ThreadPoolExecutor(self._threads, "ffload-worker")
+        # Jobs wait in ``_pending`` (oldest first) for one of at most ``_limit`` drain loops
+        # (:meth:`_drain`), each on a pool thread, which runs them back to back: a worker goes from
+        # one batch to the next without a hand-off to another thread.
+        self._jobs_lock = threading.Lock()
+        self._pending: collections.deque = collections.deque()  # (future, job arguments)
+        self._limit = tuner.workers
+        self._draining = 0  # drain loops started and not ended
         # the jobs that may still run, oldest first: submit() (the consumer's thread only) drops the
         # finished ones at the front, so it holds about the jobs in flight, with no callback per batch
         self._submitted: collections.deque = collections.deque()
@@ -91,6 +103,7 @@ class BatchRunner:
         self._held: collections.deque = collections.deque()  # slots of the last batches yielded
         self._job_time: dict[int, float] = {}  # slot -> wall seconds of its last job
         self._tickets = 0
+        self._first_done = threading.Event()  # the first job ended: later jobs may run (module docstring)
         if device is not None:
             self._streams: dict[int, torch.cuda.Stream] = {}
             self._done: dict[int, torch.cuda.Event] = {}
@@ -159,8 +172,24 @@ class BatchRunner:
 
     def observe(self, observation: Observation) -> None:
         """Feed the tuner; apply a change of the workers admitted."""
-        if self.tuner.observe(observation) is not None and self.gate is not None:
-            self.gate.set_limit(self.tuner.workers)
+        if self.tuner.observe(observation) is not None and self.tuner.auto_workers:
+            self.set_workers(self.tuner.workers)
+
+    def set_workers(self, workers: int) -> None:
+        """Run jobs on at most ``workers`` (>= 1, at most the pool's threads) threads at once from
+        now on: more start on the queued jobs at once; above the new limit, a worker stops when its
+        job ends (running jobs finish)."""
+        with self._jobs_lock:
+            self._limit = max(1, min(int(workers), self._threads))
+            start = max(0, min(len(self._pending), self._limit - self._draining))
+            self._draining += start
+        for _ in range(start):
+            self._pool.submit(self._drain)
+
+    @property
+    def parked(self) -> int:
+        """Pool threads beyond the workers admitted (auto workers: ``tuner.max_workers`` threads)."""
+        return self._threads - self._limit
 
     def submit(
         self, slot: int, indices: np.ndarray, epoch: int, batch: int, cancel: threading.Event
@@ -175,7 +204,15 @@ class BatchRunner:
             event.record(torch.cuda.current_stream(self.device))
             self._released[slot] = event
         self._tickets += 1
-        future = self._pool.submit(self._job, slot, indices, epoch, batch, cancel, self._tickets)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        if self._tickets == 1:  # finished, failed or cancelled
+            future.add_done_callback(lambda _: self._first_done.set())
+        with self._jobs_lock:
+            self._pending.append((future, (slot, indices, epoch, batch, cancel, self._tickets)))
+            start = self._draining < self._limit
+            self._draining += start
+        if start:
+            self._pool.submit(self._drain)
         submitted = self._submitted
         while submitted and submitted[0].done():
             submitted.popleft()
@@ -186,16 +223,31 @@ class BatchRunner:
         """Block until every submitted job has finished or been cancelled (slots are free)."""
         concurrent.futures.wait(list(self._submitted))
 
+    def _drain(self) -> None:
+        """A worker: run queued jobs, oldest first, until none is left or more workers run than
+        :meth:`set_workers` admits (as ``ThreadPoolExecutor``'s work items set their futures)."""
+        while True:
+            with self._jobs_lock:
+                if not self._pending or self._draining > self._limit:
+                    self._draining -= 1
+                    return
+                future, job = self._pending.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while queued
+            try:
+                out = self._job(*job)
+            except BaseException as e:
+                future.set_exception(e)
+            else:
+                future.set_result(out)
+            del future, job  # an exception's traceback would keep the batch alive
+
     def _job(self, slot, indices, epoch, batch, cancel, ticket):
+        if ticket > 1 and not self._first_done.is_set():
+            self._first_done.wait()  # the first job compiles the pipelines' kernels alone
         if cancel.is_set():
             return None
-        if self.gate is None:
-            return self._timed(slot, indices, epoch, batch)
-        self.gate.enter(ticket)  # parked here while the tuner admits fewer workers
-        try:
-            return None if cancel.is_set() else self._timed(slot, indices, epoch, batch)
-        finally:
-            self.gate.leave()
+        return self._timed(slot, indices, epoch, batch)
 
     def _timed(self, slot, indices, epoch, batch):
         start = time.perf_counter()
@@ -306,6 +358,10 @@ class BatchRunner:
 
     def shutdown(self, wait: bool) -> None:
         """Stop the pool (queued jobs are cancelled; with ``wait``, running ones are joined)."""
+        with self._jobs_lock:
+            pending, self._pending = self._pending, collections.deque()
+        for future, _ in pending:
+            future.cancel()
         self._pool.shutdown(wait=wait, cancel_futures=True)
         if self.read_ahead is not None:
             self.read_ahead.close(wait)

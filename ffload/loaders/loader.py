@@ -403,7 +403,7 @@ class Loader:
             ``cap``, ``reserve``, ``need``, ``batches_observed``, ``last_window`` with the
             medians ``step_ms``, ``wait_ms``, ``job_ms`` and ``consumer_cpu`` (fraction of a
             core), ``history`` of changes) plus ``slots`` (batch slots allocated),
-            ``parked`` (worker threads blocked waiting for admission, auto workers only) and
+            ``parked`` (worker threads beyond the workers admitted, auto workers only) and
             ``devices``: per field whose decoder runs on a device (``device=``), its stage's
             :meth:`~ffload.loaders.device.stage.DeviceImageStage.stats` (backend, share, rows and
             per-row times).
@@ -411,7 +411,7 @@ class Loader:
         out = self._tuner.stats()
         runner = self._runner
         out["slots"] = runner.slots_allocated() if runner is not None else 0
-        out["parked"] = runner.gate.parked if runner is not None and runner.gate is not None else 0
+        out["parked"] = runner.parked if runner is not None else 0
         out["devices"] = {
             p.name: p.ops[0].stage.stats() for p in self._pipelines if getattr(p.ops[0], "stage", None) is not None
         }
@@ -483,8 +483,8 @@ class Loader:
         tuned = state.get("autotune")
         if isinstance(tuned, Mapping) and all(isinstance(tuned.get(k), int) for k in ("num_workers", "batches_ahead")):
             self._tuner.restore(tuned)
-            if self._runner is not None and self._runner.gate is not None:
-                self._runner.gate.set_limit(self._tuner.workers)
+            if self._runner is not None:
+                self._runner.set_workers(self._tuner.workers)
         finished = len(self) and done == len(self)
         self._next_epoch, self._start_batch = (epoch + 1, 0) if finished else (epoch, done)
 
