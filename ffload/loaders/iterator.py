@@ -235,12 +235,10 @@ class BatchRunner:
             if not future.set_running_or_notify_cancel():
                 continue  # cancelled while queued
             try:
-                out = self._job(*job)
+                future.set_result(self._job(*job))
             except BaseException as e:
                 future.set_exception(e)
-            else:
-                future.set_result(out)
-            del future, job  # an exception's traceback would keep the batch alive
+            del future, job  # the batch (or the error) stays referenced by its future alone
 
     def _job(self, slot, indices, epoch, batch, cancel, ticket):
         if ticket > 1 and not self._first_done.is_set():
