@@ -181,6 +181,11 @@ class BatchRunner:
         job ends (running jobs finish)."""
         with self._jobs_lock:
             self._limit = max(1, min(int(workers), self._threads))
+        self._start_drains()
+
+    def _start_drains(self) -> None:
+        """Start a drain loop per queued job while fewer than the workers admitted run."""
+        with self._jobs_lock:
             start = max(0, min(len(self._pending), self._limit - self._draining))
             self._draining += start
         for _ in range(start):
@@ -209,10 +214,7 @@ class BatchRunner:
             future.add_done_callback(lambda _: self._first_done.set())
         with self._jobs_lock:
             self._pending.append((future, (slot, indices, epoch, batch, cancel, self._tickets)))
-            start = self._draining < self._limit
-            self._draining += start
-        if start:
-            self._pool.submit(self._drain)
+        self._start_drains()
         submitted = self._submitted
         while submitted and submitted[0].done():
             submitted.popleft()
