@@ -16,7 +16,8 @@ each in its own process:
   least 1; cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``, created by the script where the
   machine lets it, else the cell is skipped and says why);
 * ``memory``: ``gpu`` with a buffer budget of 4 batch slots: fixed settings needing more slots
-  (``max(batches_ahead, num_workers) + 2``) are refused; auto gets ``buffer_limit``.
+  (``max(batches_ahead, num_workers) + 2``) are refused, the others run one batch per job; auto
+  gets ``buffer_limit`` (within which ``batches_per_job="auto"`` also stays).
 
 ``step`` is ``job / (0.6 * cpus)``, ``job`` the batch time of one worker measured at the
 start of each cell (the consumer needs about 60 % of the usable CPUs' output). Every config
@@ -100,12 +101,20 @@ def _consumer(kind: str, step: float):
     return work
 
 
-def _run(path, pipes, batch, workers, ahead, consume, warm, seconds, buffer_limit=None, warm_seconds=0.0):
+def _run(
+    path, pipes, batch, workers, ahead, consume, warm, seconds, buffer_limit=None, warm_seconds=0.0, per_job="auto"
+):
     """Images/s of one config with the consumer; the loader's stats at the end."""
     import ffload
 
     with ffload.Loader(
-        path, batch_size=batch, num_workers=workers, batches_ahead=ahead, pipelines=pipes, buffer_limit=buffer_limit
+        path,
+        batch_size=batch,
+        num_workers=workers,
+        batches_ahead=ahead,
+        pipelines=pipes,
+        buffer_limit=buffer_limit,
+        batches_per_job=per_job,
     ) as loader:
 
         def batches():
@@ -153,8 +162,8 @@ def child(spec: dict) -> dict:
     if spec["situation"] == "memory":
         import ffload
 
-        with ffload.Loader(path, batch_size=batch, num_workers=1, pipelines=pipes) as probe:
-            per_slot = _slot_bytes(probe._pipelines)
+        with ffload.Loader(path, batch_size=batch, num_workers=1, pipelines=pipes, batches_per_job=1) as probe:
+            per_slot = _slot_bytes(probe._pipelines)  # one batch's
         buffer_limit, slots_allowed = per_slot * MEMORY_SLOTS, MEMORY_SLOTS
     grid = [(w, a) for w in spec["workers"] for a in spec["ahead"] if w <= max(cpus, default_workers)]
     configs = [("auto", "auto")] + [c for c in dict.fromkeys(grid + [(default_workers, 3)])]
@@ -177,6 +186,7 @@ def child(spec: dict) -> dict:
                 spec["seconds"],
                 buffer_limit if w == "auto" else None,
                 spec["warm_seconds"],
+                1 if slots_allowed is not None and w != "auto" else "auto",  # the refusal counts batch slots
             )
             rates[(w, a)].append(rate)
             if w == "auto":

@@ -41,7 +41,9 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   in a fresh process, ``--seconds`` each after the first batch.
 * the serial fraction (:func:`ffload.bench.serial.serial_fraction`): per batch, the CPU time the
   loader's threads hold the GIL against all the CPU time they spend, with one worker, profiled; and
-  the workers' lock wait. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
+  the workers' lock wait. Then the same split without a profiler
+  (:func:`ffload.bench.serial.kernel_timed_fraction`: the threads' CPU clocks against timed kernel
+  calls), a tighter bound. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
   its share of linear), next to the measured curve.
 * ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
   in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
@@ -411,16 +413,22 @@ def scaling_case(args) -> dict:
             return images / (time.perf_counter() - t0)
 
     rates = {w: rate(w) for w in args.worker_list}
-    try:
-        from ffload.bench.serial import serial_fraction
-    except ImportError:  # an older checkout
-        serial = None
-    else:
-        batches = (
-            args.serial_batches if pipeline == "simple" else max(10, args.serial_batches // 8)
-        )  # JPEG: ~0.1 s each
-        serial = serial_fraction(build, batches) if args.serial_batches else None
-    return {"rates": rates, "serial": serial, "ffload": os.path.dirname(ffload.__file__)}
+    batches = args.serial_batches if pipeline == "simple" else max(10, args.serial_batches // 8)  # JPEG: ~0.1 s each
+    serial = timed = None
+    if args.serial_batches:
+        try:
+            from ffload.bench.serial import serial_fraction
+        except ImportError:  # an older checkout
+            pass
+        else:
+            serial = serial_fraction(build, batches)
+        try:
+            from ffload.bench.serial import kernel_timed_fraction
+        except ImportError:  # an older checkout
+            pass
+        else:
+            timed = kernel_timed_fraction(build, batches)
+    return {"rates": rates, "serial": serial, "timed": timed, "ffload": os.path.dirname(ffload.__file__)}
 
 
 def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
@@ -464,6 +472,7 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
             median = {w: float(np.median([r["rates"][str(w)] or 0 for r in ok])) for w in workers}
             serials = [r["serial"] for r in ok if r.get("serial")]
             s = float(np.median([x["serial_fraction"] for x in serials])) if serials else None
+            timed = [r["timed"] for r in ok if r.get("timed")]
             base = median[workers[0]] / workers[0] if workers and median[workers[0]] else None
             lines += [
                 f"## {case} ({tree}, {len(ok)} round(s))",
@@ -492,6 +501,20 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                     + "; ".join(f"{label} {us:.1f}" for label, us in x["top_held"][:6]),
                 ]
                 entry.update(serial_fraction=s, amdahl={str(n): v for n, v in proj.items()})
+            if timed:
+                t = float(np.median([x["serial_fraction"] for x in timed]))
+                x = timed[len(timed) // 2]
+                proj = {n: amdahl(t, n) for n in (16, 32)}
+                lines += [
+                    f"kernel-timed serial fraction {t:.3f} (no profiler: threads' CPU clocks against timed kernel calls): "
+                    f"per batch {x['held_us']:.0f} us CPU outside the nogil kernels, {x['nogil_us']:.0f} us inside; "
+                    + ", ".join(
+                        f"{kind} {v['cpu']:.0f} us CPU ({v['kernel']:.0f} in kernels)"
+                        for kind, v in x["per_batch_us"].items()
+                    ),
+                    "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in proj.items()),
+                ]
+                entry.update(kernel_timed_fraction=t, kernel_timed_amdahl={str(n): v for n, v in proj.items()})
             lines.append("")
             data["cases"][case][tree] = entry
         if len(trees) == 2 and all(t in data["cases"][case] for t in trees):

@@ -340,11 +340,14 @@ def test_stats_report_the_choices(dataset):
                 pass
             epochs += 1
         stats = loader.stats()
+        per_job = stats["batches_per_job"]
+        assert per_job == loader.batches_per_job >= 1
         assert stats["num_workers"] == loader.num_workers and 1 <= stats["num_workers"] <= available_cpus()
-        assert stats["batches_ahead"] == max(3, stats["num_workers"])
-        assert stats["batches_observed"] == epochs * (len(loader) - 1)  # the first batch of an epoch has no step
+        assert stats["batches_ahead"] == max(-(-3 // per_job), stats["num_workers"]) * per_job
+        jobs = -(-len(loader) // per_job)
+        assert stats["batches_observed"] == epochs * (jobs - 1)  # an epoch's first job has no step
         assert set(stats["last_window"]) == {"step_ms", "wait_ms", "job_ms", "consumer_cpu"}
-        assert 0 < stats["slots"] <= stats["batches_ahead"] + 3
+        assert 0 < stats["slots"] <= stats["batches_ahead"] // per_job + 3
         assert stats["max_workers"] == available_cpus()
         assert "auto:" in repr(loader)
     with ffload.Loader(path, batch_size=4, num_workers=1, pipelines=pipelines()) as fixed:
@@ -355,7 +358,7 @@ def test_stats_report_the_choices(dataset):
 
 def test_state_dict_carries_the_choices_and_resume_is_bit_identical(dataset):
     path, _ = dataset
-    kw = dict(batch_size=8, num_workers="auto", batches_ahead="auto", seed=5, pipelines=pipelines())
+    kw = dict(batch_size=8, num_workers="auto", batches_ahead="auto", seed=5, pipelines=pipelines(), batches_per_job=1)
     with ffload.Loader(path, **kw) as loader:
         whole = epochs(loader, 1)[0]
         it = iter(loader)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import cv2
 import numpy as np
@@ -261,6 +262,55 @@ def test_serial_fraction_of_a_loader(raw_beton):
     assert r["per_batch_us"]["worker"]["nogil"] > 0  # the decoder's compiled kernels
     assert 0 <= r["serial_fraction"] <= r["serial_fraction_upper"] <= 1
     assert r["batches"] == 30 and r["calls_per_batch"] > 0 and r["top_held"]
+
+
+def test_kernel_timed_fraction_of_a_loader(raw_beton):
+    """The threads' CPU clocks and the kernel timers find the worker's compiled time, the consumer's
+    Python, and the dispatchers are put back afterwards."""
+    from ffload import Loader
+    from ffload.bench.serial import kernel_timed_fraction
+    from ffload.codecs import jpeg
+
+    decode_rows = jpeg.decode_rows
+    r = kernel_timed_fraction(lambda w: Loader(raw_beton, batch_size=16, num_workers=w), 30)
+    assert jpeg.decode_rows is decode_rows
+    assert r["per_batch_us"]["worker"]["kernel"] > 0 and r["per_batch_us"]["main"]["kernel"] == 0
+    assert r["per_batch_us"]["main"]["cpu"] > 0  # next(), the loop
+    assert r["kernel_calls_per_batch"] > 0 and r["held_us"] > 0 and r["nogil_us"] > 0
+    assert 0 < r["serial_fraction"] < 1
+
+
+def test_kernel_clock_times_the_calls_through_a_module(monkeypatch):
+    """A nogil dispatcher named by a module is timed on the calling thread while installed, and
+    restored after; a call from compiled code is its caller's time."""
+    import threading
+    import types
+
+    from numba import njit
+
+    from ffload.bench.serial import KernelClock
+
+    @njit(nogil=True)
+    def spin(n):
+        total = 0
+        for i in range(n):
+            total += i % 7
+        return total
+
+    module = types.ModuleType("ffload_test_kernels")
+    module.spin = spin
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    spin(10)
+    clock = KernelClock()
+    clock.install()
+    try:
+        assert module.spin is not spin
+        assert module.spin(2_000_000) == spin.py_func(2_000_000)
+    finally:
+        clock.restore()
+    assert module.spin is spin
+    me = threading.get_ident()
+    assert clock.calls == {me: 1} and clock.seconds[me] > 0
 
 
 def test_split_profile_sorts_kernels_waits_and_python():

@@ -713,5 +713,6 @@ def test_the_first_job_runs_alone(tmp_path, digits, num_workers):
     pipelines.update(index=None, weight=None, vec=None)
     with ffload.Loader(path, batch_size=8, num_workers=num_workers, batches_ahead=4, pipelines=pipelines) as loader:
         assert sum(len(label) for _, label in loader) == N
+        jobs = -(-len(loader) // loader.batches_per_job)
     assert log[:2] == ["start", "end"]
-    assert log.count("start") == log.count("end") == -(-N // 8)
+    assert log.count("start") == log.count("end") == jobs

@@ -16,6 +16,16 @@ The serial fraction is ``held / (held + nogil)`` summed over the loader's thread
 consumer's thread, the workers and the read-ahead thread). The profiler adds a fixed cost to each
 Python call, so ``held`` is an upper bound; :func:`serial_fraction` reports the profiled and the
 plain rate of the same run to show by how much.
+
+:func:`kernel_timed_fraction` measures the same split without a profiler: every loaded nogil
+dispatcher is wrapped (in the module namespaces that name it) by a timer of the calling thread's
+CPU clock, and each loader thread's whole CPU time is read from its own clock
+(``time.pthread_getcpuclockid``). A Python thread's CPU time outside the GIL-releasing calls is
+time it holds the GIL, so ``held`` is the threads' CPU less the kernels' (plus the numba dispatch
+the kernels' time includes, less the timers' own cost): no per-call overhead to correct, only one
+timer per kernel call. What releases the GIL without being a wrapped kernel (file reads, OpenCV)
+counts as held, so that figure is an upper bound too, a much tighter one for the compiled
+pipelines.
 """
 
 from __future__ import annotations
@@ -180,6 +190,19 @@ def dispatch_cost(calls: int = 20000) -> float:
     return (CLOCK() - t0) / calls
 
 
+def _consume(loader, count: int) -> None:
+    """Take ``count`` batches from ``loader``, starting epochs as needed."""
+    it = iter(loader)
+    done = 0
+    while done < count:
+        try:
+            next(it)
+        except StopIteration:
+            it = iter(loader)
+            continue
+        done += 1
+
+
 def serial_fraction(make_loader: Callable[[int], object], batches: int, num_workers: int = 1) -> dict:
     """Measure the serial fraction of ``make_loader(num_workers)`` (a ``Loader``) over ``batches``
     batches (after one warm-up epoch's first batches), once plain and once profiled.
@@ -194,22 +217,11 @@ def serial_fraction(make_loader: Callable[[int], object], batches: int, num_work
     CPU microseconds per batch; thread kinds are ``main`` (the consumer), ``worker`` (all workers
     together), ``readahead`` and ``other``."""
 
-    def consume(loader, count):
-        it = iter(loader)
-        done = 0
-        while done < count:
-            try:
-                next(it)
-            except StopIteration:
-                it = iter(loader)
-                continue
-            done += 1
-
     loader = make_loader(num_workers)
     try:
-        consume(loader, min(batches, 20))  # JIT, buffers, page faults
+        _consume(loader, min(batches, 20))  # JIT, buffers, page faults
         t0 = time.perf_counter()
-        consume(loader, batches)
+        _consume(loader, batches)
         plain = (time.perf_counter() - t0) / batches
     finally:
         loader.close()
@@ -218,10 +230,10 @@ def serial_fraction(make_loader: Callable[[int], object], batches: int, num_work
     profiles.install()
     try:
         loader = make_loader(num_workers)
-        consume(loader, min(batches, 20))
+        _consume(loader, min(batches, 20))
         t0 = time.perf_counter()
         profiles.start()
-        consume(loader, batches)
+        _consume(loader, batches)
         profiles.stop()
         profiled = (time.perf_counter() - t0) / batches
     finally:
@@ -271,4 +283,157 @@ def serial_fraction(make_loader: Callable[[int], object], batches: int, num_work
         "serial_fraction_upper": (held + dispatch) / (held + dispatch + nogil) if held + nogil else None,
         "worker_lock_wait_us": kinds.get("worker", {}).get("lock_wait", 0.0),
         "top_held": sorted(([k, v] for k, v in top.items()), key=lambda kv: -kv[1])[:10],
+    }
+
+
+class KernelClock:
+    """Times every loaded nogil numba dispatcher (:func:`nogil_kernels`) that a module names, on
+    the calling thread's CPU clock (:data:`CLOCK`), between :meth:`install` and :meth:`restore`.
+
+    Calls through the module attribute (``jpeg.decode_rows(...)``, or a name imported with ``from
+    ... import``) are timed; calls from compiled code are part of their caller's time. The
+    kernels must be compiled before :meth:`install`: a compiled function typed after it would see
+    the timer, a Python function, where it expects the dispatcher.
+
+    Attributes:
+        seconds: ``{thread id: CPU seconds inside timed kernels}``.
+        calls: ``{thread id: timed calls}``.
+    """
+
+    def __init__(self):
+        self.seconds: dict[int, float] = {}
+        self.calls: dict[int, int] = {}
+        self._replaced: list[tuple[dict, str, object]] = []
+
+    def timed(self, dispatcher):
+        """``dispatcher`` behind a timer of this clock."""
+        seconds, calls, get_ident = self.seconds, self.calls, threading.get_ident
+
+        def call(*args, **kwargs):
+            start = CLOCK()
+            try:
+                return dispatcher(*args, **kwargs)
+            finally:
+                thread = get_ident()  # only this thread writes its entries
+                seconds[thread] = seconds.get(thread, 0.0) + CLOCK() - start
+                calls[thread] = calls.get(thread, 0) + 1
+
+        return call
+
+    def install(self) -> None:
+        """Replace each nogil dispatcher by its timer wherever a module names it."""
+        try:
+            from numba.core.registry import CPUDispatcher
+        except ImportError:
+            return
+        timers: dict[int, object] = {}
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict):
+                continue
+            for name, value in list(namespace.items()):
+                if isinstance(value, CPUDispatcher) and value.targetoptions.get("nogil"):
+                    timer = timers.setdefault(id(value), self.timed(value))
+                    self._replaced.append((namespace, name, value))
+                    namespace[name] = timer
+
+    def restore(self) -> None:
+        """Put the dispatchers back."""
+        for namespace, name, value in self._replaced:
+            namespace[name] = value
+        self._replaced.clear()
+
+
+def timer_overhead(calls: int = 20000) -> float:
+    """Seconds of :data:`CLOCK` a :class:`KernelClock` timer adds per call, held (a no-op wrapped
+    and called ``calls`` times, against the no-op called directly; >= 0)."""
+
+    def noop():
+        return None
+
+    timed = KernelClock().timed(noop)
+
+    def loop(f):
+        t0 = CLOCK()
+        for _ in range(calls):
+            f()
+        return CLOCK() - t0
+
+    loop(noop), loop(timed)
+    return max(0.0, (loop(timed) - loop(noop)) / calls)
+
+
+def _thread_kind(name: str) -> str | None:
+    """A loader thread's kind (``main``, ``worker``, ``readahead``), or None for other threads."""
+    if name == "MainThread":
+        return "main"
+    if name.startswith("ffload-worker"):
+        return "worker"
+    if name.startswith("ffload-readahead"):
+        return "readahead"
+    return None
+
+
+def _thread_cpu() -> dict[int, tuple[str, float]]:
+    """``{thread id: (kind, CPU seconds)}`` of this process's loader threads (:func:`_thread_kind`)."""
+    out = {}
+    for thread in threading.enumerate():
+        kind = _thread_kind(thread.name)
+        if kind is None or thread.ident is None:
+            continue
+        try:
+            out[thread.ident] = (kind, time.clock_gettime(time.pthread_getcpuclockid(thread.ident)))
+        except (OSError, ProcessLookupError):  # the thread ended meanwhile
+            continue
+    return out
+
+
+def kernel_timed_fraction(make_loader: Callable[[int], object], batches: int, num_workers: int = 1) -> dict:
+    """Measure the serial fraction of ``make_loader(num_workers)`` (a ``Loader``) over ``batches``
+    batches (after a warm-up of at most 20) without a profiler: each loader thread's CPU time (its
+    own clock) against the CPU time spent inside the nogil kernels (:class:`KernelClock`); see the
+    module docstring.
+
+    Returns ``{'batches', 'num_workers', 'batch_us' (wall time per batch, timers on),
+    'per_batch_us': {thread kind: {'cpu', 'kernel'}}, 'kernel_calls_per_batch', 'dispatch_us' and
+    'timer_overhead_us' (per batch, moved out of the kernels' time and out of the held time),
+    'held_us', 'nogil_us', 'serial_fraction'}``, CPU microseconds per batch; thread kinds as
+    :func:`_thread_kind`. Linux (``pthread_getcpuclockid``) only: raises ``OSError`` elsewhere."""
+    loader = make_loader(num_workers)
+    clock = KernelClock()
+    try:
+        _consume(loader, min(batches, 20))  # JIT, buffers, page faults, every thread started
+        clock.install()
+        before = _thread_cpu()
+        t0 = time.perf_counter()
+        _consume(loader, batches)
+        wall = time.perf_counter() - t0
+        after = _thread_cpu()
+    finally:
+        clock.restore()
+        loader.close()
+    kinds: dict[str, dict] = {}
+    for thread, (kind, cpu) in after.items():
+        acc = kinds.setdefault(kind, {"cpu": 0.0, "kernel": 0.0})
+        acc["cpu"] += (
+            (cpu - before.get(thread, (kind, 0.0))[1]) * 1e6 / batches
+        )  # a thread started meanwhile: all of it
+        acc["kernel"] += clock.seconds.get(thread, 0.0) * 1e6 / batches
+    calls = sum(clock.calls.values()) / batches
+    kernel = sum(k["kernel"] for k in kinds.values())
+    dispatch = min(kernel, dispatch_cost() * 1e6 * calls)
+    overhead = timer_overhead() * 1e6 * calls
+    nogil = kernel - dispatch
+    held = max(0.0, sum(k["cpu"] for k in kinds.values()) - kernel + dispatch - overhead)
+    return {
+        "batches": batches,
+        "num_workers": num_workers,
+        "batch_us": wall * 1e6 / batches,
+        "per_batch_us": kinds,
+        "kernel_calls_per_batch": calls,
+        "dispatch_us": dispatch,
+        "timer_overhead_us": overhead,
+        "held_us": held,
+        "nogil_us": nogil,
+        "serial_fraction": held / (held + nogil) if held + nogil else None,
     }

@@ -1,10 +1,12 @@
 """``num_workers="auto"`` and ``batches_ahead="auto"``: the closed loop that sizes a loader.
 
 :class:`AutoTuner` is a pure object: the epoch iterator feeds it one :class:`Observation` per
-batch (how long the consumer waited for the batch, how long it worked between two ``next()``
-calls and how much CPU its own thread used meanwhile, how long the batch's job ran on its
-worker) and reads back :attr:`AutoTuner.workers` and :attr:`AutoTuner.ahead`. Nothing in it
-reads a clock, so its decisions are tested from made-up observations.
+job (how long the consumer waited for the job's first batch, how long it worked between two
+such waits and how much CPU its own thread used meanwhile, how long the job ran on its worker)
+and reads back :attr:`AutoTuner.workers` and :attr:`AutoTuner.ahead`. Nothing in it reads a
+clock, so its decisions are tested from made-up observations. A job is one batch, or
+``batches_per_job`` consecutive batches (``Loader(batches_per_job=)``); below, "batch" means a
+job.
 
 The rules, evaluated once per window of at least :data:`WINDOW` batches and :data:`WINDOW_S`
 seconds of the consumer's cycles (medians over the window): a window of small batches would
@@ -183,11 +185,16 @@ class AutoTuner:
         shares: the :class:`CpuShares` the loader draws from (``None``: one of its own, of
             ``max_workers`` CPUs).
         name: how log lines name the loader.
+        batches_per_job: the batches one job computes (``Loader(batches_per_job=)``). The tuner
+            works in jobs: one observation per job, ``max_ahead`` and :attr:`ahead` in jobs, a
+            fixed ``batches_ahead`` rounded up to whole jobs; :meth:`stats` and :meth:`state`
+            report batches.
 
     Attributes:
         workers: worker threads admitted to run jobs now.
-        ahead: batches kept queued beyond the one being consumed (``slots = ahead + 2``).
-        history: ``[{'batch', 'workers', 'ahead', 'reason'}]``, one entry per change.
+        ahead: jobs kept queued beyond the one being consumed (``slots = ahead + 2``).
+        history: ``[{'batch', 'from_workers', 'workers', 'ahead', 'reason'}]``, one entry per
+            change (``batch``: the observation it followed; ``ahead`` in batches).
     """
 
     def __init__(
@@ -198,10 +205,12 @@ class AutoTuner:
         batches_ahead: int | None = None,
         shares: CpuShares | None = None,
         name: str = "loader",
+        batches_per_job: int = 1,
     ):
         self.max_workers, self.max_ahead, self.name = max(1, max_workers), max(0, max_ahead), name
         self.auto_workers, self.auto_ahead = workers is None, batches_ahead is None
-        self._fixed_ahead = batches_ahead
+        self.batches_per_job = per_job = max(1, batches_per_job)
+        self._fixed_ahead = None if batches_ahead is None else -(-batches_ahead // per_job)
         self.shares = CpuShares(self.max_workers) if shares is None else shares
         self.workers = min(self.max_workers, (self.max_workers + 1) // 2 if workers is None else workers)
         self._extra = EXTRA_START
@@ -226,7 +235,7 @@ class AutoTuner:
 
     @property
     def ahead(self) -> int:
-        """Batches queued beyond the one being consumed."""
+        """Jobs queued beyond the one being consumed."""
         if self.auto_ahead:
             return min(self.max_ahead, self.workers + self._extra)
         return max(self._fixed_ahead, self.workers)
@@ -348,7 +357,7 @@ class AutoTuner:
                 "batch": self._seen,
                 "from_workers": from_workers,
                 "workers": self.workers,
-                "ahead": self.ahead,
+                "ahead": self.ahead * self.batches_per_job,
                 "reason": reason,
             }
         )
@@ -358,7 +367,7 @@ class AutoTuner:
             self.name,
             from_workers,
             self.workers,
-            self.ahead,
+            self.ahead * self.batches_per_job,
             reason,
             step * 1e3,
             wait * 1e3,
@@ -369,18 +378,20 @@ class AutoTuner:
         return reason
 
     def stats(self) -> dict:
-        """``{'num_workers', 'batches_ahead', 'auto_workers', 'auto_ahead', 'max_workers',
-        'max_ahead', 'cap', 'reserve', 'need', 'batches_observed', 'last_window', 'history'}``:
-        the choices and the medians they were made from (``last_window``: ``step_ms``,
-        ``wait_ms``, ``job_ms``, ``consumer_cpu`` as a fraction of a core, or ``None`` before
-        the first window)."""
+        """``{'num_workers', 'batches_ahead', 'batches_per_job', 'auto_workers', 'auto_ahead',
+        'max_workers', 'max_ahead', 'cap', 'reserve', 'need', 'batches_observed', 'last_window',
+        'history'}``: the choices and the medians they were made from (``batches_ahead`` and
+        ``max_ahead`` in batches; ``batches_observed`` and ``need`` count jobs; ``last_window``:
+        ``step_ms``, ``wait_ms``, ``job_ms`` per job, ``consumer_cpu`` as a fraction of a core,
+        or ``None`` before the first window)."""
         return {
             "num_workers": self.workers,
-            "batches_ahead": self.ahead,
+            "batches_ahead": self.ahead * self.batches_per_job,
+            "batches_per_job": self.batches_per_job,
             "auto_workers": self.auto_workers,
             "auto_ahead": self.auto_ahead,
             "max_workers": self.max_workers,
-            "max_ahead": self.max_ahead,
+            "max_ahead": self.max_ahead * self.batches_per_job,
             "cap": self.cap,
             "reserve": self.reserve,
             "need": self.need,
@@ -390,8 +401,8 @@ class AutoTuner:
         }
 
     def state(self) -> dict[str, int]:
-        """The choices to resume from: ``{'num_workers', 'batches_ahead'}``."""
-        return {"num_workers": self.workers, "batches_ahead": self.ahead}
+        """The choices to resume from: ``{'num_workers', 'batches_ahead'}`` (in batches)."""
+        return {"num_workers": self.workers, "batches_ahead": self.ahead * self.batches_per_job}
 
     def restore(self, state: dict) -> None:
         """Start from saved choices (:meth:`state`), clamped to this tuner's bounds; fixed
@@ -399,4 +410,4 @@ class AutoTuner:
         if self.auto_workers:
             self.workers = max(1, min(self.max_workers, int(state["num_workers"])))
         if self.auto_ahead:
-            self._extra = max(0, int(state["batches_ahead"]) - self.workers)
+            self._extra = max(0, -(-int(state["batches_ahead"]) // self.batches_per_job) - self.workers)

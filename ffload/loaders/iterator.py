@@ -1,21 +1,24 @@
 """The epoch iterator and the worker pool that fills batch slots.
 
 :class:`BatchRunner` belongs to one :class:`~ffload.Loader`: a persistent thread pool of
-``num_workers`` threads and ``num_slots`` batch slots, each holding every operation's buffer
-(allocated once). A job computes one whole batch (every field) into one slot; the operations are
-nogil numba kernels or GIL-releasing OpenCV/torch calls, so the threads run in parallel.
+``num_workers`` threads and ``num_slots`` slots, each holding every operation's buffer
+(allocated once). A job computes one whole batch (every field) into one slot, or, with
+``batches_per_job`` above 1 (rowwise pipelines only), several consecutive batches as one call of
+each pipeline on their concatenated rows, handed out as row ranges of the slot's buffers; the
+operations are nogil numba kernels or GIL-releasing OpenCV/torch calls, so the threads run in
+parallel.
 
-:class:`EpochIterator` submits jobs ``ahead`` batches in advance, yields batches in order and
+:class:`EpochIterator` submits jobs ``ahead`` jobs in advance, yields batches in order and
 recycles slots under this rule (FFCV's, made explicit):
 
     a yielded batch stays valid while the consumer handles it and the next one; requesting the
     batch after that (``next()`` for batch ``k + 2``) lets the loader overwrite batch ``k``.
 
-With ``num_slots = ahead + 2`` the batches ``k - 1 .. k + ahead`` have distinct slots while the
-consumer waits for batch ``k``. Slots come from a free list: the runner holds the slots of the
-last two batches yielded (across epochs) and frees the older one when the next batch is
-requested. The :class:`~.autotune.AutoTuner` may change ``ahead`` and the workers admitted at
-any batch: a new slot is allocated when the free list is empty and fewer than ``ahead + 2``
+With ``num_slots = ahead + 2`` the jobs of batches ``k - 1``, ``k`` and the ``ahead`` jobs after
+``k``'s have distinct slots while the consumer waits for batch ``k``. Slots come from a free list:
+the runner holds the slots of the last two batches yielded (across epochs) and frees the older
+one when the next batch is requested, unless the newer batch is in the same slot (one job). The
+:class:`~.autotune.AutoTuner` may change ``ahead`` and the workers admitted at any batch: a new slot is allocated when the free list is empty and fewer than ``ahead + 2``
 slots exist, and a slot coming back while more than ``ahead + 2`` exist is dropped (its
 buffers are released; a batch the consumer still references keeps its memory alive). When the batches end on a CUDA device, each slot has its own CUDA
 stream: the consumer's stream waits for the slot's work before a batch is handed over, the slot's
@@ -157,12 +160,17 @@ class BatchRunner:
                 self._free.append(slot)
 
     def retire_held(self) -> None:
-        """A batch is being requested: the batch yielded before the last one may be overwritten."""
-        while len(self._held) > 1:
-            self.release_slot(self._held.popleft())
+        """A batch is being requested: the batch yielded before the last one may be overwritten
+        (its slot is released once no batch yielded since is in it: a job of several batches
+        fills one slot)."""
+        held = self._held
+        while len(held) > 1:
+            slot = held.popleft()
+            if slot not in held:
+                self.release_slot(slot)
 
     def hold(self, slot: int) -> None:
-        """``slot``'s batch was yielded: it stays valid until the batch after the next one is
+        """A batch in ``slot`` was yielded: it stays valid until the batch after the next one is
         requested."""
         self._held.append(slot)
 
@@ -197,11 +205,13 @@ class BatchRunner:
         return self._threads - self._limit
 
     def submit(
-        self, slot: int, indices: np.ndarray, epoch: int, batch: int, cancel: threading.Event
+        self, slot: int, first: int, batches: Sequence[np.ndarray], epoch: int, cancel: threading.Event
     ) -> concurrent.futures.Future:
-        """Queue batch ``batch`` (sample ids ``indices``, ``(B,) int64``) of ``epoch`` into ``slot``.
-        The future's result is the tuple of field batches, or ``None`` if ``cancel`` was set
-        before the job started."""
+        """Queue one job into ``slot``: batches ``first, first + 1, ...`` of ``epoch`` (``batches``:
+        their sample ids, each ``(B,) int64``; several only when every pipeline is rowwise, see
+        :meth:`_run`). The future's result is ``(outputs, error)`` (:meth:`_run`), or ``None`` if
+        ``cancel`` was set before the job started; a single batch's failure is the future's
+        exception."""
         if self.device is not None:  # the consumer is done with the slot's previous batch
             if slot not in self._streams:
                 self._streams[slot] = torch.cuda.Stream(device=self.device)
@@ -213,7 +223,7 @@ class BatchRunner:
         if self._tickets == 1:  # finished, failed or cancelled
             future.add_done_callback(lambda _: self._first_done.set())
         with self._jobs_lock:
-            self._pending.append((future, (slot, indices, epoch, batch, cancel, self._tickets)))
+            self._pending.append((future, (slot, first, batches, epoch, cancel, self._tickets)))
         self._start_drains()
         submitted = self._submitted
         while submitted and submitted[0].done():
@@ -242,39 +252,70 @@ class BatchRunner:
                 future.set_exception(e)
             del future, job  # the batch (or the error) stays referenced by its future alone
 
-    def _job(self, slot, indices, epoch, batch, cancel, ticket):
+    def _job(self, slot, first, batches, epoch, cancel, ticket):
         if ticket > 1 and not self._first_done.is_set():
             self._first_done.wait()  # the first job compiles the pipelines' kernels alone
         if cancel.is_set():
             return None
-        return self._timed(slot, indices, epoch, batch)
-
-    def _timed(self, slot, indices, epoch, batch):
         start = time.perf_counter()
-        out = self._on_device(slot, indices, epoch, batch)
+        out = self._on_device(slot, first, batches, epoch)
         self._job_time[slot] = time.perf_counter() - start
         return out
 
-    def _on_device(self, slot, indices, epoch, batch):
+    def _on_device(self, slot, first, batches, epoch):
         if self.device is None:
-            return self._compute(slot, indices, epoch, batch)
+            return self._run(slot, first, batches, epoch)
         stream = self._streams[slot]
         if self._done.get(slot) is not None:
             self._done[slot].synchronize()  # earlier copies out of this slot's pinned buffers
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             stream.wait_event(self._released[slot])
-            out = self._compute(slot, indices, epoch, batch)
+            out = self._run(slot, first, batches, epoch)
             done = torch.cuda.Event()
             done.record(stream)
             self._done[slot] = done
         return out
 
-    def _compute(self, slot, indices, epoch, batch):
+    def _run(self, slot, first, batches, epoch):
+        """One job: ``(outputs, error)``, the field tuple of each batch from ``first`` on and
+        ``None``, or the batches before the first one that failed and its LoaderError.
+
+        Several batches run as one call of every pipeline on their concatenated rows (the slot's
+        buffers hold them all), and each batch is a row range of the result: one pass of the
+        per-batch Python work (seeds, contexts, kernel dispatch) for all of them. When that call
+        fails, the batches run again one by one into their rows, so that the batches before the
+        failing one are handed out and the error names its batch, as with one batch per job.
+        A single batch's failure raises."""
+        if self.read_ahead is not None:
+            self.read_ahead.started(first)
+        if len(batches) == 1:
+            return [self._compute(slot, batches[0], epoch, first)], None
+        try:
+            out = self._compute(slot, np.concatenate(batches), epoch, first)
+        except LoaderError:
+            return self._one_by_one(slot, first, batches, epoch)
+        lengths = [len(indices) for indices in batches]
+        return list(zip(*(_split(o, lengths) for o in out))), None
+
+    def _one_by_one(self, slot, first, batches, epoch):
+        """:meth:`_run`'s fallback: each batch into its own rows of the slot, up to the first failure."""
+        outputs, row = [], 0
+        for k, indices in enumerate(batches):
+            try:
+                outputs.append(self._compute(slot, indices, epoch, first + k, row))
+            except LoaderError as e:
+                return outputs, e
+            row += len(indices)
+        return outputs, None
+
+    def _compute(self, slot, indices, epoch, batch, row=0):
+        """Every field of the samples ``indices`` (batch ``batch``, for errors) into the slot's
+        buffers from row ``row`` on; the tuple of the fields' outputs."""
         buffers = self._buffers.get(slot)
         if buffers is None:
             buffers = self._buffers[slot] = [p.allocate(self.pin_memory) for p in self.pipelines]
-        if self.read_ahead is not None:
-            self.read_ahead.started(batch)
+        if row:
+            buffers = [[None if b is None else b[row:] for b in bufs] for bufs in buffers]
         try:
             seeds = sample_seeds(self.seed, epoch, indices)
             lease = self.memory.prepare(indices, batch)
@@ -367,6 +408,15 @@ class BatchRunner:
             self.read_ahead.close(wait)
 
 
+def _split(out, lengths: list[int]) -> list:
+    """``out``'s leading axis cut into consecutive views of ``lengths`` rows (one call for a
+    tensor: ``Tensor.split``)."""
+    if isinstance(out, torch.Tensor):
+        return list(out.split(lengths))
+    ends = np.cumsum(lengths).tolist()
+    return [out[end - n : end] for n, end in zip(lengths, ends)]
+
+
 def _describe(indices: np.ndarray) -> str:
     head = ", ".join(str(int(i)) for i in indices[:8])
     return f"[{head}{', ...' if len(indices) > 8 else ''}]"
@@ -381,6 +431,9 @@ class EpochIterator:
         epoch: the epoch number.
         start: the first batch to produce (``> 0`` when resuming from a state dict).
         owner: the object to keep alive while iterating (the Loader).
+        batches_per_job: consecutive batches each job computes (``>= 1``; more than 1 only for
+            rowwise pipelines, :meth:`BatchRunner._run`). The runner's ``tuner.ahead`` counts jobs,
+            and the tuner observes one job per observation.
 
     Attributes:
         epoch: the epoch number.
@@ -395,15 +448,19 @@ class EpochIterator:
         epoch: int,
         start: int,
         owner: object = None,
+        batches_per_job: int = 1,
     ):
         # ``owner`` (the Loader) is kept alive while its iterator is: in ``for b in Loader(...)``
         # nothing else references the loader, whose finalizer would stop the workers.
         self._owner = owner
         self._runner, self._batches = runner, batches
+        self._per_job = max(1, int(batches_per_job))
         self.epoch, self.batches_yielded = epoch, start
-        self._mark: tuple | None = None  # (wall, thread CPU, thread id) when the last batch was returned
-        self._next_submit = start
-        self._futures: collections.deque = collections.deque()
+        self._mark: tuple | None = None  # (wall, thread CPU, thread id) when the last job was taken
+        self._next_submit = start  # the first batch of the next job to submit
+        self._futures: collections.deque = collections.deque()  # (slot, first batch, future)
+        self._current: tuple | None = None  # (slot, first batch, outputs, error) of the job handed out
+        self._job_start = start  # the first batch of the job that holds the next batch
         self._cancel = threading.Event()
         self._closed_reason: str | None = None
         self.active = True
@@ -416,15 +473,18 @@ class EpochIterator:
         return self
 
     def _fill(self, force: bool = False) -> None:
-        limit = min(len(self._batches), self.batches_yielded + self._runner.tuner.ahead + 1)
+        """Submit jobs while fewer than ``tuner.ahead`` follow the one holding the next batch."""
+        per_job = self._per_job
+        limit = min(len(self._batches), self._job_start + (self._runner.tuner.ahead + 1) * per_job)
         while self._next_submit < limit:
             b = self._next_submit
             slot = self._runner.acquire_slot(force=force and not self._futures)
             if slot is None:
                 return  # the slots are in use: the next request frees one
-            future = self._runner.submit(slot, self._batches[b], self.epoch, b, self._cancel)
-            self._futures.append((slot, future))
-            self._next_submit += 1
+            stop = min(b + per_job, len(self._batches))
+            future = self._runner.submit(slot, b, self._batches[b:stop], self.epoch, self._cancel)
+            self._futures.append((slot, b, future))
+            self._next_submit = stop
 
     def __next__(self):
         """The next batch: a tuple with one entry per enabled field (torch tensors, or what the
@@ -441,27 +501,47 @@ class EpochIterator:
         if not self.active or self.batches_yielded >= len(self._batches):
             self.close()
             raise StopIteration
-        cpu = time.thread_time()  # the consumer step's CPU ends here
         runner = self._runner
         runner.retire_held()
+        job = self._current
+        if job is None or (self.batches_yielded >= job[1] + len(job[2]) and job[3] is None):
+            job = self._take()
+        else:
+            self._fill()  # a slot the retired batch freed
+        slot, first, outputs, error = job
+        k = self.batches_yielded - first
+        if k >= len(outputs):  # the job's batch k failed
+            if not outputs:
+                runner.release_slot(slot)
+            self.close()
+            raise error
+        runner.hold(slot)
+        self.batches_yielded += 1
+        if self.batches_yielded == first + len(outputs):
+            self._job_start = self.batches_yielded
+        return runner.hand_over(slot, outputs[k])
+
+    def _take(self) -> tuple:
+        """Wait for the next job and feed the tuner its observation (one per job)."""
+        cpu = time.thread_time()  # the consumer step's CPU ends here
+        runner = self._runner
         self._fill(force=True)  # a slot of an abandoned epoch may not be back yet
-        slot, future = self._futures.popleft()
+        slot, first, future = self._futures.popleft()
         waiting = time.perf_counter()
         try:
-            out = future.result()
+            outputs, error = future.result()
         except BaseException:
             runner.release_slot(slot)
             self.close()
             raise
         now = time.perf_counter()
         waited = now - waiting
-        runner.hold(slot)
-        self.batches_yielded += 1
         mark, thread = self._mark, threading.get_ident()
         if mark is not None and mark[2] == thread:  # a step of this consumer thread
             runner.observe(Observation(waited, now - mark[0] - waited, cpu - mark[1], runner.job_time(slot)))
         self._mark = (time.perf_counter(), time.thread_time(), thread)
-        return runner.hand_over(slot, out)
+        self._current = (slot, first, outputs, error)
+        return self._current
 
     def close(self, reason: str | None = None) -> None:
         """End the epoch: queued jobs are cancelled, running ones finish on their own (the
@@ -470,7 +550,7 @@ class EpochIterator:
         if self.active:
             self.active = False
             self._cancel.set()
-            for slot, future in self._futures:
+            for slot, _, future in self._futures:
                 future.cancel()
                 future.add_done_callback(lambda _, s=slot: self._runner.release_slot(s))
             self._futures.clear()

@@ -99,7 +99,8 @@ class Loader:
             pipelines are declared on these samples only (e.g. one image size among them is enough
             for ``SimpleRGBImageDecoder``).
         batches_ahead: batches prepared in advance (>= 0). The loader keeps
-            ``max(batches_ahead, num_workers)`` batches in flight so that every worker is busy.
+            ``max(batches_ahead, num_workers)`` jobs in flight so that every worker is busy (a
+            job is ``batches_per_job`` batches: ``batches_ahead`` is rounded up to whole jobs).
             ``"auto"``: the workers plus a depth that grows when the consumer waits in bursts,
             within ``buffer_limit``.
         pin_memory: place the inputs of ``ToTensor`` in pinned memory (fast asynchronous copies
@@ -126,11 +127,28 @@ class Loader:
         buffer_limit: ``batches_ahead="auto"`` only: bytes the batch buffers (``batches_ahead +
             2`` slots) may take at most (``None``: a quarter of the available memory); it must
             hold 2 slots.
+        batches_per_job: consecutive batches one worker computes in one job (>= 1): every
+            pipeline runs once on their concatenated rows, into one slot whose buffers hold them
+            all, and the batches are handed out as row ranges of it, in order, with the same
+            contents and the same validity rule as one batch per job. This pays the per-batch
+            Python work of the loader and the pipelines (seeds, contexts, kernel calls, hand-offs
+            between threads) once per job: where a batch decodes in well under a millisecond
+            (small images, e.g. CIFAR), that work limits the loader. ``"auto"``: as many batches
+            as make 8 MiB of buffers (``JOB_BYTES``), at most 16, few enough that every worker
+            gets two jobs of an epoch (and that ``buffer_limit`` holds a slot per worker and two
+            more), and 1 where several cannot be run together: a stage that
+            is not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g.
+            ``PythonTransform``, a ``torch.nn.Module``, box stages), batches that end on a CUDA
+            device, ``os_cache=False`` or a remote dataset (their caches hold one batch's
+            payloads). When a job fails, its batches run again one by one, so the batches
+            before the failing one are yielded and the error names its batch.
 
     Attributes:
         memory: the memory manager; for a remote ``path`` the :class:`~.pagepool.PagePoolMemory`
             (``memory.source.requests``: GETs issued so far, the opening reads included;
             ``memory.resident_bytes`` and ``memory.cache_file_bytes()``: the cache's size).
+        batches_per_job: the batches one job computes (the ``batches_per_job`` argument, or what
+            ``"auto"`` chose).
 
     Buffer reuse (as in FFCV, batches are views of reused buffers): a yielded batch stays valid
     while you handle it and the next one; requesting the batch after that may overwrite it.
@@ -147,6 +165,8 @@ class Loader:
             ``max_pixels`` (naming the sample).
         ffload.errors.ConfigurationError: (a ``ValueError``) bad ``batch_size``, ``num_workers``,
             ``batches_ahead`` (an integer or ``"auto"``), ``buffer_limit`` (under 2 slots),
+            ``batches_per_job`` (an integer or ``"auto"``; above 1 where a job holds one batch,
+            saying why),
             ``order``, ``seed``, ``indices`` (out of range, not integers, empty), unknown field
             names in ``pipelines``; with ``os_cache=False``, a batch that may need more than
             ``cache_limit`` bytes (both named); the batch buffers (``batch_size`` rows, one slot
@@ -182,6 +202,7 @@ class Loader:
         cache_dir: str | os.PathLike | None = None,
         max_requests: int | None = None,
         buffer_limit: int | None = None,
+        batches_per_job: int | str = "auto",
     ):
         self.batch_size = _check_int("batch_size", batch_size, 1)
         cpus = available_cpus()
@@ -224,6 +245,24 @@ class Loader:
         self.field_names: list[str] = [p.name for p in self._pipelines]
         self._read_fields = list(dict.fromkeys(p.source for p in self._pipelines))  # each field read once
         self._device = cuda_device(self._pipelines)
+        mapped = not self.remote and (self.os_cache or not self._local_files())  # OSCacheMemory
+        self.batches_per_job = _batches_per_job(
+            batches_per_job,
+            self._pipelines,
+            self._device,
+            mapped,
+            len(self),
+            workers,
+            buffer_limit if auto_ahead and buffer_limit is not None else None,
+        )
+        if self.batches_per_job > 1:  # the slots' buffers hold a job's rows
+            self._build = (
+                declared_on,
+                pipelines,
+                min(rows * self.batches_per_job, self._samples_per_rank()),
+                custom_field_mapper,
+            )
+            self._pipelines = build_pipelines(*self._build)
         if pin_memory is None:
             pin_memory = self._device is not None and torch.cuda.is_available()
         elif pin_memory and not torch.cuda.is_available():
@@ -239,7 +278,7 @@ class Loader:
         if auto_ahead:
             max_ahead = _auto_depth(per_slot, buffer_limit, workers)
         else:
-            max_ahead = max(self.batches_ahead, workers)
+            max_ahead = max(-(-self.batches_ahead // self.batches_per_job), workers)
             _check_buffer_memory(per_slot, max_ahead + 2, self.batch_size, self.batches_ahead)
         self._tuner = AutoTuner(
             max_workers=workers,
@@ -248,6 +287,7 @@ class Loader:
             batches_ahead=self.batches_ahead,
             shares=PROCESS_SHARES,
             name=str(self.path),
+            batches_per_job=self.batches_per_job,
         )
         self._next_epoch, self._start_batch = 0, 0
         self.cache_limit = default_cache_limit() if cache_limit is None else _check_int("cache_limit", cache_limit, 1)
@@ -335,7 +375,7 @@ class Loader:
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start)
-        iterator = EpochIterator(runner, batches, epoch, start, owner=self)
+        iterator = EpochIterator(runner, batches, epoch, start, owner=self, batches_per_job=self.batches_per_job)
         self._current = weakref.ref(iterator)
         return iterator
 
@@ -402,7 +442,7 @@ class Loader:
             ``batches_ahead``, ``auto_workers``, ``auto_ahead``, ``max_workers``, ``max_ahead``,
             ``cap``, ``reserve``, ``need``, ``batches_observed``, ``last_window`` with the
             medians ``step_ms``, ``wait_ms``, ``job_ms`` and ``consumer_cpu`` (fraction of a
-            core), ``history`` of changes) plus ``slots`` (batch slots allocated),
+            core), ``history`` of changes, ``batches_per_job``) plus ``slots`` (job slots allocated),
             ``parked`` (worker threads beyond the workers admitted, auto workers only) and
             ``devices``: per field whose decoder runs on a device (``device=``), its stage's
             :meth:`~ffload.loaders.device.stage.DeviceImageStage.stats` (backend, share, rows and
@@ -575,6 +615,52 @@ def _auto_depth(per_slot: int, buffer_limit: int | None, cpus: int) -> int:
             "batches_ahead='auto' needs 2: raise buffer_limit or lower batch_size"
         )
     return min(slots - 2, 4 * cpus + 8)
+
+
+JOB_BYTES = 8 * 2**20
+"""``batches_per_job="auto"``: the batch buffers a job fills, at least, where batches are smaller."""
+MAX_BATCHES_PER_JOB = 16
+"""``batches_per_job="auto"``: the most batches one job computes."""
+
+
+def _batches_per_job(
+    value, pipelines, device, mapped: bool, batches: int, workers: int, budget: int | None = None
+) -> int:
+    """The ``batches_per_job`` a loader runs (see :class:`Loader`): ``value`` checked, or for
+    ``"auto"`` the batches whose buffers make ``JOB_BYTES``, at most ``MAX_BATCHES_PER_JOB``, at
+    most ``batches // (2 * workers)`` (every worker gets two jobs of an epoch or more) and, with
+    a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker and the
+    consumer's two (``pipelines`` are built with one batch's rows), and 1 where a job cannot hold
+    several batches: a pipeline that is
+    not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`), batches that end on a
+    CUDA device, or a memory manager that holds one batch's payloads (``os_cache=False``, remote
+    datasets). Raises ConfigurationError for another string, an integer under 1, or an integer
+    above 1 where a job cannot hold several batches (naming why)."""
+    if _is_auto("batches_per_job", value):
+        per_batch = max(1, _slot_bytes(pipelines))
+        fit = JOB_BYTES // per_batch
+        if budget is not None:
+            fit = min(fit, budget // (per_batch * (workers + 2)))
+        wanted = max(1, min(fit, MAX_BATCHES_PER_JOB, batches // (2 * workers)))
+    else:
+        wanted = _check_int("batches_per_job", value, 1)
+    if wanted == 1:
+        return 1
+    stage = next(((p.name, op) for p in pipelines for op in p.ops if not op.rowwise), None)
+    why = (
+        f"stage {type(stage[1]).__name__} of field {stage[0]!r} is not rowwise"
+        if stage is not None
+        else f"the batches end on {device}"
+        if device is not None
+        else None
+        if mapped
+        else "os_cache=False and remote datasets hold one batch's payloads at a time"
+    )
+    if why is None:
+        return wanted
+    if value != "auto":
+        raise ConfigurationError(f"batches_per_job={value} needs one batch per job here: {why}")
+    return 1
 
 
 def _check_buffer_memory(per_slot: int, slots: int, batch_size: int, batches_ahead: int) -> None:

@@ -90,7 +90,7 @@ def test_a_file_truncated_between_batches_ends_the_epoch_with_an_error(tmp_path,
     code = f"""
 import os, ffload
 from ffload.loaders import LoaderError
-loader = ffload.Loader({path!r}, batch_size=20, num_workers=1, batches_ahead=0, order="sequential")
+loader = ffload.Loader({path!r}, batch_size=20, num_workers=1, batches_ahead=0, order="sequential", batches_per_job=1)
 it = iter(loader)
 next(it)
 loader._get_runner().wait_idle()  # the prefetched batch is decoded: no worker reads the mapping now

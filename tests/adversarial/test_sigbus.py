@@ -111,7 +111,9 @@ def prepare_then_truncate(self, indices, batch=None):  # the size check passes, 
         os.truncate(path, 4096)  # every payload now lies past the end
 
 OSCacheMemory.prepare = prepare_then_truncate
-loader = ffload.Loader(path, batch_size=10, num_workers=1, batches_ahead=0, order="sequential", os_cache=True)
+loader = ffload.Loader(
+    path, batch_size=10, num_workers=1, batches_ahead=0, order="sequential", os_cache=True, batches_per_job=1
+)
 try:
     for b, (images, labels) in enumerate(loader):
         print("batch", b, "all 7:", bool((images == 7).all()))

@@ -30,6 +30,7 @@ class Decoder(Operation):
     """
 
     is_decoder = True
+    rowwise = True  # a sample's row comes from its own payload and seed (Operation)
 
     def _check_field(self, field, view) -> str:
         """Return the field's name; raise PipelineError if this decoder cannot decode it."""

@@ -204,6 +204,12 @@ class FieldPipeline:
                 )
 
     @property
+    def rowwise(self) -> bool:
+        """Whether every stage is rowwise (:class:`~.operation.Operation`): the chain may run
+        several batches as one call and hand them out as row ranges."""
+        return all(op.rowwise for op in self.ops)
+
+    @property
     def output_spec(self) -> Spec:
         """Per-sample spec of the field's batches."""
         return self.specs[-1]

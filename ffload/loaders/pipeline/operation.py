@@ -148,6 +148,14 @@ class Operation:
       salt)) < flip_prob`` (the flip's own rule and draws: same batches), and sets the flip
       stage's ``fused = True``, which makes its ``__call__`` return its input untouched.
 
+    * ``rowwise = True`` (class attribute) says row ``b`` of the stage's output depends only on
+      row ``b`` of its input and of ``ctx`` (``indices``, ``seeds``, ``shared``), its output's
+      per-sample shape is fixed at ``declare``, and it writes (or returns) the first ``B`` rows
+      of ``dst`` or of its input. A loader whose stages are all rowwise may run several
+      consecutive batches as one call of ``B1 + B2 + ...`` rows (``Loader(batches_per_job=)``)
+      and hand them out as row ranges of the result. The default, False, keeps one batch per
+      call: a stage that mixes rows (a batch statistic, a user function) sees whole batches only.
+
     Everything random derives from ``ctx.seeds``, never from global state, so batches do not
     depend on ``num_workers`` or thread timing. A complete example is in the module docstring.
     """
@@ -156,6 +164,7 @@ class Operation:
     field_types: tuple[type, ...] = ()
     keeps_geometry = False
     transfer = False  # only hands the batch on (type, layout view, device): not counted in salts
+    rowwise = False  # rows independent of each other: several batches may run as one call
     requires: tuple[tuple[str, str], ...] = ()
     publish = None  # set by .geometry.link: the key under which this stage publishes in ctx.shared
 

@@ -76,6 +76,7 @@ class NHWCTransform(Operation):
         PipelineError: (building the pipeline) input not an (H, W, C) image (numpy, or torch where ``torch_impl``).
     """
 
+    rowwise = True  # per-sample draws and pixels (Operation)
     torch_impl = False  # True where batch_torch implements the op on torch batches
     on_torch = channels_first = False
 

@@ -93,6 +93,7 @@ class NormalizeImage(Operation):
     """
 
     keeps_geometry = True
+    rowwise = True
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], dtype: npt.DTypeLike | torch.dtype = np.float32):
         self.mean = np.asarray(mean, dtype=np.float64).reshape(-1)

@@ -55,6 +55,7 @@ class ToTensor(Operation):
     """
 
     keeps_geometry = True
+    rowwise = True
     transfer = True  # not counted in later stages' salts (Operation)
 
     def declare(self, spec, field, view):
@@ -79,6 +80,7 @@ class ToTorchImage(Operation):
     """
 
     keeps_geometry = True
+    rowwise = True
     transfer = True  # not counted in later stages' salts (Operation)
 
     def __init__(self, channels_last: bool = True, convert_back_int16: bool = True):
@@ -117,6 +119,7 @@ class Convert(Operation):
     """
 
     keeps_geometry = True
+    rowwise = True
 
     def __init__(self, target_dtype: npt.DTypeLike | torch.dtype):
         self.target_dtype = target_dtype
@@ -182,6 +185,7 @@ class Squeeze(Operation):
     """
 
     keeps_geometry = True
+    rowwise = True
 
     def __init__(self, *dims: int):
         self.dims = tuple(int(d) for d in dims)

@@ -1,0 +1,191 @@
+"""Several batches per job (``Loader(batches_per_job=)``): the batches, their buffer lifetime, a
+failure inside a job, resume from inside a job, the automatic choice and the refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import ffload
+from ffload.errors import ConfigurationError
+from ffload.formats import open_dataset
+from ffload.loaders import (
+    CenterCropRGBImageDecoder,
+    Cutout,
+    IntDecoder,
+    LoaderError,
+    PythonTransform,
+    RandomHorizontalFlip,
+    SimpleRGBImageDecoder,
+    ToTensor,
+    ToTorchImage,
+)
+from ffload.loaders.autotune import AutoTuner
+from ffload.loaders.loader import _slot_bytes
+from tests.test_loader import N, digit_images, write_digits
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return digit_images(N)
+
+
+@pytest.fixture(scope="module", params=["beton", "lmdb"])
+def dataset(request, tmp_path_factory, digits):
+    return write_digits(tmp_path_factory.mktemp("jobs") / f"digits.{request.param}", *digits)
+
+
+def augmenting():
+    """Random stages on the image (flip fused into the decoder, Cutout), the index as a tensor."""
+    return {
+        "image": [SimpleRGBImageDecoder(), RandomHorizontalFlip(), Cutout(3), ToTensor(), ToTorchImage()],
+        "index": [IntDecoder(), ToTensor()],
+        "label": None,
+        "weight": None,
+        "vec": None,
+    }
+
+
+def run(path, epochs=2, **kw):
+    """Every batch of ``epochs`` epochs, copied: ``[(image, index), ...]``."""
+    with ffload.Loader(path, pipelines=augmenting(), **kw) as loader:
+        return [tuple(t.clone() for t in batch) for _ in range(epochs) for batch in loader]
+
+
+def assert_same(expected, got):
+    assert len(expected) == len(got)
+    for a, b in zip(expected, got):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("per_job", [2, 3, 7, 30])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batches_equal_one_batch_per_job(dataset, per_job, drop_last):
+    """Jobs of several batches (the last one shorter, the epoch's last batch smaller) give the
+    batches of one batch per job, bit for bit, epoch after epoch."""
+    kw = dict(batch_size=4, num_workers=2, order="random", seed=7, drop_last=drop_last)
+    expected = run(dataset, batches_per_job=1, **kw)
+    with ffload.Loader(dataset, pipelines=augmenting(), batches_per_job=per_job, **kw) as loader:
+        assert loader.batches_per_job == per_job and loader.stats()["batches_per_job"] == per_job
+    assert_same(expected, run(dataset, batches_per_job=per_job, **kw))
+
+
+def test_a_batch_stays_valid_until_the_one_after_next_is_requested(dataset, digits):
+    """The buffer contract with jobs of 3 batches: batch k is intact while the consumer handles
+    batch k + 1 (inside one job and across two), and the job's slot is reused afterwards."""
+    images, _ = digits
+    pipelines = {"image": [SimpleRGBImageDecoder(), ToTensor()], "index": [IntDecoder(), ToTensor()]}
+    pipelines.update(label=None, weight=None, vec=None)
+    with ffload.Loader(
+        dataset, batch_size=5, num_workers=2, batches_ahead=1, order="random", pipelines=pipelines, batches_per_job=3
+    ) as loader:
+        previous, slots = None, set()
+        for _ in range(2):
+            for image, index in loader:
+                loader._runner.wait_idle()  # every job queued so far has run: no timing luck
+                np.testing.assert_array_equal(image.numpy(), images[index.numpy()])
+                if previous is not None:
+                    np.testing.assert_array_equal(previous[0].numpy(), images[previous[1]])
+                previous = (image, index.numpy().copy())
+                slots.add(loader._runner.slots_allocated())
+        assert max(slots) <= loader._tuner.ahead + 2
+
+
+def test_a_failing_sample_inside_a_job(tmp_path, digits):
+    """A corrupt JPEG in the second batch of a 3-batch job: the batches before it arrive, equal to
+    one batch per job, then the error names the sample and its batch."""
+    images, labels = digits
+    path = write_digits(tmp_path / "jpg.beton", images[:40], labels[:40], write_mode="jpg")
+    view = open_dataset(path)
+    bad = 17  # batch 4 of 4-sample batches: the second batch of the job of batches 3, 4, 5
+    with open(path, "r+b") as f:
+        f.seek(int(view.ptrs["image"][bad]))
+        f.write(b"\0" * int(view.sizes["image"][bad]))
+    pipelines = {"image": [CenterCropRGBImageDecoder(8, 1.0), ToTensor()], "label": None, "weight": None, "vec": None}
+    got = {}
+    for per_job in (1, 3):
+        with ffload.Loader(
+            path, batch_size=4, num_workers=2, order="sequential", pipelines=pipelines, batches_per_job=per_job
+        ) as loader:
+            it, got[per_job] = iter(loader), []
+            with pytest.raises(LoaderError, match=f"sample {bad}, field 'image' \\(epoch 0, batch 4\\)") as info:
+                for image, index in it:
+                    got[per_job].append((image.clone(), index.clone()))
+            assert (info.value.sample_index, info.value.batch) == (bad, 4)
+            with pytest.raises(StopIteration):
+                next(it)
+    assert len(got[3]) == 4
+    assert_same(got[1], got[3])
+
+
+def test_resume_inside_a_job_is_bit_identical(dataset):
+    """A state saved after 5 batches (inside the second job of 3) resumes with the rest of the
+    epoch, equal to an uninterrupted run, and the next epoch follows."""
+    kw = dict(batch_size=4, num_workers=2, order="random", seed=3, batches_per_job=3)
+    whole = run(dataset, **kw)
+    with ffload.Loader(dataset, pipelines=augmenting(), **kw) as loader:
+        it = iter(loader)
+        head = [tuple(t.clone() for t in next(it)) for _ in range(5)]
+        state = loader.state_dict()
+    assert state["batches_yielded"] == 5
+    with ffload.Loader(dataset, pipelines=augmenting(), **kw) as resumed:
+        resumed.load_state_dict(state)
+        tail = [tuple(t.clone() for t in b) for _ in range(2) for b in resumed]
+    assert_same(whole, head + tail)
+
+
+def test_auto_takes_several_small_batches_per_job(dataset):
+    """ "auto" fills a job with small batches where every stage is rowwise, keeping two jobs per
+    worker in an epoch at least; a stage that is not rowwise, os_cache=False or large batches
+    keep one batch per job."""
+    kw = dict(batch_size=2, num_workers=2, order="random")
+    with ffload.Loader(dataset, pipelines=augmenting(), **kw) as loader:
+        assert 1 < loader.batches_per_job <= len(loader) // (2 * loader._tuner.max_workers)
+    python = augmenting()
+    python["image"].insert(1, PythonTransform(lambda x: x, None))
+    with ffload.Loader(dataset, pipelines=python, **kw) as loader:
+        assert loader.batches_per_job == 1
+    with ffload.Loader(dataset, pipelines=augmenting(), os_cache=False, **kw) as loader:
+        assert loader.batches_per_job == 1 or open_dataset(dataset).format == "lmdb"  # LMDB is always mapped
+    with ffload.Loader(dataset, pipelines=augmenting(), batch_size=64, num_workers=1) as loader:
+        assert loader.batches_per_job == 1  # an epoch of 2 batches
+    with ffload.Loader(dataset, pipelines=augmenting(), batches_per_job=1, **kw) as one:
+        per_batch = _slot_bytes(one._pipelines)
+    workers = one._tuner.max_workers
+    for slots in (workers + 2, 3 * (workers + 2)):  # a buffer_limit of that many batch slots
+        with ffload.Loader(
+            dataset, pipelines=augmenting(), batches_ahead="auto", buffer_limit=slots * per_batch, **kw
+        ) as loader:
+            assert loader.batches_per_job == slots // (workers + 2)
+
+
+def test_bad_batches_per_job_are_refused(dataset):
+    with pytest.raises(ConfigurationError, match="batches_per_job must be an integer >= 1"):
+        ffload.Loader(dataset, batch_size=4, batches_per_job=0)
+    with pytest.raises(ConfigurationError, match="batches_per_job must be an integer or 'auto'"):
+        ffload.Loader(dataset, batch_size=4, batches_per_job="many")
+    python = augmenting()
+    python["image"].insert(1, PythonTransform(lambda x: x, None))
+    with pytest.raises(ConfigurationError, match="stage PythonTransform of field 'image' is not rowwise"):
+        ffload.Loader(dataset, batch_size=4, pipelines=python, batches_per_job=2)
+    if open_dataset(dataset).format == "beton":
+        with pytest.raises(ConfigurationError, match="os_cache=False"):
+            ffload.Loader(dataset, batch_size=4, os_cache=False, batches_per_job=2)
+
+
+def test_the_tuner_counts_jobs_and_reports_batches():
+    """A fixed ``batches_ahead`` is rounded up to whole jobs; stats and state are in batches, and a
+    saved state restores the same depth."""
+    tuner = AutoTuner(max_workers=4, max_ahead=10, workers=1, batches_ahead=7, batches_per_job=3)
+    assert tuner.ahead == 3  # ceil(7 / 3) jobs
+    assert tuner.stats()["batches_ahead"] == 9 and tuner.stats()["batches_per_job"] == 3
+    auto = AutoTuner(max_workers=4, max_ahead=10, batches_per_job=3)
+    auto.workers, auto._extra = 2, 2
+    state = auto.state()
+    assert state == {"num_workers": 2, "batches_ahead": 12}
+    again = AutoTuner(max_workers=4, max_ahead=10, batches_per_job=3)
+    again.restore(state)
+    assert (again.workers, again.ahead) == (2, 4)
+    auto.close()
+    again.close()
