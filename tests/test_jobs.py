@@ -3,7 +3,6 @@ failure inside a job, resume from inside a job, the automatic choice and the ref
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -23,7 +22,7 @@ from ffload.loaders import (
 )
 from ffload.loaders.autotune import AutoTuner
 from ffload.loaders.loader import _slot_bytes
-from tests.test_loader import N, digit_images, write_digits
+from tests.test_loader import N, check_batches_stay_valid, digit_images, write_digits
 
 
 @pytest.fixture(scope="module")
@@ -80,15 +79,7 @@ def test_a_batch_stays_valid_until_the_one_after_next_is_requested(dataset, digi
     with ffload.Loader(
         dataset, batch_size=5, num_workers=2, batches_ahead=1, order="random", pipelines=pipelines, batches_per_job=3
     ) as loader:
-        previous, slots = None, set()
-        for _ in range(2):
-            for image, index in loader:
-                loader._runner.wait_idle()  # every job queued so far has run: no timing luck
-                np.testing.assert_array_equal(image.numpy(), images[index.numpy()])
-                if previous is not None:
-                    np.testing.assert_array_equal(previous[0].numpy(), images[previous[1]])
-                previous = (image, index.numpy().copy())
-                slots.add(loader._runner.slots_allocated())
+        slots = check_batches_stay_valid(loader, images, epochs=2)
         assert max(slots) <= loader._tuner.ahead + 2
 
 

@@ -328,6 +328,23 @@ def test_wait_idle_waits_for_the_jobs_of_an_abandoned_iterator(dataset):
 
 
 # ------------------------------------------------------------ buffer reuse
+def check_batches_stay_valid(loader, images, epochs=1) -> set[int]:
+    """Iterate ``epochs`` epochs of ``(image, index)`` batches, checking each batch against
+    ``images`` and the previous batch still intact while the next is handled (after every queued
+    job has run: no timing luck); the slot counts seen along the way."""
+    previous, slots = None, set()
+    for _ in range(epochs):
+        for image, index in loader:
+            loader._runner.wait_idle()
+            np.testing.assert_array_equal(image.numpy(), images[index.numpy()])
+            if previous is not None:  # still intact while we handle the next batch
+                np.testing.assert_array_equal(previous[0].numpy(), images[previous[1]])
+            # the ids are copied: an overwritten slot would change both tensors consistently
+            previous = (image, index.numpy().copy())
+            slots.add(loader._runner.slots_allocated())
+    return slots
+
+
 def test_batch_valid_until_the_one_after_next_is_requested(dataset, digits):
     images, _ = digits
     loader = ffload.Loader(
@@ -338,16 +355,7 @@ def test_batch_valid_until_the_one_after_next_is_requested(dataset, digits):
         order="random",
         pipelines={"label": None, "weight": None, "vec": None},
     )
-    previous = None
-    for image, index in loader:
-        # let every job queued so far run (the ones that may reuse a slot): the check below then
-        # does not depend on thread timing
-        loader._runner.wait_idle()
-        np.testing.assert_array_equal(image.numpy(), images[index.numpy()])
-        if previous is not None:  # still intact while we handle the next batch
-            np.testing.assert_array_equal(previous[0].numpy(), images[previous[1]])
-        # the ids are copied: an overwritten slot would change both tensors consistently
-        previous = (image, index.numpy().copy())
+    check_batches_stay_valid(loader, images)
     loader.close()
 
 
