@@ -195,7 +195,7 @@ def batches(path, image_ops, batch_size=6, **kwargs):
         **kwargs,
     )
     with loader:
-        return [(torch.as_tensor(np.asarray(img)).clone(), lab.copy()) for img, lab in loader]
+        return [(torch.as_tensor(img).clone(), lab.copy()) for img, lab in loader]  # a CUDA tensor stays on its device
 
 
 @pytest.mark.parametrize(

@@ -151,6 +151,27 @@ def test_auto_takes_several_small_batches_per_job(dataset):
             assert loader.batches_per_job == slots // (workers + 2)
 
 
+def test_auto_workers_size_each_epochs_jobs(dataset):
+    """With ``num_workers="auto"`` the slots hold the most batches a job may take with one worker,
+    and each epoch's jobs give every worker the tuner admits then two jobs of it: a tuner that
+    parked workers gets larger jobs next epoch. The batches are those of one batch per job."""
+    kw = dict(batch_size=2, order="random", seed=4)
+    expected = run(dataset, epochs=3, num_workers=2, batches_per_job=1, **kw)
+    got = []
+    with ffload.Loader(dataset, pipelines=augmenting(), num_workers="auto", **kw) as loader:
+        ceiling = loader.batches_per_job
+        assert 1 < ceiling <= len(loader) // 2
+        sizes = []
+        for workers in (4, 2, 1):
+            loader._tuner.workers = min(workers, loader._tuner.max_workers)
+            it = iter(loader)
+            sizes.append(loader.stats()["batches_per_job"])
+            assert sizes[-1] == max(1, min(ceiling, len(loader) // (2 * loader._tuner.workers)))
+            got += [tuple(t.clone() for t in batch) for batch in it]
+        assert sizes[0] < sizes[-1] == ceiling  # 51 batches: 6 (or 12 with 2 CPUs) and 16
+    assert_same(expected, got)
+
+
 def test_bad_batches_per_job_are_refused(dataset):
     with pytest.raises(ConfigurationError, match="batches_per_job must be an integer >= 1"):
         ffload.Loader(dataset, batch_size=4, batches_per_job=0)

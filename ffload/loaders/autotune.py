@@ -8,10 +8,13 @@ clock, so its decisions are tested from made-up observations. A job is one batch
 ``batches_per_job`` consecutive batches (``Loader(batches_per_job=)``); below, "batch" means a
 job.
 
-The rules, evaluated once per window of at least :data:`WINDOW` batches and :data:`WINDOW_S`
-seconds of the consumer's cycles (medians over the window): a window of small batches would
+The rules, evaluated once per window of at least :data:`WINDOW` jobs, twice as many as the
+workers, and :data:`WINDOW_S` seconds of the consumer's cycles: a window of small batches would
 otherwise last a few milliseconds, shorter than one scheduler time slice, and every decision
-would follow the noise of whichever thread the kernel ran last:
+would follow the noise of whichever thread the kernel ran last. Step and job times are the
+window's medians; the consumer's *cycle* (step + wait), by which every probe is judged, is its
+mean, the time per job: a pool's jobs finish in clumps, so the consumer finds most of them
+finished and waits long for a few, and a median cycle would not see what a worker count changed:
 
 * **need**: ``ceil(job / step * MARGIN)`` workers produce one batch per consumer step (``job``:
   a batch's time on its worker, ``step``: the consumer's time between two requests; a consumer
@@ -31,21 +34,24 @@ would follow the noise of whichever thread the kernel ran last:
 * **grow** (one window suffices): the consumer waited more than :data:`WAIT_GROW` of its batch
   period. A shortfall (most batches of the window waited, or the need exceeds the workers):
   workers jump to ``min(cap, max(workers + 1, need))``. Bursts (a few batches waited long):
-  the prefetch depth grows by one, as a probe judged on the *mean* cycle (bursts move the mean,
-  not the median): unless it shortened by :data:`GAIN`, the depth goes back and becomes a
-  ceiling. Waits that a deeper queue does not absorb (a noisy machine's jitter) would otherwise
-  deepen it batch after batch, and every slot more is buffer memory the caches must hold.
+  the prefetch depth grows by one, as a probe: unless the cycle shortened by :data:`GAIN`, the
+  depth goes back and becomes a ceiling. Waits that a deeper queue does not absorb (a noisy
+  machine's jitter) would otherwise deepen it batch after batch, and every slot more is buffer
+  memory the caches must hold.
 * **probe** (while the consumer waits): a grow is a probe; the next judged window compares the
-  consumer's cycle (step + wait, median): unless it shortened by :data:`GAIN`, the workers go
-  back and that count becomes a ceiling (a loader bound by serial work gets slower with more
-  threads). At such a ceiling (not at the CPU cap), fewer workers are tried (two thirds); they stay unless the cycle
-  lengthens by :data:`GAIN`, else the count comes back and becomes a floor. Ceiling and floor
+  consumer's cycle: unless it shortened by :data:`GAIN`, the workers go back and that count
+  becomes a ceiling (a loader bound by serial work gets slower with more threads). At such a
+  ceiling (not at the CPU cap), fewer workers are tried (two thirds); they stay unless the
+  cycle lengthens by :data:`GAIN`, else the count comes back and becomes a floor. Ceiling and floor
   are forgotten when the consumer's step changes by half or more.
 * **shrink** (two quiet windows in a row, waits under :data:`WAIT_QUIET`): workers above the
   need step down halfway to it; never to a count that made the consumer wait before (reset when
   the consumer's step changes by half or more).
-* **settle**: the window after a grow is not judged (the new workers are still filling
-  their batches).
+* **settle**: after a grow or a probe, the jobs already queued (``ahead + 1``) are not
+  observed: they were submitted, most of them computed, under the old setting, and a window
+  of them would judge a probe by the prefetch queue (fewer workers look as fast until it has
+  drained), not by the new setting. The window after them is not judged either (new workers
+  are still filling their first jobs, a new depth its slots).
 
 Auto prefetch depth is ``workers + extra`` (``extra`` from 2, +1 per burst), at most what the
 memory budget allows; a fixed ``batches_ahead`` gives ``max(batches_ahead, workers)`` as
@@ -64,7 +70,7 @@ import threading
 logger = logging.getLogger(__name__)
 
 WINDOW = 8
-"""Batches per decision window, at least."""
+"""Jobs per decision window, at least (and twice the workers)."""
 WINDOW_S = 0.05
 """Seconds per decision window (the consumer's step + wait, summed), at least."""
 WARMUP = 2
@@ -209,8 +215,8 @@ class AutoTuner:
     ):
         self.max_workers, self.max_ahead, self.name = max(1, max_workers), max(0, max_ahead), name
         self.auto_workers, self.auto_ahead = workers is None, batches_ahead is None
-        self.batches_per_job = per_job = max(1, batches_per_job)
-        self._fixed_ahead = None if batches_ahead is None else -(-batches_ahead // per_job)
+        self._batches_ahead = batches_ahead
+        self.set_batches_per_job(batches_per_job)
         self.shares = CpuShares(self.max_workers) if shares is None else shares
         self.workers = min(self.max_workers, (self.max_workers + 1) // 2 if workers is None else workers)
         self._extra = EXTRA_START
@@ -221,7 +227,8 @@ class AutoTuner:
         self._window_s = 0.0  # the current window's seconds
         self._seen = 0
         self._quiet = 0
-        self._settle = False
+        self._settle = 0  # observations to drop before the next window (jobs queued before a change)
+        self._judge_later = False  # the first window after them is not judged either
         self._too_few: tuple[int, float] | None = None  # (workers that made the consumer wait, step then)
         self._ceiling: tuple[int, float] | None = None  # (workers beyond which the cycle did not shorten, step)
         self._probe: tuple[str, int, float] | None = None  # ('up' | 'down', workers before, cycle before)
@@ -232,6 +239,14 @@ class AutoTuner:
         self.history: list[dict] = []
         if self.auto_workers:
             self.shares.join(id(self), self.max_workers)
+
+    def set_batches_per_job(self, batches_per_job: int) -> None:
+        """The batches each job computes from now on (an auto job size changes per epoch): a
+        fixed ``batches_ahead`` is rounded up to whole jobs of this size, at most ``max_ahead``
+        jobs (the slots there are)."""
+        self.batches_per_job = per_job = max(1, batches_per_job)
+        fixed = self._batches_ahead
+        self._fixed_ahead = None if fixed is None else min(-(-fixed // per_job), max(self.max_ahead, 1))
 
     @property
     def ahead(self) -> int:
@@ -249,9 +264,12 @@ class AutoTuner:
         self._seen += 1
         if self._seen <= WARMUP or not (self.auto_workers or self.auto_ahead):
             return None
+        if self._settle:
+            self._settle -= 1
+            return None
         self._window.append(obs)
         self._window_s += obs.step + obs.wait
-        if len(self._window) < WINDOW or self._window_s < WINDOW_S:
+        if len(self._window) < max(WINDOW, 2 * self.workers) or self._window_s < WINDOW_S:
             return None
         self._window_s = 0.0
         window, self._window = self._window, []
@@ -282,13 +300,12 @@ class AutoTuner:
             else:
                 lend = cap
         self.cap = cap
-        if self._settle:
-            self._settle = False
+        if self._judge_later:
+            self._judge_later = False
             return None
         waiting = wait > MIN_WAIT_S and wait > WAIT_GROW * period
         quiet = wait <= MIN_WAIT_S or wait <= WAIT_QUIET * period
-        cycle = statistics.median(o.step + o.wait for o in window)
-        mean_cycle = statistics.fmean(o.step for o in window) + wait  # wait: the window's mean already
+        cycle = statistics.fmean(o.step for o in window) + wait  # the window's time per job (wait: a mean)
         for bound in ("_too_few", "_ceiling", "_deepest"):
             known = getattr(self, bound)
             if known is not None and abs(step - known[1]) > 0.5 * known[1]:
@@ -315,7 +332,7 @@ class AutoTuner:
         elif probe is not None and probe[0] == "down" and cycle > probe[2] * (1 + GAIN):
             self._too_few = (workers, step)
             workers, reason = probe[1], "fewer workers lengthened the consumer's cycle"
-        elif probe is not None and probe[0] == "deeper" and mean_cycle > probe[2] * (1 - GAIN):
+        elif probe is not None and probe[0] == "deeper" and cycle > probe[2] * (1 - GAIN):
             self._deepest = (probe[1], step)
             extra, reason = probe[1], "a deeper prefetch did not shorten the consumer's cycle"
         elif waiting:
@@ -338,7 +355,7 @@ class AutoTuner:
                 self._probe = ("down", workers, cycle)
                 workers, reason = max(floor, min(workers - 1, workers * 2 // 3)), "trying fewer workers (no gain above)"
             elif not shortfall and self.auto_ahead and self.ahead < self.max_ahead and deeper:
-                self._probe = ("deeper", extra, mean_cycle)
+                self._probe = ("deeper", extra, cycle)
                 extra, reason = extra + 1, "the consumer waited in bursts"
         elif quiet and self.auto_workers and self.need < workers:
             self._quiet += 1
@@ -349,7 +366,9 @@ class AutoTuner:
             self._quiet = 0
         if reason is None:
             return None
-        self._quiet, self._settle = 0, workers > self.workers or extra > self._extra or self._probe is not None
+        self._quiet = 0
+        if workers > self.workers or extra > self._extra or self._probe is not None:
+            self._settle, self._judge_later = self.ahead + 1, True  # the jobs queued now ran under the old setting
         from_workers = self.workers
         self.workers, self._extra = workers, extra
         self.history.append(

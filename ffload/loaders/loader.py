@@ -135,8 +135,10 @@ class Loader:
             between threads) once per job: where a batch decodes in well under a millisecond
             (small images, e.g. CIFAR), that work limits the loader. ``"auto"``: as many batches
             as make 8 MiB of buffers (``JOB_BYTES``), at most 16, few enough that every worker
-            gets two jobs of an epoch (and that ``buffer_limit`` holds a slot per worker and two
-            more), and 1 where several cannot be run together: a stage that
+            gets two jobs of an epoch (with ``num_workers="auto"``, counted at the start of each
+            epoch from the workers the tuner admits then; the slots hold the most a job may
+            take) and that ``buffer_limit`` holds a slot per worker and two more, and 1 where
+            several cannot be run together: a stage that
             is not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g.
             ``PythonTransform``, a ``torch.nn.Module``, box stages), batches that end on a CUDA
             device, ``os_cache=False`` or a remote dataset (their caches hold one batch's
@@ -148,7 +150,8 @@ class Loader:
             (``memory.source.requests``: GETs issued so far, the opening reads included;
             ``memory.resident_bytes`` and ``memory.cache_file_bytes()``: the cache's size).
         batches_per_job: the batches one job computes (the ``batches_per_job`` argument, or what
-            ``"auto"`` chose).
+            ``"auto"`` chose; with ``num_workers="auto"`` the most, and ``stats()`` gives the
+            current epoch's).
 
     Buffer reuse (as in FFCV, batches are views of reused buffers): a yielded batch stays valid
     while you handle it and the next one; requesting the batch after that may overwrite it.
@@ -246,6 +249,7 @@ class Loader:
         self._read_fields = list(dict.fromkeys(p.source for p in self._pipelines))  # each field read once
         self._device = cuda_device(self._pipelines)
         mapped = not self.remote and (self.os_cache or not self._local_files())  # OSCacheMemory
+        self._auto_job = _is_auto("batches_per_job", batches_per_job)
         self.batches_per_job = _batches_per_job(
             batches_per_job,
             self._pipelines,
@@ -254,6 +258,7 @@ class Loader:
             len(self),
             workers,
             buffer_limit if auto_ahead and buffer_limit is not None else None,
+            balance=1 if auto_workers else workers,  # auto: balanced per epoch (_job_size)
         )
         if self.batches_per_job > 1:  # the slots' buffers hold a job's rows
             self._build = (
@@ -375,9 +380,19 @@ class Loader:
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start)
-        iterator = EpochIterator(runner, batches, epoch, start, owner=self, batches_per_job=self.batches_per_job)
+        per_job = self._job_size(len(batches))
+        self._tuner.set_batches_per_job(per_job)
+        iterator = EpochIterator(runner, batches, epoch, start, owner=self, batches_per_job=per_job)
         self._current = weakref.ref(iterator)
         return iterator
+
+    def _job_size(self, batches: int) -> int:
+        """The batches per job of an epoch of ``batches`` batches: ``batches_per_job``, or with
+        ``"auto"`` at most that and few enough that each worker the tuner admits now gets two
+        jobs of the epoch (the slots hold ``batches_per_job`` batches; a job of fewer uses part)."""
+        if not self._auto_job:
+            return self.batches_per_job
+        return max(1, min(self.batches_per_job, batches // (2 * self._tuner.workers)))
 
     def _resize_if_asked(self, runner: BatchRunner) -> None:
         """Progressive resizing (FFCV's ImageNet recipe): when an operation given to this loader
@@ -442,7 +457,8 @@ class Loader:
             ``batches_ahead``, ``auto_workers``, ``auto_ahead``, ``max_workers``, ``max_ahead``,
             ``cap``, ``reserve``, ``need``, ``batches_observed``, ``last_window`` with the
             medians ``step_ms``, ``wait_ms``, ``job_ms`` and ``consumer_cpu`` (fraction of a
-            core), ``history`` of changes, ``batches_per_job``) plus ``slots`` (job slots allocated),
+            core), ``history`` of changes, ``batches_per_job`` of the current epoch) plus ``slots``
+            (job slots allocated),
             ``parked`` (worker threads beyond the workers admitted, auto workers only) and
             ``devices``: per field whose decoder runs on a device (``device=``), its stage's
             :meth:`~ffload.loaders.device.stage.DeviceImageStage.stats` (backend, share, rows and
@@ -624,13 +640,14 @@ MAX_BATCHES_PER_JOB = 16
 
 
 def _batches_per_job(
-    value, pipelines, device, mapped: bool, batches: int, workers: int, budget: int | None = None
+    value, pipelines, device, mapped: bool, batches: int, workers: int, budget: int | None = None, balance: int = 1
 ) -> int:
     """The ``batches_per_job`` a loader runs (see :class:`Loader`): ``value`` checked, or for
     ``"auto"`` the batches whose buffers make ``JOB_BYTES``, at most ``MAX_BATCHES_PER_JOB``, at
-    most ``batches // (2 * workers)`` (every worker gets two jobs of an epoch or more) and, with
-    a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker and the
-    consumer's two (``pipelines`` are built with one batch's rows), and 1 where a job cannot hold
+    most ``batches // (2 * balance)`` (each of ``balance`` workers gets two jobs of an epoch or
+    more; an auto worker count balances each epoch instead, :meth:`Loader._job_size`) and, with
+    a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker (of
+    ``workers``) and the consumer's two (``pipelines`` are built with one batch's rows), and 1 where a job cannot hold
     several batches: a pipeline that is
     not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`), batches that end on a
     CUDA device, or a memory manager that holds one batch's payloads (``os_cache=False``, remote
@@ -641,7 +658,7 @@ def _batches_per_job(
         fit = JOB_BYTES // per_batch
         if budget is not None:
             fit = min(fit, budget // (per_batch * (workers + 2)))
-        wanted = max(1, min(fit, MAX_BATCHES_PER_JOB, batches // (2 * workers)))
+        wanted = max(1, min(fit, MAX_BATCHES_PER_JOB, batches // (2 * balance)))
     else:
         wanted = _check_int("batches_per_job", value, 1)
     if wanted == 1:
