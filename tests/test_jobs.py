@@ -22,6 +22,7 @@ from ffload.loaders import (
 )
 from ffload.loaders.autotune import AutoTuner
 from ffload.loaders.loader import _slot_bytes
+from ffload.system import available_cpus
 from tests.test_loader import N, check_batches_stay_valid, digit_images, write_digits
 
 
@@ -155,6 +156,8 @@ def test_auto_workers_size_each_epochs_jobs(dataset):
     """With ``num_workers="auto"`` the slots hold the most batches a job may take with one worker,
     and each epoch's jobs give every worker the tuner admits then two jobs of it: a tuner that
     parked workers gets larger jobs next epoch. The batches are those of one batch per job."""
+    if available_cpus() < 2:
+        pytest.skip("one CPU: the tuner admits one worker whatever is asked")
     kw = dict(batch_size=2, order="random", seed=4)
     expected = run(dataset, epochs=3, num_workers=2, batches_per_job=1, **kw)
     got = []
@@ -170,6 +173,29 @@ def test_auto_workers_size_each_epochs_jobs(dataset):
             got += [tuple(t.clone() for t in batch) for batch in it]
         assert sizes[0] < sizes[-1] == ceiling  # 51 batches: 6 (or 12 with 2 CPUs) and 16
     assert_same(expected, got)
+
+
+def test_a_restored_depth_is_counted_in_the_jobs_it_will_run(dataset):
+    """A saved auto depth (in batches) comes back in jobs of the size the restored workers get
+    (12 batches for 2 workers here, against 16 for the slots): 40 batches ahead become 4 jobs,
+    48 batches, not 3 jobs of 16 that then hold 12 each (36). A fixed depth likewise."""
+    if available_cpus() < 2:
+        pytest.skip("one CPU: one worker whatever is saved")
+    kw = dict(batch_size=2, num_workers="auto", batches_ahead="auto", pipelines=augmenting())
+    with ffload.Loader(dataset, **kw) as loader:
+        state = loader.state_dict()
+        state["autotune"] = {"num_workers": 2, "batches_ahead": 40}
+        loader.load_state_dict(state)
+        assert loader.batches_per_job == 16 and loader._job_size(len(loader), 2) == 12
+        it = iter(loader)
+        assert loader.stats()["batches_per_job"] == 12 and loader.stats()["batches_ahead"] == 48
+        it.close()
+    # a fixed depth is kept in jobs of any size an epoch may get (slots for the smallest)
+    with ffload.Loader(dataset, **dict(kw, batches_ahead=40)) as loader:
+        loader._tuner.workers = 2
+        it = iter(loader)
+        assert loader.stats()["batches_per_job"] == 12 and loader.stats()["batches_ahead"] >= 40
+        it.close()
 
 
 def test_bad_batches_per_job_are_refused(dataset):

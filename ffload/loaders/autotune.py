@@ -11,9 +11,9 @@ job.
 The rules, evaluated once per window of at least :data:`WINDOW` jobs, twice as many as the
 workers, and :data:`WINDOW_S` seconds of the consumer's cycles: a window of small batches would
 otherwise last a few milliseconds, shorter than one scheduler time slice, and every decision
-would follow the noise of whichever thread the kernel ran last. Step and job times are the
-window's medians; the consumer's *cycle* (step + wait), by which every probe is judged, is its
-mean, the time per job: a pool's jobs finish in clumps, so the consumer finds most of them
+would follow the noise of whichever thread the kernel ran last. Times are per batch (a job's,
+divided by its batches). Step and job times are the window's medians; the consumer's *cycle*
+(step + wait), by which every probe is judged, is its mean, the time per batch: a pool's jobs finish in clumps, so the consumer finds most of them
 finished and waits long for a few, and a median cycle would not see what a worker count changed:
 
 * **need**: ``ceil(job / step * MARGIN)`` workers produce one batch per consumer step (``job``:
@@ -54,8 +54,8 @@ finished and waits long for a few, and a median cycle would not see what a worke
   are still filling their first jobs, a new depth its slots).
 
 Auto prefetch depth is ``workers + extra`` (``extra`` from 2, +1 per burst), at most what the
-memory budget allows; a fixed ``batches_ahead`` gives ``max(batches_ahead, workers)`` as
-before. Batches do not depend on any of this (per-sample seeds), so the tuner never changes what
+memory budget allows; a fixed ``batches_ahead`` gives ``max(ceil(batches_ahead /
+batches_per_job), workers)`` jobs. Batches do not depend on any of this (per-sample seeds), so the tuner never changes what
 a loader yields, only when.
 """
 
@@ -66,6 +66,7 @@ import logging
 import math
 import statistics
 import threading
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ EXTRA_START = 2
 
 @dataclasses.dataclass(frozen=True)
 class Observation:
-    """What one batch cost, in seconds.
+    """What one job cost, in seconds.
 
     Attributes:
         wait: the consumer's time blocked in ``next()`` waiting for this batch's job.
@@ -100,13 +101,17 @@ class Observation:
             ``next()``).
         consumer_cpu: the CPU time of the consumer's thread between its previous ``next()``
             returning and this one being called (``time.thread_time``; its training step's).
-        job: the batch's wall time on its worker (after the worker was admitted).
+        job: the job's wall time on its worker (after the worker was admitted).
+        batches: the batches the job computed. The tuner compares times per batch: with
+            ``num_workers="auto"`` an epoch's job size follows the workers admitted, so a probe
+            that spans an epoch boundary would otherwise compare jobs of different sizes.
     """
 
     wait: float
     step: float
     consumer_cpu: float
     job: float
+    batches: int = 1
 
 
 def fair_shares(total: int, demands: dict) -> dict:
@@ -276,9 +281,10 @@ class AutoTuner:
         return self._decide(window)
 
     def _decide(self, window: list[Observation]) -> str | None:
-        step = statistics.median(o.step for o in window)
-        job = statistics.median(o.job for o in window)
-        wait = statistics.fmean(o.wait for o in window)
+        batches = sum(o.batches for o in window)  # times below are per batch
+        step = statistics.median(o.step / o.batches for o in window)
+        job = statistics.median(o.job / o.batches for o in window)
+        wait = sum(o.wait for o in window) / batches
         waited = sum(o.wait > MIN_WAIT_S for o in window) / len(window)
         cpu = statistics.median(o.consumer_cpu / o.step if o.step > 0 else 0.0 for o in window)
         period = step + wait
@@ -305,7 +311,7 @@ class AutoTuner:
             return None
         waiting = wait > MIN_WAIT_S and wait > WAIT_GROW * period
         quiet = wait <= MIN_WAIT_S or wait <= WAIT_QUIET * period
-        cycle = statistics.fmean(o.step for o in window) + wait  # the window's time per job (wait: a mean)
+        cycle = sum(o.step for o in window) / batches + wait  # the window's time per batch
         for bound in ("_too_few", "_ceiling", "_deepest"):
             known = getattr(self, bound)
             if known is not None and abs(step - known[1]) > 0.5 * known[1]:
@@ -401,7 +407,7 @@ class AutoTuner:
         'max_workers', 'max_ahead', 'cap', 'reserve', 'need', 'batches_observed', 'last_window',
         'history'}``: the choices and the medians they were made from (``batches_ahead`` and
         ``max_ahead`` in batches; ``batches_observed`` and ``need`` count jobs; ``last_window``:
-        ``step_ms``, ``wait_ms``, ``job_ms`` per job, ``consumer_cpu`` as a fraction of a core,
+        ``step_ms``, ``wait_ms`` (a mean), ``job_ms`` per batch, ``consumer_cpu`` as a fraction of a core,
         or ``None`` before the first window)."""
         return {
             "num_workers": self.workers,
@@ -423,10 +429,14 @@ class AutoTuner:
         """The choices to resume from: ``{'num_workers', 'batches_ahead'}`` (in batches)."""
         return {"num_workers": self.workers, "batches_ahead": self.ahead * self.batches_per_job}
 
-    def restore(self, state: dict) -> None:
+    def restore(self, state: dict, job_size: Callable[[int], int] | None = None) -> None:
         """Start from saved choices (:meth:`state`), clamped to this tuner's bounds; fixed
-        settings stay as given."""
+        settings stay as given. ``job_size``: the batches per job the restored workers will run
+        (a function of the worker count; ``None``: the current ``batches_per_job``), in whose
+        jobs the saved depth is counted."""
         if self.auto_workers:
             self.workers = max(1, min(self.max_workers, int(state["num_workers"])))
+        if job_size is not None:
+            self.set_batches_per_job(job_size(self.workers))
         if self.auto_ahead:
             self._extra = max(0, -(-int(state["batches_ahead"]) // self.batches_per_job) - self.workers)

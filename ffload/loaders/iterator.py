@@ -538,7 +538,8 @@ class EpochIterator:
         waited = now - waiting
         mark, thread = self._mark, threading.get_ident()
         if mark is not None and mark[2] == thread:  # a step of this consumer thread
-            runner.observe(Observation(waited, now - mark[0] - waited, cpu - mark[1], runner.job_time(slot)))
+            job = runner.job_time(slot)
+            runner.observe(Observation(waited, now - mark[0] - waited, cpu - mark[1], job, max(1, len(outputs))))
         self._mark = (time.perf_counter(), time.thread_time(), thread)
         self._current = (slot, first, outputs, error)
         return self._current

@@ -283,7 +283,8 @@ class Loader:
         if auto_ahead:
             max_ahead = _auto_depth(per_slot, buffer_limit, workers)
         else:
-            max_ahead = max(-(-self.batches_ahead // self.batches_per_job), workers)
+            smallest = self._job_size(len(self), workers)  # an epoch's jobs with every worker admitted
+            max_ahead = max(-(-self.batches_ahead // smallest), workers)
             _check_buffer_memory(per_slot, max_ahead + 2, self.batch_size, self.batches_ahead)
         self._tuner = AutoTuner(
             max_workers=workers,
@@ -380,19 +381,19 @@ class Loader:
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start)
-        per_job = self._job_size(len(batches))
+        per_job = self._job_size(len(batches), self._tuner.workers)
         self._tuner.set_batches_per_job(per_job)
         iterator = EpochIterator(runner, batches, epoch, start, owner=self, batches_per_job=per_job)
         self._current = weakref.ref(iterator)
         return iterator
 
-    def _job_size(self, batches: int) -> int:
-        """The batches per job of an epoch of ``batches`` batches: ``batches_per_job``, or with
-        ``"auto"`` at most that and few enough that each worker the tuner admits now gets two
-        jobs of the epoch (the slots hold ``batches_per_job`` batches; a job of fewer uses part)."""
+    def _job_size(self, batches: int, workers: int) -> int:
+        """The batches per job of an epoch of ``batches`` batches run by ``workers``:
+        ``batches_per_job``, or with ``"auto"`` at most that and few enough that each worker gets
+        two jobs of the epoch (the slots hold ``batches_per_job`` batches; a job of fewer uses part)."""
         if not self._auto_job:
             return self.batches_per_job
-        return max(1, min(self.batches_per_job, batches // (2 * self._tuner.workers)))
+        return max(1, min(self.batches_per_job, batches // (2 * workers)))
 
     def _resize_if_asked(self, runner: BatchRunner) -> None:
         """Progressive resizing (FFCV's ImageNet recipe): when an operation given to this loader
@@ -456,7 +457,7 @@ class Loader:
             :meth:`ffload.loaders.autotune.AutoTuner.stats` (``num_workers``,
             ``batches_ahead``, ``auto_workers``, ``auto_ahead``, ``max_workers``, ``max_ahead``,
             ``cap``, ``reserve``, ``need``, ``batches_observed``, ``last_window`` with the
-            medians ``step_ms``, ``wait_ms``, ``job_ms`` and ``consumer_cpu`` (fraction of a
+            medians ``step_ms`` and ``job_ms`` per batch, the mean ``wait_ms`` per batch and ``consumer_cpu`` (fraction of a
             core), ``history`` of changes, ``batches_per_job`` of the current epoch) plus ``slots``
             (job slots allocated),
             ``parked`` (worker threads beyond the workers admitted, auto workers only) and
@@ -538,7 +539,7 @@ class Loader:
         self._close_current()
         tuned = state.get("autotune")
         if isinstance(tuned, Mapping) and all(isinstance(tuned.get(k), int) for k in ("num_workers", "batches_ahead")):
-            self._tuner.restore(tuned)
+            self._tuner.restore(tuned, job_size=lambda workers: self._job_size(len(self), workers))
             if self._runner is not None:
                 self._runner.set_workers(self._tuner.workers)
         finished = len(self) and done == len(self)
