@@ -255,11 +255,11 @@ class Loader:
             self._pipelines,
             self._device,
             mapped,
-            len(self),
             workers,
             buffer_limit if auto_ahead and buffer_limit is not None else None,
-            balance=1 if auto_workers else workers,  # auto: balanced per epoch (_job_size)
         )
+        # the slots: auto workers are balanced per epoch (__iter__), from one worker up
+        self.batches_per_job = self._job_size(len(self), 1 if auto_workers else workers)
         if self.batches_per_job > 1:  # the slots' buffers hold a job's rows
             self._build = (
                 declared_on,
@@ -640,15 +640,12 @@ MAX_BATCHES_PER_JOB = 16
 """``batches_per_job="auto"``: the most batches one job computes."""
 
 
-def _batches_per_job(
-    value, pipelines, device, mapped: bool, batches: int, workers: int, budget: int | None = None, balance: int = 1
-) -> int:
-    """The ``batches_per_job`` a loader runs (see :class:`Loader`): ``value`` checked, or for
-    ``"auto"`` the batches whose buffers make ``JOB_BYTES``, at most ``MAX_BATCHES_PER_JOB``, at
-    most ``batches // (2 * balance)`` (each of ``balance`` workers gets two jobs of an epoch or
-    more; an auto worker count balances each epoch instead, :meth:`Loader._job_size`) and, with
-    a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker (of
-    ``workers``) and the consumer's two (``pipelines`` are built with one batch's rows), and 1 where a job cannot hold
+def _batches_per_job(value, pipelines, device, mapped: bool, workers: int, budget: int | None = None) -> int:
+    """The most batches a job of a loader holds (see :class:`Loader`): ``value`` checked, or for
+    ``"auto"`` the batches whose buffers make ``JOB_BYTES``, at most ``MAX_BATCHES_PER_JOB`` and,
+    with a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker (of
+    ``workers``) and the consumer's two (``pipelines`` are built with one batch's rows); the
+    epoch's length then caps an auto value (:meth:`Loader._job_size`). 1 where a job cannot hold
     several batches: a pipeline that is
     not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`), batches that end on a
     CUDA device, or a memory manager that holds one batch's payloads (``os_cache=False``, remote
@@ -659,7 +656,7 @@ def _batches_per_job(
         fit = JOB_BYTES // per_batch
         if budget is not None:
             fit = min(fit, budget // (per_batch * (workers + 2)))
-        wanted = max(1, min(fit, MAX_BATCHES_PER_JOB, batches // (2 * balance)))
+        wanted = max(1, min(fit, MAX_BATCHES_PER_JOB))
     else:
         wanted = _check_int("batches_per_job", value, 1)
     if wanted == 1:
