@@ -38,7 +38,8 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   ``ffload.bench.datasets.build_photo_jpegs``), ``RandomResizedCrop(224)`` + flip, batch 128. Both
   are built in ``--dir`` and reused.
 * img/s at each of ``--workers`` (default 1, 2, 4, 8, 12, 16, the usable CPUs at most), every case
-  in a fresh process, ``--seconds`` each after the first batch.
+  in a fresh process, ``--seconds`` each after the first batch; and the median wall time of
+  ``iter(loader)`` at each new epoch (an epoch start: no worker has a job meanwhile).
 * the serial fraction (:func:`ffload.bench.serial.serial_fraction`): per batch, the CPU time the
   loader's threads hold the GIL against all the CPU time they spend, with one worker, profiled; and
   the workers' lock wait. Then the same split without a profiler
@@ -401,18 +402,24 @@ def scaling_case(args) -> dict:
         )
 
     def rate(workers):
+        """img/s, and the median wall ms of ``iter(loader)`` at the epochs after the first (an
+        epoch start, during which no worker has a job)."""
         with build(workers) as loader:
             it = iter(loader)
             next(it)  # compilation, buffers, page faults
-            images, t0 = 0, time.perf_counter()
+            images, starts, t0 = 0, [], time.perf_counter()
             while time.perf_counter() - t0 < args.seconds:
                 try:
                     images += len(next(it)[0])
                 except StopIteration:
+                    t = time.perf_counter()
                     it = iter(loader)
-            return images / (time.perf_counter() - t0)
+                    starts.append(time.perf_counter() - t)
+            return images / (time.perf_counter() - t0), float(np.median(starts)) * 1e3 if starts else None
 
-    rates = {w: rate(w) for w in args.worker_list}
+    measured = {w: rate(w) for w in args.worker_list}
+    rates = {w: r for w, (r, _) in measured.items()}
+    starts = {w: ms for w, (_, ms) in measured.items()}
     batches = args.serial_batches if pipeline == "simple" else max(10, args.serial_batches // 8)  # JPEG: ~0.1 s each
     serial = timed = None
     if args.serial_batches:
@@ -428,7 +435,13 @@ def scaling_case(args) -> dict:
             pass
         else:
             timed = kernel_timed_fraction(build, batches)
-    return {"rates": rates, "serial": serial, "timed": timed, "ffload": os.path.dirname(ffload.__file__)}
+    return {
+        "rates": rates,
+        "epoch_start_ms": starts,
+        "serial": serial,
+        "timed": timed,
+        "ffload": os.path.dirname(ffload.__file__),
+    }
 
 
 def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
@@ -473,20 +486,23 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
             serials = [r["serial"] for r in ok if r.get("serial")]
             s = float(np.median([x["serial_fraction"] for x in serials])) if serials else None
             timed = [r["timed"] for r in ok if r.get("timed")]
+            starts = {
+                w: [r["epoch_start_ms"][str(w)] for r in ok if (r.get("epoch_start_ms") or {}).get(str(w)) is not None]
+                for w in workers
+            }
+            start_ms = {w: float(np.median(v)) if v else None for w, v in starts.items()}
             base = median[workers[0]] / workers[0] if workers and median[workers[0]] else None
             lines += [
                 f"## {case} ({tree}, {len(ok)} round(s))",
                 "",
-                "| workers | img/s | vs 1 worker x n |",
-                "|---|---|---|",
+                "| workers | img/s | vs 1 worker x n | `iter()` ms |",
+                "|---|---|---|---|",
             ]
             for w in workers:
-                lines.append(
-                    f"| {w} | {median[w]:.0f} | {median[w] / (base * w):.2f} |"
-                    if base
-                    else f"| {w} | {median[w]:.0f} | - |"
-                )
-            entry = {"img_s": median, "runs": ok}
+                linear = f"{median[w] / (base * w):.2f}" if base else "-"
+                start = f"{start_ms[w]:.2f}" if start_ms[w] is not None else "-"
+                lines.append(f"| {w} | {median[w]:.0f} | {linear} | {start} |")
+            entry = {"img_s": median, "epoch_start_ms": start_ms, "runs": ok}
             if s is not None:
                 x = serials[len(serials) // 2]
                 proj = {n: amdahl(s, n) for n in (16, 32)}

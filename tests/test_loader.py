@@ -174,6 +174,34 @@ def test_epochs_reshuffle(dataset, order):
     assert not np.array_equal(np.concatenate(epoch_indices(other_seed)), e0)
 
 
+def test_next_epoch_is_prepared_ahead_and_matches_epoch_order(dataset):
+    """The next epoch's order is computed on the ``ffload-order`` thread while the current epoch
+    runs; the batches are those of ``epoch_order`` whichever thread computed them, and an epoch
+    that was not prepared (``next_epoch`` moved) is computed when asked."""
+    loader = ffload.Loader(dataset, batch_size=10, num_workers=2, order="random", pipelines=indices_only())
+    threads = []
+    sample_order = loader._order.sample_order
+
+    def recorded(epoch):
+        threads.append((epoch, threading.current_thread().name))
+        return sample_order(epoch)
+
+    loader._order.sample_order = recorded
+    with loader:
+        epochs = [np.concatenate(epoch_indices(loader)) for _ in range(3)]
+        loader.next_epoch = 7
+        epochs.append(np.concatenate(epoch_indices(loader)))
+        for got, epoch in zip(epochs, [0, 1, 2, 7]):
+            np.testing.assert_array_equal(got, loader.epoch_order(epoch))
+    first = {}  # epoch -> the thread that computed it first (the checks above computed each again)
+    for epoch, name in threads:
+        first.setdefault(epoch, name)
+    here = threading.current_thread().name
+    assert first[0] == here and first[7] == here, threads  # nothing prepared them
+    assert first[1].startswith("ffload-order") and first[2].startswith("ffload-order"), threads
+    assert first.get(3, "ffload-order").startswith("ffload-order"), threads  # prepared, then dropped
+
+
 def test_indices_subset(dataset):
     subset = [40, 3, 77, 3, 12, 100]
     seq = ffload.Loader(
@@ -390,7 +418,7 @@ def test_abandoned_iterators_do_not_leak_threads(dataset):
         it = iter(loader)
         next(it)
         del it
-        assert threading.active_count() <= baseline + 3 + 1  # workers and the read-ahead thread
+        assert threading.active_count() <= baseline + 3 + 2  # workers, the read-ahead and the ffload-order threads
     for _ in range(5):
         for _ in loader:
             break

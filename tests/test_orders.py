@@ -3,11 +3,14 @@ DistributedSampler split, checked against torch's own sampler."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from torch.utils.data import DistributedSampler
 
 from ffload.loaders.orders import (
+    EpochsAhead,
     OrderOption,
     QuasiRandom,
     Random,
@@ -115,3 +118,43 @@ def test_distributed_split_matches_torch_sampler(n, world_size, drop_last):
         got = distributed_split(order, rank, world_size, drop_last)
         np.testing.assert_array_equal(got, expected)
         assert len(got) == samples_per_rank(n, world_size, drop_last)
+
+
+def _recording(calls):
+    """An ``epoch -> batches`` function that records the thread computing each epoch."""
+
+    def compute(epoch):
+        calls.append((epoch, threading.current_thread().name))
+        if epoch < 0:
+            raise ValueError(f"bad epoch {epoch}")
+        return [np.arange(3) + 10 * epoch]
+
+    return compute
+
+
+def test_epochs_ahead_computes_the_prepared_epoch_on_its_thread():
+    calls = []
+    compute = _recording(calls)
+    ahead = EpochsAhead()
+    try:
+        np.testing.assert_array_equal(ahead.get(0, compute)[0], [0, 1, 2])  # nothing prepared: here
+        ahead.prepare(1, compute)
+        ahead.prepare(1, compute)  # already under way: not computed twice
+        np.testing.assert_array_equal(ahead.get(1, compute)[0], [10, 11, 12])
+        ahead.prepare(2, compute)
+        np.testing.assert_array_equal(ahead.get(5, compute)[0], [50, 51, 52])  # another epoch: here
+        np.testing.assert_array_equal(ahead.get(2, compute)[0], [20, 21, 22])  # the prepared one was dropped
+        ahead.prepare(-1, compute)
+        with pytest.raises(ValueError, match="bad epoch -1"):
+            ahead.get(-1, compute)
+    finally:
+        ahead.close()
+    here = threading.current_thread().name
+    where = [(e, "here" if name == here else name.split("_")[0]) for e, name in calls]
+    # the dropped epoch 2 is cancelled, unless it already ran on the thread
+    if (2, "ffload-order") in where:
+        where.remove((2, "ffload-order"))
+    assert where == [(0, "here"), (1, "ffload-order"), (5, "here"), (2, "here"), (-1, "ffload-order")], where
+    ahead.prepare(3, compute)  # a closed one starts a new thread
+    assert ahead.get(3, compute)[0][0] == 30 and calls[-1][1].startswith("ffload-order")
+    ahead.close()

@@ -215,7 +215,7 @@ def serial_fraction(make_loader: Callable[[int], object], batches: int, num_work
     dispatch), 'serial_fraction' (corrected held / (that + nogil)),
     'serial_fraction_upper' (uncorrected), 'worker_lock_wait_us', 'top_held': [[label, us], ...]}``,
     CPU microseconds per batch; thread kinds are ``main`` (the consumer), ``worker`` (all workers
-    together), ``readahead`` and ``other``."""
+    together), ``readahead``, ``order`` and ``other`` (:func:`_thread_kind`)."""
 
     loader = make_loader(num_workers)
     try:
@@ -244,15 +244,7 @@ def serial_fraction(make_loader: Callable[[int], object], batches: int, num_work
     top: dict[str, float] = {}
     calls = kernel_calls = 0
     for name, st in stats.items():
-        kind = (
-            "main"
-            if name == "main"
-            else "worker"
-            if name.startswith("ffload-worker")
-            else "readahead"
-            if name.startswith("ffload-readahead")
-            else "other"
-        )
+        kind = _thread_kind(name) or "other"
         split = split_profile(st, kernels)
         calls += split["calls"]
         kernel_calls += split["kernel_calls"]
@@ -364,13 +356,14 @@ def timer_overhead(calls: int = 20000) -> float:
 
 
 def _thread_kind(name: str) -> str | None:
-    """A loader thread's kind (``main``, ``worker``, ``readahead``), or None for other threads."""
-    if name == "MainThread":
+    """A loader thread's kind (``main``, ``worker``, ``readahead``, ``order``: the
+    next epoch's batches, :class:`~ffload.loaders.orders.EpochsAhead`), or None for other
+    threads. ``name`` is the thread's name (``"main"`` for :class:`ThreadProfiles`' own)."""
+    if name in ("MainThread", "main"):
         return "main"
-    if name.startswith("ffload-worker"):
-        return "worker"
-    if name.startswith("ffload-readahead"):
-        return "readahead"
+    for prefix, kind in (("ffload-worker", "worker"), ("ffload-readahead", "readahead"), ("ffload-order", "order")):
+        if name.startswith(prefix):
+            return kind
     return None
 
 

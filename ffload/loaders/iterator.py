@@ -40,7 +40,7 @@ import collections
 import concurrent.futures
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -410,9 +410,9 @@ class BatchRunner:
 
 def _split(out, lengths: list[int]) -> list:
     """``out``'s leading axis cut into consecutive views of ``lengths`` rows (one call for a
-    tensor: ``Tensor.split``)."""
+    tensor: ``Tensor.split_with_sizes``, without ``Tensor.split``'s Python dispatch)."""
     if isinstance(out, torch.Tensor):
-        return list(out.split(lengths))
+        return list(out.split_with_sizes(lengths))
     ends = np.cumsum(lengths).tolist()
     return [out[end - n : end] for n, end in zip(lengths, ends)]
 
@@ -434,6 +434,8 @@ class EpochIterator:
         batches_per_job: consecutive batches each job computes (``>= 1``; more than 1 only for
             rowwise pipelines, :meth:`BatchRunner._run`). The runner's ``tuner.ahead`` counts jobs,
             and the tuner observes one job per observation.
+        last_submitted: called (once, on the consumer's thread) when the epoch's last job has
+            been submitted: the loader then prepares the next epoch (:class:`~.orders.EpochsAhead`).
 
     Attributes:
         epoch: the epoch number.
@@ -449,6 +451,7 @@ class EpochIterator:
         start: int,
         owner: object = None,
         batches_per_job: int = 1,
+        last_submitted: Callable[[], None] | None = None,
     ):
         # ``owner`` (the Loader) is kept alive while its iterator is: in ``for b in Loader(...)``
         # nothing else references the loader, whose finalizer would stop the workers.
@@ -463,6 +466,7 @@ class EpochIterator:
         self._job_start = start  # the first batch of the job that holds the next batch
         self._cancel = threading.Event()
         self._closed_reason: str | None = None
+        self._last_submitted = last_submitted
         self.active = True
         self._fill()
 
@@ -485,6 +489,9 @@ class EpochIterator:
             future = self._runner.submit(slot, b, self._batches[b:stop], self.epoch, self._cancel)
             self._futures.append((slot, b, future))
             self._next_submit = stop
+        if self._next_submit >= len(self._batches) and self._last_submitted is not None:
+            notify, self._last_submitted = self._last_submitted, None
+            notify()
 
     def __next__(self):
         """The next batch: a tuple with one entry per enabled field (torch tensors, or what the

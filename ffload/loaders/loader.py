@@ -8,6 +8,7 @@ batches that do not depend on ``num_workers``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -32,7 +33,14 @@ from ffload.loaders.memory.pagesource import DEFAULT_LOCAL_REQUESTS, DEFAULT_MAX
 from ffload.loaders.memory.process_cache import ProcessCacheMemory, default_cache_limit
 from ffload.loaders.memory.readahead import ADVISE_PAGE, DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
 from ffload.loaders.memory.schedule import payload_columns, sorted_unique
-from ffload.loaders.orders import OrderOption, distributed_split, make_order, parse_order, samples_per_rank
+from ffload.loaders.orders import (
+    EpochsAhead,
+    OrderOption,
+    distributed_split,
+    make_order,
+    parse_order,
+    samples_per_rank,
+)
 from ffload.loaders.pipeline.build import build_pipelines, cuda_device
 from ffload.storage import is_remote
 from ffload.system import available_cpus, available_memory
@@ -279,6 +287,7 @@ class Loader:
             self._order = make_order(self.order, self.indices, self.seed, self.view.sample_pages, window)
         else:
             self._order = make_order(self.order, self.indices, self.seed)
+        self._epochs = EpochsAhead()
         per_slot = _slot_bytes(self._pipelines)
         if auto_ahead:
             max_ahead = _auto_depth(per_slot, buffer_limit, workers)
@@ -356,6 +365,13 @@ class Loader:
             order = order[: len(self) * self.batch_size]
         return np.ascontiguousarray(order, dtype=np.int64)  # kernels get C-contiguous batches
 
+    def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """``epoch``'s batches: :meth:`epoch_order` cut into ``batch_size`` views (the last may be
+        shorter). Runs on the ``ffload-order`` thread (:class:`~.orders.EpochsAhead`): reads only
+        what construction fixed."""
+        order = self.epoch_order(epoch)
+        return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+
     @property
     def next_epoch(self) -> int:
         """The epoch the next ``iter(loader)`` runs (FFCV's attribute); setting it starts that
@@ -376,14 +392,21 @@ class Loader:
         self._resize_if_asked(runner)
         epoch, start = self._next_epoch, self._start_batch
         self._next_epoch, self._start_batch = epoch + 1, 0
-        order = self.epoch_order(epoch)
-        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        batches = self._epochs.get(epoch, self._epoch_batches)
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start)
         per_job = self._job_size(len(batches), self._tuner.workers)
         self._tuner.set_batches_per_job(per_job)
-        iterator = EpochIterator(runner, batches, epoch, start, owner=self, batches_per_job=per_job)
+        iterator = EpochIterator(
+            runner,
+            batches,
+            epoch,
+            start,
+            owner=self,
+            batches_per_job=per_job,
+            last_submitted=functools.partial(self._epochs.prepare, epoch + 1, self._epoch_batches),
+        )
         self._current = weakref.ref(iterator)
         return iterator
 
@@ -553,6 +576,7 @@ class Loader:
         self._closed = True
         self._close_current("because its loader was closed (loader.close())")
         self._tuner.close()
+        self._epochs.close()
         if self._runner is not None:
             self._runner.shutdown(wait=True)
         if self._memory is not None:
@@ -568,6 +592,9 @@ class Loader:
         tuner = getattr(self, "_tuner", None)
         if tuner is not None:
             tuner.close()
+        epochs = getattr(self, "_epochs", None)
+        if epochs is not None and not _finalizing():
+            epochs.close(wait=False)  # this may run on that thread (its job held the last reference)
         runner = getattr(self, "_runner", None)
         # At interpreter exit the executor's own atexit hook joins the threads, and the modules
         # shutdown() needs may already be torn down (``sys`` itself may be None by then: the
