@@ -52,12 +52,14 @@ def decode_boxes(payloads, boxes, out_hw, cut=True):
     cut_buf = np.empty(int(sizes.max()) + 16 if cut else 0, np.uint8)
     starts = np.empty(restarts.starts_size(h, w) if cut else 0, np.int64)
     status = np.zeros(b, np.int64)
+    meta, region = test_jpeg.loader_typed(b, region)
+    meta["height"][:b], meta["width"][:b] = h, w
     bad = jpeg.decode_rows(
         jpeg.thread_handle(),
         np.arange(b, dtype=np.int64),
-        np.zeros(b, np.uint8),
-        h,
-        w,
+        meta["mode"],
+        meta["height"],
+        meta["width"],
         ptrs,
         sizes,
         region,

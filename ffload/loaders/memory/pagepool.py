@@ -47,7 +47,7 @@ import numpy as np
 
 from ffload.errors import ConfigurationError
 from ffload.formats.shardio import open_data_files
-from ffload.loaders.memory.anonymous import CAN_POPULATE, MAP_NORESERVE, populate
+from ffload.loaders.memory.anonymous import CAN_POPULATE, MAP_NORESERVE, populate, region_view
 from ffload.loaders.memory.pagesource import FilePages, RemotePages
 from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns
 from ffload.storage import default_cache_dir
@@ -134,7 +134,7 @@ class PagePoolMemory:
         pages = -(-self.data_size // self.page)
         slots = min(pages, self.cache_limit // self.stride)
         self._buffer = self._map(slots * self.stride, cache_dir)
-        self.region = np.frombuffer(self._buffer, dtype=np.uint8)
+        self.region = region_view(self._buffer)
         self._slot_of = np.full(pages, -1, np.int64)  # slot holding each file page
         self._page_in = np.full(slots, -1, np.int64)  # file page held by each slot
         self._pins = np.zeros(slots, np.int32)

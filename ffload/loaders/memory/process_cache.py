@@ -32,7 +32,7 @@ import numpy as np
 
 from ffload.errors import ConfigurationError
 from ffload.formats.shardio import open_data_files
-from ffload.loaders.memory.anonymous import CAN_POPULATE, MAP_NORESERVE, populate
+from ffload.loaders.memory.anonymous import CAN_POPULATE, MAP_NORESERVE, populate, region_view
 from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
 from ffload.system import available_memory
 
@@ -218,7 +218,7 @@ class ProcessCacheMemory(_FileBackedCache):
                 ) from e
             if hasattr(mmap, "MADV_NOHUGEPAGE"):
                 self._buffer.madvise(mmap.MADV_NOHUGEPAGE)
-            self.region = np.frombuffer(self._buffer, dtype=np.uint8)
+            self.region = region_view(self._buffer)
         else:
             self._buffer = None
             self.region = np.empty(0, dtype=np.uint8)
