@@ -36,7 +36,12 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   batch 256, random order (each sample repeated so that an epoch has 40 batches per worker of the
   largest count); ``rrc``: ImageNet-sized JPEGs (``--jpeg-samples`` photos of
   ``ffload.bench.datasets.build_photo_jpegs``), ``RandomResizedCrop(224)`` + flip, batch 128. Both
-  are built in ``--dir`` and reused.
+  are built in ``--dir`` and reused. ``wait``: ``raw`` plus a stage that sleeps ``--wait-us`` per
+  row (:func:`wait_stage`): workers that need no core, standing for a machine with a core per worker,
+  so that how the loader schedules jobs at 16 workers can be measured on 2 cores (worker counts
+  are then not capped at the usable CPUs, neither by this script nor by the loader). ``--epoch-samples N``: epochs of N samples instead
+  (CIFAR-10's 50,000: at 16 workers an epoch is then about 12 batches per worker, and its
+  start and end are a large part of it).
 * img/s at each of ``--workers`` (default 1, 2, 4, 8, 12, 16, the usable CPUs at most), every case
   in a fresh process, ``--seconds`` each after the first batch; and the median wall time of
   ``iter(loader)`` at each new epoch (an epoch start: no worker has a job meanwhile).
@@ -337,8 +342,34 @@ def spawn_case(script_args, loader, order, os_cache, data=None) -> dict:
 
 
 # ------------------------------------------------------------ worker scaling
-SCALING_CASES = {"raw": ("simple", 256), "rrc": ("rrc", 128)}
+SCALING_CASES = {"raw": ("simple", 256), "rrc": ("rrc", 128), "wait": ("wait", 256)}
 """Case -> (``ffload bench`` pipeline, batch size)."""
+
+
+def wait_stage(us: float):
+    """``--cases wait``: a stage that sleeps ``us`` microseconds per row and changes nothing. A
+    sleeping worker holds no GIL and no core, so on a machine with fewer cores than workers it
+    stands for a worker with a core of its own: what is measured is how the loader schedules
+    jobs (epoch ends, job sizes, the serial work per batch), not this machine's cores. A
+    public ``ffload.loaders.Operation`` (rowwise, in place), so that a ``--baseline`` checkout
+    runs it too."""
+    from ffload.loaders import Operation
+
+    class Wait(Operation):
+        keeps_geometry = True
+        rowwise = True
+
+        def declare(self, spec, field, view):
+            return spec
+
+        def buffer_spec(self, spec_out, batch_size):
+            return None
+
+        def __call__(self, src, dst, ctx):
+            time.sleep(len(ctx.indices) * us * 1e-6)
+            return src
+
+    return Wait()
 
 
 def build_scaling_data(folder: str, raw_samples: int, jpeg_samples: int) -> dict:
@@ -386,17 +417,24 @@ def scaling_case(args) -> dict:
     )
 
     pipeline, batch_size = SCALING_CASES[args.case_name]
-    # an epoch of at least 40 batches per worker of the largest count (samples repeated): epoch
-    # boundaries, where the workers drain, must not be what limits 16 workers on a small dataset
+    if pipeline == "wait":  # its workers need no core: the loader must not cap them at the usable CPUs
+        import ffload.loaders.loader
+
+        ffload.loaders.loader.available_cpus = lambda: max(args.worker_list)
     n = ffload.formats.open_dataset(args.data).num_samples
-    indices = np.tile(np.arange(n), -(-40 * max(args.worker_list) * batch_size // n))
+    if args.epoch_samples:  # an epoch as long as a user's (samples repeated or cut)
+        indices = np.resize(np.arange(n), args.epoch_samples)
+    else:
+        # an epoch of at least 40 batches per worker of the largest count (samples repeated): epoch
+        # boundaries, where the workers drain, must not be what limits 16 workers on a small dataset
+        indices = np.tile(np.arange(n), -(-40 * max(args.worker_list) * batch_size // n))
 
     def build(workers):
-        decoder = SimpleRGBImageDecoder() if pipeline == "simple" else RandomResizedCropRGBImageDecoder((224, 224))
-        pipes = {
-            "image": [decoder, RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
-            "label": [IntDecoder(), ToTensor()],
-        }
+        decoder = RandomResizedCropRGBImageDecoder((224, 224)) if pipeline == "rrc" else SimpleRGBImageDecoder()
+        image = [decoder, RandomHorizontalFlip(), ToTensor(), ToTorchImage()]
+        if pipeline == "wait":
+            image.insert(2, wait_stage(args.wait_us))
+        pipes = {"image": image, "label": [IntDecoder(), ToTensor()]}
         return ffload.Loader(
             args.data, batch_size=batch_size, num_workers=workers, order="random", pipelines=pipes, indices=indices
         )
@@ -458,6 +496,10 @@ def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
         str(args.seconds),
         "--serial-batches",
         str(args.serial_batches),
+        "--wait-us",
+        str(args.wait_us),
+        "--epoch-samples",
+        str(args.epoch_samples or 0),
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -548,9 +590,11 @@ def run_scaling(args) -> None:
     from ffload.system import available_cpus
 
     cpus = available_cpus()
-    args.worker_list = [w for w in args.worker_list if w <= cpus] or [1]
+    if any(case != "wait" for case in args.cases.split(",")):  # wait's workers need no core of their own
+        args.worker_list = [w for w in args.worker_list if w <= cpus] or [1]
     t0 = time.perf_counter()
     paths = build_scaling_data(os.path.join(args.dir, "ffload_bench_scale"), args.raw_samples, args.jpeg_samples)
+    paths["wait"] = paths["raw"]
     print(f"data ready in {time.perf_counter() - t0:.0f} s: {paths}", flush=True)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     trees = {"current": here}
@@ -568,7 +612,8 @@ def run_scaling(args) -> None:
                 print(f"{case} {name} round {round_ + 1}: {summary} serial {sf}", flush=True)
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
-        f"JPEG {args.jpeg_samples} samples, page cache warm, {args.rounds} round(s), {time.perf_counter() - t0:.0f} s"
+        f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "
+        f"wait {args.wait_us:g} us per row, page cache warm, {args.rounds} round(s), {time.perf_counter() - t0:.0f} s"
     )
     text, data = scaling_report(results, note)
     from ffload.bench import write_results
@@ -705,7 +750,14 @@ def main() -> None:
     parser.add_argument("--scaling", action="store_true", help="worker scaling and serial fraction (see above)")
     parser.add_argument("--quick", action="store_true", help="--scaling: small data, 1 s per count (<= 90 s)")
     parser.add_argument("--workers", default="1,2,4,8,12,16", help="--scaling: worker counts (<= usable CPUs)")
-    parser.add_argument("--cases", default="raw,rrc", help="--scaling: raw, rrc")
+    parser.add_argument("--cases", default="raw,rrc", help="--scaling: raw, rrc, wait")
+    parser.add_argument("--wait-us", type=float, default=40.0, help="--scaling, case wait: sleep per row (us)")
+    parser.add_argument(
+        "--epoch-samples",
+        type=int,
+        default=None,
+        help="--scaling: samples per epoch (default: 40 batches per worker of the largest count)",
+    )
     parser.add_argument("--raw-samples", type=int, default=None, help="--scaling: default 50000 (--quick 20000)")
     parser.add_argument("--jpeg-samples", type=int, default=None, help="--scaling: default 1024 (--quick 256)")
     parser.add_argument("--serial-batches", type=int, default=None, help="--scaling: default 400 (--quick 150)")

@@ -202,6 +202,131 @@ def test_next_epoch_is_prepared_ahead_and_matches_epoch_order(dataset):
     assert first.get(3, "ffload-order").startswith("ffload-order"), threads  # prepared, then dropped
 
 
+def _record_submits(monkeypatch, loader):
+    """Record ``(job's epoch, the loader's current epoch)`` for every job submitted."""
+    from ffload.loaders.iterator import BatchRunner
+
+    submits = []
+    submit = BatchRunner.submit
+
+    def recorded(runner, slot, first, batches, epoch, cancel):
+        submits.append((epoch, loader._next_epoch - 1))
+        return submit(runner, slot, first, batches, epoch, cancel)
+
+    monkeypatch.setattr(BatchRunner, "submit", recorded)
+    return submits
+
+
+def _augmented_loader(dataset, **kwargs):
+    """Random crops and flips (they depend on the epoch), two batches per job."""
+    pipelines = {
+        "image": [RandomResizedCropRGBImageDecoder((6, 6)), RandomHorizontalFlip()],
+        "label": None,
+        "weight": None,
+        "vec": None,
+    }
+    return ffload.Loader(
+        dataset,
+        batch_size=8,
+        num_workers=2,
+        order="random",
+        batches_ahead=4,  # spare slots at an epoch's end for the next epoch's jobs
+        batches_per_job=2,
+        pipelines=pipelines,
+        **kwargs,
+    )
+
+
+def _copied(batch) -> tuple:
+    """A batch's fields as numpy copies (tensors or arrays)."""
+    return tuple(t.numpy().copy() if isinstance(t, torch.Tensor) else np.array(t) for t in batch)
+
+
+def _epoch_batches(loader):
+    """One epoch's batches, copied. After each batch the next epoch's batch list, once asked for, is
+    waited for, so that the next epoch's jobs are submitted early whatever the machine's load."""
+    out = []
+    for b in loader:
+        out.append(_copied(b))
+        pending = loader._epochs._pending
+        if pending is not None:
+            pending[1].result()
+    return out
+
+
+def test_next_epochs_jobs_run_during_the_last_one_and_change_no_batch(dataset, monkeypatch):
+    """Once an epoch's last job is submitted, the next epoch's first jobs are submitted in the slots
+    the tail frees, and ``iter(loader)`` takes them over: no job is computed twice, and every batch
+    equals the one a loader started at that epoch computes (nothing carried over)."""
+    loader = _augmented_loader(dataset)
+    submits = _record_submits(monkeypatch, loader)
+    with loader:
+        got = [_epoch_batches(loader) for _ in range(3)]
+    monkeypatch.undo()
+    early = {e for e, current in submits if current == e - 1}
+    assert {1, 2} <= early <= {1, 2, 3}, submits  # epochs 1 and 2 (and 3, never used) started early
+    jobs = -(-len(loader) // 2)
+    for epoch in (1, 2):  # each job once, early or not
+        assert sum(1 for e, _ in submits if e == epoch) == jobs, submits
+        fresh = _augmented_loader(dataset)
+        fresh.next_epoch = epoch
+        with fresh:
+            expected = _epoch_batches(fresh)
+        assert len(expected) == len(got[epoch])
+        for batch, other in zip(got[epoch], expected):
+            assert all(np.array_equal(a, b) for a, b in zip(batch, other))
+        ids = np.concatenate([b[loader.field_names.index("index")] for b in got[epoch]])
+        np.testing.assert_array_equal(ids, loader.epoch_order(epoch))
+
+
+def test_next_epochs_jobs_are_dropped_when_the_epoch_or_a_setting_changes(dataset):
+    """Jobs submitted ahead for epoch ``e + 1`` are not handed out when the next ``iter`` starts
+    another epoch (``next_epoch``, ``load_state_dict``) or an operation's setting changed in
+    between (a new ``output_size``: progressive resizing)."""
+    crop = RandomResizedCropRGBImageDecoder((6, 6))
+    pipelines = {"image": [crop], "label": None, "weight": None, "vec": None}
+    with ffload.Loader(
+        dataset, batch_size=8, num_workers=2, order="random", batches_ahead=4, batches_per_job=2, pipelines=pipelines
+    ) as loader:
+        index = loader.field_names.index("index")
+        _epoch_batches(loader)  # epoch 0; epoch 1's first jobs run
+        loader.next_epoch = 5
+        ids = [b[index] for b in _epoch_batches(loader)]
+        np.testing.assert_array_equal(np.concatenate(ids), loader.epoch_order(5))
+        state = loader.state_dict()  # epoch 6, batch 0
+        _epoch_batches(loader)  # epoch 6; epoch 7's first jobs run
+        loader.load_state_dict(state)
+        ids = [b[index] for b in _epoch_batches(loader)]
+        np.testing.assert_array_equal(np.concatenate(ids), loader.epoch_order(6))
+        loader._runner.wait_idle()
+        crop.output_size = (4, 4)  # epoch 7's first job was computed at 6x6
+        batches = _epoch_batches(loader)
+        assert {b[0].shape[1:3] for b in batches} == {(4, 4)}
+        np.testing.assert_array_equal(np.concatenate([b[index] for b in batches]), loader.epoch_order(7))
+
+
+def test_next_epochs_jobs_leave_the_held_batches_alone(dataset):
+    """The last two batches of an epoch stay valid until the next epoch's second batch is requested,
+    while that epoch's first jobs fill the other slots (fewest slots: one batch ahead)."""
+    with ffload.Loader(
+        dataset, batch_size=8, num_workers=2, order="random", batches_ahead=1, batches_per_job=1
+    ) as loader:
+        index = loader.field_names.index("index")
+        batches = []
+        for b in loader:
+            batches = [*batches[-1:], b]
+            pending = loader._epochs._pending  # the next epoch's jobs are submitted early (_epoch_batches)
+            if pending is not None:
+                pending[1].result()
+        held = [_copied(b) for b in batches]
+        loader._runner.wait_idle()  # the next epoch's jobs have run
+        for kept, batch in zip(held, batches):
+            assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(kept, batch))
+        first = next(iter(loader))
+        assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(held[1], batches[-1]))  # still valid
+        np.testing.assert_array_equal(np.asarray(first[index]), loader.epoch_order(1)[:8])
+
+
 def test_indices_subset(dataset):
     subset = [40, 3, 77, 3, 12, 100]
     seq = ffload.Loader(

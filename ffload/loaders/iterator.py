@@ -231,9 +231,10 @@ class BatchRunner:
         submitted.append(future)
         return future
 
-    def wait_idle(self) -> None:
-        """Block until every submitted job has finished or been cancelled (slots are free)."""
-        concurrent.futures.wait(list(self._submitted))
+    def wait_idle(self, keep: Sequence[concurrent.futures.Future] = ()) -> None:
+        """Block until every submitted job but those in ``keep`` (adopted by the next iterator) has
+        finished or been cancelled (their slots are free)."""
+        concurrent.futures.wait([f for f in self._submitted if f not in keep])
 
     def _drain(self) -> None:
         """A worker: run queued jobs, oldest first, until none is left or more workers run than
@@ -436,6 +437,10 @@ class EpochIterator:
             and the tuner observes one job per observation.
         last_submitted: called (once, on the consumer's thread) when the epoch's last job has
             been submitted: the loader then prepares the next epoch (:class:`~.orders.EpochsAhead`).
+        next_jobs: where this epoch's spare job slots go once its last job is submitted: the
+            next epoch's first jobs (:class:`NextEpochJobs`), or None.
+        adopted: the jobs of this epoch submitted during the previous one (its ``next_jobs``),
+            taken over as this iterator's first jobs (``start`` is then 0), or None.
 
     Attributes:
         epoch: the epoch number.
@@ -452,6 +457,8 @@ class EpochIterator:
         owner: object = None,
         batches_per_job: int = 1,
         last_submitted: Callable[[], None] | None = None,
+        next_jobs: NextEpochJobs | None = None,
+        adopted: NextEpochJobs | None = None,
     ):
         # ``owner`` (the Loader) is kept alive while its iterator is: in ``for b in Loader(...)``
         # nothing else references the loader, whose finalizer would stop the workers.
@@ -465,8 +472,11 @@ class EpochIterator:
         self._current: tuple | None = None  # (slot, first batch, outputs, error) of the job handed out
         self._job_start = start  # the first batch of the job that holds the next batch
         self._cancel = threading.Event()
+        if adopted is not None:
+            self._futures, self._next_submit, self._cancel = adopted.futures, adopted.next_submit, adopted.cancel
         self._closed_reason: str | None = None
         self._last_submitted = last_submitted
+        self._next_jobs = next_jobs
         self.active = True
         self._fill()
 
@@ -489,9 +499,12 @@ class EpochIterator:
             future = self._runner.submit(slot, b, self._batches[b:stop], self.epoch, self._cancel)
             self._futures.append((slot, b, future))
             self._next_submit = stop
-        if self._next_submit >= len(self._batches) and self._last_submitted is not None:
-            notify, self._last_submitted = self._last_submitted, None
-            notify()
+        if self._next_submit >= len(self._batches):
+            if self._last_submitted is not None:
+                notify, self._last_submitted = self._last_submitted, None
+                notify()
+            if self._next_jobs is not None:
+                self._next_jobs.fill(self._runner.tuner.ahead - len(self._futures))
 
     def __next__(self):
         """The next batch: a tuple with one entry per enabled field (torch tensors, or what the
@@ -557,13 +570,97 @@ class EpochIterator:
         calls raise :class:`~ffload.errors.LoaderClosedError` ``(reason)`` instead of ``StopIteration``."""
         if self.active:
             self.active = False
-            self._cancel.set()
-            for slot, _, future in self._futures:
-                future.cancel()
-                future.add_done_callback(lambda _, s=slot: self._runner.release_slot(s))
-            self._futures.clear()
+            abandon(self._runner, self._futures, self._cancel)
             self._closed_reason = reason
 
     def __del__(self):
         if hasattr(self, "_cancel"):
             self.close()
+
+
+def abandon(runner: BatchRunner, futures: collections.deque, cancel: threading.Event) -> None:
+    """Drop the jobs ``futures`` (``(slot, first batch, future)``, emptied): a queued job is
+    cancelled (``cancel`` stops one about to start), a running one finishes on its own, and each
+    job's slot is released once its job has ended."""
+    cancel.set()
+    for slot, _, future in futures:
+        future.cancel()
+        future.add_done_callback(lambda _, s=slot: runner.release_slot(s))
+    futures.clear()
+
+
+class NextEpochJobs:
+    """The next epoch's first jobs, submitted while the current epoch's last ones run.
+
+    Without them, an epoch ends in a bubble. Its last round of jobs leaves workers idle one by
+    one: ``J`` jobs on ``W`` workers take ``ceil(J / W)`` rounds for ``J / W`` rounds of work.
+    The next epoch's jobs then start only once the consumer has taken every batch and called
+    ``iter(loader)``. With many workers and short epochs (16 workers, a 50,000-sample epoch of
+    small images) that is a large part of every epoch.
+
+    Once the current epoch's last job is submitted, its :class:`EpochIterator` offers its spare
+    job places to this object on every batch request (:meth:`fill`): within ``tuner.ahead`` jobs
+    in flight, in free slots only, so the batches the consumer holds stay valid. The next epoch's
+    jobs are submitted as soon as its batch list is ready (:meth:`~.orders.EpochsAhead.ready`),
+    from its first batch on.
+
+    ``iter(loader)`` adopts them as the new iterator's first jobs when it starts that epoch from
+    its first batch with the operations' settings unchanged. Otherwise it discards them
+    (:meth:`discard`) and nothing of them is seen. Their batches are the ones the epoch computes
+    anyway (a sample's augmentation depends only on the seed, the epoch and the sample), so
+    adopting them changes no batch.
+
+    Args:
+        runner: the loader's :class:`BatchRunner`.
+        epoch: the epoch these jobs belong to.
+        ready: ``() ->`` that epoch's batches once computed, else None.
+        job_size: ``(batches in the epoch) ->`` batches per job.
+        params: the loader's snapshot of its operations' settings when the jobs were planned,
+            compared when the epoch starts.
+
+    Attributes:
+        epoch: as given.
+        params: as given.
+        futures: the submitted jobs, ``(slot, first batch, future)``, oldest first.
+        next_submit: the first batch of the next job to submit.
+        cancel: set when the jobs are dropped (by :meth:`discard`, or by the adopting iterator's close).
+    """
+
+    def __init__(
+        self,
+        runner: BatchRunner,
+        epoch: int,
+        ready: Callable[[], Sequence[np.ndarray] | None],
+        job_size: Callable[[int], int],
+        params: object,
+    ):
+        self._runner, self.epoch, self.params = runner, epoch, params
+        self._ready, self._job_size = ready, job_size
+        self._batches: Sequence[np.ndarray] | None = None
+        self._per_job = 1
+        self.futures: collections.deque = collections.deque()
+        self.next_submit = 0
+        self.cancel = threading.Event()
+
+    def fill(self, room: int) -> None:
+        """Submit jobs while fewer than ``room`` of them are in flight and a slot is free."""
+        if self.cancel.is_set():
+            return
+        if self._batches is None:
+            self._batches = self._ready()
+            if self._batches is None:
+                return  # the batch list is still being computed: the next request looks again
+            self._per_job = self._job_size(len(self._batches))
+        batches, runner = self._batches, self._runner
+        while len(self.futures) < room and self.next_submit < len(batches):
+            slot = runner.acquire_slot()
+            if slot is None:
+                return
+            b = self.next_submit
+            stop = min(b + self._per_job, len(batches))
+            self.futures.append((slot, b, runner.submit(slot, b, batches[b:stop], self.epoch, self.cancel)))
+            self.next_submit = stop
+
+    def discard(self) -> None:
+        """Drop the jobs (:func:`abandon`); later :meth:`fill` calls do nothing."""
+        abandon(self._runner, self.futures, self.cancel)

@@ -25,7 +25,7 @@ from ffload.formats import open_dataset
 from ffload.formats.shardio import open_data_files
 from ffload.limits import DEFAULT_MAX_PIXELS
 from ffload.loaders.autotune import PROCESS_SHARES, AutoTuner
-from ffload.loaders.iterator import BatchRunner, EpochIterator
+from ffload.loaders.iterator import BatchRunner, EpochIterator, NextEpochJobs
 from ffload.loaders.memory import readahead
 from ffload.loaders.memory.os_cache import OSCacheMemory
 from ffload.loaders.memory.pagepool import PagePoolMemory, page_pool_fits, remote_page_pool
@@ -170,6 +170,12 @@ class Loader:
     Epochs: each ``iter(loader)`` starts the next epoch (0, 1, 2, ...), re-shuffled; see
     :meth:`state_dict` to resume mid-epoch. Per-sample seeds are
     ``rng.sample_seeds(seed, epoch, index)``, so batches are identical for any ``num_workers``.
+    With ``os_cache=True`` and batches on the CPU, the next epoch's first jobs run while the
+    current epoch's last ones do (:class:`~ffload.loaders.iterator.NextEpochJobs`), so the
+    workers do not idle between epochs; they are dropped, and computed again, when the next
+    ``iter`` starts another epoch or a setting of a given operation changed in between (a new
+    ``output_size``, any attribute set to a new number, string, tuple or array, or an array of up
+    to 1 MiB changed in place).
 
     Raises:
         ffload.formats.DatasetError: the path is not a dataset, or declares an image above
@@ -288,6 +294,7 @@ class Loader:
         else:
             self._order = make_order(self.order, self.indices, self.seed)
         self._epochs = EpochsAhead()
+        self._next_jobs: NextEpochJobs | None = None  # the next epoch's jobs submitted during this one
         per_slot = _slot_bytes(self._pipelines)
         if auto_ahead:
             max_ahead = _auto_depth(per_slot, buffer_limit, workers)
@@ -388,16 +395,26 @@ class Loader:
             raise LoaderClosedError(f"the loader of {self.path} is closed: create a new Loader", path=self.path)
         self._close_current()
         runner = self._get_runner()
-        runner.wait_idle()  # jobs of an abandoned iterator may still write into the slots
-        self._resize_if_asked(runner)
         epoch, start = self._next_epoch, self._start_batch
         self._next_epoch, self._start_batch = epoch + 1, 0
+        adopted = self._adopt(epoch, start)
+        # jobs of an abandoned iterator (or discarded next-epoch jobs) may still write into the slots
+        runner.wait_idle(keep=[future for _, _, future in adopted.futures] if adopted is not None else ())
+        self._resize_if_asked(runner)
         batches = self._epochs.get(epoch, self._epoch_batches)
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
-            runner.read_ahead.schedule(batches, start)
+            runner.read_ahead.schedule(batches, start if adopted is None else adopted.next_submit)
         per_job = self._job_size(len(batches), self._tuner.workers)
         self._tuner.set_batches_per_job(per_job)
+        if self._device is None and isinstance(self._memory, OSCacheMemory):
+            self._next_jobs = NextEpochJobs(
+                runner,
+                epoch + 1,
+                functools.partial(self._epochs.ready, epoch + 1),
+                functools.partial(_tuned_job_size, self._auto_job, self.batches_per_job, self._tuner),
+                _op_params(self._build[1]),
+            )
         iterator = EpochIterator(
             runner,
             batches,
@@ -406,17 +423,28 @@ class Loader:
             owner=self,
             batches_per_job=per_job,
             last_submitted=functools.partial(self._epochs.prepare, epoch + 1, self._epoch_batches),
+            next_jobs=self._next_jobs,
+            adopted=adopted,
         )
         self._current = weakref.ref(iterator)
         return iterator
 
+    def _adopt(self, epoch: int, start: int) -> NextEpochJobs | None:
+        """The next-epoch jobs submitted during the last epoch (:class:`~.iterator.NextEpochJobs`)
+        when they are this epoch's from its first batch and no operation's setting changed since
+        they were planned (a new ``output_size``, a user's new parameter); else they are
+        discarded, and None."""
+        jobs, self._next_jobs = self._next_jobs, None
+        if jobs is None:
+            return None
+        if jobs.epoch == epoch and start == 0 and jobs.futures and jobs.params == _op_params(self._build[1]):
+            return jobs
+        jobs.discard()
+        return None
+
     def _job_size(self, batches: int, workers: int) -> int:
-        """The batches per job of an epoch of ``batches`` batches run by ``workers``:
-        ``batches_per_job``, or with ``"auto"`` at most that and few enough that each worker gets
-        two jobs of the epoch (the slots hold ``batches_per_job`` batches; a job of fewer uses part)."""
-        if not self._auto_job:
-            return self.batches_per_job
-        return max(1, min(self.batches_per_job, batches // (2 * workers)))
+        """The batches per job of an epoch of ``batches`` batches run by ``workers`` (:func:`_job_size_rule`)."""
+        return _job_size_rule(self._auto_job, self.batches_per_job, batches, workers)
 
     def _resize_if_asked(self, runner: BatchRunner) -> None:
         """Progressive resizing (FFCV's ImageNet recipe): when an operation given to this loader
@@ -575,6 +603,8 @@ class Loader:
             return
         self._closed = True
         self._close_current("because its loader was closed (loader.close())")
+        if self._next_jobs is not None:
+            self._next_jobs.discard()
         self._tuner.close()
         self._epochs.close()
         if self._runner is not None:
@@ -630,6 +660,54 @@ def _output_sizes(pipelines) -> dict[tuple[str, int], Any]:
         for i, op in enumerate(ops or ())
         if hasattr(type(op), "output_size")
     }
+
+
+def _job_size_rule(auto: bool, most: int, batches: int, workers: int) -> int:
+    """The batches per job of an epoch of ``batches`` batches run by ``workers``: ``most`` (the
+    loader's ``batches_per_job``), or with ``auto`` at most that and few enough that each worker
+    gets two jobs of the epoch (the slots hold ``most`` batches; a job of fewer uses part)."""
+    if not auto:
+        return most
+    return max(1, min(most, batches // (2 * workers)))
+
+
+def _tuned_job_size(auto: bool, most: int, tuner: AutoTuner, batches: int) -> int:
+    """:func:`_job_size_rule` with the workers ``tuner`` admits now."""
+    return _job_size_rule(auto, most, batches, tuner.workers)
+
+
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic)
+
+_ARRAY_COMPARED = 2**20
+"""Bytes up to which :func:`_op_params` compares an array attribute's contents (a larger one: its identity)."""
+
+
+def _setting(value: object) -> object:
+    """A comparable copy of an operation's attribute if it is a setting (:data:`_PLAIN`, an array,
+    or a tuple or list of them), else None."""
+    if isinstance(value, _PLAIN):
+        return repr(value)
+    if isinstance(value, np.ndarray):
+        if value.nbytes > _ARRAY_COMPARED:
+            return ("array", id(value))
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, (tuple, list)):
+        items = [_setting(v) for v in value]
+        return None if any(v is None for v in items) else (type(value).__name__, *items)
+    return None
+
+
+def _op_params(pipelines) -> tuple:
+    """A snapshot of every given operation's settings (its attributes that are numbers, strings,
+    None, arrays, or tuples and lists of them; :func:`_setting`): what :meth:`Loader.__iter__`
+    compares to notice that one changed between epochs (a new ``output_size``, a user's new
+    probability or mean), so that next-epoch jobs computed with the old ones are not handed out."""
+    snapshot = []
+    for name, ops in (pipelines or {}).items():
+        for i, op in enumerate(ops or ()):
+            settings = {k: _setting(v) for k, v in getattr(op, "__dict__", {}).items()}
+            snapshot.append((name, i, tuple(sorted((k, v) for k, v in settings.items() if v is not None))))
+    return tuple(snapshot)
 
 
 def _slot_bytes(pipelines) -> int:

@@ -208,6 +208,14 @@ class EpochsAhead:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, "ffload-order")
         self._pending = (epoch, self._pool.submit(compute, epoch))
 
+    def ready(self, epoch: int) -> list | None:
+        """``epoch``'s prepared batches if they are computed (the same list :meth:`get` then
+        returns), else None: not asked for, still running, or failed (:meth:`get` raises it)."""
+        pending = self._pending
+        if pending is None or pending[0] != epoch or not pending[1].done() or pending[1].cancelled():
+            return None
+        return None if pending[1].exception() is not None else pending[1].result()
+
     def get(self, epoch: int, compute: Callable[[int], list]) -> list:
         """``epoch``'s batches: the prepared ones when :meth:`prepare` asked for this epoch
         (waiting for them if needed), else ``compute(epoch)`` now. What ``compute`` raised is
