@@ -827,7 +827,8 @@ def test_process_cache_concurrent_workers_read_each_page_once(tmp_path, monkeypa
 
 
 def test_loader_left_alive_at_exit_exits_quietly(dataset):
-    """A loader still referenced when the interpreter exits must not print tracebacks."""
+    """A loader, and an iterator of it mid-epoch, still referenced when the interpreter exits must not
+    print tracebacks (the iterator's finalizer then runs while module globals are torn down)."""
     import subprocess
     import sys
 
@@ -835,6 +836,8 @@ def test_loader_left_alive_at_exit_exits_quietly(dataset):
         "import ffload\n"
         f"loader = ffload.Loader({str(dataset)!r}, batch_size=8, num_workers=2)\n"
         "batch = next(iter(loader))\n"
+        "it = iter(loader)\n"
+        "batch = next(it)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

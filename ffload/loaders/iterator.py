@@ -231,6 +231,17 @@ class BatchRunner:
         submitted.append(future)
         return future
 
+    def abandon(self, futures: collections.deque, cancel: threading.Event) -> None:
+        """Drop the jobs ``futures`` (``(slot, first batch, future)``, emptied): a queued job is
+        cancelled (``cancel`` stops one about to start), a running one finishes on its own, and
+        each job's slot is released once its job has ended. A method, not a module function: an
+        iterator's finalizer calls it at interpreter exit, when module globals may be gone."""
+        cancel.set()
+        for slot, _, future in futures:
+            future.cancel()
+            future.add_done_callback(lambda _, s=slot: self.release_slot(s))
+        futures.clear()
+
     def wait_idle(self, keep: Sequence[concurrent.futures.Future] = ()) -> None:
         """Block until every submitted job but those in ``keep`` (adopted by the next iterator) has
         finished or been cancelled (their slots are free)."""
@@ -570,23 +581,12 @@ class EpochIterator:
         calls raise :class:`~ffload.errors.LoaderClosedError` ``(reason)`` instead of ``StopIteration``."""
         if self.active:
             self.active = False
-            abandon(self._runner, self._futures, self._cancel)
+            self._runner.abandon(self._futures, self._cancel)
             self._closed_reason = reason
 
     def __del__(self):
         if hasattr(self, "_cancel"):
             self.close()
-
-
-def abandon(runner: BatchRunner, futures: collections.deque, cancel: threading.Event) -> None:
-    """Drop the jobs ``futures`` (``(slot, first batch, future)``, emptied): a queued job is
-    cancelled (``cancel`` stops one about to start), a running one finishes on its own, and each
-    job's slot is released once its job has ended."""
-    cancel.set()
-    for slot, _, future in futures:
-        future.cancel()
-        future.add_done_callback(lambda _, s=slot: runner.release_slot(s))
-    futures.clear()
 
 
 class NextEpochJobs:
@@ -662,5 +662,5 @@ class NextEpochJobs:
             self.next_submit = stop
 
     def discard(self) -> None:
-        """Drop the jobs (:func:`abandon`); later :meth:`fill` calls do nothing."""
-        abandon(self._runner, self.futures, self.cancel)
+        """Drop the jobs (:meth:`BatchRunner.abandon`); later :meth:`fill` calls do nothing."""
+        self._runner.abandon(self.futures, self.cancel)
