@@ -114,6 +114,21 @@ def test_output_size_changes_between_loaders_without_compiling(raw, photos):
         CompiledTransforms([SimpleRGBImageDecoder()], [], []).output_size = 32
 
 
+def test_compiled_transforms_output_size_changes_between_epochs_of_one_loader(raw):
+    """Progressive resizing through a :class:`CompiledTransforms`' ``output_size`` (which sets its
+    decoder's): the next epoch's jobs computed before the change are dropped, the epoch has the new size."""
+    _, path = raw
+    stages = CompiledTransforms([ResizeCenterCropRGBImageDecoder(72, 64), ToTensor()], [], [])
+    with Loader(path, batch_size=2, pipelines={"image": stages}, num_workers=2, batches_ahead=4) as loader:
+        for _ in loader:
+            pending = loader._epochs._pending  # the next epoch's batch list: its jobs are then submitted early
+            if pending is not None:
+                pending[1].result()
+        loader._runner.wait_idle()  # they ran at 64x64
+        stages.output_size = 48
+        assert {tuple(b[0].shape[1:3]) for b in loader} == {(48, 48)}
+
+
 def test_from_albumentations_normalize_and_flip_are_albumentations_pixels(raw, photos):
     _, path = raw
     stack = A.Compose([A.CenterCrop(200, 240), A.HorizontalFlip(p=1.0), A.Normalize(), ToTensorV2()])

@@ -174,8 +174,10 @@ class Loader:
     current epoch's last ones do (:class:`~ffload.loaders.iterator.NextEpochJobs`), so the
     workers do not idle between epochs; they are dropped, and computed again, when the next
     ``iter`` starts another epoch or a setting of a given operation changed in between (a new
-    ``output_size``, any attribute set to a new number, string, tuple or array, or an array of up
-    to 1 MiB changed in place).
+    ``output_size``, any attribute of the operation set to a new number, string, tuple or array,
+    or an array of up to 1 MiB changed in place). A setting held in another object the operation
+    refers to is not compared: set it before the epoch's last batches are requested, or assign
+    one of the operation's own attributes.
 
     Raises:
         ffload.formats.DatasetError: the path is not a dataset, or declares an image above
