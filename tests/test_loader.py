@@ -305,6 +305,51 @@ def test_next_epochs_jobs_are_dropped_when_the_epoch_or_a_setting_changes(datase
         np.testing.assert_array_equal(np.concatenate([b[index] for b in batches]), loader.epoch_order(7))
 
 
+def test_a_setting_changed_right_after_iter_keeps_the_next_epochs_jobs(dataset, monkeypatch):
+    """``it = iter(loader); op.p = schedule(epoch)`` each epoch: the next epoch's jobs are compared with
+    the settings they were submitted with (late in the epoch), not those ``iter`` saw, so they are kept,
+    not computed twice every epoch."""
+    loader = _augmented_loader(dataset)
+    flip = loader._build[1]["image"][1]
+    submits = _record_submits(monkeypatch, loader)
+    with loader:
+        for epoch in range(3):
+            it = iter(loader)
+            flip.flip_prob = 0.5 + epoch / 10
+            for _ in it:
+                pending = loader._epochs._pending  # as _epoch_batches: the next epoch's jobs start early
+                if pending is not None:
+                    pending[1].result()
+    jobs = -(-len(loader) // 2)
+    assert [sum(1 for e, _ in submits if e == epoch) for epoch in (0, 1, 2)] == [jobs] * 3, submits
+
+
+def test_an_epoch_start_that_fails_starts_that_epoch_again(dataset):
+    """A resize that does not fit the pipeline (a crop larger than the new size) fails ``iter(loader)``;
+    after the fix the next ``iter`` runs that same epoch, with its batches, and the jobs submitted for it
+    during the last epoch are dropped, their slots back (one more epoch runs)."""
+    from ffload.errors import PipelineError
+    from ffload.transforms import RandomCrop
+
+    crop = RandomResizedCropRGBImageDecoder((8, 8))
+    pipelines = {"image": [crop, RandomCrop(6)], "label": None, "weight": None, "vec": None}
+    with ffload.Loader(
+        dataset, batch_size=8, num_workers=2, order="random", batches_ahead=4, batches_per_job=2, pipelines=pipelines
+    ) as loader:
+        index = loader.field_names.index("index")
+        _epoch_batches(loader)  # epoch 0; epoch 1's first jobs run
+        crop.output_size = (4, 4)
+        with pytest.raises(PipelineError):
+            iter(loader)
+        assert loader.next_epoch == 1 and loader.state_dict()["epoch"] == 1
+        crop.output_size = (7, 7)
+        for epoch in (1, 2):
+            batches = _epoch_batches(loader)
+            assert {b[0].shape[1:3] for b in batches} == {(6, 6)}
+            np.testing.assert_array_equal(np.concatenate([b[index] for b in batches]), loader.epoch_order(epoch))
+        assert loader._runner.slots_allocated() <= loader._runner.num_slots
+
+
 def test_next_epochs_jobs_leave_the_held_batches_alone(dataset):
     """The last two batches of an epoch stay valid until the next epoch's second batch is requested,
     while that epoch's first jobs fill the other slots (fewest slots: one batch ahead)."""

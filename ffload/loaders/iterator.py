@@ -615,12 +615,12 @@ class NextEpochJobs:
         epoch: the epoch these jobs belong to.
         ready: ``() ->`` that epoch's batches once computed, else None.
         job_size: ``(batches in the epoch) ->`` batches per job.
-        params: the loader's snapshot of its operations' settings when the jobs were planned,
-            compared when the epoch starts.
+        params: ``() ->`` the loader's snapshot of its operations' settings, taken when the first
+            job is submitted (what the jobs run with) and compared when the epoch starts.
 
     Attributes:
         epoch: as given.
-        params: as given.
+        params: the settings' snapshot, None until the first job is submitted.
         futures: the submitted jobs, ``(slot, first batch, future)``, oldest first.
         next_submit: the first batch of the next job to submit.
         cancel: set when the jobs are dropped (by :meth:`discard`, or by the adopting iterator's close).
@@ -632,10 +632,10 @@ class NextEpochJobs:
         epoch: int,
         ready: Callable[[], Sequence[np.ndarray] | None],
         job_size: Callable[[int], int],
-        params: object,
+        params: Callable[[], object],
     ):
-        self._runner, self.epoch, self.params = runner, epoch, params
-        self._ready, self._job_size = ready, job_size
+        self._runner, self.epoch, self.params = runner, epoch, None
+        self._ready, self._job_size, self._snapshot = ready, job_size, params
         self._batches: Sequence[np.ndarray] | None = None
         self._per_job = 1
         self.futures: collections.deque = collections.deque()
@@ -656,6 +656,8 @@ class NextEpochJobs:
             slot = runner.acquire_slot()
             if slot is None:
                 return
+            if self.params is None:
+                self.params = self._snapshot()
             b = self.next_submit
             stop = min(b + self._per_job, len(batches))
             self.futures.append((slot, b, runner.submit(slot, b, batches[b:stop], self.epoch, self.cancel)))

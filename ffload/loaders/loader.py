@@ -176,7 +176,8 @@ class Loader:
     ``iter`` starts another epoch or a setting of a given operation changed in between (a new
     ``output_size``, any attribute of the operation set to a new number, string, tuple or array,
     or an array of up to 1 MiB changed in place). A setting held in another object the operation
-    refers to is not compared: set it before the epoch's last batches are requested, or assign
+    refers to is not compared (sizes excepted: an operation's ``output_size``): change it before
+    the next epoch's first jobs are submitted, shortly before the epoch's last batches, or assign
     one of the operation's own attributes.
 
     Raises:
@@ -398,12 +399,17 @@ class Loader:
         self._close_current()
         runner = self._get_runner()
         epoch, start = self._next_epoch, self._start_batch
-        self._next_epoch, self._start_batch = epoch + 1, 0
         adopted = self._adopt(epoch, start)
-        # jobs of an abandoned iterator (or discarded next-epoch jobs) may still write into the slots
-        runner.wait_idle(keep=[future for _, _, future in adopted.futures] if adopted is not None else ())
-        self._resize_if_asked(runner)
-        batches = self._epochs.get(epoch, self._epoch_batches)
+        try:
+            # jobs of an abandoned iterator (or discarded next-epoch jobs) may still write into the slots
+            runner.wait_idle(keep=[future for _, _, future in adopted.futures] if adopted is not None else ())
+            self._resize_if_asked(runner)
+            batches = self._epochs.get(epoch, self._epoch_batches)
+        except BaseException:  # a new size that does not fit, an interrupt: this epoch starts at the next iter()
+            if adopted is not None:
+                adopted.discard()
+            raise
+        self._next_epoch, self._start_batch = epoch + 1, 0
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start if adopted is None else adopted.next_submit)
@@ -415,7 +421,7 @@ class Loader:
                 epoch + 1,
                 functools.partial(self._epochs.ready, epoch + 1),
                 functools.partial(_tuned_job_size, self._auto_job, self.batches_per_job, self._tuner),
-                _op_params(self._build[1]),
+                functools.partial(_op_params, self._build[1]),
             )
         iterator = EpochIterator(
             runner,
@@ -439,7 +445,15 @@ class Loader:
         jobs, self._next_jobs = self._next_jobs, None
         if jobs is None:
             return None
-        if jobs.epoch == epoch and start == 0 and jobs.futures and jobs.params == _op_params(self._build[1]):
+        ops = self._build[1]
+        if (
+            jobs.epoch == epoch
+            and start == 0
+            and jobs.futures
+            and jobs.params == _op_params(ops)
+            # a size an operation reads from another object escapes _op_params; no kept job may see a resize
+            and _output_sizes(ops) == self._sizes
+        ):
             return jobs
         jobs.discard()
         return None
@@ -680,18 +694,33 @@ def _tuned_job_size(auto: bool, most: int, tuner: AutoTuner, batches: int) -> in
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic)
 
-_ARRAY_COMPARED = 2**20
-"""Bytes up to which :func:`_op_params` compares an array attribute's contents (a larger one: its identity)."""
+_COMPARED_BYTES = 2**20
+"""Bytes up to which :func:`_op_params` compares an array's (or a string's) contents; a larger one
+is compared by identity (:class:`_Same`)."""
+
+
+class _Same:
+    """An attribute compared by identity (it holds the object, so its id is not reused meanwhile)."""
+
+    def __init__(self, value: object):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _setting(value: object) -> object:
     """A comparable copy of an operation's attribute if it is a setting (:data:`_PLAIN`, an array,
     or a tuple or list of them), else None."""
+    if isinstance(value, (str, bytes)) and len(value) > _COMPARED_BYTES:
+        return _Same(value)
     if isinstance(value, _PLAIN):
         return repr(value)
     if isinstance(value, np.ndarray):
-        if value.nbytes > _ARRAY_COMPARED:
-            return ("array", id(value))
+        if value.nbytes > _COMPARED_BYTES:
+            return _Same(value)
         return ("array", value.dtype.str, value.shape, value.tobytes())
     if isinstance(value, (tuple, list)):
         items = [_setting(v) for v in value]

@@ -222,6 +222,7 @@ class ProcessCacheMemory(_FileBackedCache):
         else:
             self._buffer = None
             self.region = np.empty(0, dtype=np.uint8)
+            self.region.flags.writeable = False  # as region_view's: one array type for the kernels
         blocks = -(-self.data_size // self.block)
         self._resident = np.zeros(blocks, dtype=bool)  # filled, or being read
         self._loading = np.zeros(blocks, dtype=bool)
