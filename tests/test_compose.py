@@ -119,12 +119,17 @@ def test_compiled_transforms_output_size_changes_between_epochs_of_one_loader(ra
     decoder's): the next epoch's jobs computed before the change are dropped, the epoch has the new size."""
     _, path = raw
     stages = CompiledTransforms([ResizeCenterCropRGBImageDecoder(72, 64), ToTensor()], [], [])
-    with Loader(path, batch_size=2, pipelines={"image": stages}, num_workers=2, batches_ahead=4) as loader:
+    # 9 one-sample batches (the 3 photos thrice) on 4 slots: the next epoch's jobs start during this one
+    indices = np.tile(np.arange(3), 3)
+    with Loader(
+        path, batch_size=1, pipelines={"image": stages}, num_workers=2, batches_ahead=1, indices=indices
+    ) as loader:
         for _ in loader:
             pending = loader._epochs._pending  # the next epoch's batch list: its jobs are then submitted early
             if pending is not None:
                 pending[1].result()
         loader._runner.wait_idle()  # they ran at 64x64
+        assert loader._next_jobs is not None and loader._next_jobs.futures, "no job of the next epoch ran early"
         stages.output_size = 48
         assert {tuple(b[0].shape[1:3]) for b in loader} == {(48, 48)}
 

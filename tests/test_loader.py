@@ -324,6 +324,27 @@ def test_a_setting_changed_right_after_iter_keeps_the_next_epochs_jobs(dataset, 
     assert [sum(1 for e, _ in submits if e == epoch) for epoch in (0, 1, 2)] == [jobs] * 3, submits
 
 
+def test_an_epoch_that_fits_in_its_slots_keeps_what_it_yielded(dataset):
+    """``list(loader)`` of an epoch with no more jobs than batch slots keeps every batch intact: no job
+    of the next epoch is started early into the slots it freed (a longer epoch reuses its own slots
+    anyway, as the buffer-reuse rule allows)."""
+    with ffload.Loader(
+        dataset,
+        batch_size=32,
+        num_workers=2,
+        order="random",
+        batches_ahead=4,
+        batches_per_job=1,
+        pipelines=indices_only(),
+    ) as loader:
+        assert len(loader) <= loader._get_runner().num_slots  # 4 batches, 6 slots
+        for epoch in range(2):
+            batches = list(loader)
+            loader._runner.wait_idle()
+            got = np.concatenate([b[loader.field_names.index("index")] for b in batches])
+            np.testing.assert_array_equal(got, loader.epoch_order(epoch))
+
+
 def test_an_epoch_start_that_fails_starts_that_epoch_again(dataset):
     """A resize that does not fit the pipeline (a crop larger than the new size) fails ``iter(loader)``;
     after the fix the next ``iter`` runs that same epoch, with its batches, and the jobs submitted for it
@@ -924,4 +945,4 @@ def test_the_first_job_runs_alone(tmp_path, digits, num_workers):
         assert sum(len(label) for _, label in loader) == N
         jobs = -(-len(loader) // loader.batches_per_job)
     assert log[:2] == ["start", "end"]
-    assert log.count("start") == log.count("end") == jobs
+    assert log.count("start") == log.count("end") >= jobs  # and the next epoch's jobs started during this one

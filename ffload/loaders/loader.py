@@ -170,9 +170,11 @@ class Loader:
     Epochs: each ``iter(loader)`` starts the next epoch (0, 1, 2, ...), re-shuffled; see
     :meth:`state_dict` to resume mid-epoch. Per-sample seeds are
     ``rng.sample_seeds(seed, epoch, index)``, so batches are identical for any ``num_workers``.
-    With ``os_cache=True`` and batches on the CPU, the next epoch's first jobs run while the
-    current epoch's last ones do (:class:`~ffload.loaders.iterator.NextEpochJobs`), so the
-    workers do not idle between epochs; they are dropped, and computed again, when the next
+    With ``os_cache=True``, batches on the CPU and an epoch of more jobs than batch slots, the
+    next epoch's first jobs run while the current epoch's last ones do
+    (:class:`~ffload.loaders.iterator.NextEpochJobs`), so the workers do not idle between epochs
+    (an epoch that fits in the slots keeps what it yielded to its end, as before); they are
+    dropped, and computed again, when the next
     ``iter`` starts another epoch or a setting of a given operation changed in between (a new
     ``output_size``, any attribute of the operation set to a new number, string, tuple or array,
     or an array of up to 1 MiB changed in place). A setting held in another object the operation
@@ -415,7 +417,10 @@ class Loader:
             runner.read_ahead.schedule(batches, start if adopted is None else adopted.next_submit)
         per_job = self._job_size(len(batches), self._tuner.workers)
         self._tuner.set_batches_per_job(per_job)
-        if self._device is None and isinstance(self._memory, OSCacheMemory):
+        # Only an epoch with more jobs than slots, which reuses its own slots anyway: one that fits
+        # keeps every batch it yielded intact to its end (``list(loader)`` of a small dataset).
+        jobs = -(-(len(batches) - start) // per_job)
+        if self._device is None and isinstance(self._memory, OSCacheMemory) and jobs > runner.num_slots:
             self._next_jobs = NextEpochJobs(
                 runner,
                 epoch + 1,
