@@ -26,6 +26,7 @@ from ffload.loaders.transforms.compose import CompiledTransforms, from_albumenta
 from ffload.loaders.transforms.normalize import NormalizeImage
 from ffload.loaders.transforms.python import PythonTransform
 from ffload.loaders.transforms.torch_ops import ToTensor
+from tests.test_loader import next_order_ready
 
 
 @pytest.fixture(scope="module")
@@ -125,9 +126,7 @@ def test_compiled_transforms_output_size_changes_between_epochs_of_one_loader(ra
         path, batch_size=1, pipelines={"image": stages}, num_workers=2, batches_ahead=1, indices=indices
     ) as loader:
         for _ in loader:
-            pending = loader._epochs._pending  # the next epoch's batch list: its jobs are then submitted early
-            if pending is not None:
-                pending[1].result()
+            next_order_ready(loader)
         loader._runner.wait_idle()  # they ran at 64x64
         assert loader._next_jobs is not None and loader._next_jobs.futures, "no job of the next epoch ran early"
         stages.output_size = 48

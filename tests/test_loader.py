@@ -242,15 +242,21 @@ def _copied(batch) -> tuple:
     return tuple(t.numpy().copy() if isinstance(t, torch.Tensor) else np.array(t) for t in batch)
 
 
+def next_order_ready(loader) -> None:
+    """Wait for the next epoch's batch list once the loader has asked for it (its ``ffload-order``
+    thread), so that the next epoch's jobs are submitted early on the next request whatever the
+    machine's load. Call it after each batch."""
+    pending = loader._epochs._pending
+    if pending is not None:
+        pending[1].result()
+
+
 def _epoch_batches(loader):
-    """One epoch's batches, copied. After each batch the next epoch's batch list, once asked for, is
-    waited for, so that the next epoch's jobs are submitted early whatever the machine's load."""
+    """One epoch's batches, copied, with the next epoch's jobs submitted early (:func:`next_order_ready`)."""
     out = []
     for b in loader:
         out.append(_copied(b))
-        pending = loader._epochs._pending
-        if pending is not None:
-            pending[1].result()
+        next_order_ready(loader)
     return out
 
 
@@ -317,9 +323,7 @@ def test_a_setting_changed_right_after_iter_keeps_the_next_epochs_jobs(dataset, 
             it = iter(loader)
             flip.flip_prob = 0.5 + epoch / 10
             for _ in it:
-                pending = loader._epochs._pending  # as _epoch_batches: the next epoch's jobs start early
-                if pending is not None:
-                    pending[1].result()
+                next_order_ready(loader)
     jobs = -(-len(loader) // 2)
     assert [sum(1 for e, _ in submits if e == epoch) for epoch in (0, 1, 2)] == [jobs] * 3, submits
 
@@ -381,9 +385,7 @@ def test_next_epochs_jobs_leave_the_held_batches_alone(dataset):
         batches = []
         for b in loader:
             batches = [*batches[-1:], b]
-            pending = loader._epochs._pending  # the next epoch's jobs are submitted early (_epoch_batches)
-            if pending is not None:
-                pending[1].result()
+            next_order_ready(loader)
         held = [_copied(b) for b in batches]
         loader._runner.wait_idle()  # the next epoch's jobs have run
         for kept, batch in zip(held, batches):
