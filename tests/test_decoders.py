@@ -133,6 +133,24 @@ def test_simple_raw_equals_source(tmp_path, tiles, suffix):
         assert np.array_equal(row, tiles[i])
 
 
+def test_simple_decoder_keeps_whole_image_boxes_across_batch_lengths(tmp_path, tiles, photos):
+    """One decoder over batches of growing and shrinking length (a job of several batches, an
+    epoch's short last batch), then declared for images of another size: every batch is exact."""
+    view = write(tmp_path / "d.beton", {"image": RGBImageField("raw")}, [(t,) for t in tiles])
+    op = SimpleRGBImageDecoder()
+    for order in ([1, 2], [0, 5, 11, 3, 7], [4], [9, 8, 6]):
+        out = decode(op, view, "image", order)
+        assert out.shape == (len(order), 40, 56, 3)
+        for row, i in zip(out, order):
+            assert np.array_equal(row, tiles[i])
+    small = [np.ascontiguousarray(p[:30, :20]) for p in photos[:3]]
+    other = write(tmp_path / "o.beton", {"image": RGBImageField("raw")}, [(t,) for t in small])
+    out = decode(op, other, "image", [2, 0, 1])
+    assert out.shape == (3, 30, 20, 3)
+    for row, i in zip(out, [2, 0, 1]):
+        assert np.array_equal(row, small[i])
+
+
 @pytest.mark.smoke
 def test_simple_jpg_equals_opencv_decode(tmp_path, tiles):
     view = write(tmp_path / "d.beton", {"image": RGBImageField("jpg", jpeg_quality=90)}, [(t,) for t in tiles])

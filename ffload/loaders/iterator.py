@@ -145,6 +145,11 @@ class BatchRunner:
                 return slot
             return None
 
+    def has_free_slot(self) -> bool:
+        """Whether a released slot waits to be reused (read without the lock: a slot released
+        meanwhile is seen at the next request)."""
+        return bool(self._free)
+
     def release_slot(self, slot: int) -> None:
         """``slot``'s batch is no longer valid: reuse the slot, or drop it (and its buffers) when
         more than :attr:`num_slots` exist."""
@@ -483,6 +488,7 @@ class EpochIterator:
         self._current: tuple | None = None  # (slot, first batch, outputs, error) of the job handed out
         self._job_start = start  # the first batch of the job that holds the next batch
         self._cancel = threading.Event()
+        self._slot_bound = False  # the last _fill stopped for want of a free slot
         if adopted is not None:
             self._futures, self._next_submit, self._cancel = adopted.futures, adopted.next_submit, adopted.cancel
         self._closed_reason: str | None = None
@@ -501,9 +507,11 @@ class EpochIterator:
         """Submit jobs while fewer than ``tuner.ahead`` follow the one holding the next batch."""
         per_job = self._per_job
         limit = min(len(self._batches), self._job_start + (self._runner.tuner.ahead + 1) * per_job)
+        self._slot_bound = False
         while self._next_submit < limit:
             b = self._next_submit
             slot = self._runner.acquire_slot(force=force and not self._futures)
+            self._slot_bound = slot is None
             if slot is None:
                 return  # the slots are in use: the next request frees one
             stop = min(b + per_job, len(self._batches))
@@ -527,6 +535,23 @@ class EpochIterator:
             ffload.errors.LoaderClosedError: the iterator was closed by its loader (a newer
                 ``iter(loader)``, ``load_state_dict``, ``close``); the message says which.
         """
+        job = self._current
+        if job is not None and self.active:
+            # A job's third batch on: the previous two came from its slot, so retiring the
+            # older one frees nothing, and the batch is a row range the job already made. Jobs
+            # are submitted only where that may have changed since the last request: a slot
+            # freed meanwhile (an abandoned epoch's job ending) while submissions waited for
+            # one, and the epoch's tail, where the next epoch's jobs are offered.
+            k = self.batches_yielded - job[1]
+            outputs = job[2]
+            if 2 <= k < len(outputs):
+                self.batches_yielded += 1
+                if k + 1 == len(outputs):
+                    self._job_start = self.batches_yielded
+                runner = self._runner
+                if (self._slot_bound and runner.has_free_slot()) or self._next_submit >= len(self._batches):
+                    self._fill()
+                return outputs[k] if runner.device is None else runner.hand_over(job[0], outputs[k])
         if self._closed_reason is not None:
             raise LoaderClosedError(self._closed_reason)
         if not self.active or self.batches_yielded >= len(self._batches):
@@ -534,7 +559,6 @@ class EpochIterator:
             raise StopIteration
         runner = self._runner
         runner.retire_held()
-        job = self._current
         if job is None or (self.batches_yielded >= job[1] + len(job[2]) and job[3] is None):
             job = self._take()
         else:

@@ -86,6 +86,12 @@ class _RGBDecoder(Decoder):
         """The output spec, from the field's metadata of the samples ``view.selected()``."""
         raise NotImplementedError
 
+    def _row_boxes(self, ctx: BatchContext, column) -> tuple[np.ndarray, np.ndarray | None]:
+        """The batch's ``(boxes, windows)``: a new ``(B, 4) int64`` array filled by :meth:`_boxes`,
+        and what it returns. Both are only read from here on."""
+        boxes = np.empty((len(ctx.indices), 4), dtype=np.int64)
+        return boxes, self._boxes(ctx, column["height"], column["width"], boxes)
+
     def _boxes(self, ctx: BatchContext, heights, widths, out) -> np.ndarray | None:
         """Fill ``out`` ``(B, 4) int64`` with the box of each row decoded (stored-image pixels); return
         ``(B, 4) float64`` the area of each row resampled to the output, inside its box
@@ -96,8 +102,7 @@ class _RGBDecoder(Decoder):
         indices = ctx.indices
         batch = len(indices)
         column = ctx.metadata
-        boxes = np.empty((batch, 4), dtype=np.int64)
-        windows = self._boxes(ctx, column["height"], column["width"], boxes)
+        boxes, windows = self._row_boxes(ctx, column)
         flips = np.zeros(batch, np.bool_)
         if self.flip is not None:
             flip_draws(ctx.seeds, self.flip[1], self.flip[0], flips)
@@ -201,12 +206,22 @@ class SimpleRGBImageDecoder(_RGBDecoder):
             )
         first = int(selected[0])
         self.shape = (int(column["height"][first]), int(column["width"][first]), 3)
+        self._whole = None
         return Spec(self.shape, np.dtype(np.uint8))
 
-    def _boxes(self, ctx, heights, widths, out):
-        out[:, :2] = 0
-        out[:, 2] = self.shape[0]
-        out[:, 3] = self.shape[1]
+    _whole: tuple[np.ndarray, np.ndarray] | None = None
+
+    def _row_boxes(self, ctx, column):
+        """Every row's box is the whole image: the first ``B`` rows of one pair of arrays kept by
+        the decoder (boxes ``int64``, windows ``float64``; made again, longer, for a longer batch),
+        so that a job of many batches allocates and fills nothing under the GIL."""
+        batch = len(ctx.indices)
+        whole = self._whole
+        if whole is None or len(whole[0]) < batch:
+            boxes = np.zeros((batch, 4), dtype=np.int64)
+            boxes[:, 2], boxes[:, 3] = self.shape[0], self.shape[1]
+            whole = self._whole = (boxes, boxes.astype(np.float64))
+        return whole[0][:batch], whole[1][:batch]
 
     def _output_hw(self):
         return self.shape[0], self.shape[1]
