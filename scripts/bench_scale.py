@@ -49,7 +49,9 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   loader's threads hold the GIL against all the CPU time they spend, with one worker, profiled; and
   the workers' lock wait. Then the same split without a profiler
   (:func:`ffload.bench.serial.kernel_timed_fraction`: the threads' CPU clocks against timed kernel
-  calls), a tighter bound. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
+  calls), a tighter bound; and, where ``py-spy`` is installed (the ``bench`` extra), the GIL itself
+  sampled (:func:`ffload.bench.serial.gil_sampled_fraction`: which thread holds it, ``--gil-seconds``
+  at 500 Hz, against the threads' CPU). The measuring code is this checkout's for every tree. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
   its share of linear), next to the measured curve.
 * ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
   in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
@@ -459,27 +461,34 @@ def scaling_case(args) -> dict:
     rates = {w: r for w, (r, _) in measured.items()}
     starts = {w: ms for w, (_, ms) in measured.items()}
     batches = args.serial_batches if pipeline == "simple" else max(10, args.serial_batches // 8)  # JPEG: ~0.1 s each
-    serial = timed = None
+    serial = timed = sampled = None
     if args.serial_batches:
-        try:
-            from ffload.bench.serial import serial_fraction
-        except ImportError:  # an older checkout
-            pass
-        else:
-            serial = serial_fraction(build, batches)
-        try:
-            from ffload.bench.serial import kernel_timed_fraction
-        except ImportError:  # an older checkout
-            pass
-        else:
-            timed = kernel_timed_fraction(build, batches)
+        measure = serial_measures()
+        serial = measure.serial_fraction(build, batches)
+        timed = measure.kernel_timed_fraction(build, batches)
+        if measure.py_spy_path() is not None:
+            sampled = measure.gil_sampled_fraction(build, args.gil_seconds)
     return {
         "rates": rates,
         "epoch_start_ms": starts,
         "serial": serial,
         "timed": timed,
+        "sampled": sampled,
         "ffload": os.path.dirname(ffload.__file__),
     }
+
+
+def serial_measures():
+    """:mod:`ffload.bench.serial` of this script's checkout, not of the tree under test, so that
+    both trees of a ``--baseline`` run are measured by the same code (it uses only the public
+    ``Loader``, the loader's thread names and numba's dispatchers)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ffload", "bench", "serial.py")
+    spec = importlib.util.spec_from_file_location("_bench_scale_serial", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
@@ -500,6 +509,8 @@ def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
         str(args.wait_us),
         "--epoch-samples",
         str(args.epoch_samples or 0),
+        "--gil-seconds",
+        str(args.gil_seconds),
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -573,6 +584,21 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                     "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in proj.items()),
                 ]
                 entry.update(kernel_timed_fraction=t, kernel_timed_amdahl={str(n): v for n, v in proj.items()})
+            sampled = [r["sampled"] for r in ok if r.get("sampled")]
+            if sampled:
+                g = float(np.median([x["serial_fraction"] for x in sampled]))
+                x = sampled[len(sampled) // 2]
+                proj = {n: amdahl(g, n) for n in (16, 32)}
+                lines += [
+                    f"GIL-sampled serial fraction {g:.3f} (py-spy --gil, {x['rate']} Hz for {x['seconds']} s, "
+                    f"+-{100 * (x['relative_error'] or 1):.0f} %): per batch {x['held_us']:.1f} us holding the GIL of "
+                    f"{x['cpu_us']:.0f} us CPU; "
+                    + ", ".join(
+                        f"{kind} {v['held']:.1f} of {v['cpu']:.0f} us" for kind, v in x["per_batch_us"].items()
+                    ),
+                    "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in proj.items()),
+                ]
+                entry.update(gil_sampled_fraction=g, gil_sampled_amdahl={str(n): v for n, v in proj.items()})
             lines.append("")
             data["cases"][case][tree] = entry
         if len(trees) == 2 and all(t in data["cases"][case] for t in trees):
@@ -609,7 +635,8 @@ def run_scaling(args) -> None:
                 results.setdefault(case, {}).setdefault(name, []).append(r)
                 summary = r.get("error") or {w: round(v or 0) for w, v in r["rates"].items()}
                 sf = r.get("serial") and round(r["serial"]["serial_fraction"], 3)
-                print(f"{case} {name} round {round_ + 1}: {summary} serial {sf}", flush=True)
+                gs = r.get("sampled") and round(r["sampled"]["serial_fraction"], 3)
+                print(f"{case} {name} round {round_ + 1}: {summary} serial {sf}, GIL-sampled {gs}", flush=True)
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
         f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "
@@ -761,6 +788,12 @@ def main() -> None:
     parser.add_argument("--raw-samples", type=int, default=None, help="--scaling: default 50000 (--quick 20000)")
     parser.add_argument("--jpeg-samples", type=int, default=None, help="--scaling: default 1024 (--quick 256)")
     parser.add_argument("--serial-batches", type=int, default=None, help="--scaling: default 400 (--quick 150)")
+    parser.add_argument(
+        "--gil-seconds",
+        type=int,
+        default=4,
+        help="--scaling: seconds of py-spy --gil sampling (where py-spy is installed)",
+    )
     parser.add_argument("--baseline", default=None, help="--scaling: another checkout to compare, same run")
     parser.add_argument("--scaling-case", help=argparse.SUPPRESS)
     args = parser.parse_args()

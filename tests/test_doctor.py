@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import cv2
 import numpy as np
@@ -278,6 +279,70 @@ def test_kernel_timed_fraction_of_a_loader(raw_beton):
     assert r["per_batch_us"]["main"]["cpu"] > 0  # next(), the loop
     assert r["kernel_calls_per_batch"] > 0 and r["held_us"] > 0 and r["nogil_us"] > 0
     assert 0 < r["serial_fraction"] < 1
+
+
+class _Stepper:
+    """A stand-in loader whose batches are ``step()`` calls on the consumer's thread."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.step()
+
+    def close(self):
+        pass
+
+
+def test_gil_sampled_fraction_tells_python_from_gil_free_work():
+    """py-spy's samples of the GIL's holder: a batch made of Python holds it nearly all its CPU
+    time, one made by a nogil kernel nearly none; the thread is counted as the consumer."""
+    from numba import njit
+
+    from ffload.bench.serial import gil_sampled_fraction, py_spy_path
+
+    if py_spy_path() is None:
+        pytest.skip("py-spy is not installed (the test extra installs it)")
+
+    def python_step():
+        end = time.thread_time() + 200e-6
+        while time.thread_time() < end:
+            pass
+
+    @njit(nogil=True)
+    def spin(n):
+        total = 0.0
+        for i in range(n):
+            total += (i % 7) * 0.5
+        return total
+
+    spin(10)
+
+    def kernel_step():
+        return spin(200_000)
+
+    python = gil_sampled_fraction(lambda w: _Stepper(python_step), seconds=1, rate=200)
+    kernel = gil_sampled_fraction(lambda w: _Stepper(kernel_step), seconds=1, rate=200)
+    assert python["batches"] > 0 and set(python["per_batch_us"]) == {"main"}
+    assert python["samples"]["main"] > 50 and python["serial_fraction"] > 0.5
+    assert kernel["serial_fraction"] < 0.2 and kernel["per_batch_us"]["main"]["cpu"] > 0
+
+
+def test_gil_samples_are_read_per_thread(tmp_path):
+    """py-spy's raw output (``--threads``): counts summed per thread name, frames ignored."""
+    from ffload.bench.serial import gil_samples
+
+    raw = tmp_path / "gil.txt"
+    raw.write_text(
+        "thread (11): MainThread;<module> (a.py:3);f (a.py:9) 7\n"
+        "thread (12): ffload-worker_0;run (b.py:1) 5\n"
+        "thread (12): ffload-worker_0;run (b.py:2);g (b.py:7) 3\n"
+        "thread (13) 2\n"
+    )
+    assert gil_samples(str(raw)) == {"MainThread": 7, "ffload-worker_0": 8, "thread (13)": 2}
 
 
 def test_kernel_clock_times_the_calls_through_a_module(monkeypatch):

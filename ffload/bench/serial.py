@@ -25,14 +25,27 @@ time it holds the GIL, so ``held`` is the threads' CPU less the kernels' (plus t
 the kernels' time includes, less the timers' own cost): no per-call overhead to correct, only one
 timer per kernel call. What releases the GIL without being a wrapped kernel (file reads, OpenCV)
 counts as held, so that figure is an upper bound too, a much tighter one for the compiled
-pipelines.
+pipelines. So does the CPU a thread spends in the kernel while it waits on a lock or a future,
+which it does without the GIL.
+
+:func:`gil_sampled_fraction` measures the GIL itself: `py-spy <https://github.com/benfred/py-spy>`_
+(``record --gil``) samples, from another process, which thread holds the GIL, ``rate`` times a
+second, without stopping this one. The samples in which a loader thread holds it, against the
+threads' CPU time over the same batches, give the serial fraction with neither a profiler's cost
+per call nor the waits and GIL-free library calls the two measures above count as held. Its
+uncertainty is the sampling's (about ``1 / sqrt(samples)``), and time a thread holds the GIL
+while the OS has preempted it counts (no other thread can run Python meanwhile either).
 """
 
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -429,4 +442,113 @@ def kernel_timed_fraction(make_loader: Callable[[int], object], batches: int, nu
         "held_us": held,
         "nogil_us": nogil,
         "serial_fraction": held / (held + nogil) if held + nogil else None,
+    }
+
+
+def py_spy_path() -> str | None:
+    """The ``py-spy`` executable (next to this interpreter, else on ``PATH``), or None."""
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return here if os.access(here, os.X_OK) else shutil.which("py-spy")
+
+
+def gil_samples(path: str) -> dict[str, int]:
+    """``{thread name: samples}`` of a ``py-spy record --gil --threads --format raw`` output file
+    (lines ``thread (<id>): <name>;<frames> <count>``; a thread without a name counts as its id)."""
+    counts: dict[str, int] = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            head = stack.split(";", 1)[0]
+            name = head.split("): ", 1)[1] if "): " in head else head
+            counts[name] = counts.get(name, 0) + int(count)
+    return counts
+
+
+def gil_sampled_fraction(
+    make_loader: Callable[[int], object],
+    seconds: int = 3,
+    num_workers: int = 1,
+    rate: int = 500,
+    py_spy: str | None = None,
+) -> dict:
+    """Measure the serial fraction of ``make_loader(num_workers)`` (a ``Loader``) by sampling the
+    GIL's holder (see the module docstring): ``py-spy record --gil`` on this process for
+    ``seconds`` (a whole number, >= 1) at ``rate`` Hz while batches are taken (after a warm-up of 20), and the loader
+    threads' CPU clocks over the same batches.
+
+    Returns ``{'batches', 'num_workers', 'seconds', 'rate', 'samples': {thread kind: GIL samples},
+    'batch_us' (wall time per batch), 'per_batch_us': {thread kind: {'cpu', 'held'}}, 'held_us',
+    'cpu_us', 'serial_fraction' (held / CPU), 'relative_error' (``1 / sqrt(samples)``)}``,
+    microseconds per batch; thread kinds as :func:`_thread_kind` (``other``: the rest).
+
+    Raises:
+        FileNotFoundError: no ``py-spy`` (``pip install py-spy``: the ``bench`` extra).
+        OSError: ``py-spy`` failed (it needs ``ptrace`` on this process: a container may forbid
+            it, see ``kernel.yama.ptrace_scope``); the message carries its output.
+    """
+    seconds = max(1, int(seconds))
+    exe = py_spy or py_spy_path()
+    if exe is None:
+        raise FileNotFoundError("py-spy not found: pip install py-spy (ffload's 'bench' extra)")
+    loader = make_loader(num_workers)
+    try:
+        it = iter(loader)
+        taken = 0
+
+        def take(count: int) -> None:
+            nonlocal it, taken
+            done = 0
+            while done < count:
+                try:
+                    next(it)
+                except StopIteration:
+                    it = iter(loader)
+                    continue
+                done += 1
+            taken += count
+
+        take(20)  # JIT, buffers, page faults, every thread started
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "gil.txt")
+            cmd = [exe, "record", "--pid", str(os.getpid()), "--rate", str(rate), "--duration", str(seconds)]
+            cmd += ["--gil", "--threads", "--nonblocking", "--format", "raw", "--output", out]
+            spy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            first, before, t0 = taken, _thread_cpu(), time.perf_counter()
+            while spy.poll() is None:
+                take(8)
+            wall, after = time.perf_counter() - t0, _thread_cpu()
+            log = spy.stdout.read().decode(errors="replace") if spy.stdout else ""
+            if spy.returncode != 0 or not os.path.exists(out):
+                raise OSError(f"py-spy exited with {spy.returncode}: {log.strip()[-2000:]}")
+            samples = gil_samples(out)
+    finally:
+        loader.close()
+    batches = taken - first
+    kinds: dict[str, dict] = {}
+    held_samples: dict[str, int] = {}
+    for name, count in samples.items():
+        kind = _thread_kind(name) or "other"
+        held_samples[kind] = held_samples.get(kind, 0) + count
+    for thread, (kind, cpu) in after.items():
+        acc = kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0})
+        acc["cpu"] += (cpu - before.get(thread, (kind, 0.0))[1]) * 1e6 / batches
+    # the share of wall time each kind held the GIL, over the batches taken meanwhile
+    per_sample_us = wall / (seconds * rate) * 1e6 / batches
+    for kind, count in held_samples.items():
+        kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0})["held"] = count * per_sample_us
+    held = sum(k["held"] for k in kinds.values())
+    cpu = sum(k["cpu"] for k in kinds.values())
+    total = sum(held_samples.values())
+    return {
+        "batches": batches,
+        "num_workers": num_workers,
+        "seconds": seconds,
+        "rate": rate,
+        "samples": held_samples,
+        "batch_us": wall * 1e6 / batches,
+        "per_batch_us": kinds,
+        "held_us": held,
+        "cpu_us": cpu,
+        "serial_fraction": held / cpu if cpu else None,
+        "relative_error": 1 / total**0.5 if total else None,
     }
