@@ -467,7 +467,10 @@ def scaling_case(args) -> dict:
         serial = measure.serial_fraction(build, batches)
         timed = measure.kernel_timed_fraction(build, batches)
         if measure.py_spy_path() is not None:
-            sampled = measure.gil_sampled_fraction(build, args.gil_seconds)
+            try:
+                sampled = measure.gil_sampled_fraction(build, args.gil_seconds)
+            except OSError as e:  # no ptrace here, say: the round's rates stand
+                sampled = {"error": str(e)}
     return {
         "rates": rates,
         "epoch_start_ms": starts,
@@ -521,6 +524,12 @@ def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
     return json.loads(lines[-1])
 
 
+def median_round(measures: list[dict]) -> dict:
+    """The round of median ``serial_fraction`` (of an even count, the upper middle one): the one
+    whose details are printed beside the median."""
+    return sorted(measures, key=lambda m: m["serial_fraction"])[len(measures) // 2]
+
+
 def scaling_report(results: dict, note: str) -> tuple[str, dict]:
     """Markdown and JSON of ``--scaling``: per case and tree, the median img/s per worker count,
     speed-up over one worker, the serial fraction and Amdahl's projection."""
@@ -557,7 +566,7 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                 lines.append(f"| {w} | {median[w]:.0f} | {linear} | {start} |")
             entry = {"img_s": median, "epoch_start_ms": start_ms, "runs": ok}
             if s is not None:
-                x = serials[len(serials) // 2]
+                x = median_round(serials)
                 proj = {n: amdahl(s, n) for n in (16, 32)}
                 lines += [
                     "",
@@ -572,7 +581,7 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                 entry.update(serial_fraction=s, amdahl={str(n): v for n, v in proj.items()})
             if timed:
                 t = float(np.median([x["serial_fraction"] for x in timed]))
-                x = timed[len(timed) // 2]
+                x = median_round(timed)
                 proj = {n: amdahl(t, n) for n in (16, 32)}
                 lines += [
                     f"kernel-timed serial fraction {t:.3f} (no profiler: threads' CPU clocks against timed kernel calls): "
@@ -584,10 +593,13 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                     "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in proj.items()),
                 ]
                 entry.update(kernel_timed_fraction=t, kernel_timed_amdahl={str(n): v for n, v in proj.items()})
-            sampled = [r["sampled"] for r in ok if r.get("sampled")]
+            sampled = [r["sampled"] for r in ok if (r.get("sampled") or {}).get("serial_fraction") is not None]
+            failed = [r["sampled"]["error"] for r in ok if "error" in (r.get("sampled") or {})]
+            if failed:
+                lines.append(f"GIL sampling failed in {len(failed)} round(s): {failed[0][:300]}")
             if sampled:
                 g = float(np.median([x["serial_fraction"] for x in sampled]))
-                x = sampled[len(sampled) // 2]
+                x = median_round(sampled)
                 proj = {n: amdahl(g, n) for n in (16, 32)}
                 lines += [
                     f"GIL-sampled serial fraction {g:.3f} (py-spy --gil, {x['rate']} Hz for {x['seconds']} s, "

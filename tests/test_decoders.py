@@ -134,21 +134,33 @@ def test_simple_raw_equals_source(tmp_path, tiles, suffix):
 
 
 def test_simple_decoder_keeps_whole_image_boxes_across_batch_lengths(tmp_path, tiles, photos):
-    """One decoder over batches of growing and shrinking length (a job of several batches, an
-    epoch's short last batch), then declared for images of another size: every batch is exact."""
+    """One declared decoder over batches of growing and shrinking length (a job of several
+    batches, an epoch's short last batch), then declared for images of another size: every batch
+    is exact."""
+
+    def run(op, view, orders):
+        spec = op.declare(None, view.fields["image"], view)
+        buf = np.empty(op.buffer_spec(spec, 16).shape, np.uint8)
+        region, column = view.open_region(), view.metadata["image"]
+        for order in orders:
+            indices = np.asarray(order, dtype=np.int64)
+            ctx = BatchContext(
+                indices, sample_seeds(0, 0, indices), region, column, view.ptrs["image"], view.sizes["image"], 0
+            )
+            yield order, np.array(op(None, buf, ctx))
+
     view = write(tmp_path / "d.beton", {"image": RGBImageField("raw")}, [(t,) for t in tiles])
     op = SimpleRGBImageDecoder()
-    for order in ([1, 2], [0, 5, 11, 3, 7], [4], [9, 8, 6]):
-        out = decode(op, view, "image", order)
+    for order, out in run(op, view, ([1, 2], [0, 5, 11, 3, 7], [4], [9, 8, 6])):
         assert out.shape == (len(order), 40, 56, 3)
         for row, i in zip(out, order):
             assert np.array_equal(row, tiles[i])
     small = [np.ascontiguousarray(p[:30, :20]) for p in photos[:3]]
     other = write(tmp_path / "o.beton", {"image": RGBImageField("raw")}, [(t,) for t in small])
-    out = decode(op, other, "image", [2, 0, 1])
-    assert out.shape == (3, 30, 20, 3)
-    for row, i in zip(out, [2, 0, 1]):
-        assert np.array_equal(row, small[i])
+    for order, out in run(op, other, ([2, 0, 1], [1])):
+        assert out.shape == (len(order), 30, 20, 3)
+        for row, i in zip(out, order):
+            assert np.array_equal(row, small[i])
 
 
 @pytest.mark.smoke

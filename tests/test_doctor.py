@@ -324,11 +324,16 @@ def test_gil_sampled_fraction_tells_python_from_gil_free_work():
     def kernel_step():
         return spin(200_000)
 
-    python = gil_sampled_fraction(lambda w: _Stepper(python_step), seconds=1, rate=200)
+    try:
+        python = gil_sampled_fraction(lambda w: _Stepper(python_step), seconds=1, rate=200)
+    except OSError as e:  # py-spy may not attach where ptrace is forbidden (Yama, a container's capabilities)
+        pytest.skip(f"py-spy cannot sample this process here: {e}")
     kernel = gil_sampled_fraction(lambda w: _Stepper(kernel_step), seconds=1, rate=200)
-    assert python["batches"] > 0 and set(python["per_batch_us"]) == {"main"}
-    assert python["samples"]["main"] > 50 and python["serial_fraction"] > 0.5
-    assert kernel["serial_fraction"] < 0.2 and kernel["per_batch_us"]["main"]["cpu"] > 0
+    # only the consumer's thread (MainThread) does work; the kinds of other live threads may show
+    main = python["per_batch_us"]["main"]
+    assert python["batches"] > 0 and python["samples"]["main"] > 50
+    assert main["held"] > 0.5 * main["cpu"] > 0
+    assert kernel["per_batch_us"]["main"]["held"] < 0.2 * kernel["per_batch_us"]["main"]["cpu"]
 
 
 def test_gil_samples_are_read_per_thread(tmp_path):
@@ -341,6 +346,7 @@ def test_gil_samples_are_read_per_thread(tmp_path):
         "thread (12): ffload-worker_0;run (b.py:1) 5\n"
         "thread (12): ffload-worker_0;run (b.py:2);g (b.py:7) 3\n"
         "thread (13) 2\n"
+        "\n"
     )
     assert gil_samples(str(raw)) == {"MainThread": 7, "ffload-worker_0": 8, "thread (13)": 2}
 

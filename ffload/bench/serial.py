@@ -457,11 +457,20 @@ def gil_samples(path: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
-            stack, _, count = line.rstrip("\n").rpartition(" ")
+            stack, _, count = line.strip().rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
             head = stack.split(";", 1)[0]
             name = head.split("): ", 1)[1] if "): " in head else head
             counts[name] = counts.get(name, 0) + int(count)
     return counts
+
+
+def _sampling_errors(log: str) -> int:
+    """The failed samples py-spy reports in its last line (``... Samples: S Errors: E``), else 0."""
+    _, found, rest = log.rpartition("Errors:")
+    words = rest.split()
+    return int(words[0]) if found and words and words[0].isdigit() else 0
 
 
 def gil_sampled_fraction(
@@ -473,24 +482,28 @@ def gil_sampled_fraction(
 ) -> dict:
     """Measure the serial fraction of ``make_loader(num_workers)`` (a ``Loader``) by sampling the
     GIL's holder (see the module docstring): ``py-spy record --gil`` on this process for
-    ``seconds`` (a whole number, >= 1) at ``rate`` Hz while batches are taken (after a warm-up of 20), and the loader
-    threads' CPU clocks over the same batches.
+    ``seconds`` (a whole number, >= 1) at ``rate`` Hz while batches are taken (after a warm-up of
+    20), and the loader threads' CPU clocks over the same batches. Samples py-spy could not read
+    are left out of the sampling window; GIL samples of threads that are not the loader's are
+    reported (``samples['other']``) but not counted as the loader's.
 
     Returns ``{'batches', 'num_workers', 'seconds', 'rate', 'samples': {thread kind: GIL samples},
-    'batch_us' (wall time per batch), 'per_batch_us': {thread kind: {'cpu', 'held'}}, 'held_us',
-    'cpu_us', 'serial_fraction' (held / CPU), 'relative_error' (``1 / sqrt(samples)``)}``,
-    microseconds per batch; thread kinds as :func:`_thread_kind` (``other``: the rest).
+    'sampling_errors', 'batch_us' (wall time per batch), 'per_batch_us': {thread kind: {'cpu',
+    'held'}}, 'held_us', 'cpu_us', 'serial_fraction' (held / CPU), 'relative_error'
+    (``1 / sqrt(samples)``)}``, microseconds per batch; thread kinds as :func:`_thread_kind`.
 
     Raises:
         FileNotFoundError: no ``py-spy`` (``pip install py-spy``: the ``bench`` extra).
-        OSError: ``py-spy`` failed (it needs ``ptrace`` on this process: a container may forbid
-            it, see ``kernel.yama.ptrace_scope``); the message carries its output.
+        OSError: ``py-spy`` failed, or ran a minute past ``seconds`` (it is then stopped; it
+            needs ``ptrace`` on this process: a container may forbid it, see
+            ``kernel.yama.ptrace_scope``); the message carries its output.
     """
     seconds = max(1, int(seconds))
     exe = py_spy or py_spy_path()
     if exe is None:
         raise FileNotFoundError("py-spy not found: pip install py-spy (ffload's 'bench' extra)")
     loader = make_loader(num_workers)
+    spy = None
     try:
         it = iter(loader)
         taken = 0
@@ -509,21 +522,37 @@ def gil_sampled_fraction(
 
         take(20)  # JIT, buffers, page faults, every thread started
         with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "gil.txt")
+            out, log_path = os.path.join(tmp, "gil.txt"), os.path.join(tmp, "py-spy.log")
             cmd = [exe, "record", "--pid", str(os.getpid()), "--rate", str(rate), "--duration", str(seconds)]
             cmd += ["--gil", "--threads", "--nonblocking", "--format", "raw", "--output", out]
-            spy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            with open(log_path, "wb") as log_file:  # a file, not a pipe: py-spy never blocks on its output
+                spy = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
             first, before, t0 = taken, _thread_cpu(), time.perf_counter()
+            deadline, overdue = t0 + seconds + 60, False
             while spy.poll() is None:
+                if time.perf_counter() > deadline:
+                    spy.kill()
+                    spy.wait()
+                    overdue = True
+                    break
                 take(8)
             wall, after = time.perf_counter() - t0, _thread_cpu()
-            log = spy.stdout.read().decode(errors="replace") if spy.stdout else ""
+            with open(log_path, encoding="utf-8", errors="replace") as f:
+                log = f.read()
+            if overdue:
+                raise OSError(
+                    f"py-spy ran {seconds + 60} s (asked for {seconds}) and was stopped: {log.strip()[-2000:]}"
+                )
             if spy.returncode != 0 or not os.path.exists(out):
                 raise OSError(f"py-spy exited with {spy.returncode}: {log.strip()[-2000:]}")
             samples = gil_samples(out)
     finally:
+        if spy is not None and spy.poll() is None:
+            spy.kill()
+            spy.wait()
         loader.close()
     batches = taken - first
+    errors = _sampling_errors(log)
     kinds: dict[str, dict] = {}
     held_samples: dict[str, int] = {}
     for name, count in samples.items():
@@ -532,19 +561,21 @@ def gil_sampled_fraction(
     for thread, (kind, cpu) in after.items():
         acc = kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0})
         acc["cpu"] += (cpu - before.get(thread, (kind, 0.0))[1]) * 1e6 / batches
-    # the share of wall time each kind held the GIL, over the batches taken meanwhile
-    per_sample_us = wall / (seconds * rate) * 1e6 / batches
+    # the share of the sampling window each kind held the GIL, times the wall time per batch
+    per_sample_us = wall / max(1, seconds * rate - errors) * 1e6 / batches
     for kind, count in held_samples.items():
-        kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0})["held"] = count * per_sample_us
+        if kind != "other":
+            kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0})["held"] = count * per_sample_us
     held = sum(k["held"] for k in kinds.values())
     cpu = sum(k["cpu"] for k in kinds.values())
-    total = sum(held_samples.values())
+    total = sum(v for k, v in held_samples.items() if k != "other")
     return {
         "batches": batches,
         "num_workers": num_workers,
         "seconds": seconds,
         "rate": rate,
         "samples": held_samples,
+        "sampling_errors": errors,
         "batch_us": wall * 1e6 / batches,
         "per_batch_us": kinds,
         "held_us": held,
