@@ -51,7 +51,10 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   (:func:`ffload.bench.serial.kernel_timed_fraction`: the threads' CPU clocks against timed kernel
   calls), a tighter bound; and, where ``py-spy`` is installed (the ``bench`` extra), the GIL itself
   sampled (:func:`ffload.bench.serial.gil_sampled_fraction`: which thread holds it, ``--gil-seconds``
-  at 500 Hz, against the threads' CPU). The measuring code is this checkout's for every tree. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
+  at 500 Hz, against the threads' CPU). The measuring code is this checkout's for every tree.
+  ``--cold-cache`` (raw, this checkout's loader): a one-sample job's Python timed right after 0 to
+  64 MiB were copied (:func:`ffload.bench.serial.job_python_after_traffic`), what a job's Python
+  costs once its own payloads and outputs have evicted it from the caches. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
   its share of linear), next to the measured curve.
 * ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
   in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
@@ -471,12 +474,19 @@ def scaling_case(args) -> dict:
                 sampled = measure.gil_sampled_fraction(build, args.gil_seconds)
             except OSError as e:  # no ptrace here, say: the round's rates stand
                 sampled = {"error": str(e)}
+    cold = None
+    if args.cold_cache and pipeline == "simple":
+        try:
+            cold = serial_measures().job_python_after_traffic(build)
+        except (AttributeError, TypeError):  # another checkout's loader
+            pass
     return {
         "rates": rates,
         "epoch_start_ms": starts,
         "serial": serial,
         "timed": timed,
         "sampled": sampled,
+        "cold_cache": cold,
         "ffload": os.path.dirname(ffload.__file__),
     }
 
@@ -514,7 +524,7 @@ def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
         str(args.epoch_samples or 0),
         "--gil-seconds",
         str(args.gil_seconds),
-    ]
+    ] + (["--cold-cache"] if args.cold_cache else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -611,6 +621,15 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                     "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in proj.items()),
                 ]
                 entry.update(gil_sampled_fraction=g, gil_sampled_amdahl={str(n): v for n, v in proj.items()})
+            colds = [r["cold_cache"] for r in ok if r.get("cold_cache")]
+            if colds:
+                mib = list(colds[0])
+                cold = {m: float(np.median([c[m] for c in colds])) for m in mib}
+                lines += [
+                    "a 1-sample job's Python (median us) right after this many MiB copied: "
+                    + ", ".join(f"{m} MiB {us:.1f}" for m, us in cold.items())
+                ]
+                entry.update(job_python_after_traffic_us=cold)
             lines.append("")
             data["cases"][case][tree] = entry
         if len(trees) == 2 and all(t in data["cases"][case] for t in trees):
@@ -805,6 +824,11 @@ def main() -> None:
         type=int,
         default=4,
         help="--scaling: seconds of py-spy --gil sampling (where py-spy is installed)",
+    )
+    parser.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="--scaling, raw: also a 1-sample job's Python after 0-64 MiB copied (this checkout's loader only)",
     )
     parser.add_argument("--baseline", default=None, help="--scaling: another checkout to compare, same run")
     parser.add_argument("--scaling-case", help=argparse.SUPPRESS)

@@ -336,6 +336,22 @@ def test_gil_sampled_fraction_tells_python_from_gil_free_work():
     assert kernel["per_batch_us"]["main"]["held"] < 0.2 * kernel["per_batch_us"]["main"]["cpu"]
 
 
+def test_job_python_after_traffic_runs_jobs_and_closes_the_loader(raw_beton):
+    """One median per size copied, each a job's wall time; the loader it made is closed after."""
+    from ffload import Loader
+    from ffload.bench.serial import job_python_after_traffic
+
+    made = []
+
+    def make(w):
+        made.append(Loader(raw_beton, batch_size=16, num_workers=w))
+        return made[-1]
+
+    out = job_python_after_traffic(make, mib=(0, 1), repeats=5)
+    assert list(out) == [0, 1] and all(us > 0 for us in out.values())
+    assert len(made) == 1 and made[0]._closed
+
+
 def test_gil_samples_are_read_per_thread(tmp_path):
     """py-spy's raw output (``--threads``): counts summed per thread name, frames ignored."""
     from ffload.bench.serial import gil_samples

@@ -368,6 +368,44 @@ def timer_overhead(calls: int = 20000) -> float:
     return max(0.0, (loop(timed) - loop(noop)) / calls)
 
 
+def job_python_after_traffic(
+    make_loader: Callable[[int], object], mib: tuple[int, ...] = (0, 4, 8, 16, 32, 64), repeats: int = 200
+) -> dict[int, float]:
+    """What a job's Python costs when the data it touches was evicted from the CPU caches: per
+    ``m`` in ``mib``, the median wall microseconds of one worker job of one sample (every field of
+    sample 0: the job's Python around kernels that have almost nothing to do), run right after
+    this thread copied ``m`` MiB (``np.copyto``: ``m`` MiB read, ``m`` MiB written), ``repeats``
+    times. A job of many small batches streams its payloads and outputs through the caches in
+    the same way, and its Python then runs at this cost while holding the GIL.
+
+    Runs jobs on this thread through the loader's internal worker entry (``Loader._runner``):
+    for this checkout's loader only (raises ``AttributeError`` / ``TypeError`` on another one).
+    """
+    loader = make_loader(1)
+    try:
+        it = iter(loader)
+        for _ in range(min(len(it), 20)):
+            next(it)  # JIT, buffers, every thread started
+        runner = loader._runner
+        runner.read_ahead = None  # no read-ahead notices for these out-of-epoch jobs
+        slot = runner.acquire_slot(force=True)
+        one = [np.zeros(1, np.int64)]
+        source = np.ones(max(mib, default=0) << 20, np.uint8)
+        out = {}
+        for m in mib:
+            target = np.empty(m << 20, np.uint8)
+            times = []
+            for _ in range(repeats):
+                np.copyto(target, source[: m << 20])
+                t0 = time.perf_counter()
+                runner._run(slot, 0, one, 0)
+                times.append(time.perf_counter() - t0)
+            out[m] = float(np.median(times)) * 1e6
+        return out
+    finally:
+        loader.close()
+
+
 def _thread_kind(name: str) -> str | None:
     """A loader thread's kind (``main``, ``worker``, ``readahead``, ``order``: the
     next epoch's batches, :class:`~ffload.loaders.orders.EpochsAhead`), or None for other
