@@ -534,6 +534,16 @@ def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
     return json.loads(lines[-1])
 
 
+def projection(fraction: float) -> tuple[str, dict[str, float]]:
+    """Amdahl's speed-up of a serial ``fraction`` at 16 and 32 workers: the report's line, and
+    ``{workers: speed-up}`` for the JSON."""
+    from ffload.bench.doctor.verdict import amdahl
+
+    speedups = {n: amdahl(fraction, n) for n in (16, 32)}
+    line = "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in speedups.items())
+    return line, {str(n): v for n, v in speedups.items()}
+
+
 def median_round(measures: list[dict]) -> dict:
     """The round of median ``serial_fraction`` (of an even count, the upper middle one): the one
     whose details are printed beside the median."""
@@ -543,7 +553,6 @@ def median_round(measures: list[dict]) -> dict:
 def scaling_report(results: dict, note: str) -> tuple[str, dict]:
     """Markdown and JSON of ``--scaling``: per case and tree, the median img/s per worker count,
     speed-up over one worker, the serial fraction and Amdahl's projection."""
-    from ffload.bench.doctor.verdict import amdahl
 
     lines, data = [f"# bench_scale --scaling: {note}", ""], {"note": note, "cases": {}}
     for case, trees in results.items():
@@ -577,22 +586,22 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
             entry = {"img_s": median, "epoch_start_ms": start_ms, "runs": ok}
             if s is not None:
                 x = median_round(serials)
-                proj = {n: amdahl(s, n) for n in (16, 32)}
+                amdahl_line, amdahl = projection(s)
                 lines += [
                     "",
                     f"serial fraction {s:.3f} (upper bound {x['serial_fraction_upper']:.3f}): per batch "
                     f"{x['held_corrected_us']:.0f} us CPU holding the GIL, {x['nogil_us']:.0f} us without it; "
                     f"workers' lock wait {x['worker_lock_wait_us']:.1f} us; dispatch {x['dispatch_us']:.0f} us; "
                     f"profiler overhead removed {x['profiler_overhead_us']:.0f} us",
-                    "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in proj.items()),
+                    amdahl_line,
                     "largest GIL holders (us per batch, profiled): "
                     + "; ".join(f"{label} {us:.1f}" for label, us in x["top_held"][:6]),
                 ]
-                entry.update(serial_fraction=s, amdahl={str(n): v for n, v in proj.items()})
+                entry.update(serial_fraction=s, amdahl=amdahl)
             if timed:
                 t = float(np.median([x["serial_fraction"] for x in timed]))
                 x = median_round(timed)
-                proj = {n: amdahl(t, n) for n in (16, 32)}
+                amdahl_line, amdahl = projection(t)
                 lines += [
                     f"kernel-timed serial fraction {t:.3f} (no profiler: threads' CPU clocks against timed kernel calls): "
                     f"per batch {x['held_us']:.0f} us CPU outside the nogil kernels, {x['nogil_us']:.0f} us inside; "
@@ -600,9 +609,9 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                         f"{kind} {v['cpu']:.0f} us CPU ({v['kernel']:.0f} in kernels)"
                         for kind, v in x["per_batch_us"].items()
                     ),
-                    "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in proj.items()),
+                    amdahl_line,
                 ]
-                entry.update(kernel_timed_fraction=t, kernel_timed_amdahl={str(n): v for n, v in proj.items()})
+                entry.update(kernel_timed_fraction=t, kernel_timed_amdahl=amdahl)
             sampled = [r["sampled"] for r in ok if (r.get("sampled") or {}).get("serial_fraction") is not None]
             failed = [r["sampled"]["error"] for r in ok if "error" in (r.get("sampled") or {})]
             if failed:
@@ -610,7 +619,7 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
             if sampled:
                 g = float(np.median([x["serial_fraction"] for x in sampled]))
                 x = median_round(sampled)
-                proj = {n: amdahl(g, n) for n in (16, 32)}
+                amdahl_line, amdahl = projection(g)
                 lines += [
                     f"GIL-sampled serial fraction {g:.3f} (py-spy --gil, {x['rate']} Hz for {x['seconds']} s, "
                     f"+-{100 * (x['relative_error'] or 1):.0f} %): per batch {x['held_us']:.1f} us holding the GIL of "
@@ -618,9 +627,9 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                     + ", ".join(
                         f"{kind} {v['held']:.1f} of {v['cpu']:.0f} us" for kind, v in x["per_batch_us"].items()
                     ),
-                    "Amdahl: " + ", ".join(f"{n} workers {v:.1f}x ({v / n:.2f} of linear)" for n, v in proj.items()),
+                    amdahl_line,
                 ]
-                entry.update(gil_sampled_fraction=g, gil_sampled_amdahl={str(n): v for n, v in proj.items()})
+                entry.update(gil_sampled_fraction=g, gil_sampled_amdahl=amdahl)
             colds = [r["cold_cache"] for r in ok if r.get("cold_cache")]
             if colds:
                 mib = list(colds[0])

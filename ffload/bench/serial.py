@@ -203,17 +203,27 @@ def dispatch_cost(calls: int = 20000) -> float:
     return (CLOCK() - t0) / calls
 
 
+class _Batches:
+    """Batches taken from ``loader`` on one iterator, epochs started as needed; ``taken`` counts them."""
+
+    def __init__(self, loader):
+        self._loader, self._it, self.taken = loader, iter(loader), 0
+
+    def take(self, count: int) -> None:
+        done = 0
+        while done < count:
+            try:
+                next(self._it)
+            except StopIteration:
+                self._it = iter(self._loader)
+                continue
+            done += 1
+        self.taken += count
+
+
 def _consume(loader, count: int) -> None:
     """Take ``count`` batches from ``loader``, starting epochs as needed."""
-    it = iter(loader)
-    done = 0
-    while done < count:
-        try:
-            next(it)
-        except StopIteration:
-            it = iter(loader)
-            continue
-        done += 1
+    _Batches(loader).take(count)
 
 
 def serial_fraction(make_loader: Callable[[int], object], batches: int, num_workers: int = 1) -> dict:
@@ -383,9 +393,7 @@ def job_python_after_traffic(
     """
     loader = make_loader(1)
     try:
-        it = iter(loader)
-        for _ in range(min(len(it), 20)):
-            next(it)  # JIT, buffers, every thread started
+        _consume(loader, 20)  # JIT, buffers, every thread started
         runner = loader._runner
         runner.read_ahead = None  # no read-ahead notices for these out-of-epoch jobs
         slot = runner.acquire_slot(force=True)
@@ -543,29 +551,15 @@ def gil_sampled_fraction(
     loader = make_loader(num_workers)
     spy = None
     try:
-        it = iter(loader)
-        taken = 0
-
-        def take(count: int) -> None:
-            nonlocal it, taken
-            done = 0
-            while done < count:
-                try:
-                    next(it)
-                except StopIteration:
-                    it = iter(loader)
-                    continue
-                done += 1
-            taken += count
-
-        take(20)  # JIT, buffers, page faults, every thread started
+        batches = _Batches(loader)
+        batches.take(20)  # JIT, buffers, page faults, every thread started
         with tempfile.TemporaryDirectory() as tmp:
             out, log_path = os.path.join(tmp, "gil.txt"), os.path.join(tmp, "py-spy.log")
             cmd = [exe, "record", "--pid", str(os.getpid()), "--rate", str(rate), "--duration", str(seconds)]
             cmd += ["--gil", "--threads", "--nonblocking", "--format", "raw", "--output", out]
             with open(log_path, "wb") as log_file:  # a file, not a pipe: py-spy never blocks on its output
                 spy = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
-            first, before, t0 = taken, _thread_cpu(), time.perf_counter()
+            first, before, t0 = batches.taken, _thread_cpu(), time.perf_counter()
             deadline, overdue = t0 + seconds + 60, False
             while spy.poll() is None:
                 if time.perf_counter() > deadline:
@@ -573,7 +567,7 @@ def gil_sampled_fraction(
                     spy.wait()
                     overdue = True
                     break
-                take(8)
+                batches.take(8)
             wall, after = time.perf_counter() - t0, _thread_cpu()
             with open(log_path, encoding="utf-8", errors="replace") as f:
                 log = f.read()
@@ -589,7 +583,7 @@ def gil_sampled_fraction(
             spy.kill()
             spy.wait()
         loader.close()
-    batches = taken - first
+    taken = batches.taken - first
     errors = _sampling_errors(log)
     kinds: dict[str, dict] = {}
     held_samples: dict[str, int] = {}
@@ -598,9 +592,9 @@ def gil_sampled_fraction(
         held_samples[kind] = held_samples.get(kind, 0) + count
     for thread, (kind, cpu) in after.items():
         acc = kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0})
-        acc["cpu"] += (cpu - before.get(thread, (kind, 0.0))[1]) * 1e6 / batches
+        acc["cpu"] += (cpu - before.get(thread, (kind, 0.0))[1]) * 1e6 / taken
     # the share of the sampling window each kind held the GIL, times the wall time per batch
-    per_sample_us = wall / max(1, seconds * rate - errors) * 1e6 / batches
+    per_sample_us = wall / max(1, seconds * rate - errors) * 1e6 / taken
     for kind, count in held_samples.items():
         if kind != "other":
             kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0})["held"] = count * per_sample_us
@@ -608,13 +602,13 @@ def gil_sampled_fraction(
     cpu = sum(k["cpu"] for k in kinds.values())
     total = sum(v for k, v in held_samples.items() if k != "other")
     return {
-        "batches": batches,
+        "batches": taken,
         "num_workers": num_workers,
         "seconds": seconds,
         "rate": rate,
         "samples": held_samples,
         "sampling_errors": errors,
-        "batch_us": wall * 1e6 / batches,
+        "batch_us": wall * 1e6 / taken,
         "per_batch_us": kinds,
         "held_us": held,
         "cpu_us": cpu,
