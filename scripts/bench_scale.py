@@ -467,7 +467,10 @@ def scaling_case(args) -> dict:
     serial = timed = sampled = None
     if args.serial_batches:
         measure = serial_measures()
-        serial = measure.serial_fraction(build, batches)
+        try:
+            serial = measure.serial_fraction(build, batches)
+        except measure.UnavailableError as e:  # Python 3.12+: no cProfile per thread
+            serial = {"error": str(e)}
         timed = measure.kernel_timed_fraction(build, batches)
         if measure.py_spy_path() is not None:
             try:
@@ -564,7 +567,8 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                 continue
             workers = sorted({int(w) for r in ok for w in r["rates"]})
             median = {w: float(np.median([r["rates"][str(w)] or 0 for r in ok])) for w in workers}
-            serials = [r["serial"] for r in ok if r.get("serial")]
+            serials = [r["serial"] for r in ok if (r.get("serial") or {}).get("serial_fraction") is not None]
+            unprofiled = [r["serial"]["error"] for r in ok if "error" in (r.get("serial") or {})]
             s = float(np.median([x["serial_fraction"] for x in serials])) if serials else None
             timed = [r["timed"] for r in ok if r.get("timed")]
             starts = {
@@ -598,6 +602,8 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                     + "; ".join(f"{label} {us:.1f}" for label, us in x["top_held"][:6]),
                 ]
                 entry.update(serial_fraction=s, amdahl=amdahl)
+            elif unprofiled:
+                lines += ["", f"profiled serial fraction not measured: {unprofiled[0]}"]
             if timed:
                 t = float(np.median([x["serial_fraction"] for x in timed]))
                 x = median_round(timed)
@@ -652,6 +658,12 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
+def _fraction(measure: dict | None) -> float | None:
+    """A round's serial fraction, rounded, or None where that measure did not run or failed."""
+    value = (measure or {}).get("serial_fraction")
+    return None if value is None else round(value, 3)
+
+
 def run_scaling(args) -> None:
     from ffload.system import available_cpus
 
@@ -674,8 +686,7 @@ def run_scaling(args) -> None:
                 r = spawn_scaling(args, case, paths[case], tree)
                 results.setdefault(case, {}).setdefault(name, []).append(r)
                 summary = r.get("error") or {w: round(v or 0) for w, v in r["rates"].items()}
-                sf = r.get("serial") and round(r["serial"]["serial_fraction"], 3)
-                gs = r.get("sampled") and round(r["sampled"]["serial_fraction"], 3)
+                sf, gs = (_fraction(r.get(k)) for k in ("serial", "sampled"))
                 print(f"{case} {name} round {round_ + 1}: {summary} serial {sf}, GIL-sampled {gs}", flush=True)
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "

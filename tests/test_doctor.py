@@ -256,13 +256,28 @@ def test_bad_datasets(tmp_path):
 def test_serial_fraction_of_a_loader(raw_beton):
     """The profile finds the worker and consumer threads, splits their time, and the fraction is a share."""
     from ffload import Loader
-    from ffload.bench.serial import serial_fraction
+    from ffload.bench.serial import PER_THREAD_PROFILES, serial_fraction
 
+    if not PER_THREAD_PROFILES:
+        pytest.skip("Python 3.12+: cProfile is one profiler per process (test_serial_fraction_refused_...)")
     r = serial_fraction(lambda w: Loader(raw_beton, batch_size=16, num_workers=w), 30)
     assert {"main", "worker"} <= set(r["per_batch_us"])
     assert r["per_batch_us"]["worker"]["nogil"] > 0  # the decoder's compiled kernels
     assert 0 <= r["serial_fraction"] <= r["serial_fraction_upper"] <= 1
     assert r["batches"] == 30 and r["calls_per_batch"] > 0 and r["top_held"]
+
+
+def test_serial_fraction_refused_where_cprofile_is_one_per_process(raw_beton, monkeypatch):
+    """From Python 3.12 the profiled measure would time every thread on one stack: it refuses, naming
+    the measures that work there, before building a loader."""
+    from ffload.bench import serial
+    from ffload.errors import UnavailableError
+
+    monkeypatch.setattr(serial, "PER_THREAD_PROFILES", False)
+    built = []
+    with pytest.raises(UnavailableError, match="kernel_timed_fraction or gil_sampled_fraction"):
+        serial.serial_fraction(built.append, 30)
+    assert not built
 
 
 def test_kernel_timed_fraction_of_a_loader(raw_beton):

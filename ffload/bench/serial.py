@@ -52,6 +52,16 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ffload.errors import UnavailableError
+
+PER_THREAD_PROFILES = sys.version_info < (3, 12)
+"""Whether ``cProfile`` can profile each thread on its own, as :class:`ThreadProfiles` needs. From
+Python 3.12 it is a ``sys.monitoring`` tool (PEP 669), one per process: a second profiler cannot
+start ("Another profiling tool is already active"), and the one that runs gets every thread's calls
+on one call stack, each timed by its own thread's clock, so its times mean nothing (on a 16-core
+node under 3.12 they came out as minus 0.2 s per batch). :func:`serial_fraction` needs it; the other
+two measures do not."""
+
 CLOCK = time.thread_time
 """The profilers' clock: the calling thread's CPU time, so that waiting for the GIL or a lock, and
 being preempted on a busy machine, count nothing; only work counts."""
@@ -238,8 +248,17 @@ def serial_fraction(make_loader: Callable[[int], object], batches: int, num_work
     dispatch), 'serial_fraction' (corrected held / (that + nogil)),
     'serial_fraction_upper' (uncorrected), 'worker_lock_wait_us', 'top_held': [[label, us], ...]}``,
     CPU microseconds per batch; thread kinds are ``main`` (the consumer), ``worker`` (all workers
-    together), ``readahead``, ``order`` and ``other`` (:func:`_thread_kind`)."""
+    together), ``readahead``, ``order`` and ``other`` (:func:`_thread_kind`).
 
+    Raises:
+        UnavailableError: Python 3.12 or later (:data:`PER_THREAD_PROFILES`); measure with
+            :func:`kernel_timed_fraction` or :func:`gil_sampled_fraction` there."""
+    if not PER_THREAD_PROFILES:
+        raise UnavailableError(
+            f"serial_fraction needs one cProfile per thread, which Python {sys.version_info[0]}.{sys.version_info[1]} "
+            "cannot run (from 3.12 cProfile is one sys.monitoring tool for the whole process); use "
+            "kernel_timed_fraction or gil_sampled_fraction"
+        )
     loader = make_loader(num_workers)
     try:
         _consume(loader, min(batches, 20))  # JIT, buffers, page faults
