@@ -379,7 +379,7 @@ def wait_stage(us: float):
 
 def build_scaling_data(folder: str, raw_samples: int, jpeg_samples: int) -> dict:
     """The two datasets of ``--scaling`` in ``folder`` (reused when present): ``{'raw': path, 'rrc': path}``."""
-    from ffload.formats import IntField, RGBImageField, write_dataset
+    from ffload.bench.datasets import write_random_raw
 
     os.makedirs(folder, exist_ok=True)
     paths = {
@@ -387,10 +387,7 @@ def build_scaling_data(folder: str, raw_samples: int, jpeg_samples: int) -> dict
         "rrc": os.path.join(folder, f"photos_{jpeg_samples}.beton"),
     }
     if not os.path.exists(paths["raw"]):
-        images = np.random.default_rng(0).integers(0, 256, (raw_samples, 32, 32, 3), dtype=np.uint8)
-        samples = ((images[i], i % 10) for i in range(raw_samples))
-        fields = {"image": RGBImageField(write_mode="raw"), "label": IntField()}
-        write_dataset(paths["raw"], fields, samples, raw_samples)  # atomic: complete or absent
+        write_random_raw(paths["raw"], raw_samples)  # atomic: complete or absent
     if not os.path.exists(paths["rrc"]):
         from ffload.bench.datasets import build_photo_jpegs
         from ffload.convert import convert_dataset

@@ -1,5 +1,6 @@
 """Benchmark datasets built from real photos that ship offline (scikit-image / scikit-learn, via
-:mod:`ffload.convert.demo_data`): an ImageNet-sized JPEG ImageFolder and CIFAR-sized raw crops.
+:mod:`ffload.convert.demo_data`): an ImageNet-sized JPEG ImageFolder and CIFAR-sized raw crops; and
+a ``.beton`` of random raw images (:func:`write_random_raw`) where only the loader's work matters.
 
 ImageNet-sized: ``build_photos_folder`` gives ~400 px / ~34 KB images (smooth upscaled crops),
 smaller than the ImageNet reference (~430 px, ~98 KB mean at q90), so each image is resized to a
@@ -69,3 +70,15 @@ def raw_crops(folder: str, n: int, side: int = 32, seed: int = 0):
         images[k] = cv2.resize(image[y : y + c, x : x + c], (side, side), interpolation=cv2.INTER_AREA)
         labels[k] = label
     return images, labels
+
+
+def write_random_raw(path: str, n: int, side: int = 32, seed: int = 0) -> None:
+    """A ``.beton`` at ``path`` of ``n`` raw ``(side, side, 3) uint8`` images of uniform random
+    pixels (``default_rng(seed)``), field ``image``, and labels ``i % 10``, field ``label``. The file
+    appears only when complete (:func:`ffload.formats.write_dataset`). Raises OSError when it
+    cannot be written."""
+    from ffload.formats import IntField, RGBImageField, write_dataset
+
+    images = np.random.default_rng(seed).integers(0, 256, (n, side, side, 3), dtype=np.uint8)
+    fields = {"image": RGBImageField(write_mode="raw"), "label": IntField()}
+    write_dataset(path, fields, ((images[i], i % 10) for i in range(n)), n)

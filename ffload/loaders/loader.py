@@ -142,11 +142,13 @@ class Loader:
             Python work of the loader and the pipelines (seeds, contexts, kernel calls, hand-offs
             between threads) once per job: where a batch decodes in well under a millisecond
             (small images, e.g. CIFAR), that work limits the loader. ``"auto"``: as many batches
-            as make 8 MiB of buffers (``JOB_BYTES``), at most 16, few enough that every worker
-            gets two jobs of an epoch (with ``num_workers="auto"``, counted at the start of each
-            epoch from the workers the tuner admits then; the slots hold the most a job may
-            take) and that ``buffer_limit`` holds a slot per worker and two more, and 1 where
-            several cannot be run together: a stage that
+            as make 8 MiB of buffers (``JOB_BYTES``), at most 16; both times ``num_workers / 4``
+            with more than 4 workers (the GIL all workers share is then held less per batch),
+            within a quarter of the available memory for a slot per worker and two more; few
+            enough that every worker gets a job of an epoch (with ``num_workers="auto"``,
+            counted at the start of each epoch from the workers the tuner admits then; the
+            slots hold the most a job may take) and that ``buffer_limit`` holds a slot per
+            worker and two more; and 1 where several cannot be run together: a stage that
             is not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g.
             ``PythonTransform``, a ``torch.nn.Module``, box stages), batches that end on a CUDA
             device, ``os_cache=False`` or a remote dataset (their caches hold one batch's
@@ -686,10 +688,10 @@ def _output_sizes(pipelines) -> dict[tuple[str, int], Any]:
 def _job_size_rule(auto: bool, most: int, batches: int, workers: int) -> int:
     """The batches per job of an epoch of ``batches`` batches run by ``workers``: ``most`` (the
     loader's ``batches_per_job``), or with ``auto`` at most that and few enough that each worker
-    gets two jobs of the epoch (the slots hold ``most`` batches; a job of fewer uses part)."""
+    gets a job of the epoch (the slots hold ``most`` batches; a job of fewer uses part)."""
     if not auto:
         return most
-    return max(1, min(most, batches // (2 * workers)))
+    return max(1, min(most, batches // workers))
 
 
 def _tuned_job_size(auto: bool, most: int, tuner: AutoTuner, batches: int) -> int:
@@ -779,11 +781,26 @@ JOB_BYTES = 8 * 2**20
 """``batches_per_job="auto"``: the batch buffers a job fills, at least, where batches are smaller."""
 MAX_BATCHES_PER_JOB = 16
 """``batches_per_job="auto"``: the most batches one job computes."""
+JOB_WORKERS = 4
+"""``batches_per_job="auto"``: the workers up to which ``JOB_BYTES`` and ``MAX_BATCHES_PER_JOB``
+hold; with more, both grow in proportion (:func:`_job_limits`). Every job costs about the same
+Python under the GIL, which all workers share, so the more workers run, the longer each job must
+be for that cost to stay a small part of the GIL's time."""
+
+
+def _job_limits(workers: int, budget: int) -> tuple[int, int]:
+    """``(bytes, batches)``: the most an auto job fills with ``workers`` workers, ``JOB_BYTES`` and
+    ``MAX_BATCHES_PER_JOB`` times ``workers / JOB_WORKERS`` where that is over 1; the bytes as far
+    as ``workers + 2`` slots of them fit in ``budget`` bytes, never under ``JOB_BYTES``."""
+    scale = max(1.0, workers / JOB_WORKERS)
+    return max(JOB_BYTES, min(int(JOB_BYTES * scale), budget // (workers + 2))), int(MAX_BATCHES_PER_JOB * scale)
 
 
 def _batches_per_job(value, pipelines, device, mapped: bool, workers: int, budget: int | None = None) -> int:
     """The most batches a job of a loader holds (see :class:`Loader`): ``value`` checked, or for
-    ``"auto"`` the batches whose buffers make ``JOB_BYTES``, at most ``MAX_BATCHES_PER_JOB`` and,
+    ``"auto"`` the batches whose buffers make ``JOB_BYTES``, at most ``MAX_BATCHES_PER_JOB``, both
+    scaled up with more than ``JOB_WORKERS`` workers (:func:`_job_limits`, within a quarter of the
+    available memory or ``budget``) and,
     with a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker (of
     ``workers``) and the consumer's two (``pipelines`` are built with one batch's rows); the
     epoch's length then caps an auto value (:meth:`Loader._job_size`). 1 where a job cannot hold
@@ -794,10 +811,11 @@ def _batches_per_job(value, pipelines, device, mapped: bool, workers: int, budge
     above 1 where a job cannot hold several batches (naming why)."""
     if _is_auto("batches_per_job", value):
         per_batch = max(1, _slot_bytes(pipelines))
-        fit = JOB_BYTES // per_batch
+        job_bytes, most = _job_limits(workers, available_memory() // 4 if budget is None else budget)
+        fit = job_bytes // per_batch
         if budget is not None:
             fit = min(fit, budget // (per_batch * (workers + 2)))
-        wanted = max(1, min(fit, MAX_BATCHES_PER_JOB))
+        wanted = max(1, min(fit, most))
     else:
         wanted = _check_int("batches_per_job", value, 1)
     if wanted == 1:
