@@ -154,13 +154,13 @@ def test_auto_takes_several_small_batches_per_job(dataset):
 
 def test_auto_jobs_grow_with_more_workers_than_four():
     """Up to 4 workers a job fills 8 MiB in 16 batches at most; with more, both grow in proportion
-    (16 workers: 32 MiB in 64 batches), as far as a slot per worker and two more fit in the
-    budget (a quarter of the available memory, or buffer_limit), never under 8 MiB. The epoch
-    then caps a job at one per worker."""
+    up to 16 workers (32 MiB in 64 batches, also beyond), as far as a slot per worker and two more
+    fit in the budget (a quarter of the available memory, or buffer_limit), never under 8 MiB. The
+    epoch then caps a job at one per worker."""
     mib, plenty = 2**20, 2**40
     assert _job_limits(1, plenty) == _job_limits(4, plenty) == (8 * mib, 16)
     assert _job_limits(8, plenty) == (16 * mib, 32)
-    assert _job_limits(16, plenty) == (32 * mib, 64)
+    assert _job_limits(16, plenty) == _job_limits(64, plenty) == (32 * mib, 64)  # measured up to 16
     assert _job_limits(16, 18 * 20 * mib) == (20 * mib, 64)  # 18 slots of 20 MiB fit
     assert _job_limits(16, 18 * mib) == (8 * mib, 64)
     assert _job_size_rule(True, 64, 195, 16) == 12 and _job_size_rule(True, 64, 195, 2) == 64

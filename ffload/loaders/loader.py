@@ -143,7 +143,8 @@ class Loader:
             between threads) once per job: where a batch decodes in well under a millisecond
             (small images, e.g. CIFAR), that work limits the loader. ``"auto"``: as many batches
             as make 8 MiB of buffers (``JOB_BYTES``), at most 16; both times ``num_workers / 4``
-            with more than 4 workers (the GIL all workers share is then held less per batch),
+            with 5 to 16 workers, 4 times beyond (the GIL all workers share is then held less
+            per batch),
             within a quarter of the available memory for a slot per worker and two more; few
             enough that every worker gets a job of an epoch (with ``num_workers="auto"``,
             counted at the start of each epoch from the workers the tuner admits then; the
@@ -781,18 +782,20 @@ JOB_BYTES = 8 * 2**20
 """``batches_per_job="auto"``: the batch buffers a job fills, at least, where batches are smaller."""
 MAX_BATCHES_PER_JOB = 16
 """``batches_per_job="auto"``: the most batches one job computes."""
-JOB_WORKERS = 4
-"""``batches_per_job="auto"``: the workers up to which ``JOB_BYTES`` and ``MAX_BATCHES_PER_JOB``
-hold; with more, both grow in proportion (:func:`_job_limits`). Every job costs about the same
-Python under the GIL, which all workers share, so the more workers run, the longer each job must
-be for that cost to stay a small part of the GIL's time."""
+JOB_WORKERS = (4, 16)
+"""``batches_per_job="auto"``: up to the first count of workers ``JOB_BYTES`` and
+``MAX_BATCHES_PER_JOB`` hold; from there to the second, both grow in proportion (:func:`_job_limits`;
+16 workers: 4 times). Every job costs about the same Python under the GIL, which all workers share,
+so the more workers run, the longer each job must be for that cost to stay a small part of the
+GIL's time. Beyond 16 (not measured) jobs stay at that size, the slots' memory growing with the
+workers alone."""
 
 
 def _job_limits(workers: int, budget: int) -> tuple[int, int]:
     """``(bytes, batches)``: the most an auto job fills with ``workers`` workers, ``JOB_BYTES`` and
-    ``MAX_BATCHES_PER_JOB`` times ``workers / JOB_WORKERS`` where that is over 1; the bytes as far
-    as ``workers + 2`` slots of them fit in ``budget`` bytes, never under ``JOB_BYTES``."""
-    scale = max(1.0, workers / JOB_WORKERS)
+    ``MAX_BATCHES_PER_JOB`` times ``min(workers, 16) / 4`` where that is over 1 (:data:`JOB_WORKERS`);
+    the bytes as far as ``workers + 2`` slots of them fit in ``budget`` bytes, never under ``JOB_BYTES``."""
+    scale = max(1.0, min(workers, JOB_WORKERS[1]) / JOB_WORKERS[0])
     return max(JOB_BYTES, min(int(JOB_BYTES * scale), budget // (workers + 2))), int(MAX_BATCHES_PER_JOB * scale)
 
 
