@@ -1,12 +1,16 @@
 """The compiled JPEG path against ffcv 1.0.2, side by side on the same ffcv-written .beton files.
 
     flock /tmp/ffload-bench.lock python scripts/bench_jpeg.py --workers 1,2 --out runs/bench_jpeg
+    # a machine without ffcv or a package index (a GPU node): ffload and the decode ceilings alone
+    python scripts/bench_jpeg.py --workers 1,4,8,16 --photos .bench_gpu/photos --groups rrc,center
 
 Datasets (written by ffcv's ``DatasetWriter``, ``RGBImageField(write_mode='jpg', jpeg_quality=90)``,
-built in ``--data`` and reused while their parameters match):
+built in ``--data`` and reused while their parameters match; where ffcv is not installed, the same
+images written by ffload's writer, JPEG q90 without restart markers, and the ffcv rows left out):
 
 * ``cifar_jpg.beton``: ``--cifar-samples`` 32x32 JPEGs, random square crops (30-100 % of the
-  shorter side, INTER_AREA) of the scikit-image / scikit-learn photos.
+  shorter side, INTER_AREA) of the scikit-image / scikit-learn photos (or of the images in
+  ``--photos``, e.g. the PNGs ``scripts/bench_gpu_assets.sh`` writes).
 * ``photos.beton``: ``--photo-samples`` ImageNet-sized JPEGs: random crops (50-100 % of each side)
   of the same photos, resized to a longer side drawn from [360, 500] px (mean ~430).
 * ``photos_rst.beton``: the same images written by ffload's writer with a restart marker per MCU
@@ -62,24 +66,34 @@ from ffload.bench import (  # noqa: E402
     write_results,
 )
 from ffload.bench.peers.ceiling import DECODERS, available_decoders, default_decoder  # noqa: E402
+from ffload.bench.plan import ffcv_available  # noqa: E402
 
 CIFAR_BATCH, PHOTO_BATCH, CROP, QUALITY = 512, 128, 224, 90
 NO_MARKERS = " [photos.beton, no markers]"
 """Suffix of the rows that read the files without restart markers within a restart-marker group."""
 
 
-def photos() -> list:
-    """The RGB photos of scikit-image and scikit-learn (300..640 px)."""
-    from skimage import data
-    from sklearn.datasets import load_sample_images
+def photos(folder: str | None = None) -> list:
+    """The RGB photos of scikit-image and scikit-learn (300..640 px), or the images in ``folder``
+    (sorted by name). Raises OSError naming a file OpenCV cannot read."""
+    if folder is None:
+        from skimage import data
+        from sklearn.datasets import load_sample_images
 
-    return [data.astronaut(), data.chelsea(), data.coffee(), data.rocket(), *load_sample_images().images]
+        return [data.astronaut(), data.chelsea(), data.coffee(), data.rocket(), *load_sample_images().images]
+    out = []
+    for name in sorted(os.listdir(folder)):
+        bgr = cv2.imread(os.path.join(folder, name), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise OSError(f"{os.path.join(folder, name)}: OpenCV cannot read it as an image")
+        out.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+    return out
 
 
-def make_images(n: int, kind: str, seed: int = 0):
+def make_images(n: int, kind: str, folder: str | None = None, seed: int = 0):
     """``n`` images from :func:`photos` (``kind`` 'cifar': 32x32 crops; 'photos': ~430 px crops)."""
     rng = np.random.default_rng(seed)
-    src = photos()
+    src = photos(folder)
     for k in range(n):
         p = src[k % len(src)]
         h, w = p.shape[:2]
@@ -109,31 +123,37 @@ class _Images:
         return self.items[i]
 
 
-def write_beton(path: str, n: int, kind: str) -> None:
-    """Write ``n`` images of ``kind`` with ffcv's own writer (JPEG q90, label IntField)."""
+def write_beton(path: str, n: int, kind: str, folder: str | None) -> None:
+    """Write ``n`` images of ``kind`` with ffcv's own writer (JPEG q90, label IntField), or where
+    ffcv is not installed with ffload's, without restart markers."""
+    if not ffcv_available():
+        write_ffload_beton(path, n, kind, folder, restart_interval=0)
+        return
     from ffcv.fields import IntField, RGBImageField
     from ffcv.writer import DatasetWriter
 
     writer = DatasetWriter(
         path, {"image": RGBImageField(write_mode="jpg", jpeg_quality=QUALITY), "label": IntField()}, num_workers=2
     )
-    writer.from_indexed_dataset(_Images(make_images(n, kind)), chunksize=256)
+    writer.from_indexed_dataset(_Images(make_images(n, kind, folder)), chunksize=256)
 
 
-def write_restart_beton(path: str, n: int) -> None:
-    """Write ``n`` ImageNet-sized images with ffload's writer: JPEG q90 with a restart marker per
-    MCU, label IntField."""
+def write_ffload_beton(path: str, n: int, kind: str, folder: str | None, restart_interval: int) -> None:
+    """Write ``n`` images of ``kind`` with ffload's writer: JPEG q90 with a restart marker every
+    ``restart_interval`` MCUs (0: none), label IntField."""
     from ffload.formats import IntField, RGBImageField, write_dataset
 
     fields = {
-        "image": RGBImageField(write_mode="jpg", jpeg_quality=QUALITY, jpeg_restart_interval=1),
+        "image": RGBImageField(write_mode="jpg", jpeg_quality=QUALITY, jpeg_restart_interval=restart_interval),
         "label": IntField(),
     }
-    write_dataset(path, fields, list(make_images(n, "photos")), n)
+    write_dataset(path, fields, list(make_images(n, kind, folder)), n)
 
 
-def prepare(data: str, n_cifar: int, n_photos: int) -> dict:
-    params = {"cifar": n_cifar, "photos": n_photos, "quality": QUALITY, "version": 2}
+def prepare(data: str, n_cifar: int, n_photos: int, folder: str | None) -> dict:
+    writer = "ffcv" if ffcv_available() else "ffload"
+    params = {"cifar": n_cifar, "photos": n_photos, "quality": QUALITY, "version": 3, "writer": writer}
+    params["source"] = os.path.abspath(folder) if folder else "scikit"
     marker = os.path.join(data, "bench_jpeg.json")
     paths = {
         "cifar": os.path.join(data, "cifar_jpg.beton"),
@@ -143,9 +163,9 @@ def prepare(data: str, n_cifar: int, n_photos: int) -> dict:
     if os.path.isfile(marker) and json.load(open(marker)) == params:
         return paths
     os.makedirs(data, exist_ok=True)
-    write_beton(paths["cifar"], n_cifar, "cifar")
-    write_beton(paths["photos"], n_photos, "photos")
-    write_restart_beton(paths["photos_rst"], n_photos)
+    write_beton(paths["cifar"], n_cifar, "cifar", folder)
+    write_beton(paths["photos"], n_photos, "photos", folder)
+    write_ffload_beton(paths["photos_rst"], n_photos, "photos", folder, restart_interval=1)
     with open(marker, "w") as f:
         json.dump(params, f)
     return paths
@@ -341,6 +361,7 @@ def main() -> None:
     ap.add_argument("--cifar-samples", type=int, default=50000)
     ap.add_argument("--photo-samples", type=int, default=1536)
     ap.add_argument("--data", default="/tmp/bench_jpeg_data", help="dataset folder (kept, reused)")
+    ap.add_argument("--photos", default=None, help="a folder of images to cut the datasets from (default: scikit's)")
     ap.add_argument("--out", default="runs/bench_jpeg", help="results.md and results.json go here")
     ap.add_argument(
         "--groups", default="cifar,rrc,center,rrc_rst,center_rst", help="subset of cifar,rrc,center,rrc_rst,center_rst"
@@ -355,10 +376,12 @@ def main() -> None:
     workers = [int(w) for w in args.workers.split(",")]
     from ffload.codecs import jpeg
 
-    paths = prepare(args.data, args.cifar_samples, args.photo_samples)
+    paths = prepare(args.data, args.cifar_samples, args.photo_samples, args.photos)
+    peer = ffcv_available()
     md = [
         f"# bench_jpeg: ffload (JPEG backend: {jpeg.backend()}) vs ffcv 1.0.2",
         "",
+        *([] if peer else ["ffcv is not installed: files written by ffload (no restart markers), no ffcv rows.", ""]),
         f"{len(os.sched_getaffinity(0))} CPUs; workers {workers}; {args.repeats} interleaved rounds, "
         f"{args.epochs} epochs per run; command: `{' '.join(sys.argv)}`",
         "",
@@ -403,6 +426,7 @@ def main() -> None:
     report = {}
     for key in args.groups.split(","):
         title, path, pipeline, batch, kinds = plan[key]
+        kinds = [k for k in kinds if peer or k != "ffcv"]
         variants = [
             (k, d, False)
             for k in kinds  # every decoder's ceiling; the others name the default
