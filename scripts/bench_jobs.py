@@ -1,5 +1,5 @@
 """Batches per job against worker count: raw 32x32 images/s of each ``batches_per_job`` at each
-``num_workers``, same run, rounds interleaved, as ratios to ``"auto"``.
+``num_workers``, same run, rounds interleaved, as ratios to the first ``--jobs`` value (``"auto"``).
 
     python scripts/bench_jobs.py                                   # 1, 2 workers (2-core VM), ~1 min
     python scripts/bench_jobs.py --workers 4,8,16 --jobs auto,10,20,40 --seconds 2   # a 16-core node
@@ -13,7 +13,8 @@ Dataset: ``--samples`` raw 32x32 images of random pixels (:func:`ffload.bench.da
 built in ``--data`` and reused). Pipeline: ``SimpleRGBImageDecoder`` + ``RandomHorizontalFlip`` +
 ``ToTensor`` + ``ToTorchImage``, labels ``IntDecoder``; batch 256, random order, page cache warm.
 Epochs (``--epochs``): ``cifar`` (50,000 samples, CIFAR-10's train set: 196 batches, where the
-epoch caps the automatic size) and ``long`` (40 batches per worker of the largest count).
+epoch caps the automatic size) and ``long`` (40 batches per worker of the largest count, 400 at
+least). Progress goes to stderr; ``--out`` gets ``results.md`` and ``results.json`` (per-round rates).
 Every config runs in this process, one ``Loader`` at a time, ``--seconds`` after its first batch;
 the configs run in order, then reversed, for ``--rounds``; the table shows medians.
 """
@@ -66,7 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", default="1,2", help="num_workers values (at most the usable CPUs)")
     ap.add_argument("--jobs", default="auto,5,10,20,40", help="batches_per_job values")
-    ap.add_argument("--epochs", default="cifar,long", help="cifar (50,000 samples) and/or long")
+    ap.add_argument("--epochs", default="cifar,long", help="cifar (50,000 samples) and/or long, comma-separated")
     ap.add_argument("--samples", type=int, default=20000, help="images in the dataset")
     ap.add_argument("--seconds", type=float, default=1.0, help="timed seconds per config and round")
     ap.add_argument("--rounds", type=int, default=2)
@@ -78,15 +79,20 @@ def main() -> None:
     from ffload.bench.datasets import write_random_raw
     from ffload.system import available_cpus
 
-    workers = [w for w in (int(w) for w in args.workers.split(",")) if w <= available_cpus()] or [1]
+    asked = [int(w) for w in args.workers.split(",")]
+    workers = [w for w in asked if w <= available_cpus()] or [1]
+    if workers != asked:
+        print(f"workers {asked} cut to {workers}: {available_cpus()} usable CPUs", file=sys.stderr)
     jobs = [j if j == "auto" else int(j) for j in args.jobs.split(",")]
+    names = args.epochs.split(",")
+    if not set(names) <= {"cifar", "long"}:
+        ap.error(f"--epochs: cifar and/or long, got {args.epochs}")
     os.makedirs(args.data, exist_ok=True)
     path = os.path.join(args.data, f"raw32_{args.samples}.beton")
     if not os.path.exists(path):
         write_random_raw(path, args.samples)
-    long_samples = 40 * max(workers) * BATCH_SIZE
-    epochs = {"cifar": 50000, "long": long_samples}
-    epochs = {name: epochs[name] for name in args.epochs.split(",")}
+    lengths = {"cifar": 50000, "long": max(40 * max(workers), 400) * BATCH_SIZE}
+    epochs = {name: lengths[name] for name in names}
     configs = [(e, w, j) for e in epochs for w in workers for j in jobs]
     rate(path, 1, "auto", np.arange(args.samples), 0.1)  # compile before any timing
     rates: dict = {c: [] for c in configs}
@@ -97,7 +103,7 @@ def main() -> None:
             epoch, w, j = c
             value, sizes[c] = rate(path, w, j, np.resize(np.arange(args.samples), epochs[epoch]), args.seconds)
             rates[c].append(value)
-            print(f"round {r + 1} {epoch} {w} workers, batches_per_job {j}: {value:,.0f} img/s", flush=True)
+            print(f"round {r + 1} {epoch} {w} workers, batches_per_job {j}: {value:,.0f} img/s", file=sys.stderr)
     conditions = measurement_conditions()
     lines = [
         "# bench_jobs: batches_per_job against num_workers, raw 32x32, batch 256",
@@ -107,7 +113,7 @@ def main() -> None:
         f"{args.rounds} round(s) of {args.seconds:g} s per config, medians; {time.perf_counter() - t0:.0f} s",
         "",
     ]
-    data = {"conditions": conditions, "args": vars(args), "cells": []}
+    data = {"environment": conditions, "args": vars(args), "cells": []}
     for epoch, samples in epochs.items():
         lines += [
             f"## {epoch} epochs ({samples} samples, {-(-samples // BATCH_SIZE)} batches)",
@@ -125,10 +131,17 @@ def main() -> None:
             lines.append(f"| {w} | " + " | ".join(cells + ratios) + " |")
             chosen = {str(j): sizes[(epoch, w, j)] for j in jobs}
             data["cells"].append(
-                {"epoch": epoch, "workers": w, "img_s": {str(j): v for j, v in med.items()}, "batches_per_job": chosen}
+                {
+                    "epoch": epoch,
+                    "workers": w,
+                    "img_s": {str(j): v for j, v in med.items()},
+                    "rounds": {str(j): rates[(epoch, w, j)] for j in jobs},
+                    "batches_per_job": chosen,
+                }
             )
         lines.append("")
-    lines.append("(n) after auto's rate: the batches per job it ran; ratios are against the first --jobs value.")
+    if "auto" in jobs:
+        lines.append("(n) after auto's rate: the batches per job it ran.")
     text = "\n".join(lines)
     print(text)
     write_results(args.out, text, data)

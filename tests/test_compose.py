@@ -120,17 +120,10 @@ def test_compiled_transforms_output_size_changes_between_epochs_of_one_loader(ra
     decoder's): the next epoch's jobs computed before the change are dropped, the epoch has the new size."""
     _, path = raw
     stages = CompiledTransforms([ResizeCenterCropRGBImageDecoder(72, 64), ToTensor()], [], [])
-    # 9 one-sample batches (the 3 photos thrice), a job each, on 4 slots: the next epoch's jobs
-    # start during this one
+    # 9 one-sample batches (the 3 photos thrice) on 4 slots: the next epoch's jobs start during this one
     indices = np.tile(np.arange(3), 3)
     with Loader(
-        path,
-        batch_size=1,
-        pipelines={"image": stages},
-        num_workers=2,
-        batches_ahead=1,
-        indices=indices,
-        batches_per_job=1,
+        path, batch_size=1, pipelines={"image": stages}, num_workers=2, batches_ahead=1, indices=indices
     ) as loader:
         for _ in loader:
             next_order_ready(loader)

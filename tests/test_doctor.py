@@ -267,7 +267,7 @@ def test_serial_fraction_of_a_loader(raw_beton):
     assert r["batches"] == 30 and r["calls_per_batch"] > 0 and r["top_held"]
 
 
-def test_serial_fraction_refused_where_cprofile_is_one_per_process(raw_beton, monkeypatch):
+def test_serial_fraction_refused_where_cprofile_is_one_per_process(monkeypatch):
     """From Python 3.12 the profiled measure would time every thread on one stack: it refuses, naming
     the measures that work there, before building a loader."""
     from ffload.bench import serial

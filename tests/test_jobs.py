@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import ffload
+import ffload.loaders.loader as loader_module
 from ffload.errors import ConfigurationError
 from ffload.formats import open_dataset
 from ffload.loaders import (
@@ -21,7 +22,7 @@ from ffload.loaders import (
     ToTorchImage,
 )
 from ffload.loaders.autotune import AutoTuner
-from ffload.loaders.loader import _job_limits, _job_size_rule, _slot_bytes
+from ffload.loaders.loader import _batches_per_job, _job_limits, _job_size_rule, _slot_bytes
 from ffload.system import available_cpus
 from tests.test_loader import N, check_batches_stay_valid, digit_images, write_digits
 
@@ -128,20 +129,20 @@ def test_resume_inside_a_job_is_bit_identical(dataset):
 
 
 def test_auto_takes_several_small_batches_per_job(dataset):
-    """ "auto" fills a job with small batches where every stage is rowwise, keeping a job per
+    """ "auto" fills a job with small batches where every stage is rowwise, keeping two jobs per
     worker in an epoch at least; a stage that is not rowwise, os_cache=False or large batches
     keep one batch per job."""
     kw = dict(batch_size=2, num_workers=2, order="random")
     with ffload.Loader(dataset, pipelines=augmenting(), **kw) as loader:
-        assert 1 < loader.batches_per_job <= len(loader) // loader._tuner.max_workers
+        assert 1 < loader.batches_per_job <= len(loader) // (2 * loader._tuner.max_workers)
     python = augmenting()
     python["image"].insert(1, PythonTransform(lambda x: x, None))
     with ffload.Loader(dataset, pipelines=python, **kw) as loader:
         assert loader.batches_per_job == 1
     with ffload.Loader(dataset, pipelines=augmenting(), os_cache=False, **kw) as loader:
         assert loader.batches_per_job == 1 or open_dataset(dataset).format == "lmdb"  # LMDB is always mapped
-    with ffload.Loader(dataset, pipelines=augmenting(), batch_size=64, num_workers=2) as loader:
-        assert loader.batches_per_job == 1 or available_cpus() < 2  # an epoch of 2 batches, 2 workers
+    with ffload.Loader(dataset, pipelines=augmenting(), batch_size=64, num_workers=1) as loader:
+        assert loader.batches_per_job == 1  # an epoch of 2 batches
     with ffload.Loader(dataset, pipelines=augmenting(), batches_per_job=1, **kw) as one:
         per_batch = _slot_bytes(one._pipelines)
     workers = one._tuner.max_workers
@@ -152,64 +153,70 @@ def test_auto_takes_several_small_batches_per_job(dataset):
             assert loader.batches_per_job == slots // (workers + 2)
 
 
-def test_auto_jobs_grow_with_more_workers_than_four():
+def test_auto_jobs_grow_with_more_workers_than_four(dataset):
     """Up to 4 workers a job fills 8 MiB in 16 batches at most; with more, both grow in proportion
-    up to 16 workers (32 MiB in 64 batches, also beyond), as far as a slot per worker and two more
-    fit in the budget (a quarter of the available memory, or buffer_limit), never under 8 MiB. The
-    epoch then caps a job at one per worker."""
+    up to 16 workers (32 MiB in 64 batches, also beyond), a grown job within the budget (a quarter
+    of the available memory, or buffer_limit) over twice a slot per worker and two more, never
+    under 8 MiB. The epoch then caps a job at two per worker."""
     mib, plenty = 2**20, 2**40
     assert _job_limits(1, plenty) == _job_limits(4, plenty) == (8 * mib, 16)
     assert _job_limits(8, plenty) == (16 * mib, 32)
     assert _job_limits(16, plenty) == _job_limits(64, plenty) == (32 * mib, 64)  # measured up to 16
-    assert _job_limits(16, 18 * 20 * mib) == (20 * mib, 64)  # 18 slots of 20 MiB fit
-    assert _job_limits(16, 18 * mib) == (8 * mib, 64)
-    assert _job_size_rule(True, 64, 195, 16) == 12 and _job_size_rule(True, 64, 195, 2) == 64
+    assert _job_limits(16, 36 * 20 * mib) == (20 * mib, 64)  # 36 slots of 20 MiB fit
+    assert _job_limits(16, 36 * mib) == (8 * mib, 64)
+    assert _job_size_rule(True, 64, 196, 16) == 6 and _job_size_rule(True, 64, 196, 2) == 49
     assert _job_size_rule(True, 10, 5, 16) == 1 and _job_size_rule(False, 10, 5, 16) == 10
+    with ffload.Loader(dataset, pipelines=augmenting(), batch_size=8, batches_per_job=1) as loader:
+        pipelines, per_batch = loader._pipelines, _slot_bytes(loader._pipelines)
+    for workers, limit in ((4, 8 * mib), (8, 16 * mib), (16, 32 * mib)):  # what a Loader with that many gets
+        expected = min(limit // per_batch, 4 * max(4, workers))
+        assert _batches_per_job("auto", pipelines, None, True, workers, plenty) == expected > 1
 
 
 def test_auto_workers_size_each_epochs_jobs(dataset):
     """With ``num_workers="auto"`` the slots hold the most batches a job may take with one worker,
-    and each epoch's jobs give every worker the tuner admits then a job of it: a tuner that
+    and each epoch's jobs give every worker the tuner admits then two jobs of it: a tuner that
     parked workers gets larger jobs next epoch. The batches are those of one batch per job."""
     if available_cpus() < 2:
         pytest.skip("one CPU: the tuner admits one worker whatever is asked")
-    kw = dict(batch_size=4, order="random", seed=4)
+    kw = dict(batch_size=2, order="random", seed=4)
     expected = run(dataset, epochs=3, num_workers=2, batches_per_job=1, **kw)
     got = []
     with ffload.Loader(dataset, pipelines=augmenting(), num_workers="auto", **kw) as loader:
         ceiling = loader.batches_per_job
-        assert 1 < ceiling <= len(loader)
+        assert 1 < ceiling <= len(loader) // 2
         sizes = []
         for workers in (4, 2, 1):
             loader._tuner.workers = min(workers, loader._tuner.max_workers)
             it = iter(loader)
             sizes.append(loader.stats()["batches_per_job"])
-            assert sizes[-1] == max(1, min(ceiling, len(loader) // loader._tuner.workers))
+            assert sizes[-1] == max(1, min(ceiling, len(loader) // (2 * loader._tuner.workers)))
             got += [tuple(t.clone() for t in batch) for batch in it]
-        assert sizes[0] < sizes[-1] == ceiling  # 26 batches: 6 (or 13 with 2 CPUs) and 16
+        assert sizes[0] < sizes[-1] == ceiling  # 51 batches: 6 (or 12 with 2 CPUs) and 16
     assert_same(expected, got)
 
 
-def test_a_restored_depth_is_counted_in_the_jobs_it_will_run(dataset):
+def test_a_restored_depth_is_counted_in_the_jobs_it_will_run(dataset, monkeypatch):
     """A saved auto depth (in batches) comes back in jobs of the size the restored workers get
-    (13 batches for 2 workers here, against 16 for the slots): 40 batches ahead become 4 jobs,
-    52 batches, not 3 jobs of 16 that then hold 13 each (39). A fixed depth likewise."""
+    (12 batches for 2 workers here, against 16 for the slots): 40 batches ahead become 4 jobs,
+    48 batches, not 3 jobs of 16 that then hold 12 each (36). A fixed depth likewise."""
     if available_cpus() < 2:
         pytest.skip("one CPU: one worker whatever is saved")
-    kw = dict(batch_size=4, num_workers="auto", batches_ahead="auto", pipelines=augmenting())
+    monkeypatch.setattr(loader_module, "available_cpus", lambda: 4)  # auto jobs as large on any machine
+    kw = dict(batch_size=2, num_workers="auto", batches_ahead="auto", pipelines=augmenting())
     with ffload.Loader(dataset, **kw) as loader:
         state = loader.state_dict()
         state["autotune"] = {"num_workers": 2, "batches_ahead": 40}
         loader.load_state_dict(state)
-        assert loader.batches_per_job == 16 and loader._job_size(len(loader), 2) == 13
+        assert loader.batches_per_job == 16 and loader._job_size(len(loader), 2) == 12
         it = iter(loader)
-        assert loader.stats()["batches_per_job"] == 13 and loader.stats()["batches_ahead"] == 52
+        assert loader.stats()["batches_per_job"] == 12 and loader.stats()["batches_ahead"] == 48
         it.close()
     # a fixed depth is kept in jobs of any size an epoch may get (slots for the smallest)
     with ffload.Loader(dataset, **dict(kw, batches_ahead=40)) as loader:
         loader._tuner.workers = 2
         it = iter(loader)
-        assert loader.stats()["batches_per_job"] == 13 and loader.stats()["batches_ahead"] >= 40
+        assert loader.stats()["batches_per_job"] == 12 and loader.stats()["batches_ahead"] >= 40
         it.close()
 
 

@@ -143,10 +143,10 @@ class Loader:
             between threads) once per job: where a batch decodes in well under a millisecond
             (small images, e.g. CIFAR), that work limits the loader. ``"auto"``: as many batches
             as make 8 MiB of buffers (``JOB_BYTES``), at most 16; both times ``num_workers / 4``
-            with 5 to 16 workers, 4 times beyond (the GIL all workers share is then held less
-            per batch),
-            within a quarter of the available memory for a slot per worker and two more; few
-            enough that every worker gets a job of an epoch (with ``num_workers="auto"``,
+            with 5 to 16 workers (with ``num_workers="auto"``: the usable CPUs), 4 times beyond
+            (the GIL all workers share is then held less per batch), a grown job's bytes at most
+            ``buffer_limit`` (or a quarter of the available memory) over ``2 * (workers + 2)``;
+            few enough that every worker gets two jobs of an epoch (with ``num_workers="auto"``,
             counted at the start of each epoch from the workers the tuner admits then; the
             slots hold the most a job may take) and that ``buffer_limit`` holds a slot per
             worker and two more; and 1 where several cannot be run together: a stage that
@@ -689,10 +689,12 @@ def _output_sizes(pipelines) -> dict[tuple[str, int], Any]:
 def _job_size_rule(auto: bool, most: int, batches: int, workers: int) -> int:
     """The batches per job of an epoch of ``batches`` batches run by ``workers``: ``most`` (the
     loader's ``batches_per_job``), or with ``auto`` at most that and few enough that each worker
-    gets a job of the epoch (the slots hold ``most`` batches; a job of fewer uses part)."""
+    gets two jobs of the epoch (the slots hold ``most`` batches; a job of fewer uses part). Two,
+    not one: an epoch of more jobs than slots (at least ``workers + 2``) runs the next epoch's
+    first jobs during its last ones (:class:`~.iterator.NextEpochJobs`)."""
     if not auto:
         return most
-    return max(1, min(most, batches // workers))
+    return max(1, min(most, batches // (2 * workers)))
 
 
 def _tuned_job_size(auto: bool, most: int, tuner: AutoTuner, batches: int) -> int:
@@ -781,29 +783,32 @@ def _auto_depth(per_slot: int, buffer_limit: int | None, cpus: int) -> int:
 JOB_BYTES = 8 * 2**20
 """``batches_per_job="auto"``: the batch buffers a job fills, at least, where batches are smaller."""
 MAX_BATCHES_PER_JOB = 16
-"""``batches_per_job="auto"``: the most batches one job computes."""
+"""``batches_per_job="auto"``: the most batches one job computes with up to 4 workers (more with
+more workers: :data:`JOB_WORKERS`)."""
 JOB_WORKERS = (4, 16)
 """``batches_per_job="auto"``: up to the first count of workers ``JOB_BYTES`` and
 ``MAX_BATCHES_PER_JOB`` hold; from there to the second, both grow in proportion (:func:`_job_limits`;
 16 workers: 4 times). Every job costs about the same Python under the GIL, which all workers share,
 so the more workers run, the longer each job must be for that cost to stay a small part of the
-GIL's time. Beyond 16 (not measured) jobs stay at that size, the slots' memory growing with the
-workers alone."""
+GIL's time. Beyond 16 workers (not measured) the limits stay at 16's."""
 
 
 def _job_limits(workers: int, budget: int) -> tuple[int, int]:
     """``(bytes, batches)``: the most an auto job fills with ``workers`` workers, ``JOB_BYTES`` and
-    ``MAX_BATCHES_PER_JOB`` times ``min(workers, 16) / 4`` where that is over 1 (:data:`JOB_WORKERS`);
-    the bytes as far as ``workers + 2`` slots of them fit in ``budget`` bytes, never under ``JOB_BYTES``."""
+    ``MAX_BATCHES_PER_JOB`` times ``min(workers, 16) / 4`` where that is over 1 (:data:`JOB_WORKERS`).
+    The grown bytes stay within what lets ``2 * (workers + 2)`` slots fit in ``budget`` bytes (room
+    for a slot per worker, the consumer's two, and as many again for an auto prefetch depth); they
+    are never under ``JOB_BYTES``."""
     scale = max(1.0, min(workers, JOB_WORKERS[1]) / JOB_WORKERS[0])
-    return max(JOB_BYTES, min(int(JOB_BYTES * scale), budget // (workers + 2))), int(MAX_BATCHES_PER_JOB * scale)
+    grown = min(int(JOB_BYTES * scale), budget // (2 * (workers + 2)))
+    return max(JOB_BYTES, grown), int(MAX_BATCHES_PER_JOB * scale)
 
 
 def _batches_per_job(value, pipelines, device, mapped: bool, workers: int, budget: int | None = None) -> int:
     """The most batches a job of a loader holds (see :class:`Loader`): ``value`` checked, or for
     ``"auto"`` the batches whose buffers make ``JOB_BYTES``, at most ``MAX_BATCHES_PER_JOB``, both
-    scaled up with more than ``JOB_WORKERS`` workers (:func:`_job_limits`, within a quarter of the
-    available memory or ``budget``) and,
+    scaled up with more than ``JOB_WORKERS[0]`` workers (:func:`_job_limits`; the growth within a
+    quarter of the available memory, or ``budget``) and,
     with a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker (of
     ``workers``) and the consumer's two (``pipelines`` are built with one batch's rows); the
     epoch's length then caps an auto value (:meth:`Loader._job_size`). 1 where a job cannot hold
