@@ -31,8 +31,10 @@ capped so that the later ones still run):
 ``recipe``   the ResNet-9 CIFAR recipe (``ffload.recipes.run.run_recipe``, 3 epochs, CIFAR-shaped
              images cut from the photos): epoch time and data-wait fraction.
 ``scale``    the CPU loader at 1, 2, 4, 8, 12, 16 (up to the usable CPUs) workers: raw 32x32
-             (random order + flip, batch 256) and JPEG ``RandomResizedCrop(224)`` + flip; each
-             against linear scaling of its 1-worker rate.
+             (random order + flip, batch 256, epochs of 40 batches per worker of the largest
+             count, samples repeated) with ``batches_per_job`` "auto" and each of
+             ``--scale-jobs`` (the job size is what limits raw at many workers), and JPEG
+             ``RandomResizedCrop(224)`` + flip; each against linear scaling of its 1-worker rate.
 
 The ratios the issue's goals name are in ``results.json["goals"]``.
 """
@@ -720,7 +722,10 @@ def recipe(run: Run, args) -> dict:
 
 
 def scaling(run: Run, args) -> dict:
+    import numpy as np
+
     from ffload import Loader
+    from ffload.formats import open_dataset
     from ffload.loaders import (
         IntDecoder,
         RandomHorizontalFlip,
@@ -732,28 +737,39 @@ def scaling(run: Run, args) -> dict:
     counts = [w for w in (1, 2, 4, 8, 12, 16, 24, 32) if w <= cores]
     if args.quick:
         counts = counts[:2]
-    cases = {
-        "raw32_flip": (run.data["raw"], lambda: [SimpleRGBImageDecoder(), RandomHorizontalFlip()], args.scale_seconds),
-        "jpeg_rrc224_flip": (
-            run.data["jpeg"],
-            lambda: [RandomResizedCropRGBImageDecoder(224), RandomHorizontalFlip()],
-            args.scale_seconds * 1.5,
-        ),
-    }
+
+    def raw_ops():
+        return [SimpleRGBImageDecoder(), RandomHorizontalFlip()]
+
+    samples = open_dataset(run.data["raw"]).num_samples
+    raw_epoch = np.resize(np.arange(samples), max(samples, 40 * counts[-1] * 256))
+    cases = {"raw32_flip": (run.data["raw"], raw_ops, args.scale_seconds, raw_epoch, "auto")}
+    for jobs in (int(j) for j in args.scale_jobs.split(",") if j):
+        cases[f"raw32_flip_jobs{jobs}"] = (run.data["raw"], raw_ops, args.scale_seconds, raw_epoch, jobs)
+    cases["jpeg_rrc224_flip"] = (
+        run.data["jpeg"],
+        lambda: [RandomResizedCropRGBImageDecoder(224), RandomHorizontalFlip()],
+        args.scale_seconds * 1.5,
+        None,
+        "auto",
+    )
     out = {}
-    for name, (path, ops, seconds) in cases.items():
-        rows = {}
+    for name, (path, ops, seconds, indices, per_job) in cases.items():
+        rows, sizes = {}, {}
         for workers in counts:
             if run.left() < 20:
                 rows[str(workers)] = "skipped: out of time"
                 continue
             pipes = {"image": ops(), "label": [IntDecoder()]}
-            with Loader(path, batch_size=256, num_workers=workers, order="random", seed=0, pipelines=pipes) as ld:
+            kw = dict(order="random", seed=0, pipelines=pipes, indices=indices, batches_per_job=per_job)
+            with Loader(path, batch_size=256, num_workers=workers, **kw) as ld:
                 rows[str(workers)] = round(loader_rate(ld, seconds), 1)
+                sizes[str(workers)] = ld.stats()["batches_per_job"]
             run.log(f"scale {name} {workers} workers: {rows[str(workers)]:,.0f} img/s")
         one = rows.get("1")
         out[name] = {
             "img_s": rows,
+            "batches_per_job": sizes,
             "vs_linear": {w: round(r / (int(w) * one), 3) for w, r in rows.items() if isinstance(r, float) and one},
         }
     return out
@@ -776,6 +792,7 @@ def main(argv=None) -> int:
     ap.add_argument("--train-steps", type=int, default=30)
     ap.add_argument("--recipe-epochs", type=int, default=3)
     ap.add_argument("--scale-seconds", type=float, default=2.0)
+    ap.add_argument("--scale-jobs", default="10,40", help="fixed batches_per_job values for raw in 'scale'")
     ap.add_argument(
         "--loader-cases",
         default="cpu:all,torchvision:4,nvimgcodec:4,hybrid:all",
