@@ -550,6 +550,20 @@ def median_round(measures: list[dict]) -> dict:
     return sorted(measures, key=lambda m: m["serial_fraction"])[len(measures) // 2]
 
 
+def measured_rounds(runs: list[dict], key: str) -> tuple[list[dict], list[str]]:
+    """One serial measure (``key``: ``serial``, ``timed`` or ``sampled``) across a tree's rounds:
+    the rounds' results that give a fraction, and the errors of those where it failed."""
+    measures = [r.get(key) or {} for r in runs]
+    return [m for m in measures if m.get("serial_fraction") is not None], [m["error"] for m in measures if "error" in m]
+
+
+def summarize_measure(measures: list[dict]) -> tuple[float, dict, str, dict[str, float]]:
+    """The median fraction of a measure's rounds, the round printed beside it (:func:`median_round`),
+    and its Amdahl projection (:func:`projection`): ``(fraction, round, line, {workers: speed-up})``."""
+    fraction = float(np.median([m["serial_fraction"] for m in measures]))
+    return (fraction, median_round(measures), *projection(fraction))
+
+
 def scaling_report(results: dict, note: str) -> tuple[str, dict]:
     """Markdown and JSON of ``--scaling``: per case and tree, the median img/s per worker count,
     speed-up over one worker, the serial fraction and Amdahl's projection."""
@@ -564,10 +578,9 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                 continue
             workers = sorted({int(w) for r in ok for w in r["rates"]})
             median = {w: float(np.median([r["rates"][str(w)] or 0 for r in ok])) for w in workers}
-            serials = [r["serial"] for r in ok if (r.get("serial") or {}).get("serial_fraction") is not None]
-            unprofiled = [r["serial"]["error"] for r in ok if "error" in (r.get("serial") or {})]
-            s = float(np.median([x["serial_fraction"] for x in serials])) if serials else None
-            timed = [r["timed"] for r in ok if r.get("timed")]
+            serials, unprofiled = measured_rounds(ok, "serial")
+            timed, _ = measured_rounds(ok, "timed")
+            sampled, failed = measured_rounds(ok, "sampled")
             starts = {
                 w: [r["epoch_start_ms"][str(w)] for r in ok if (r.get("epoch_start_ms") or {}).get(str(w)) is not None]
                 for w in workers
@@ -585,9 +598,8 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                 start = f"{start_ms[w]:.2f}" if start_ms[w] is not None else "-"
                 lines.append(f"| {w} | {median[w]:.0f} | {linear} | {start} |")
             entry = {"img_s": median, "epoch_start_ms": start_ms, "runs": ok}
-            if s is not None:
-                x = median_round(serials)
-                amdahl_line, amdahl = projection(s)
+            if serials:
+                s, x, amdahl_line, amdahl = summarize_measure(serials)
                 lines += [
                     "",
                     f"serial fraction {s:.3f} (upper bound {x['serial_fraction_upper']:.3f}): per batch "
@@ -602,9 +614,7 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
             elif unprofiled:
                 lines += ["", f"profiled serial fraction not measured: {unprofiled[0]}"]
             if timed:
-                t = float(np.median([x["serial_fraction"] for x in timed]))
-                x = median_round(timed)
-                amdahl_line, amdahl = projection(t)
+                t, x, amdahl_line, amdahl = summarize_measure(timed)
                 lines += [
                     f"kernel-timed serial fraction {t:.3f} (no profiler: threads' CPU clocks against timed kernel calls): "
                     f"per batch {x['held_us']:.0f} us CPU outside the nogil kernels, {x['nogil_us']:.0f} us inside; "
@@ -615,14 +625,10 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                     amdahl_line,
                 ]
                 entry.update(kernel_timed_fraction=t, kernel_timed_amdahl=amdahl)
-            sampled = [r["sampled"] for r in ok if (r.get("sampled") or {}).get("serial_fraction") is not None]
-            failed = [r["sampled"]["error"] for r in ok if "error" in (r.get("sampled") or {})]
             if failed:
                 lines.append(f"GIL sampling failed in {len(failed)} round(s): {failed[0][:300]}")
             if sampled:
-                g = float(np.median([x["serial_fraction"] for x in sampled]))
-                x = median_round(sampled)
-                amdahl_line, amdahl = projection(g)
+                g, x, amdahl_line, amdahl = summarize_measure(sampled)
                 lines += [
                     f"GIL-sampled serial fraction {g:.3f} (py-spy --gil, {x['rate']} Hz for {x['seconds']} s, "
                     f"+-{100 * (x['relative_error'] or 1):.0f} %): per batch {x['held_us']:.1f} us holding the GIL of "
