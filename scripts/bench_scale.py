@@ -55,7 +55,10 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   ``--cold-cache`` (raw, this checkout's loader): a one-sample job's Python timed right after 0 to
   64 MiB were copied (:func:`ffload.bench.serial.job_python_after_traffic`), what a job's Python
   costs once its own payloads and outputs have evicted it from the caches. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
-  its share of linear), next to the measured curve.
+  its share of linear), next to the measured curve. ``--serial-jobs N``: the serial measures run
+  jobs of N batches (``batches_per_job``) instead of the loader's choice for one worker, such as
+  the jobs the largest worker count runs (42 for raw 32x32 at 16 workers, 32 MiB), for a projection
+  of those workers; the scaling curve keeps the loader's choice.
 * ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
   in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
 
@@ -70,6 +73,7 @@ sequential rate); writes ``results.md``, ``results.json`` and ``throughput.png``
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import mmap
 import os
@@ -431,14 +435,20 @@ def scaling_case(args) -> dict:
         # boundaries, where the workers drain, must not be what limits 16 workers on a small dataset
         indices = np.tile(np.arange(n), -(-40 * max(args.worker_list) * batch_size // n))
 
-    def build(workers):
+    def build(workers, batches_per_job="auto"):
         decoder = RandomResizedCropRGBImageDecoder((224, 224)) if pipeline == "rrc" else SimpleRGBImageDecoder()
         image = [decoder, RandomHorizontalFlip(), ToTensor(), ToTorchImage()]
         if pipeline == "wait":
             image.insert(2, wait_stage(args.wait_us))
         pipes = {"image": image, "label": [IntDecoder(), ToTensor()]}
         return ffload.Loader(
-            args.data, batch_size=batch_size, num_workers=workers, order="random", pipelines=pipes, indices=indices
+            args.data,
+            batch_size=batch_size,
+            num_workers=workers,
+            order="random",
+            pipelines=pipes,
+            indices=indices,
+            batches_per_job=batches_per_job,
         )
 
     def rate(workers):
@@ -464,14 +474,15 @@ def scaling_case(args) -> dict:
     serial = timed = sampled = None
     if args.serial_batches:
         measure = serial_measures()
+        jobs = functools.partial(build, batches_per_job=args.serial_jobs or "auto")
         try:
-            serial = measure.serial_fraction(build, batches)
+            serial = measure.serial_fraction(jobs, batches)
         except measure.UnavailableError as e:  # Python 3.12+: no cProfile per thread
             serial = {"error": str(e)}
-        timed = measure.kernel_timed_fraction(build, batches)
+        timed = measure.kernel_timed_fraction(jobs, batches)
         if measure.py_spy_path() is not None:
             try:
-                sampled = measure.gil_sampled_fraction(build, args.gil_seconds)
+                sampled = measure.gil_sampled_fraction(jobs, args.gil_seconds)
             except OSError as e:  # no ptrace here, say: the round's rates stand
                 sampled = {"error": str(e)}
     cold = None
@@ -524,6 +535,8 @@ def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
         str(args.epoch_samples or 0),
         "--gil-seconds",
         str(args.gil_seconds),
+        "--serial-jobs",
+        str(args.serial_jobs or 0),
     ] + (["--cold-cache"] if args.cold_cache else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -694,7 +707,8 @@ def run_scaling(args) -> None:
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
         f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "
-        f"wait {args.wait_us:g} us per row, page cache warm, {args.rounds} round(s), {time.perf_counter() - t0:.0f} s"
+        f"wait {args.wait_us:g} us per row, serial measures with {args.serial_jobs or 'auto'} batches per job, "
+        f"page cache warm, {args.rounds} round(s), {time.perf_counter() - t0:.0f} s"
     )
     text, data = scaling_report(results, note)
     from ffload.bench import write_results
@@ -847,6 +861,12 @@ def main() -> None:
         type=int,
         default=4,
         help="--scaling: seconds of py-spy --gil sampling (where py-spy is installed)",
+    )
+    parser.add_argument(
+        "--serial-jobs",
+        type=int,
+        default=0,
+        help="--scaling: batches per job in the serial measures (default: the loader's choice for one worker)",
     )
     parser.add_argument(
         "--cold-cache",

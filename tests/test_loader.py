@@ -209,9 +209,9 @@ def _record_submits(monkeypatch, loader):
     submits = []
     submit = BatchRunner.submit
 
-    def recorded(runner, slot, first, batches, epoch, cancel):
+    def recorded(runner, slot, first, rows, lengths, epoch, cancel):
         submits.append((epoch, loader._next_epoch - 1))
-        return submit(runner, slot, first, batches, epoch, cancel)
+        return submit(runner, slot, first, rows, lengths, epoch, cancel)
 
     monkeypatch.setattr(BatchRunner, "submit", recorded)
     return submits

@@ -10,6 +10,7 @@ import pytest
 from torch.utils.data import DistributedSampler
 
 from ffload.loaders.orders import (
+    EpochBatches,
     EpochsAhead,
     OrderOption,
     QuasiRandom,
@@ -130,6 +131,19 @@ def _recording(calls):
         return [np.arange(3) + 10 * epoch]
 
     return compute
+
+
+@pytest.mark.parametrize("n", [12, 10, 3])
+def test_epoch_batches_rows_are_views_of_consecutive_batches(n):
+    order = np.random.default_rng(n).permutation(n).astype(np.int64)
+    batches = EpochBatches(order, 4)
+    assert [b.tolist() for b in batches] == [order[i : i + 4].tolist() for i in range(0, n, 4)]
+    for first in range(len(batches)):
+        for stop in range(first + 1, len(batches) + 1):
+            rows, lengths = batches.rows(first, stop)
+            assert lengths == [len(b) for b in batches[first:stop]]
+            assert rows.tolist() == np.concatenate(batches[first:stop]).tolist()
+            assert np.shares_memory(rows, order)  # a view: no job copies its batches' ids
 
 
 def test_epochs_ahead_computes_the_prepared_epoch_on_its_thread():

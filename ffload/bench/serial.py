@@ -416,7 +416,7 @@ def job_python_after_traffic(
         runner = loader._runner
         runner.read_ahead = None  # no read-ahead notices for these out-of-epoch jobs
         slot = runner.acquire_slot(force=True)
-        one = [np.zeros(1, np.int64)]
+        one = np.zeros(1, np.int64)
         source = np.ones(max(mib, default=0) << 20, np.uint8)
         out = {}
         for m in mib:
@@ -425,7 +425,7 @@ def job_python_after_traffic(
             for _ in range(repeats):
                 np.copyto(target, source[: m << 20])
                 t0 = time.perf_counter()
-                runner._run(slot, 0, one, 0)
+                runner._run(slot, 0, one, [1], 0)
                 times.append(time.perf_counter() - t0)
             out[m] = float(np.median(times)) * 1e6
         return out

@@ -47,6 +47,7 @@ import torch
 
 from ffload.errors import LoaderClosedError, LoaderError
 from ffload.loaders.autotune import AutoTuner, Observation
+from ffload.loaders.orders import EpochBatches
 from ffload.loaders.pipeline.geometry import shared_rows
 from ffload.loaders.pipeline.operation import BatchContext
 from ffload.loaders.rng import sample_seeds
@@ -210,11 +211,11 @@ class BatchRunner:
         return self._threads - self._limit
 
     def submit(
-        self, slot: int, first: int, batches: Sequence[np.ndarray], epoch: int, cancel: threading.Event
+        self, slot: int, first: int, rows: np.ndarray, lengths: list[int], epoch: int, cancel: threading.Event
     ) -> concurrent.futures.Future:
-        """Queue one job into ``slot``: batches ``first, first + 1, ...`` of ``epoch`` (``batches``:
-        their sample ids, each ``(B,) int64``; several only when every pipeline is rowwise, see
-        :meth:`_run`). The future's result is ``(outputs, error)`` (:meth:`_run`), or ``None`` if
+        """Queue one job into ``slot``: batches ``first, first + 1, ...`` of ``epoch`` (``rows``:
+        their sample ids one after the other, ``(n,) int64``, and ``lengths`` each batch's count;
+        several only when every pipeline is rowwise, see :meth:`_run`). The future's result is ``(outputs, error)`` (:meth:`_run`), or ``None`` if
         ``cancel`` was set before the job started; a single batch's failure is the future's
         exception."""
         if self.device is not None:  # the consumer is done with the slot's previous batch
@@ -228,7 +229,7 @@ class BatchRunner:
         if self._tickets == 1:  # finished, failed or cancelled
             future.add_done_callback(lambda _: self._first_done.set())
         with self._jobs_lock:
-            self._pending.append((future, (slot, first, batches, epoch, cancel, self._tickets)))
+            self._pending.append((future, (slot, first, rows, lengths, epoch, cancel, self._tickets)))
         self._start_drains()
         submitted = self._submitted
         while submitted and submitted[0].done():
@@ -269,35 +270,35 @@ class BatchRunner:
                 future.set_exception(e)
             del future, job  # the batch (or the error) stays referenced by its future alone
 
-    def _job(self, slot, first, batches, epoch, cancel, ticket):
+    def _job(self, slot, first, rows, lengths, epoch, cancel, ticket):
         if ticket > 1 and not self._first_done.is_set():
             self._first_done.wait()  # the first job compiles the pipelines' kernels alone
         if cancel.is_set():
             return None
         start = time.perf_counter()
-        out = self._on_device(slot, first, batches, epoch)
+        out = self._on_device(slot, first, rows, lengths, epoch)
         self._job_time[slot] = time.perf_counter() - start
         return out
 
-    def _on_device(self, slot, first, batches, epoch):
+    def _on_device(self, slot, first, rows, lengths, epoch):
         if self.device is None:
-            return self._run(slot, first, batches, epoch)
+            return self._run(slot, first, rows, lengths, epoch)
         stream = self._streams[slot]
         if self._done.get(slot) is not None:
             self._done[slot].synchronize()  # earlier copies out of this slot's pinned buffers
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             stream.wait_event(self._released[slot])
-            out = self._run(slot, first, batches, epoch)
+            out = self._run(slot, first, rows, lengths, epoch)
             done = torch.cuda.Event()
             done.record(stream)
             self._done[slot] = done
         return out
 
-    def _run(self, slot, first, batches, epoch):
+    def _run(self, slot, first, rows, lengths, epoch):
         """One job: ``(outputs, error)``, the field tuple of each batch from ``first`` on and
         ``None``, or the batches before the first one that failed and its LoaderError.
 
-        Several batches run as one call of every pipeline on their concatenated rows (the slot's
+        Several batches run as one call of every pipeline on their rows (the slot's
         buffers hold them all), and each batch is a row range of the result: one pass of the
         per-batch Python work (seeds, contexts, kernel dispatch) for all of them. When that call
         fails, the batches run again one by one into their rows, so that the batches before the
@@ -305,24 +306,23 @@ class BatchRunner:
         A single batch's failure raises."""
         if self.read_ahead is not None:
             self.read_ahead.started(first)
-        if len(batches) == 1:
-            return [self._compute(slot, batches[0], epoch, first)], None
+        if len(lengths) == 1:
+            return [self._compute(slot, rows, epoch, first)], None
         try:
-            out = self._compute(slot, np.concatenate(batches), epoch, first)
+            out = self._compute(slot, rows, epoch, first)
         except LoaderError:
-            return self._one_by_one(slot, first, batches, epoch)
-        lengths = [len(indices) for indices in batches]
+            return self._one_by_one(slot, first, rows, lengths, epoch)
         return list(zip(*(_split(o, lengths) for o in out))), None
 
-    def _one_by_one(self, slot, first, batches, epoch):
+    def _one_by_one(self, slot, first, rows, lengths, epoch):
         """:meth:`_run`'s fallback: each batch into its own rows of the slot, up to the first failure."""
         outputs, row = [], 0
-        for k, indices in enumerate(batches):
+        for k, n in enumerate(lengths):
             try:
-                outputs.append(self._compute(slot, indices, epoch, first + k, row))
+                outputs.append(self._compute(slot, rows[row : row + n], epoch, first + k, row))
             except LoaderError as e:
                 return outputs, e
-            row += len(indices)
+            row += n
         return outputs, None
 
     def _compute(self, slot, indices, epoch, batch, row=0):
@@ -444,7 +444,8 @@ class EpochIterator:
 
     Args:
         runner: the loader's :class:`BatchRunner`.
-        batches: the epoch's batches, each ``(B,) int64`` sample ids, all of them (batch 0 first).
+        batches: the epoch's batches (:class:`~.orders.EpochBatches`: each ``(B,) int64`` sample
+            ids), all of them (batch 0 first).
         epoch: the epoch number.
         start: the first batch to produce (``> 0`` when resuming from a state dict).
         owner: the object to keep alive while iterating (the Loader).
@@ -467,7 +468,7 @@ class EpochIterator:
     def __init__(
         self,
         runner: BatchRunner,
-        batches: Sequence[np.ndarray],
+        batches: EpochBatches,
         epoch: int,
         start: int,
         owner: object = None,
@@ -515,7 +516,7 @@ class EpochIterator:
             if slot is None:
                 return  # the slots are in use: the next request frees one
             stop = min(b + per_job, len(self._batches))
-            future = self._runner.submit(slot, b, self._batches[b:stop], self.epoch, self._cancel)
+            future = self._runner.submit(slot, b, *self._batches.rows(b, stop), self.epoch, self._cancel)
             self._futures.append((slot, b, future))
             self._next_submit = stop
         if self._next_submit >= len(self._batches):
@@ -654,13 +655,13 @@ class NextEpochJobs:
         self,
         runner: BatchRunner,
         epoch: int,
-        ready: Callable[[], Sequence[np.ndarray] | None],
+        ready: Callable[[], EpochBatches | None],
         job_size: Callable[[int], int],
         params: Callable[[], object],
     ):
         self._runner, self.epoch, self.params = runner, epoch, None
         self._ready, self._job_size, self._snapshot = ready, job_size, params
-        self._batches: Sequence[np.ndarray] | None = None
+        self._batches: EpochBatches | None = None
         self._per_job = 1
         self.futures: collections.deque = collections.deque()
         self.next_submit = 0
@@ -684,7 +685,7 @@ class NextEpochJobs:
                 self.params = self._snapshot()
             b = self.next_submit
             stop = min(b + self._per_job, len(batches))
-            self.futures.append((slot, b, runner.submit(slot, b, batches[b:stop], self.epoch, self.cancel)))
+            self.futures.append((slot, b, runner.submit(slot, b, *batches.rows(b, stop), self.epoch, self.cancel)))
             self.next_submit = stop
 
     def discard(self) -> None:

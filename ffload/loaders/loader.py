@@ -34,6 +34,7 @@ from ffload.loaders.memory.process_cache import ProcessCacheMemory, default_cach
 from ffload.loaders.memory.readahead import ADVISE_PAGE, DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
 from ffload.loaders.memory.schedule import payload_columns, sorted_unique
 from ffload.loaders.orders import (
+    EpochBatches,
     EpochsAhead,
     OrderOption,
     distributed_split,
@@ -380,12 +381,11 @@ class Loader:
             order = order[: len(self) * self.batch_size]
         return np.ascontiguousarray(order, dtype=np.int64)  # kernels get C-contiguous batches
 
-    def _epoch_batches(self, epoch: int) -> list[np.ndarray]:
+    def _epoch_batches(self, epoch: int) -> EpochBatches:
         """``epoch``'s batches: :meth:`epoch_order` cut into ``batch_size`` views (the last may be
         shorter). Runs on the ``ffload-order`` thread (:class:`~.orders.EpochsAhead`): reads only
         what construction fixed."""
-        order = self.epoch_order(epoch)
-        return [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        return EpochBatches(self.epoch_order(epoch), self.batch_size)
 
     @property
     def next_epoch(self) -> int:

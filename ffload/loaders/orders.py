@@ -179,6 +179,33 @@ def samples_per_rank(num_indices: int, world_size: int, drop_last: bool) -> int:
     return -(-num_indices // world_size)
 
 
+class EpochBatches(list):
+    """An epoch's batches: the list of its order's consecutive ``batch_size`` views (``(B,) int64``
+    sample ids each; the last may be shorter), with the order kept. :meth:`rows` gives several
+    consecutive batches as one view, the rows a job of many batches decodes, so that no job
+    concatenates its batches' ids. A ``list`` (not a ``Sequence`` of Python methods): the consumer
+    takes its length and items on every batch.
+
+    Args:
+        order: the epoch's ``(M,) int64`` C-contiguous sample ids (:meth:`Loader.epoch_order`).
+        batch_size: samples per batch, ``>= 1``.
+    """
+
+    def __init__(self, order: np.ndarray, batch_size: int):
+        size = int(batch_size)
+        super().__init__(order[i : i + size] for i in range(0, len(order), size))
+        self.order, self.batch_size = order, size
+
+    def rows(self, first: int, stop: int) -> tuple[np.ndarray, list[int]]:
+        """Batches ``first`` to ``stop - 1`` (``0 <= first < stop <= len(self)``): their sample ids
+        as one ``(n,) int64`` view of the order, and each batch's length."""
+        size = self.batch_size
+        lengths = [size] * (stop - first)
+        if stop == len(self):
+            lengths[-1] = len(self[-1])
+        return self.order[first * size : (stop - 1) * size + lengths[-1]], lengths
+
+
 class EpochsAhead:
     """An epoch's batches computed one epoch ahead, on a helper thread.
 
@@ -188,7 +215,7 @@ class EpochsAhead:
     loader asks for epoch ``e + 1`` when epoch ``e``'s last job is submitted (:meth:`prepare`),
     so it is computed while the workers run that epoch's tail, on one thread named
     ``ffload-order`` (started on first use). ``compute`` (``epoch -> batches``, the loader's
-    ``list`` of ``(B,) int64`` sample ids) must be a pure function of the epoch, so the result is
+    :class:`EpochBatches`) must be a pure function of the epoch, so the result is
     the same as computing it when asked. It is passed to each call rather than kept: this object
     belongs to the loader, and holding the loader's method would make a reference cycle that
     keeps an abandoned loader's threads alive until the garbage collector runs.
