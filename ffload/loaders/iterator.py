@@ -215,9 +215,9 @@ class BatchRunner:
     ) -> concurrent.futures.Future:
         """Queue one job into ``slot``: batches ``first, first + 1, ...`` of ``epoch`` (``rows``:
         their sample ids one after the other, ``(n,) int64``, and ``lengths`` each batch's count;
-        several only when every pipeline is rowwise, see :meth:`_run`). The future's result is ``(outputs, error)`` (:meth:`_run`), or ``None`` if
-        ``cancel`` was set before the job started; a single batch's failure is the future's
-        exception."""
+        several only when every pipeline is rowwise, see :meth:`_run`). The future's result is
+        ``(outputs, error)`` (:meth:`_run`), or ``None`` if ``cancel`` was set before the job
+        started; a single batch's failure is the future's exception."""
         if self.device is not None:  # the consumer is done with the slot's previous batch
             if slot not in self._streams:
                 self._streams[slot] = torch.cuda.Stream(device=self.device)
