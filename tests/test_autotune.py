@@ -17,7 +17,8 @@ import ffload
 from ffload.errors import ConfigurationError
 from ffload.formats import IntField, RGBImageField, write_dataset
 from ffload.loaders import RandomHorizontalFlip, SimpleRGBImageDecoder, ToTensor
-from ffload.loaders.autotune import WARMUP, WINDOW, AutoTuner, CpuShares, Observation, fair_shares
+from ffload.loaders.autotune import JOB_EMA, WARMUP, WINDOW, AutoTuner, CpuShares, Observation, fair_shares
+from ffload.loaders.loader import _job_size_rule
 from ffload.system import available_cpus, cgroup_cpu_quota
 from tests.test_loader import check_batches_stay_valid
 
@@ -165,8 +166,7 @@ def run_pool(tuner, job_time, step, jobs, seed=0, epoch=None, most_per_job=1):
     jobs are queued while fewer than ``ahead + 1`` are outstanding; the consumer takes them in
     order, waiting for unfinished ones, and spends ``step`` s per batch between takes.
     Completions come in clumps, as from a real pool. ``epoch``: batches per epoch, whose jobs
-    are sized as ``Loader._job_size`` sizes them (at most ``most_per_job``, two per admitted
-    worker), queued only once the previous epoch was taken, its first job not observed (as in
+    are sized as ``Loader._job_size`` sizes them (``_job_size_rule``, at most ``most_per_job``), queued only once the previous epoch was taken, its first job not observed (as in
     the loader); ``None``: one endless epoch of one batch per job. Returns the workers after
     each job."""
     rng = np.random.default_rng(seed)
@@ -188,7 +188,7 @@ def run_pool(tuner, job_time, step, jobs, seed=0, epoch=None, most_per_job=1):
 
     while taken < jobs:
         if taken == len(sizes):  # a new epoch
-            per_job = 1 if epoch is None else max(1, min(most_per_job, epoch // (2 * tuner.workers)))
+            per_job = 1 if epoch is None else _job_size_rule(True, most_per_job, epoch, tuner.workers)
             count = jobs if epoch is None else epoch
             firsts.add(len(sizes))
             sizes += [min(per_job, count - k) for k in range(0, count, per_job)]
@@ -231,6 +231,18 @@ def test_a_pool_of_16_settles_at_its_best_count(job_time, step):
 
     best = max(rate(w) for w in range(1, 17))
     assert rate(workers[-1]) >= 0.95 * best and len(set(workers[-300:])) == 1
+
+
+def test_the_jobs_time_per_batch_is_a_moving_mean_whatever_is_auto():
+    """``job_seconds_per_batch`` (what the loader sizes an epoch's jobs from): None before any
+    job, then each job's wall time per batch weighted by JOB_EMA, for a fixed tuner too."""
+    tuner = AutoTuner(max_workers=4, max_ahead=8, workers=4, batches_ahead=4, shares=CpuShares(4))
+    assert tuner.job_seconds_per_batch is None
+    tuner.observe(Observation(wait=0.0, step=1e-3, consumer_cpu=0.0, job=4e-3, batches=2))
+    assert tuner.job_seconds_per_batch == pytest.approx(2e-3)
+    tuner.observe(Observation(wait=0.0, step=1e-3, consumer_cpu=0.0, job=12e-3, batches=1))
+    assert tuner.job_seconds_per_batch == pytest.approx(2e-3 + JOB_EMA * 10e-3)
+    assert tuner.workers == 4 and tuner.history == []
 
 
 def test_probes_across_epochs_compare_times_per_batch():

@@ -3,6 +3,8 @@ failure inside a job, resume from inside a job, the automatic choice and the ref
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -157,7 +159,7 @@ def test_auto_jobs_grow_with_more_workers_than_four(dataset):
     """Up to 4 workers a job fills 8 MiB in 16 batches at most; with more, both grow in proportion
     up to 16 workers (32 MiB in 64 batches, also beyond), a grown job within the budget (a quarter
     of the available memory, or buffer_limit) over twice a slot per worker and two more, never
-    under 8 MiB. The epoch then caps a job at two per worker."""
+    under 8 MiB. The epoch then caps a job at two per worker (until its jobs are measured, below)."""
     mib, plenty = 2**20, 2**40
     assert _job_limits(1, plenty) == _job_limits(4, plenty) == (8 * mib, 16)
     assert _job_limits(8, plenty) == (16 * mib, 32)
@@ -173,10 +175,68 @@ def test_auto_jobs_grow_with_more_workers_than_four(dataset):
         assert _batches_per_job("auto", pipelines, None, True, workers, plenty) == expected > 1
 
 
+def test_an_epochs_jobs_grow_past_two_per_worker_only_when_measured_fast():
+    """Two jobs per worker (196 batches, 16 workers: 6 per job), or, once jobs were measured and
+    found fast (their time per batch times 6 under 16 ms, twice 16 workers' per-job GIL), the
+    largest that leaves more than 18 jobs (10 per job, 20 jobs). Before any measurement (the
+    first epoch) and for slow jobs, two per worker; 0.0 gives the largest, which sizes the slots."""
+    assert _job_size_rule(True, 64, 196, 16, None) == 6
+    assert _job_size_rule(True, 64, 196, 16, 0.0) == _job_size_rule(True, 64, 196, 16, 0.2e-3) == 10
+    assert _job_size_rule(True, 64, 196, 16, 2.5e-3) == 10 and _job_size_rule(True, 64, 196, 16, 2.7e-3) == 6
+    assert _job_size_rule(True, 64, 196, 8, 0.3e-3) == 19 and _job_size_rule(True, 64, 196, 8, 10e-3) == 12
+    assert _job_size_rule(True, 64, 196, 2, 0.0) == 49  # two per worker is the larger up to 2 workers
+    assert _job_size_rule(True, 8, 196, 16, 0.0) == 8 and _job_size_rule(False, 3, 196, 16, 0.0) == 3
+
+
+class _Sleep(ffload.loaders.Operation):
+    """A rowwise stage that sleeps ``seconds`` per row and changes nothing (a slow job)."""
+
+    keeps_geometry = rowwise = True
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def declare(self, spec, field, view):
+        return spec
+
+    def buffer_spec(self, spec_out, batch_size):
+        return None
+
+    def __call__(self, src, dst, ctx):
+        time.sleep(self.seconds * len(ctx.indices))
+        return src
+
+
+@pytest.mark.parametrize("sleep", [0.0, 0.01])
+def test_fast_jobs_grow_after_the_first_epoch_and_slow_ones_do_not(dataset, monkeypatch, sleep):
+    """8 workers, 101 batches of one sample: the first epoch's jobs are 6 batches (two per worker;
+    nothing measured yet). From the second epoch on, fast jobs take 10 (11 jobs, more than the 10
+    slots), measured by the tuner whatever is auto; jobs that sleep 10 ms per batch keep 6. Every
+    size gives the batches of one batch per job."""
+    monkeypatch.setattr(loader_module, "available_cpus", lambda: 8)
+    kw = dict(batch_size=1, num_workers=8, order="random", seed=3)
+    pipelines = augmenting()
+    pipelines["image"].insert(2, _Sleep(sleep))
+    with ffload.Loader(dataset, pipelines=pipelines, batches_per_job=1, **kw) as loader:
+        expected = [tuple(t.clone() for t in batch) for _ in range(3) for batch in loader]
+    got, sizes = [], []
+    with ffload.Loader(dataset, pipelines=pipelines, **kw) as loader:
+        for _ in range(3):
+            it = iter(loader)
+            sizes.append(loader.stats()["batches_per_job"])
+            got += [tuple(t.clone() for t in batch) for batch in it]
+        measured = loader._tuner.job_seconds_per_batch
+    assert_same(expected, got)
+    if sleep:
+        assert sizes == [6, 6, 6] and measured >= sleep
+    else:
+        assert sizes == [6, 10, 10] and measured < 1e-3
+
+
 def test_auto_workers_size_each_epochs_jobs(dataset):
     """With ``num_workers="auto"`` the slots hold the most batches a job may take with one worker,
-    and each epoch's jobs give every worker the tuner admits then two jobs of it: a tuner that
-    parked workers gets larger jobs next epoch. The batches are those of one batch per job."""
+    and each epoch's jobs are sized for the workers the tuner admits then (``_job_size_rule``): a
+    tuner that parked workers gets larger jobs next epoch. The batches are those of one batch per job."""
     if available_cpus() < 2:
         pytest.skip("one CPU: the tuner admits one worker whatever is asked")
     kw = dict(batch_size=2, order="random", seed=4)
@@ -190,9 +250,10 @@ def test_auto_workers_size_each_epochs_jobs(dataset):
             loader._tuner.workers = min(workers, loader._tuner.max_workers)
             it = iter(loader)
             sizes.append(loader.stats()["batches_per_job"])
-            assert sizes[-1] == max(1, min(ceiling, len(loader) // (2 * loader._tuner.workers)))
+            measured = loader._tuner.job_seconds_per_batch
+            assert sizes[-1] == _job_size_rule(True, ceiling, len(loader), loader._tuner.workers, measured)
             got += [tuple(t.clone() for t in batch) for batch in it]
-        assert sizes[0] < sizes[-1] == ceiling  # 51 batches: 6 (or 12 with 2 CPUs) and 16
+        assert sizes[0] < sizes[-1] == ceiling  # 51 batches: 8 (or 12 with 2 CPUs) and 16
     assert_same(expected, got)
 
 
@@ -208,7 +269,7 @@ def test_a_restored_depth_is_counted_in_the_jobs_it_will_run(dataset, monkeypatc
         state = loader.state_dict()
         state["autotune"] = {"num_workers": 2, "batches_ahead": 40}
         loader.load_state_dict(state)
-        assert loader.batches_per_job == 16 and loader._job_size(len(loader), 2) == 12
+        assert loader.batches_per_job == 16 and loader._job_size(len(loader), 2, None) == 12
         it = iter(loader)
         assert loader.stats()["batches_per_job"] == 12 and loader.stats()["batches_ahead"] == 48
         it.close()

@@ -88,6 +88,8 @@ MIN_WAIT_S = 50e-6
 """Waits shorter than this never count as waiting (the cost of a lock hand-over)."""
 EXTRA_START = 2
 """Auto prefetch depth beyond the workers at start."""
+JOB_EMA = 0.1
+"""Weight of each job in :attr:`AutoTuner.job_seconds_per_batch`, a moving mean over about ten jobs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +206,10 @@ class AutoTuner:
     Attributes:
         workers: worker threads admitted to run jobs now.
         ahead: jobs kept queued beyond the one being consumed (``slots = ahead + 2``).
+        job_seconds_per_batch: the jobs' wall time on their workers per batch, a moving mean
+            (:data:`JOB_EMA`) over every observation, the warm-up's too, whether or not anything is
+            auto; ``None`` before the first. The loader sizes an epoch's jobs from it
+            (:func:`ffload.loaders.loader._job_size_rule`).
         history: ``[{'batch', 'from_workers', 'workers', 'ahead', 'reason'}]``, one entry per
             change (``batch``: the observation it followed; ``ahead`` in batches).
     """
@@ -231,6 +237,7 @@ class AutoTuner:
         self._window: list[Observation] = []
         self._window_s = 0.0  # the current window's seconds
         self._seen = 0
+        self.job_seconds_per_batch: float | None = None
         self._quiet = 0
         self._settle = 0  # observations to drop before the next window (jobs queued before a change)
         self._judge_later = False  # the first window after them is not judged either
@@ -265,8 +272,10 @@ class AutoTuner:
         self.shares.leave(id(self))
 
     def observe(self, obs: Observation) -> str | None:
-        """Take one batch's observation; the reason when the workers or the depth changed."""
+        """Take one job's observation; the reason when the workers or the depth changed."""
         self._seen += 1
+        per_batch, mean = obs.job / max(1, obs.batches), self.job_seconds_per_batch
+        self.job_seconds_per_batch = per_batch if mean is None else mean + JOB_EMA * (per_batch - mean)
         if self._seen <= WARMUP or not (self.auto_workers or self.auto_ahead):
             return None
         if self._settle:

@@ -147,10 +147,12 @@ class Loader:
             with 5 to 16 workers (with ``num_workers="auto"``: the usable CPUs), 4 times beyond
             (the GIL all workers share is then held less per batch), a grown job's bytes at most
             ``buffer_limit`` (or a quarter of the available memory) over ``2 * (workers + 2)``;
-            few enough that every worker gets two jobs of an epoch (with ``num_workers="auto"``,
-            counted at the start of each epoch from the workers the tuner admits then; the
-            slots hold the most a job may take) and that ``buffer_limit`` holds a slot per
-            worker and two more; and 1 where several cannot be run together: a stage that
+            and per epoch few enough that every worker gets two jobs of it, or, once the jobs
+            were measured fast (under about a millisecond per batch at 16 workers), few enough
+            that the epoch has more jobs than ``workers + 2`` where that allows larger jobs
+            (``_job_size_rule``; with ``num_workers="auto"``, counted at the start of each epoch
+            from the workers the tuner admits then; the slots hold the most a job may take);
+            and few enough that ``buffer_limit`` holds a slot per worker and two more; and 1 where several cannot be run together: a stage that
             is not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g.
             ``PythonTransform``, a ``torch.nn.Module``, box stages), batches that end on a CUDA
             device, ``os_cache=False`` or a remote dataset (their caches hold one batch's
@@ -281,8 +283,9 @@ class Loader:
             workers,
             buffer_limit if auto_ahead and buffer_limit is not None else None,
         )
-        # the slots: auto workers are balanced per epoch (__iter__), from one worker up
-        self.batches_per_job = self._job_size(len(self), 1 if auto_workers else workers)
+        # the slots: the largest job an epoch may get (auto workers are balanced per epoch in
+        # __iter__, from one worker up; fast jobs may be larger, _job_size_rule)
+        self.batches_per_job = self._job_size(len(self), 1 if auto_workers else workers, seconds_per_batch=0.0)
         if self.batches_per_job > 1:  # the slots' buffers hold a job's rows
             self._build = (
                 declared_on,
@@ -308,7 +311,7 @@ class Loader:
         if auto_ahead:
             max_ahead = _auto_depth(per_slot, buffer_limit, workers)
         else:
-            smallest = self._job_size(len(self), workers)  # an epoch's jobs with every worker admitted
+            smallest = self._job_size(len(self), workers, None)  # an epoch's jobs with every worker admitted
             max_ahead = max(-(-self.batches_ahead // smallest), workers)
             _check_buffer_memory(per_slot, max_ahead + 2, self.batch_size, self.batches_ahead)
         self._tuner = AutoTuner(
@@ -418,7 +421,7 @@ class Loader:
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start if adopted is None else adopted.next_submit)
-        per_job = self._job_size(len(batches), self._tuner.workers)
+        per_job = self._job_size(len(batches), self._tuner.workers, self._tuner.job_seconds_per_batch)
         self._tuner.set_batches_per_job(per_job)
         # Only an epoch with more jobs than slots, which reuses its own slots anyway: one that fits
         # keeps every batch it yielded intact to its end (``list(loader)`` of a small dataset).
@@ -466,9 +469,10 @@ class Loader:
         jobs.discard()
         return None
 
-    def _job_size(self, batches: int, workers: int) -> int:
-        """The batches per job of an epoch of ``batches`` batches run by ``workers`` (:func:`_job_size_rule`)."""
-        return _job_size_rule(self._auto_job, self.batches_per_job, batches, workers)
+    def _job_size(self, batches: int, workers: int, seconds_per_batch: float | None) -> int:
+        """The batches per job of an epoch of ``batches`` batches run by ``workers``, whose jobs
+        took ``seconds_per_batch`` (:func:`_job_size_rule`)."""
+        return _job_size_rule(self._auto_job, self.batches_per_job, batches, workers, seconds_per_batch)
 
     def _resize_if_asked(self, runner: BatchRunner) -> None:
         """Progressive resizing (FFCV's ImageNet recipe): when an operation given to this loader
@@ -614,7 +618,9 @@ class Loader:
         self._close_current()
         tuned = state.get("autotune")
         if isinstance(tuned, Mapping) and all(isinstance(tuned.get(k), int) for k in ("num_workers", "batches_ahead")):
-            self._tuner.restore(tuned, job_size=lambda workers: self._job_size(len(self), workers))
+            self._tuner.restore(
+                tuned, job_size=lambda workers: self._job_size(len(self), workers, self._tuner.job_seconds_per_batch)
+            )
             if self._runner is not None:
                 self._runner.set_workers(self._tuner.workers)
         finished = len(self) and done == len(self)
@@ -686,20 +692,45 @@ def _output_sizes(pipelines) -> dict[tuple[str, int], Any]:
     }
 
 
-def _job_size_rule(auto: bool, most: int, batches: int, workers: int) -> int:
+JOB_PYTHON_S = 0.5e-3
+"""Seconds a job's Python holds the GIL, about, with 16 workers on a 16-core node (37 us per batch
+of 10-batch jobs measured there, developer notes, ninth round): what :func:`_job_size_rule`
+weighs a job's time against."""
+
+
+def _job_size_rule(auto: bool, most: int, batches: int, workers: int, seconds_per_batch: float | None = None) -> int:
     """The batches per job of an epoch of ``batches`` batches run by ``workers``: ``most`` (the
-    loader's ``batches_per_job``), or with ``auto`` at most that and few enough that each worker
-    gets two jobs of the epoch (the slots hold ``most`` batches; a job of fewer uses part). Two,
-    not one: an epoch of more jobs than slots (at least ``workers + 2``) runs the next epoch's
-    first jobs during its last ones (:class:`~.iterator.NextEpochJobs`)."""
+    loader's ``batches_per_job``), or with ``auto`` at most that (the slots hold ``most`` batches;
+    a job of fewer uses part) and:
+
+    * few enough that each worker gets two jobs of the epoch: the last round of jobs, where
+      workers fall idle one by one, is then short;
+    * or, where that is larger, the largest that leaves the epoch more jobs than ``workers + 2``
+      (the slots a loader keeps with ``workers``, unless a deep ``batches_ahead`` asks for more),
+      when such jobs are fast: ``seconds_per_batch`` (the jobs' wall time per batch measured so
+      far, :attr:`~.autotune.AutoTuner.job_seconds_per_batch`; ``None`` before any: the first
+      epoch; ``0.0`` asks for the largest size the rule may give) times the first size is under
+      twice ``workers`` times :data:`JOB_PYTHON_S`. The GIL that every job's Python holds then
+      binds the workers, and it is held once per job, so fewer, larger jobs load more (raw 32x32
+      on a 16-core node, 196-batch epochs at 16 workers: 10 batches per job 1.46x the 6 of two
+      per worker, developer notes). A GIL-bound job's wall time stays under that bound (it is
+      the workers' share of the GIL), so the measure does not hide what it looks for. Such an
+      epoch still runs the next epoch's first jobs during its last ones
+      (:class:`~.iterator.NextEpochJobs`). Slow jobs keep the first size: with 10 ms per batch
+      the larger jobs lost 6-11 % at 8 and 16 workers (``bench_scale.py --cases wait``).
+
+    The second size is the larger from 3 workers on."""
     if not auto:
         return most
-    return max(1, min(most, batches // (2 * workers)))
+    size = batches // (2 * workers)
+    if seconds_per_batch is not None and size * seconds_per_batch < 2 * workers * JOB_PYTHON_S:
+        size = max(size, (batches - 1) // (workers + 2))
+    return max(1, min(most, size))
 
 
 def _tuned_job_size(auto: bool, most: int, tuner: AutoTuner, batches: int) -> int:
-    """:func:`_job_size_rule` with the workers ``tuner`` admits now."""
-    return _job_size_rule(auto, most, batches, tuner.workers)
+    """:func:`_job_size_rule` with the workers ``tuner`` admits now and its measure of the jobs."""
+    return _job_size_rule(auto, most, batches, tuner.workers, tuner.job_seconds_per_batch)
 
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic)
