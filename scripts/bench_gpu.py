@@ -33,7 +33,10 @@ capped so that the later ones still run):
 ``scale``    the CPU loader at 1, 2, 4, 8, 12, 16 (up to the usable CPUs) workers: raw 32x32
              (random order + flip, batch 256, epochs of 40 batches per worker of the largest
              count, samples repeated) with ``batches_per_job`` "auto" and each of
-             ``--scale-jobs`` (the job size is what limits raw at many workers), and JPEG
+             ``--scale-jobs`` (the job size is what limits raw at many workers); the same in
+             CIFAR-10-length epochs (50,000 samples, 196 batches) with "auto" and each of
+             ``--scale-cifar-jobs`` (auto's epoch rule: 6 per job at 16 workers before its jobs
+             are measured, 10 once they are measured fast; each run's last size is recorded); JPEG
              ``RandomResizedCrop(224)`` + flip; each against linear scaling of its 1-worker rate.
 
 The ratios the issue's goals name are in ``results.json["goals"]``.
@@ -742,10 +745,15 @@ def scaling(run: Run, args) -> dict:
         return [SimpleRGBImageDecoder(), RandomHorizontalFlip()]
 
     samples = open_dataset(run.data["raw"]).num_samples
-    raw_epoch = np.resize(np.arange(samples), max(samples, 40 * counts[-1] * 256))
-    cases = {"raw32_flip": (run.data["raw"], raw_ops, args.scale_seconds, raw_epoch, "auto")}
-    for jobs in (int(j) for j in args.scale_jobs.split(",") if j):
-        cases[f"raw32_flip_jobs{jobs}"] = (run.data["raw"], raw_ops, args.scale_seconds, raw_epoch, jobs)
+    epochs = {
+        "": (np.resize(np.arange(samples), max(samples, 40 * counts[-1] * 256)), args.scale_jobs),
+        "_cifar": (np.resize(np.arange(samples), 50000), args.scale_cifar_jobs),  # 196 batches
+    }
+    cases = {}
+    for tag, (indices, sizes) in epochs.items():
+        for jobs in ["auto"] + [int(j) for j in sizes.split(",") if j]:
+            name = f"raw32_flip{tag}" + ("" if jobs == "auto" else f"_jobs{jobs}")
+            cases[name] = (run.data["raw"], raw_ops, args.scale_seconds, indices, jobs)
     cases["jpeg_rrc224_flip"] = (
         run.data["jpeg"],
         lambda: [RandomResizedCropRGBImageDecoder(224), RandomHorizontalFlip()],
@@ -793,6 +801,11 @@ def main(argv=None) -> int:
     ap.add_argument("--recipe-epochs", type=int, default=3)
     ap.add_argument("--scale-seconds", type=float, default=2.0)
     ap.add_argument("--scale-jobs", default="10,40", help="fixed batches_per_job values for raw in 'scale'")
+    ap.add_argument(
+        "--scale-cifar-jobs",
+        default="6,10,20",
+        help="fixed batches_per_job values for raw in CIFAR-10-length epochs (196 batches) in 'scale'",
+    )
     ap.add_argument(
         "--loader-cases",
         default="cpu:all,torchvision:4,nvimgcodec:4,hybrid:all",
