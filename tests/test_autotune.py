@@ -166,8 +166,10 @@ def run_pool(tuner, job_time, step, jobs, seed=0, epoch=None, most_per_job=1):
     jobs are queued while fewer than ``ahead + 1`` are outstanding; the consumer takes them in
     order, waiting for unfinished ones, and spends ``step`` s per batch between takes.
     Completions come in clumps, as from a real pool. ``epoch``: batches per epoch, whose jobs
-    are sized as ``Loader._job_size`` sizes them (``_job_size_rule``, at most ``most_per_job``), queued only once the previous epoch was taken, its first job not observed (as in
-    the loader); ``None``: one endless epoch of one batch per job. Returns the workers after
+    are sized by the loader's ``_job_size_rule`` before any measure (two per admitted worker, at
+    most ``most_per_job``; the jobs' speed is not modelled), queued only once the previous epoch
+    was taken, its first job not observed (as in the loader); ``None``: one endless epoch of one
+    batch per job. Returns the workers after
     each job."""
     rng = np.random.default_rng(seed)
     clock, submitted, taken = 0.0, 0, 0

@@ -86,8 +86,11 @@ def test_output_size_changes_between_epochs_of_one_loader(raw):
     with loader(decoder) as progressive:
         first = [b[0].copy() for b in progressive]
         compiled = len(jpeg.decode_rows.signatures)
+        progressive._tuner.job_seconds_per_batch = 1.0  # as if the jobs at 32 px were measured
         decoder.output_size = 40
-        second = [b[0].copy() for b in progressive]
+        it = iter(progressive)
+        assert progressive._tuner.job_seconds_per_batch is None  # not what jobs at 40 px take
+        second = [b[0].copy() for b in it]
         assert len(jpeg.decode_rows.signatures) == compiled
     assert {b.shape[1:] for b in first} == {(32, 32, 3)} and {b.shape[1:] for b in second} == {(40, 40, 3)}
     with loader(RandomResizedCropRGBImageDecoder(40)) as fixed:

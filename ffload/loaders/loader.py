@@ -148,13 +148,16 @@ class Loader:
             (the GIL all workers share is then held less per batch), a grown job's bytes at most
             ``buffer_limit`` (or a quarter of the available memory) over ``2 * (workers + 2)``;
             and per epoch few enough that every worker gets two jobs of it, or, once the jobs
-            were measured fast (under about a millisecond per batch at 16 workers), few enough
-            that the epoch has more jobs than ``workers + 2`` where that allows larger jobs
-            (``_job_size_rule``; with ``num_workers="auto"``, counted at the start of each epoch
-            from the workers the tuner admits then; the slots hold the most a job may take);
-            and few enough that ``buffer_limit`` holds a slot per worker and two more; and 1 where several cannot be run together: a stage that
-            is not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g.
-            ``PythonTransform``, a ``torch.nn.Module``, box stages), batches that end on a CUDA
+            were measured fast against the GIL their Python holds (196-batch epochs at 16
+            workers: under about 2.7 ms per batch), few enough that the epoch has more jobs
+            than slots where that allows larger jobs (``_job_size_rule``; with
+            ``num_workers="auto"``, counted at the start of each epoch from the workers the
+            tuner admits then; the slots hold the most a job may take, so they are sized for
+            the larger jobs even where the jobs prove slow); and few enough that
+            ``buffer_limit`` holds a slot per worker and two more; and 1 where several cannot
+            be run together: a stage that is not rowwise
+            (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g. ``PythonTransform``, a
+            ``torch.nn.Module``, box stages), batches that end on a CUDA
             device, ``os_cache=False`` or a remote dataset (their caches hold one batch's
             payloads). When a job fails, its batches run again one by one, so the batches
             before the failing one are yielded and the error names its batch.
@@ -164,7 +167,7 @@ class Loader:
             (``memory.source.requests``: GETs issued so far, the opening reads included;
             ``memory.resident_bytes`` and ``memory.cache_file_bytes()``: the cache's size).
         batches_per_job: the batches one job computes (the ``batches_per_job`` argument, or what
-            ``"auto"`` chose; with ``num_workers="auto"`` the most, and ``stats()`` gives the
+            ``"auto"`` chose: then the most a job of an epoch may take, and ``stats()`` gives the
             current epoch's).
 
     Buffer reuse (as in FFCV, batches are views of reused buffers): a yielded batch stays valid
@@ -285,7 +288,9 @@ class Loader:
         )
         # the slots: the largest job an epoch may get (auto workers are balanced per epoch in
         # __iter__, from one worker up; fast jobs may be larger, _job_size_rule)
-        self.batches_per_job = self._job_size(len(self), 1 if auto_workers else workers, seconds_per_batch=0.0)
+        self.batches_per_job = _job_size_rule(
+            self._auto_job, self.batches_per_job, len(self), 1 if auto_workers else workers, seconds_per_batch=0.0
+        )
         if self.batches_per_job > 1:  # the slots' buffers hold a job's rows
             self._build = (
                 declared_on,
@@ -311,7 +316,8 @@ class Loader:
         if auto_ahead:
             max_ahead = _auto_depth(per_slot, buffer_limit, workers)
         else:
-            smallest = self._job_size(len(self), workers, None)  # an epoch's jobs with every worker admitted
+            # an epoch's jobs with every worker admitted, before they are measured (the smallest)
+            smallest = _job_size_rule(self._auto_job, self.batches_per_job, len(self), workers)
             max_ahead = max(-(-self.batches_ahead // smallest), workers)
             _check_buffer_memory(per_slot, max_ahead + 2, self.batch_size, self.batches_ahead)
         self._tuner = AutoTuner(
@@ -421,7 +427,7 @@ class Loader:
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start if adopted is None else adopted.next_submit)
-        per_job = self._job_size(len(batches), self._tuner.workers, self._tuner.job_seconds_per_batch)
+        per_job = _tuned_job_size(self._auto_job, self.batches_per_job, self._tuner, len(batches))
         self._tuner.set_batches_per_job(per_job)
         # Only an epoch with more jobs than slots, which reuses its own slots anyway: one that fits
         # keeps every batch it yielded intact to its end (``list(loader)`` of a small dataset).
@@ -469,11 +475,6 @@ class Loader:
         jobs.discard()
         return None
 
-    def _job_size(self, batches: int, workers: int, seconds_per_batch: float | None) -> int:
-        """The batches per job of an epoch of ``batches`` batches run by ``workers``, whose jobs
-        took ``seconds_per_batch`` (:func:`_job_size_rule`)."""
-        return _job_size_rule(self._auto_job, self.batches_per_job, batches, workers, seconds_per_batch)
-
     def _resize_if_asked(self, runner: BatchRunner) -> None:
         """Progressive resizing (FFCV's ImageNet recipe): when an operation given to this loader
         (a decoder's ``output_size``, or a :func:`~ffload.transforms.from_torchvision` result's) has
@@ -494,6 +495,7 @@ class Loader:
         logger.info("%s: output sizes changed to %s; pipelines declared again", self.path, sizes)
         self._pipelines, self._sizes = pipelines, sizes
         runner.replace_pipelines(pipelines)
+        self._tuner.job_seconds_per_batch = None  # measured at the old size: the next epoch starts unmeasured
 
     def _local_files(self) -> bool:
         """Whether the payloads live in local files (one data file, or a sharded dataset's shards)."""
@@ -618,9 +620,8 @@ class Loader:
         self._close_current()
         tuned = state.get("autotune")
         if isinstance(tuned, Mapping) and all(isinstance(tuned.get(k), int) for k in ("num_workers", "batches_ahead")):
-            self._tuner.restore(
-                tuned, job_size=lambda workers: self._job_size(len(self), workers, self._tuner.job_seconds_per_batch)
-            )
+            auto, most, tuner, batches = self._auto_job, self.batches_per_job, self._tuner, len(self)
+            tuner.restore(tuned, job_size=lambda workers: _tuned_job_size(auto, most, tuner, batches, workers))
             if self._runner is not None:
                 self._runner.set_workers(self._tuner.workers)
         finished = len(self) and done == len(self)
@@ -698,18 +699,21 @@ of 10-batch jobs measured there, developer notes, ninth round): what :func:`_job
 weighs a job's time against."""
 
 
-def _job_size_rule(auto: bool, most: int, batches: int, workers: int, seconds_per_batch: float | None = None) -> int:
+def _job_size_rule(
+    auto: bool, most: int, batches: int, workers: int, seconds_per_batch: float | None = None, slots: int = 0
+) -> int:
     """The batches per job of an epoch of ``batches`` batches run by ``workers``: ``most`` (the
     loader's ``batches_per_job``), or with ``auto`` at most that (the slots hold ``most`` batches;
     a job of fewer uses part) and:
 
     * few enough that each worker gets two jobs of the epoch: the last round of jobs, where
       workers fall idle one by one, is then short;
-    * or, where that is larger, the largest that leaves the epoch more jobs than ``workers + 2``
-      (the slots a loader keeps with ``workers``, unless a deep ``batches_ahead`` asks for more),
-      when such jobs are fast: ``seconds_per_batch`` (the jobs' wall time per batch measured so
-      far, :attr:`~.autotune.AutoTuner.job_seconds_per_batch`; ``None`` before any: the first
-      epoch; ``0.0`` asks for the largest size the rule may give) times the first size is under
+    * or, where that is larger, the largest that leaves the epoch more jobs than ``slots`` (the
+      runner's now, ``tuner.ahead + 2``; at least ``workers + 2``, the fewest a loader keeps with
+      ``workers``, which gives the largest size), when such jobs are fast: ``seconds_per_batch``
+      (the jobs' wall time per batch measured so far,
+      :attr:`~.autotune.AutoTuner.job_seconds_per_batch`; ``None`` before any: the first epoch;
+      ``0.0`` asks for the largest size the rule may give) times the first size is under
       twice ``workers`` times :data:`JOB_PYTHON_S`. The GIL that every job's Python holds then
       binds the workers, and it is held once per job, so fewer, larger jobs load more (raw 32x32
       on a 16-core node, 196-batch epochs at 16 workers: 10 batches per job 1.46x the 6 of two
@@ -719,18 +723,20 @@ def _job_size_rule(auto: bool, most: int, batches: int, workers: int, seconds_pe
       (:class:`~.iterator.NextEpochJobs`). Slow jobs keep the first size: with 10 ms per batch
       the larger jobs lost 6-11 % at 8 and 16 workers (``bench_scale.py --cases wait``).
 
-    The second size is the larger from 3 workers on."""
+    With ``workers + 2`` slots the second size is the larger from 3 workers on."""
     if not auto:
         return most
     size = batches // (2 * workers)
     if seconds_per_batch is not None and size * seconds_per_batch < 2 * workers * JOB_PYTHON_S:
-        size = max(size, (batches - 1) // (workers + 2))
+        size = max(size, (batches - 1) // max(slots, workers + 2))
     return max(1, min(most, size))
 
 
-def _tuned_job_size(auto: bool, most: int, tuner: AutoTuner, batches: int) -> int:
-    """:func:`_job_size_rule` with the workers ``tuner`` admits now and its measure of the jobs."""
-    return _job_size_rule(auto, most, batches, tuner.workers, tuner.job_seconds_per_batch)
+def _tuned_job_size(auto: bool, most: int, tuner: AutoTuner, batches: int, workers: int | None = None) -> int:
+    """:func:`_job_size_rule` for ``workers`` (default: those ``tuner`` admits now), with its
+    measure of the jobs and its slots (``tuner.ahead + 2``)."""
+    workers = tuner.workers if workers is None else workers
+    return _job_size_rule(auto, most, batches, workers, tuner.job_seconds_per_batch, tuner.ahead + 2)
 
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic)
@@ -842,7 +848,7 @@ def _batches_per_job(value, pipelines, device, mapped: bool, workers: int, budge
     quarter of the available memory, or ``budget``) and,
     with a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker (of
     ``workers``) and the consumer's two (``pipelines`` are built with one batch's rows); the
-    epoch's length then caps an auto value (:meth:`Loader._job_size`). 1 where a job cannot hold
+    epoch's length then caps an auto value (:func:`_job_size_rule`). 1 where a job cannot hold
     several batches: a pipeline that is
     not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`), batches that end on a
     CUDA device, or a memory manager that holds one batch's payloads (``os_cache=False``, remote
