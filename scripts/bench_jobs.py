@@ -35,32 +35,33 @@ BATCH_SIZE = 256
 
 
 def rate(path: str, workers: int, per_job, indices: np.ndarray, seconds: float) -> tuple[float, int]:
-    """Images/s of one config over ``seconds`` after its first batch, and the job size it ran."""
+    """Images/s of one config over ``seconds`` after its first batch
+    (:func:`ffload.bench.doctor.probes.loader_rate`), and the job size it ran last."""
     import ffload
+    from ffload.bench.doctor.probes import loader_rate
     from ffload.loaders import IntDecoder, RandomHorizontalFlip, SimpleRGBImageDecoder, ToTensor, ToTorchImage
 
-    pipelines = {
-        "image": [SimpleRGBImageDecoder(), RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
-        "label": [IntDecoder(), ToTensor()],
-    }
-    with ffload.Loader(
-        path,
-        batch_size=BATCH_SIZE,
-        num_workers=workers,
-        order="random",
-        pipelines=pipelines,
-        indices=indices,
-        batches_per_job=per_job,
-    ) as loader:
-        it = iter(loader)
-        next(it)  # compilation, buffers, page faults
-        images, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            try:
-                images += len(next(it)[0])
-            except StopIteration:
-                it = iter(loader)
-        return images / (time.perf_counter() - t0), loader.stats()["batches_per_job"]
+    built = []
+
+    def make(num_workers):
+        pipelines = {
+            "image": [SimpleRGBImageDecoder(), RandomHorizontalFlip(), ToTensor(), ToTorchImage()],
+            "label": [IntDecoder(), ToTensor()],
+        }
+        loader = ffload.Loader(
+            path,
+            batch_size=BATCH_SIZE,
+            num_workers=num_workers,
+            order="random",
+            pipelines=pipelines,
+            indices=indices,
+            batches_per_job=per_job,
+        )
+        built.append(loader)
+        return loader
+
+    measured = loader_rate(make, workers, seconds)
+    return measured["img_s"], built[0].stats()["batches_per_job"]
 
 
 def main() -> None:
