@@ -32,6 +32,7 @@ from ffload.loaders.memory.readahead import (
     unit_runs,
 )
 from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
+from ffload.loaders.orders import EpochBatches
 from ffload.loaders.pagedsamples import PagedSamples
 
 N, SAMPLE = 240, 30_000  # 7.2 MB of payloads, about 5x the cache limit below
@@ -279,7 +280,7 @@ def test_read_ahead_asks_for_no_batch_of_an_epoch_whose_payloads_are_cached(stam
     epoch's batches are asked for."""
     view = open_dataset(stamped_dataset)
     columns = payload_columns(view, ["blob"])
-    batches = [np.arange(i, min(i + 8, N)) for i in range(0, N, 8)]
+    batches = EpochBatches(np.arange(N, dtype=np.int64), 8)
     ptrs, sizes = columns[0]
     ahead = ReadAhead(view.data_path, view.data_size, columns, 1 << 30, record=True)
     try:
@@ -307,7 +308,7 @@ def test_read_ahead_asks_for_no_batch_of_an_epoch_whose_payloads_are_cached(stam
         assert ahead._next == len(batches) and checked == [] and ahead.requested == []
         evict(view.data_path)
         assert not resident(np.arange(N))
-        ahead.schedule(list(batches), 0)  # a new epoch (a new list)
+        ahead.schedule(EpochBatches(batches.order, 8), 0)  # a new epoch
         wait_until_stalled(ahead)
         assert checked and ahead.requested
     finally:
@@ -352,8 +353,7 @@ def wait_until_stalled(ahead: ReadAhead) -> None:
 def test_read_ahead_requests_only_payload_pages_and_stays_bounded(stamped_dataset):
     view = open_dataset(stamped_dataset)
     columns = payload_columns(view, ["blob"])
-    order = np.random.default_rng(0).permutation(N)
-    batches = [order[i : i + 8] for i in range(0, N, 8)]
+    batches = EpochBatches(np.random.default_rng(0).permutation(N), 8)
     limit = 10 * 8 * SAMPLE
     evict(view.data_path)  # batches found in the page cache are not asked for
     ahead = ReadAhead(view.data_path, view.data_size, columns, limit, record=True)

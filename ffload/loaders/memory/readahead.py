@@ -175,7 +175,8 @@ class ReadAhead:
         self._thread.start()
 
     def schedule(self, batches, start: int) -> None:
-        """A new epoch: ``batches`` (each ``(B,) int64`` sample ids), decoding from ``start``."""
+        """A new epoch: ``batches`` (:class:`~ffload.loaders.orders.EpochBatches`, each ``(B,)
+        int64`` sample ids), decoding from ``start``."""
         with self._cond:
             self._batches, self._next, self._decoding = batches, start, start
             self._ahead.clear()
@@ -240,7 +241,7 @@ class ReadAhead:
         starts, _ = self._runs(batches[first])
         if not sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data):
             return False
-        indices = np.concatenate(batches).astype(np.int64, copy=False)
+        indices = batches.order  # the epoch's ids in one array: no copy under the GIL
         address, pages = self._address, self._pages
         return all(
             payloads_resident(address, indices, ptrs, sizes, self.data_size, pages, pages.ctypes.data)
