@@ -51,7 +51,10 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   (:func:`ffload.bench.serial.kernel_timed_fraction`: the threads' CPU clocks against timed kernel
   calls), a tighter bound; and, where ``py-spy`` is installed (the ``bench`` extra), the GIL itself
   sampled (:func:`ffload.bench.serial.gil_sampled_fraction`: which thread holds it, ``--gil-seconds``
-  at 500 Hz, against the threads' CPU). The measuring code is this checkout's for every tree.
+  at 500 Hz, against the threads' CPU); and, where this runs as root on Linux with uprobe events,
+  every hold of the GIL traced (:func:`ffload.bench.serial.gil_traced_fraction`: the kernel times
+  each ``take_gil`` return and ``drop_gil`` entry, ``--gil-seconds``; nothing sampled, the probes'
+  cost per hold measured and removed). The measuring code is this checkout's for every tree.
   ``--cold-cache`` (raw, this checkout's loader): a one-sample job's Python timed right after 0 to
   64 MiB were copied (:func:`ffload.bench.serial.job_python_after_traffic`), what a job's Python
   costs once its own payloads and outputs have evicted it from the caches. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
@@ -471,7 +474,7 @@ def scaling_case(args) -> dict:
     rates = {w: r for w, (r, _) in measured.items()}
     starts = {w: ms for w, (_, ms) in measured.items()}
     batches = args.serial_batches if pipeline == "simple" else max(10, args.serial_batches // 8)  # JPEG: ~0.1 s each
-    serial = timed = sampled = None
+    serial = timed = sampled = traced = None
     if args.serial_batches:
         measure = serial_measures()
         jobs = functools.partial(build, batches_per_job=args.serial_jobs or "auto")
@@ -485,6 +488,10 @@ def scaling_case(args) -> dict:
                 sampled = measure.gil_sampled_fraction(jobs, args.gil_seconds)
             except OSError as e:  # no ptrace here, say: the round's rates stand
                 sampled = {"error": str(e)}
+        try:
+            traced = measure.gil_traced_fraction(jobs, args.gil_seconds)
+        except measure.UnavailableError as e:  # not root, no uprobes, a stripped interpreter
+            traced = {"error": str(e)}
     cold = None
     if args.cold_cache and pipeline == "simple":
         try:
@@ -497,6 +504,7 @@ def scaling_case(args) -> dict:
         "serial": serial,
         "timed": timed,
         "sampled": sampled,
+        "traced": traced,
         "cold_cache": cold,
         "ffload": os.path.dirname(ffload.__file__),
     }
@@ -564,7 +572,7 @@ def median_round(measures: list[dict]) -> dict:
 
 
 def measured_rounds(runs: list[dict], key: str) -> tuple[list[dict], list[str]]:
-    """One serial measure (``key``: ``serial``, ``timed`` or ``sampled``) across a tree's rounds:
+    """One serial measure (``key``: ``serial``, ``timed``, ``sampled`` or ``traced``) across a tree's rounds:
     the rounds' results that give a fraction, and the errors of those where it failed."""
     measures = [r.get(key) or {} for r in runs]
     return [m for m in measures if m.get("serial_fraction") is not None], [m["error"] for m in measures if "error" in m]
@@ -594,6 +602,7 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
             serials, unprofiled = measured_rounds(ok, "serial")
             timed, _ = measured_rounds(ok, "timed")
             sampled, failed = measured_rounds(ok, "sampled")
+            traced, untraced = measured_rounds(ok, "traced")
             starts = {
                 w: [r["epoch_start_ms"][str(w)] for r in ok if (r.get("epoch_start_ms") or {}).get(str(w)) is not None]
                 for w in workers
@@ -652,6 +661,21 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
                     amdahl_line,
                 ]
                 entry.update(gil_sampled_fraction=g, gil_sampled_amdahl=amdahl)
+            if traced:
+                g, x, amdahl_line, amdahl = summarize_measure(traced)
+                lines += [
+                    f"GIL-traced serial fraction {g:.3f} (every hold, uprobes on take_gil/drop_gil, {x['seconds']} s; "
+                    f"{x['probe_us']:.2f} us probe cost per hold removed): per batch {x['held_us']:.1f} us holding "
+                    f"the GIL in {x['holds']:.1f} holds, of {x['cpu_us']:.0f} us CPU; "
+                    + ", ".join(
+                        f"{kind} {v['held']:.2f} us in {v['holds']:.2f} holds of {v['cpu']:.0f} us"
+                        for kind, v in x["per_batch_us"].items()
+                    ),
+                    amdahl_line,
+                ]
+                entry.update(gil_traced_fraction=g, gil_traced_amdahl=amdahl)
+            elif untraced:
+                lines.append(f"GIL not traced: {untraced[0][:300]}")
             colds = [r["cold_cache"] for r in ok if r.get("cold_cache")]
             if colds:
                 mib = list(colds[0])
@@ -702,8 +726,11 @@ def run_scaling(args) -> None:
                 r = spawn_scaling(args, case, paths[case], tree)
                 results.setdefault(case, {}).setdefault(name, []).append(r)
                 summary = r.get("error") or {w: round(v or 0) for w, v in r["rates"].items()}
-                sf, gs = (_fraction(r.get(k)) for k in ("serial", "sampled"))
-                print(f"{case} {name} round {round_ + 1}: {summary} serial {sf}, GIL-sampled {gs}", flush=True)
+                sf, gs, gt = (_fraction(r.get(k)) for k in ("serial", "sampled", "traced"))
+                print(
+                    f"{case} {name} round {round_ + 1}: {summary} serial {sf}, GIL-sampled {gs}, GIL-traced {gt}",
+                    flush=True,
+                )
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
         f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "

@@ -21,6 +21,7 @@ from ffload.bench.doctor.verdict import amdahl
 from ffload.convert import convert_dataset
 from ffload.convert.demo_data import digits_images
 from ffload.convert.sources import ArraySource, ImageFolderSource
+from ffload.errors import UnavailableError
 from ffload.formats import open_dataset
 
 GIB = 2**30
@@ -271,7 +272,6 @@ def test_serial_fraction_refused_where_cprofile_is_one_per_process(monkeypatch):
     """From Python 3.12 the profiled measure would time every thread on one stack: it refuses, naming
     the measures that work there, before building a loader."""
     from ffload.bench import serial
-    from ffload.errors import UnavailableError
 
     monkeypatch.setattr(serial, "PER_THREAD_PROFILES", False)
     built = []
@@ -312,15 +312,9 @@ class _Stepper:
         pass
 
 
-def test_gil_sampled_fraction_tells_python_from_gil_free_work():
-    """py-spy's samples of the GIL's holder: a batch made of Python holds it nearly all its CPU
-    time, one made by a nogil kernel nearly none; the thread is counted as the consumer."""
+def _spin_steps():
+    """A Python step (200 us of CPU holding the GIL) and a compiled one (nogil)."""
     from numba import njit
-
-    from ffload.bench.serial import gil_sampled_fraction, py_spy_path
-
-    if py_spy_path() is None:
-        pytest.skip("py-spy is not installed (the test extra installs it)")
 
     def python_step():
         end = time.thread_time() + 200e-6
@@ -335,10 +329,17 @@ def test_gil_sampled_fraction_tells_python_from_gil_free_work():
         return total
 
     spin(10)
+    return python_step, lambda: spin(200_000)
 
-    def kernel_step():
-        return spin(200_000)
 
+def test_gil_sampled_fraction_tells_python_from_gil_free_work():
+    """py-spy's samples of the GIL's holder: a batch made of Python holds it nearly all its CPU
+    time, one made by a nogil kernel nearly none; the thread is counted as the consumer."""
+    from ffload.bench.serial import gil_sampled_fraction, py_spy_path
+
+    if py_spy_path() is None:
+        pytest.skip("py-spy is not installed (the test extra installs it)")
+    python_step, kernel_step = _spin_steps()
     try:
         python = gil_sampled_fraction(lambda w: _Stepper(python_step), seconds=1, rate=200)
     except OSError as e:  # py-spy may not attach where ptrace is forbidden (Yama, a container's capabilities)
@@ -349,6 +350,43 @@ def test_gil_sampled_fraction_tells_python_from_gil_free_work():
     assert python["batches"] > 0 and python["samples"]["main"] > 50
     assert main["held"] > 0.5 * main["cpu"] > 0
     assert kernel["per_batch_us"]["main"]["held"] < 0.2 * kernel["per_batch_us"]["main"]["cpu"]
+
+
+def test_gil_traced_fraction_tells_python_from_gil_free_work():
+    """Every hold of the GIL, traced: a batch made of Python holds it nearly all its CPU time, one
+    made by a nogil kernel nearly none, and drops it at least once per batch; the probes and their
+    tracing instance are gone afterwards."""
+    from ffload.bench.serial import TRACEFS, GilTrace, gil_traced_fraction
+
+    try:
+        GilTrace().close()
+    except UnavailableError as e:  # not root, no uprobe events, a stripped interpreter
+        pytest.skip(f"the GIL cannot be traced here: {e}")
+    python_step, kernel_step = _spin_steps()
+    python = gil_traced_fraction(lambda w: _Stepper(python_step), seconds=0.5)
+    kernel = gil_traced_fraction(lambda w: _Stepper(kernel_step), seconds=0.5)
+    main = python["per_batch_us"]["main"]
+    assert python["batches"] > 0 and python["probe_us"] > 0
+    assert main["held"] > 0.5 * main["cpu"] > 0
+    k = kernel["per_batch_us"]["main"]
+    assert k["held"] < 0.2 * k["cpu"] and k["holds"] >= 1
+    with open(os.path.join(TRACEFS, "uprobe_events")) as f:
+        assert f"ffload_gil_{os.getpid()}" not in f.read()
+    assert not os.path.exists(os.path.join(TRACEFS, "instances", f"ffload_gil_{os.getpid()}"))
+
+
+def test_gil_probe_points_are_offsets_in_the_interpreter_file():
+    """Where this interpreter takes and drops the GIL: two distinct offsets inside its file; a file
+    that is not ELF is refused with UnavailableError."""
+    from ffload.bench import serial
+
+    try:
+        path, take, drop = serial.gil_probe_points()
+    except UnavailableError as e:  # no nm, a stripped build
+        pytest.skip(str(e))
+    assert 0 < take < os.path.getsize(path) and 0 < drop < os.path.getsize(path) and take != drop
+    with pytest.raises(UnavailableError, match="not a 64-bit little-endian ELF"):
+        serial._elf_file_offset(__file__, take)
 
 
 def test_job_python_after_traffic_runs_jobs_and_closes_the_loader(raw_beton):

@@ -35,6 +35,14 @@ threads' CPU time over the same batches, give the serial fraction with neither a
 per call nor the waits and GIL-free library calls the two measures above count as held. Its
 uncertainty is the sampling's (about ``1 / sqrt(samples)``), and time a thread holds the GIL
 while the OS has preempted it counts (no other thread can run Python meanwhile either).
+
+:func:`gil_traced_fraction` measures every hold of the GIL instead of sampling it: uprobes on the
+return of CPython's ``take_gil`` and the entry of ``drop_gil`` (:class:`GilTrace`, root on Linux)
+time each thread's holds in the kernel, so nothing is missed between samples. Each hold is
+lengthened by the two probes' cost, measured in the same run on a loop that does nothing else
+(:meth:`GilTrace.calibrate`) and removed. It also counts the holds: every GIL-releasing call (a
+kernel, a file read, torch freeing a tensor) ends one, and each is a point where a waiting
+thread may take the GIL over.
 """
 
 from __future__ import annotations
@@ -42,7 +50,9 @@ from __future__ import annotations
 import cProfile
 import os
 import pstats
+import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -536,6 +546,230 @@ def _sampling_errors(log: str) -> int:
     _, found, rest = log.rpartition("Errors:")
     words = rest.split()
     return int(words[0]) if found and words and words[0].isdigit() else 0
+
+
+TRACEFS = "/sys/kernel/tracing"
+"""Where the kernel's tracing file system is (mounted there by :class:`GilTrace` when it is not)."""
+
+_TRACE_LINE = re.compile(rb"-(\d+)\s+\(\s*(\d+)\)\s+\[\d+\]\s+\S+\s+(\d+\.\d+): (took|drop):")
+
+
+def _interpreter_file() -> str:
+    """The file that holds this interpreter's GIL code: the ``libpython`` it mapped, else its executable."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split(maxsplit=5)[-1].strip()
+            if "/libpython3" in path:
+                return path
+    return os.path.realpath(sys.executable)
+
+
+def _elf_file_offset(path: str, address: int) -> int:
+    """The file offset of the virtual ``address`` of a 64-bit little-endian ELF file (from its
+    loadable segments, what a uprobe needs). Raises UnavailableError for another file format."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4:6] != b"\x02\x01":
+            raise UnavailableError(f"{path} is not a 64-bit little-endian ELF file")
+        (phoff,) = struct.unpack_from("<Q", head, 32)
+        size, count = struct.unpack_from("<HH", head, 54)
+        f.seek(phoff)
+        table = f.read(size * count)
+    for k in range(count):
+        kind, _, offset, vaddr, _, filesz = struct.unpack_from("<IIQQQQ", table, k * size)
+        if kind == 1 and vaddr <= address < vaddr + filesz:  # PT_LOAD
+            return address - vaddr + offset
+    raise UnavailableError(f"{path}: address {address:#x} is in no loadable segment")
+
+
+def gil_probe_points() -> tuple[str, int, int]:
+    """``(file, take_gil offset, drop_gil offset)``: where this interpreter takes and drops the GIL
+    (CPython's static ``take_gil`` and ``drop_gil``, from the file's symbol table by ``nm``).
+
+    Raises:
+        UnavailableError: no ``nm`` (binutils), or the file has no such symbols (a stripped
+            build; pyenv's and python.org's builds keep them).
+    """
+    path = _interpreter_file()
+    nm = shutil.which("nm")
+    if nm is None:
+        raise UnavailableError("nm (binutils) not found: the GIL's code cannot be located")
+    listing = subprocess.run([nm, "--defined-only", path], capture_output=True, text=True).stdout
+    found = {}
+    for line in listing.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[2] in ("take_gil", "drop_gil"):
+            found[words[2]] = int(words[0], 16)
+    if len(found) != 2:
+        raise UnavailableError(f"{path} has no take_gil/drop_gil symbols (a stripped build)")
+    return path, _elf_file_offset(path, found["take_gil"]), _elf_file_offset(path, found["drop_gil"])
+
+
+class GilTrace:
+    """Every hold of the GIL by this process's threads, timed by the kernel: a uprobe on the return
+    of CPython's ``take_gil`` (the thread holds the GIL from then) and one on the entry of
+    ``drop_gil`` (it lets go), recorded in a tracing instance of its own (``tracefs``), with
+    each event's thread and process. Unlike sampling, nothing is missed and nothing is
+    estimated; each hold is lengthened by the probes' own cost, which :meth:`calibrate`
+    measures and :func:`gil_traced_fraction` removes. Linux only; needs root (it mounts
+    ``tracefs`` at :data:`TRACEFS` if needed) and a kernel with uprobe events. A context manager:
+    leaving it removes the probes and the instance.
+
+    Raises:
+        UnavailableError: (constructing) not root, no uprobe events, or :func:`gil_probe_points` failed.
+    """
+
+    def __init__(self, buffer_kib: int = 65536):
+        if not sys.platform.startswith("linux") or os.geteuid() != 0:
+            raise UnavailableError("tracing the GIL needs root on Linux (uprobes)")
+        if not os.path.exists(os.path.join(TRACEFS, "uprobe_events")):
+            subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True)
+        if not os.path.exists(os.path.join(TRACEFS, "uprobe_events")):
+            raise UnavailableError(f"no uprobe events under {TRACEFS} (kernel without CONFIG_UPROBE_EVENTS?)")
+        path, take, drop = gil_probe_points()
+        self.group = f"ffload_gil_{os.getpid()}"
+        self._instance = os.path.join(TRACEFS, "instances", self.group)
+        self._events = [f"r:{self.group}/took {path}:{take:#x}", f"p:{self.group}/drop {path}:{drop:#x}"]
+        try:
+            for event in self._events:
+                self._write("uprobe_events", event + "\n", append=True)
+            os.mkdir(self._instance)
+            self._write(os.path.join(self._instance, "buffer_size_kb"), str(int(buffer_kib)))
+            self._write(os.path.join(self._instance, "options", "record-tgid"), "1")
+        except OSError as e:
+            self.close()
+            raise UnavailableError(f"uprobes on {path}: {e}") from e
+
+    @staticmethod
+    def _write(path: str, text: str, append: bool = False) -> None:
+        # os.open, not open(..., "a"): Python's append mode seeks to the end, which tracefs refuses
+        fd = os.open(os.path.join(TRACEFS, path), os.O_WRONLY | (os.O_APPEND if append else os.O_TRUNC))
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def _enable(self, on: bool) -> None:
+        self._write(os.path.join(self._instance, "events", self.group, "enable"), "1" if on else "0")
+
+    def record(self, work: Callable[[], None]) -> dict[int, tuple[float, int]]:
+        """Run ``work()`` with the probes on; ``{thread id (native): (seconds held, holds)}`` of this
+        process's threads over that time (a hold begun before ``work`` is not counted)."""
+        self._write(os.path.join(self._instance, "trace"), "")
+        self._enable(True)
+        try:
+            work()
+        finally:
+            self._enable(False)
+        pid, taken, held = str(os.getpid()).encode(), {}, {}
+        with open(os.path.join(self._instance, "trace"), "rb") as f:
+            for line in f:
+                m = _TRACE_LINE.search(line)
+                if m is None or m.group(2) != pid:
+                    continue
+                tid, at = int(m.group(1)), float(m.group(3))
+                if m.group(4) == b"took":
+                    taken[tid] = at
+                elif tid in taken:
+                    seconds, holds = held.get(tid, (0.0, 0))
+                    held[tid] = (seconds + at - taken.pop(tid), holds + 1)
+        return held
+
+    def calibrate(self, holds: int = 5000) -> float:
+        """Seconds the probes add to one hold: the mean traced hold of a loop that drops the GIL at
+        once after taking it (``os.fstat``, which releases it around the system call). The
+        loop's own Python (a few tens of nanoseconds per turn) counts as probe cost, so what
+        this removes undercounts a hold by as much."""
+        fd = os.open(os.devnull, os.O_RDONLY)
+        try:
+
+            def loop():
+                for _ in range(holds):
+                    os.fstat(fd)
+
+            held = self.record(loop).get(threading.get_native_id(), (0.0, 0))
+        finally:
+            os.close(fd)
+        return held[0] / held[1] if held[1] else 0.0
+
+    def close(self) -> None:
+        """Remove the instance and the probes (idempotent)."""
+        if os.path.isdir(self._instance):
+            try:
+                self._enable(False)
+            except OSError:
+                pass
+            os.rmdir(self._instance)
+        for event in self._events:
+            try:
+                self._write("uprobe_events", "-:" + event.split()[0].split(":", 1)[1] + "\n", append=True)
+            except OSError:  # never added
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def gil_traced_fraction(make_loader: Callable[[int], object], seconds: float = 3.0, num_workers: int = 1) -> dict:
+    """Measure the serial fraction of ``make_loader(num_workers)`` (a ``Loader``) from every hold of
+    the GIL (:class:`GilTrace`), while batches are taken for ``seconds`` (after a warm-up of 20),
+    against the loader threads' CPU clocks over the same batches. Each hold's probe cost
+    (:meth:`GilTrace.calibrate`, same run) is removed.
+
+    Returns ``{'batches', 'num_workers', 'seconds', 'batch_us' (wall time per batch, probes on),
+    'probe_us' (per hold), 'per_batch_us': {thread kind: {'cpu', 'held', 'holds'}}, 'holds'
+    (per batch, all kinds), 'held_us', 'cpu_us', 'serial_fraction' (held / CPU)}``,
+    microseconds per batch (``holds``: GIL holds per batch); thread kinds as :func:`_thread_kind`.
+
+    Raises:
+        UnavailableError: the GIL cannot be traced here (:class:`GilTrace`).
+    """
+    with GilTrace() as trace:
+        probe = trace.calibrate()
+        loader = make_loader(num_workers)
+        try:
+            batches = _Batches(loader)
+            batches.take(20)  # JIT, buffers, page faults, every thread started
+            state: dict = {}
+
+            def work():
+                state["first"], state["cpu"], t0 = batches.taken, _thread_cpu(), time.perf_counter()
+                while time.perf_counter() - t0 < seconds:
+                    batches.take(8)
+                state["wall"], state["cpu_after"] = time.perf_counter() - t0, _thread_cpu()
+
+            held = trace.record(work)
+            kinds_of = {t.native_id: _thread_kind(t.name) for t in threading.enumerate()}
+        finally:
+            loader.close()
+    taken = batches.taken - state["first"]
+    kinds: dict[str, dict] = {}
+    for thread, (kind, cpu) in state["cpu_after"].items():
+        acc = kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0, "holds": 0.0})
+        acc["cpu"] += (cpu - state["cpu"].get(thread, (kind, 0.0))[1]) * 1e6 / taken
+    for tid, (secs, holds) in held.items():
+        kind = kinds_of.get(tid)
+        if kind is not None:
+            acc = kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0, "holds": 0.0})
+            acc["held"] += max(0.0, secs - holds * probe) * 1e6 / taken
+            acc["holds"] += holds / taken
+    held_us = sum(k["held"] for k in kinds.values())
+    cpu = sum(k["cpu"] for k in kinds.values())
+    return {
+        "batches": taken,
+        "num_workers": num_workers,
+        "seconds": seconds,
+        "batch_us": state["wall"] * 1e6 / taken,
+        "probe_us": probe * 1e6,
+        "per_batch_us": kinds,
+        "holds": sum(k["holds"] for k in kinds.values()),
+        "held_us": held_us,
+        "cpu_us": cpu,
+        "serial_fraction": held_us / cpu if cpu else None,
+    }
 
 
 def gil_sampled_fraction(
