@@ -31,8 +31,9 @@ capped so that the later ones still run):
 ``recipe``   the ResNet-9 CIFAR recipe (``ffload.recipes.run.run_recipe``, 3 epochs, CIFAR-shaped
              images cut from the photos): epoch time and data-wait fraction.
 ``scale``    the CPU loader at 1, 2, 4, 8, 12, 16 (up to the usable CPUs) workers: raw 32x32
-             (random order + flip, batch 256, epochs of 40 batches per worker of the largest
-             count, samples repeated) with ``batches_per_job`` "auto" and each of
+             (random order + flip, batch 256, ImageNet-1k-length epochs, 5,005 batches, samples
+             repeated) with ``batches_per_job`` "auto" (from the second epoch, jobs measured fast
+             at 16 workers fill the larger slots, about 170 batches) and each of
              ``--scale-jobs`` (the job size is what limits raw at many workers); the same in
              CIFAR-10-length epochs (50,000 samples, 196 batches) with "auto" and each of
              ``--scale-cifar-jobs`` (auto's epoch rule: 6 per job at 16 workers before its jobs
@@ -746,7 +747,7 @@ def scaling(run: Run, args) -> dict:
 
     samples = open_dataset(run.data["raw"]).num_samples
     epochs = {
-        "": (np.resize(np.arange(samples), max(samples, 40 * counts[-1] * 256)), args.scale_jobs),
+        "": (np.resize(np.arange(samples), 1281167), args.scale_jobs),  # 5,005 batches
         "_cifar": (np.resize(np.arange(samples), 50000), args.scale_cifar_jobs),  # 196 batches
     }
     cases = {}
@@ -801,7 +802,7 @@ def main(argv=None) -> int:
     ap.add_argument("--train-steps", type=int, default=30)
     ap.add_argument("--recipe-epochs", type=int, default=3)
     ap.add_argument("--scale-seconds", type=float, default=2.0)
-    ap.add_argument("--scale-jobs", default="10,40", help="fixed batches_per_job values for raw in 'scale'")
+    ap.add_argument("--scale-jobs", default="10,42,170", help="fixed batches_per_job values for raw in 'scale'")
     ap.add_argument(
         "--scale-cifar-jobs",
         default="6,10,20",

@@ -2,7 +2,7 @@
 ``num_workers``, same run, rounds interleaved, as ratios to the first ``--jobs`` value (``"auto"``).
 
     python scripts/bench_jobs.py                                   # 1, 2 workers (2-core VM), ~1 min
-    python scripts/bench_jobs.py --workers 4,8,16 --jobs auto,10,20,40 --seconds 2   # a 16-core node
+    python scripts/bench_jobs.py --workers 4,8,16 --jobs auto,10,20,40,170 --seconds 2   # a 16-core node
 
 Why: every job runs the same Python under the GIL (seeds, contexts, kernel calls, hand-offs), which
 all workers share; with many workers on small batches that Python, not the kernels, bounds the
@@ -13,8 +13,8 @@ Dataset: ``--samples`` raw 32x32 images of random pixels (:func:`ffload.bench.da
 built in ``--data`` and reused). Pipeline: ``SimpleRGBImageDecoder`` + ``RandomHorizontalFlip`` +
 ``ToTensor`` + ``ToTorchImage``, labels ``IntDecoder``; batch 256, random order, page cache warm.
 Epochs (``--epochs``): ``cifar`` (50,000 samples, CIFAR-10's train set: 196 batches, where the
-epoch caps the automatic size) and ``long`` (40 batches per worker of the largest count, 400 at
-least). Progress goes to stderr; ``--out`` gets ``results.md`` and ``results.json`` (per-round rates).
+epoch caps the automatic size) and ``long`` (ImageNet-1k's train set, 1,281,167 samples: 5,005
+batches, where 16 workers' fast jobs grow to the larger slots, about 170 batches). Progress goes to stderr; ``--out`` gets ``results.md`` and ``results.json`` (per-round rates).
 Every config runs in this process, one ``Loader`` at a time, ``--seconds`` after its first batch;
 the configs run in order, then reversed, for ``--rounds``; the table shows medians.
 """
@@ -68,7 +68,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", default="1,2", help="num_workers values (at most the usable CPUs)")
     ap.add_argument("--jobs", default="auto,5,10,20,40", help="batches_per_job values")
-    ap.add_argument("--epochs", default="cifar,long", help="cifar (50,000 samples) and/or long, comma-separated")
+    ap.add_argument(
+        "--epochs", default="cifar,long", help="cifar (50,000 samples) and/or long (1,281,167), comma-separated"
+    )
     ap.add_argument("--samples", type=int, default=20000, help="images in the dataset")
     ap.add_argument("--seconds", type=float, default=1.0, help="timed seconds per config and round")
     ap.add_argument("--rounds", type=int, default=2)
@@ -92,7 +94,7 @@ def main() -> None:
     path = os.path.join(args.data, f"raw32_{args.samples}.beton")
     if not os.path.exists(path):
         write_random_raw(path, args.samples)
-    lengths = {"cifar": 50000, "long": max(40 * max(workers), 400) * BATCH_SIZE}
+    lengths = {"cifar": 50000, "long": 1281167}
     epochs = {name: lengths[name] for name in names}
     configs = [(e, w, j) for e in epochs for w in workers for j in jobs]
     rate(path, 1, "auto", np.arange(args.samples), 0.1)  # compile before any timing
