@@ -32,9 +32,9 @@ capped so that the later ones still run):
              images cut from the photos): epoch time and data-wait fraction.
 ``scale``    the CPU loader at 1, 2, 4, 8, 12, 16 (up to the usable CPUs) workers: raw 32x32
              (random order + flip, batch 256, ImageNet-1k-length epochs, 5,005 batches, samples
-             repeated) with ``batches_per_job`` "auto" (from the second epoch, jobs measured fast
-             at 16 workers fill the larger slots, about 170 batches) and each of
-             ``--scale-jobs`` (the job size is what limits raw at many workers); the same in
+             repeated: the job limits, not the epoch, bound auto's size, 42 at 16 workers) with
+             ``batches_per_job`` "auto" and each of ``--scale-jobs`` (the job size is what limits
+             raw at many workers; 170 stands for jobs four times the limits); the same in
              CIFAR-10-length epochs (50,000 samples, 196 batches) with "auto" and each of
              ``--scale-cifar-jobs`` (auto's epoch rule: 6 per job at 16 workers before its jobs
              are measured, 10 once they are measured fast; each run's last size is recorded); JPEG

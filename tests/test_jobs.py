@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 import torch
 
@@ -167,10 +166,6 @@ def test_auto_jobs_grow_with_more_workers_than_four(dataset):
     assert _job_limits(16, plenty) == _job_limits(64, plenty) == (32 * mib, 64)  # measured up to 16
     assert _job_limits(16, 36 * 20 * mib) == (20 * mib, 64)  # 36 slots of 20 MiB fit
     assert _job_limits(16, 36 * mib) == (8 * mib, 64)
-    # the slots jobs measured fast may fill: the square of the growth (16 workers: 128 MiB, 256 batches)
-    assert _job_limits(4, plenty, fast=True) == (8 * mib, 16) and _job_limits(8, plenty, fast=True) == (32 * mib, 64)
-    assert _job_limits(16, plenty, fast=True) == _job_limits(64, plenty, fast=True) == (128 * mib, 256)
-    assert _job_limits(16, 36 * 20 * mib, fast=True) == (20 * mib, 256)
     assert _job_size_rule(True, 64, 196, 16) == 6 and _job_size_rule(True, 64, 196, 2) == 49
     assert _job_size_rule(True, 10, 5, 16) == 1 and _job_size_rule(False, 10, 5, 16) == 10
     with ffload.Loader(dataset, pipelines=augmenting(), batch_size=8, batches_per_job=1) as loader:
@@ -191,39 +186,6 @@ def test_an_epochs_jobs_grow_past_two_per_worker_only_when_measured_fast():
     assert _job_size_rule(True, 64, 196, 8, 0.3e-3) == 19 and _job_size_rule(True, 64, 196, 8, 10e-3) == 12
     assert _job_size_rule(True, 64, 196, 2, 0.0) == 49  # two per worker is the larger up to 2 workers
     assert _job_size_rule(True, 8, 196, 16, 0.0) == 8 and _job_size_rule(False, 3, 196, 16, 0.0) == 3
-
-
-def test_a_long_epochs_fast_jobs_fill_the_larger_slots():
-    """A long epoch (5000 batches, 16 workers): ``usual`` (64) before any measure and for slow jobs;
-    jobs fast at that size (under 16 ms each) grow to the slots' ``most`` (256), still more jobs
-    than slots; a short epoch is sized as before, whatever ``most``."""
-    assert _job_size_rule(True, 256, 5000, 16, None, 18, usual=64) == 64
-    assert _job_size_rule(True, 256, 5000, 16, 1e-3, 18, usual=64) == 64  # 64 ms per job: slow
-    assert _job_size_rule(True, 256, 5000, 16, 0.2e-3, 18, usual=64) == 256  # 12.8 ms: fast
-    assert _job_size_rule(True, 256, 5000, 16, 0.0, 0, usual=64) == 256  # what sizes the slots
-    assert _job_size_rule(True, 256, 3000, 16, 0.2e-3, 18, usual=64) == 166  # 19 jobs for 18 slots
-    assert _job_size_rule(True, 256, 196, 16, 0.2e-3, 18, usual=64) == 10  # a short epoch: as before
-    assert _job_size_rule(True, 256, 196, 16, None, 18, usual=64) == 6
-
-
-def test_sixteen_workers_size_their_slots_for_fast_jobs(dataset, monkeypatch):
-    """With 16 workers (this machine's CPUs patched) a long epoch of small batches: the slots hold
-    the larger fast jobs (:func:`_job_limits` with ``fast``), the first epoch runs the usual size,
-    and a measure of fast jobs grows the next epoch's to the slots; with 4 workers both sizes are
-    one."""
-    monkeypatch.setattr(loader_module, "available_cpus", lambda: 16)
-    indices = np.tile(np.arange(N), -(-5000 // N))[:5000]
-    kw = dict(batch_size=1, indices=indices, pipelines=augmenting())
-    with ffload.Loader(dataset, num_workers=16, **kw) as loader:
-        usual, most = loader._usual_job, loader.batches_per_job
-        assert usual == 64 and most == 256  # the batch caps bind: one small image per batch
-        assert loader._job_size(len(loader)) == usual
-        loader._tuner.job_seconds_per_batch = 1e-5
-        assert loader._job_size(len(loader)) == most
-        loader._tuner.job_seconds_per_batch = 1e-3
-        assert loader._job_size(len(loader)) == usual
-    with ffload.Loader(dataset, num_workers=4, **kw) as loader:
-        assert loader._usual_job == loader.batches_per_job == 16
 
 
 class _Sleep(ffload.loaders.Operation):
