@@ -61,7 +61,10 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   its share of linear), next to the measured curve. ``--serial-jobs N``: the serial measures run
   jobs of N batches (``batches_per_job``) instead of the loader's choice for one worker, such as
   the jobs the largest worker count runs (42 for raw 32x32 at 16 workers, 32 MiB), for a projection
-  of those workers; the scaling curve keeps the loader's choice.
+  of those workers; the scaling curve keeps the loader's choice. ``--serial-epoch-samples N``: the
+  serial measures' epochs are N samples (samples repeated), as long as those workers' epochs: with
+  the scaling curve's (40 batches per worker of the largest count: 80 at ``--workers 1,2``) an
+  epoch holds two 42-batch jobs, and each epoch's start and order are counted once per 80 batches.
 * ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
   in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
 
@@ -437,8 +440,9 @@ def scaling_case(args) -> dict:
         # an epoch of at least 40 batches per worker of the largest count (samples repeated): epoch
         # boundaries, where the workers drain, must not be what limits 16 workers on a small dataset
         indices = np.tile(np.arange(n), -(-40 * max(args.worker_list) * batch_size // n))
+    serial_indices = np.resize(np.arange(n), args.serial_epoch_samples) if args.serial_epoch_samples else indices
 
-    def build(workers, batches_per_job="auto"):
+    def build(workers, batches_per_job="auto", indices=indices):
         decoder = RandomResizedCropRGBImageDecoder((224, 224)) if pipeline == "rrc" else SimpleRGBImageDecoder()
         image = [decoder, RandomHorizontalFlip(), ToTensor(), ToTorchImage()]
         if pipeline == "wait":
@@ -477,7 +481,7 @@ def scaling_case(args) -> dict:
     serial = timed = sampled = traced = None
     if args.serial_batches:
         measure = serial_measures()
-        jobs = functools.partial(build, batches_per_job=args.serial_jobs or "auto")
+        jobs = functools.partial(build, batches_per_job=args.serial_jobs or "auto", indices=serial_indices)
         try:
             serial = measure.serial_fraction(jobs, batches)
         except measure.UnavailableError as e:  # Python 3.12+: no cProfile per thread
@@ -545,6 +549,8 @@ def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
         str(args.gil_seconds),
         "--serial-jobs",
         str(args.serial_jobs or 0),
+        "--serial-epoch-samples",
+        str(args.serial_epoch_samples or 0),
     ] + (["--cold-cache"] if args.cold_cache else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -734,7 +740,8 @@ def run_scaling(args) -> None:
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
         f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "
-        f"wait {args.wait_us:g} us per row, serial measures with {args.serial_jobs or 'auto'} batches per job, "
+        f"wait {args.wait_us:g} us per row, serial measures with {args.serial_jobs or 'auto'} batches per job "
+        f"in epochs of {args.serial_epoch_samples or 'those'} samples, "
         f"page cache warm, {args.rounds} round(s), {time.perf_counter() - t0:.0f} s"
     )
     text, data = scaling_report(results, note)
@@ -894,6 +901,12 @@ def main() -> None:
         type=int,
         default=0,
         help="--scaling: batches per job in the serial measures (default: the loader's choice for one worker)",
+    )
+    parser.add_argument(
+        "--serial-epoch-samples",
+        type=int,
+        default=0,
+        help="--scaling: samples per epoch in the serial measures (default: the scaling curve's epochs)",
     )
     parser.add_argument(
         "--cold-cache",
