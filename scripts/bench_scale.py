@@ -494,7 +494,7 @@ def scaling_case(args) -> dict:
                 sampled = {"error": str(e)}
         try:
             traced = measure.gil_traced_fraction(jobs, args.gil_seconds)
-        except measure.UnavailableError as e:  # not root, no uprobes, a stripped interpreter
+        except (measure.UnavailableError, OSError) as e:  # not root, no uprobes, a stripped build, lost events
             traced = {"error": str(e)}
     cold = None
     if args.cold_cache and pipeline == "simple":

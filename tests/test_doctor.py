@@ -375,6 +375,56 @@ def test_gil_traced_fraction_tells_python_from_gil_free_work():
     assert not os.path.exists(os.path.join(TRACEFS, "instances", f"ffload_gil_{os.getpid()}"))
 
 
+def test_gil_holds_pair_each_threads_events_of_this_process():
+    """A trace's events paired per thread: holds summed, other processes' events left out, a drop
+    without its took (a hold begun before the trace) and a took replaced by another counted as
+    unpaired; the header's overwritten events are read as lost."""
+    from ffload.bench.serial import _lost_events, gil_holds
+
+    lines = [
+        b"# entries-in-buffer/entries-written: 7/9   #P:2\n",
+        b"          python-12     (     10) [000] d..1.  5.000000: drop: (0x7f)\n",
+        b"          python-11     (     10) [001] d..1.  5.000001: took: (0x7f <- 0x7e)\n",
+        b"          python-11     (     10) [001] d..1.  5.000004: drop: (0x7f)\n",
+        b"          python-12     (     10) [000] d..1.  5.000005: took: (0x7f <- 0x7e)\n",
+        b"          python-12     (     10) [000] d..1.  5.000006: took: (0x7f <- 0x7e)\n",
+        b"          python-12     (     10) [000] d..1.  5.000008: drop: (0x7f)\n",
+        b"           other-99     (     99) [001] d..1.  5.000009: took: (0x7f <- 0x7e)\n",
+    ]
+    held, unpaired = gil_holds(lines, 10)
+    assert set(held) == {11, 12} and held[11][1] == held[12][1] == 1 and unpaired == 2
+    assert held[11][0] == pytest.approx(3e-6) and held[12][0] == pytest.approx(2e-6)
+    assert _lost_events(lines[0]) == 2 and _lost_events(b"# tracer: nop\n") == 0
+
+
+def test_gil_trace_that_fails_to_set_up_removes_what_it_made(tmp_path, monkeypatch):
+    """A tracefs where the instance cannot be sized (a stand-in directory: its files are missing):
+    UnavailableError, the two probes it added are removed again, its instance directory is gone,
+    and a dead process's leftovers are removed first; uprobe_events is only ever appended to."""
+    from ffload.bench import serial
+
+    (tmp_path / "instances" / "ffload_gil_999999999_abc").mkdir(parents=True)  # a killed process's
+    (tmp_path / "uprobe_events").write_text("p:ffload_gil_999999999_abc/drop /lib.so:0x10\n")
+    monkeypatch.setattr(serial, "TRACEFS", str(tmp_path))
+    monkeypatch.setattr(serial.sys, "platform", "linux")
+    monkeypatch.setattr(serial.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(serial, "gil_probe_points", lambda: ("/lib.so", 0x10, 0x20))
+    with pytest.raises(UnavailableError, match="uprobes on /lib.so"):
+        serial.GilTrace()
+    written = (tmp_path / "uprobe_events").read_text().splitlines()
+    assert written[1] == "-:ffload_gil_999999999_abc/drop"
+    group = written[2].split()[0].split(":", 1)[1].split("/")[0]
+    assert written[2:] == [
+        f"r:{group}/took /lib.so:0x10",
+        f"p:{group}/drop /lib.so:0x20",
+        f"-:{group}/drop",
+        f"-:{group}/took",
+    ]
+    assert os.listdir(tmp_path / "instances") == []
+    with pytest.raises(ValueError, match="never truncated"):
+        serial._tracefs_write("uprobe_events", "")
+
+
 def test_gil_probe_points_are_offsets_in_the_interpreter_file():
     """Where this interpreter takes and drops the GIL: two distinct offsets inside its file; a file
     that is not ELF is refused with UnavailableError."""

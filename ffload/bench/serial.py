@@ -51,6 +51,7 @@ import cProfile
 import os
 import pstats
 import re
+import secrets
 import shutil
 import struct
 import subprocess
@@ -469,6 +470,15 @@ def _thread_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
+def _cpu_us_per_batch(before: dict, after: dict, batches: int) -> dict[str, float]:
+    """``{thread kind: CPU microseconds per batch}`` between two :func:`_thread_cpu` readings (a
+    thread started meanwhile counts whole)."""
+    out: dict[str, float] = {}
+    for thread, (kind, cpu) in after.items():
+        out[kind] = out.get(kind, 0.0) + (cpu - before.get(thread, (kind, 0.0))[1]) * 1e6 / batches
+    return out
+
+
 def kernel_timed_fraction(make_loader: Callable[[int], object], batches: int, num_workers: int = 1) -> dict:
     """Measure the serial fraction of ``make_loader(num_workers)`` (a ``Loader``) over ``batches``
     batches (after a warm-up of at most 20) without a profiler: each loader thread's CPU time (its
@@ -493,13 +503,9 @@ def kernel_timed_fraction(make_loader: Callable[[int], object], batches: int, nu
     finally:
         clock.restore()
         loader.close()
-    kinds: dict[str, dict] = {}
-    for thread, (kind, cpu) in after.items():
-        acc = kinds.setdefault(kind, {"cpu": 0.0, "kernel": 0.0})
-        acc["cpu"] += (
-            (cpu - before.get(thread, (kind, 0.0))[1]) * 1e6 / batches
-        )  # a thread started meanwhile: all of it
-        acc["kernel"] += clock.seconds.get(thread, 0.0) * 1e6 / batches
+    kinds = {kind: {"cpu": cpu, "kernel": 0.0} for kind, cpu in _cpu_us_per_batch(before, after, batches).items()}
+    for thread, (kind, _) in after.items():
+        kinds[kind]["kernel"] += clock.seconds.get(thread, 0.0) * 1e6 / batches
     calls = sum(clock.calls.values()) / batches
     kernel = sum(k["kernel"] for k in kinds.values())
     dispatch = min(kernel, dispatch_cost() * 1e6 * calls)
@@ -552,14 +558,17 @@ TRACEFS = "/sys/kernel/tracing"
 """Where the kernel's tracing file system is (mounted there by :class:`GilTrace` when it is not)."""
 
 _TRACE_LINE = re.compile(rb"-(\d+)\s+\(\s*(\d+)\)\s+\[\d+\]\s+\S+\s+(\d+\.\d+): (took|drop):")
+_GROUP = "ffload_gil_"
 
 
 def _interpreter_file() -> str:
-    """The file that holds this interpreter's GIL code: the ``libpython`` it mapped, else its executable."""
+    """The file that holds this interpreter's GIL code: the ``libpython3.X`` it mapped (not the
+    ``libpython3.so`` stub), else its executable."""
+    name = f"/libpython{sys.version_info.major}.{sys.version_info.minor}"
     with open("/proc/self/maps") as f:
         for line in f:
             path = line.split(maxsplit=5)[-1].strip()
-            if "/libpython3" in path:
+            if name in path:
                 return path
     return os.path.realpath(sys.executable)
 
@@ -587,92 +596,152 @@ def gil_probe_points() -> tuple[str, int, int]:
     (CPython's static ``take_gil`` and ``drop_gil``, from the file's symbol table by ``nm``).
 
     Raises:
-        UnavailableError: no ``nm`` (binutils), or the file has no such symbols (a stripped
-            build; pyenv's and python.org's builds keep them).
+        UnavailableError: no ``nm`` (binutils); the file has no such symbols (a stripped build;
+            pyenv's and python.org's builds keep them); or the compiler made copies of them
+            (``take_gil.constprop.0``, ...), whose holds a probe on the original would miss.
     """
     path = _interpreter_file()
     nm = shutil.which("nm")
     if nm is None:
         raise UnavailableError("nm (binutils) not found: the GIL's code cannot be located")
     listing = subprocess.run([nm, "--defined-only", path], capture_output=True, text=True).stdout
-    found = {}
+    found, copies = {}, []
     for line in listing.splitlines():
         words = line.split()
-        if len(words) == 3 and words[2] in ("take_gil", "drop_gil"):
+        if len(words) != 3:
+            continue
+        if words[2] in ("take_gil", "drop_gil"):
             found[words[2]] = int(words[0], 16)
+        elif words[2].startswith(("take_gil.", "drop_gil.")):
+            copies.append(words[2])
+    if copies:
+        raise UnavailableError(f"{path} has copies of the GIL's functions ({', '.join(copies)}): holds would be missed")
     if len(found) != 2:
         raise UnavailableError(f"{path} has no take_gil/drop_gil symbols (a stripped build)")
     return path, _elf_file_offset(path, found["take_gil"]), _elf_file_offset(path, found["drop_gil"])
 
 
+def gil_holds(lines, pid: int) -> tuple[dict[int, tuple[float, int]], int]:
+    """Pair a trace's ``took`` and ``drop`` events (lines of a :class:`GilTrace` instance's
+    ``trace`` file, bytes) per thread of process ``pid``: ``({thread id: (seconds held, holds)},
+    unpaired)``, where ``unpaired`` counts a ``took`` that a second ``took`` replaced and a
+    ``drop`` without its ``took`` (a hold begun before the trace). Timestamps are printed in
+    microseconds: each hold is rounded to one, which a sum of many holds averages out."""
+    wanted, taken, held, unpaired = str(pid).encode(), {}, {}, 0
+    for line in lines:
+        m = _TRACE_LINE.search(line)
+        if m is None or m.group(2) != wanted:
+            continue
+        tid, at = int(m.group(1)), float(m.group(3))
+        if m.group(4) == b"took":
+            unpaired += tid in taken
+            taken[tid] = at
+        elif tid in taken:
+            seconds, holds = held.get(tid, (0.0, 0))
+            held[tid] = (seconds + at - taken.pop(tid), holds + 1)
+        else:
+            unpaired += 1
+    return held, unpaired
+
+
+def _lost_events(header: bytes) -> int:
+    """Events the ring buffer overwrote, from a trace's ``# entries-in-buffer/entries-written: B/W``
+    header line (0 where there is none)."""
+    m = re.search(rb"entries-in-buffer/entries-written: (\d+)/(\d+)", header)
+    return int(m.group(2)) - int(m.group(1)) if m else 0
+
+
 class GilTrace:
     """Every hold of the GIL by this process's threads, timed by the kernel: a uprobe on the return
     of CPython's ``take_gil`` (the thread holds the GIL from then) and one on the entry of
-    ``drop_gil`` (it lets go), recorded in a tracing instance of its own (``tracefs``), with
-    each event's thread and process. Unlike sampling, nothing is missed and nothing is
-    estimated; each hold is lengthened by the probes' own cost, which :meth:`calibrate`
-    measures and :func:`gil_traced_fraction` removes. Linux only; needs root (it mounts
-    ``tracefs`` at :data:`TRACEFS` if needed) and a kernel with uprobe events. A context manager:
-    leaving it removes the probes and the instance.
+    ``drop_gil`` (it lets go), recorded in a tracing instance of its own (``tracefs``, the
+    ``global`` clock where the kernel has it, so that a thread moving between CPUs is timed on one
+    clock), with each event's thread and process. Unlike sampling, nothing is missed and nothing
+    is estimated; each hold is lengthened by the probes' own cost, which :meth:`calibrate` measures
+    and :func:`gil_traced_fraction` removes. While recording, the probes also stop every other
+    process that runs the same interpreter file at each GIL hand-off (a few microseconds each; their
+    events are left out). Linux only; needs root (it mounts ``tracefs`` at :data:`TRACEFS` if
+    needed) and a kernel with uprobe events. A context manager: leaving it removes the probes and
+    the instance; probes that a killed process left are removed by the next one's constructor.
+
+    Args:
+        buffer_kib: the instance's ring buffer per CPU, KiB (kernel memory while it exists).
 
     Raises:
-        UnavailableError: (constructing) not root, no uprobe events, or :func:`gil_probe_points` failed.
+        UnavailableError: (constructing) not root, no uprobe events, or :func:`gil_probe_points` or
+            setting up the probes failed.
     """
 
     def __init__(self, buffer_kib: int = 65536):
+        self._added: list[str] = []
+        self._instance: str | None = None
         if not sys.platform.startswith("linux") or os.geteuid() != 0:
             raise UnavailableError("tracing the GIL needs root on Linux (uprobes)")
         if not os.path.exists(os.path.join(TRACEFS, "uprobe_events")):
-            subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True)
+            try:
+                subprocess.run(["mount", "-t", "tracefs", "nodev", TRACEFS], capture_output=True)
+            except OSError:  # no mount command: the check below says so
+                pass
         if not os.path.exists(os.path.join(TRACEFS, "uprobe_events")):
             raise UnavailableError(f"no uprobe events under {TRACEFS} (kernel without CONFIG_UPROBE_EVENTS?)")
         path, take, drop = gil_probe_points()
-        self.group = f"ffload_gil_{os.getpid()}"
-        self._instance = os.path.join(TRACEFS, "instances", self.group)
-        self._events = [f"r:{self.group}/took {path}:{take:#x}", f"p:{self.group}/drop {path}:{drop:#x}"]
+        _remove_stale_traces()
+        self.group = f"{_GROUP}{os.getpid()}_{secrets.token_hex(3)}"
         try:
-            for event in self._events:
-                self._write("uprobe_events", event + "\n", append=True)
-            os.mkdir(self._instance)
-            self._write(os.path.join(self._instance, "buffer_size_kb"), str(int(buffer_kib)))
-            self._write(os.path.join(self._instance, "options", "record-tgid"), "1")
-        except OSError as e:
-            self.close()
-            raise UnavailableError(f"uprobes on {path}: {e}") from e
-
-    @staticmethod
-    def _write(path: str, text: str, append: bool = False) -> None:
-        # os.open, not open(..., "a"): Python's append mode seeks to the end, which tracefs refuses
-        fd = os.open(os.path.join(TRACEFS, path), os.O_WRONLY | (os.O_APPEND if append else os.O_TRUNC))
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
+            for event, spec in (
+                ("took", f"r:{self.group}/took {path}:{take:#x}"),
+                ("drop", f"p:{self.group}/drop {path}:{drop:#x}"),
+            ):
+                _tracefs_write("uprobe_events", spec + "\n", append=True)
+                self._added.append(f"{self.group}/{event}")
+            os.mkdir(os.path.join(TRACEFS, "instances", self.group))
+            self._instance = os.path.join("instances", self.group)
+            _tracefs_write(os.path.join(self._instance, "buffer_size_kb"), str(int(buffer_kib)))
+            _tracefs_write(os.path.join(self._instance, "options", "record-tgid"), "1")
+            try:
+                _tracefs_write(os.path.join(self._instance, "trace_clock"), "global")
+            except OSError:  # a kernel without it: the per-CPU clock
+                pass
+        except BaseException as e:
+            try:
+                self.close()
+            except OSError:  # the setup's own error is the one to report
+                pass
+            if isinstance(e, OSError):
+                raise UnavailableError(f"uprobes on {path}: {e}") from e
+            raise
 
     def _enable(self, on: bool) -> None:
-        self._write(os.path.join(self._instance, "events", self.group, "enable"), "1" if on else "0")
+        _tracefs_write(os.path.join(self._instance, "events", self.group, "enable"), "1" if on else "0")
 
     def record(self, work: Callable[[], None]) -> dict[int, tuple[float, int]]:
         """Run ``work()`` with the probes on; ``{thread id (native): (seconds held, holds)}`` of this
-        process's threads over that time (a hold begun before ``work`` is not counted)."""
-        self._write(os.path.join(self._instance, "trace"), "")
+        process's threads over that time (:func:`gil_holds`; a hold begun before ``work`` is not
+        counted).
+
+        Raises:
+            UnavailableError: no event of this process was recorded (its ids as the kernel prints
+                them differ from this process's own: another PID namespace).
+            OSError: the ring buffer overwrote events (raise ``buffer_kib``), or more than 1 %
+                of the holds could not be paired.
+        """
+        _tracefs_write(os.path.join(self._instance, "trace"), "")
         self._enable(True)
         try:
             work()
         finally:
             self._enable(False)
-        pid, taken, held = str(os.getpid()).encode(), {}, {}
-        with open(os.path.join(self._instance, "trace"), "rb") as f:
-            for line in f:
-                m = _TRACE_LINE.search(line)
-                if m is None or m.group(2) != pid:
-                    continue
-                tid, at = int(m.group(1)), float(m.group(3))
-                if m.group(4) == b"took":
-                    taken[tid] = at
-                elif tid in taken:
-                    seconds, holds = held.get(tid, (0.0, 0))
-                    held[tid] = (seconds + at - taken.pop(tid), holds + 1)
+        with open(os.path.join(TRACEFS, self._instance, "trace"), "rb") as f:
+            lines = f.readlines()
+        lost = _lost_events(b"".join(line for line in lines[:20] if line.startswith(b"#")))
+        if lost:
+            raise OSError(f"the trace lost {lost} events: raise buffer_kib")
+        held, unpaired = gil_holds(lines, os.getpid())
+        holds = sum(n for _, n in held.values())
+        if not holds:
+            raise UnavailableError("no GIL hold of this process was traced (another PID namespace?)")
+        if unpaired > 1 + holds // 100:
+            raise OSError(f"{unpaired} GIL events of {holds} holds could not be paired")
         return held
 
     def calibrate(self, holds: int = 5000) -> float:
@@ -693,24 +762,68 @@ class GilTrace:
         return held[0] / held[1] if held[1] else 0.0
 
     def close(self) -> None:
-        """Remove the instance and the probes (idempotent)."""
-        if os.path.isdir(self._instance):
-            try:
-                self._enable(False)
-            except OSError:
-                pass
-            os.rmdir(self._instance)
-        for event in self._events:
-            try:
-                self._write("uprobe_events", "-:" + event.split()[0].split(":", 1)[1] + "\n", append=True)
-            except OSError:  # never added
-                pass
+        """Remove the instance and the probes this object made (idempotent). Every step is tried;
+        raises OSError for the first that failed, once all were."""
+        errors = []
+        if self._instance is not None:
+            errors += _try(self._enable, False)
+            errors += _try(os.rmdir, os.path.join(TRACEFS, self._instance))
+            self._instance = None
+        while self._added:
+            errors += _try(_tracefs_write, "uprobe_events", f"-:{self._added.pop()}\n", append=True)
+        if errors:
+            raise errors[0]
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *_) -> None:
+        try:
+            self.close()
+        except OSError:
+            if kind is None:  # else the exception in flight is the one to see
+                raise
+
+
+def _try(call: Callable, *args, **kwargs) -> list[OSError]:
+    """``[]`` when ``call(*args, **kwargs)`` succeeds or finds nothing to undo (ENOENT), else its OSError."""
+    try:
+        call(*args, **kwargs)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        return [e]
+    return []
+
+
+def _tracefs_write(path: str, text: str, append: bool = False) -> None:
+    """Write ``text`` to ``path`` under :data:`TRACEFS` (``os.open``: Python's append mode seeks to
+    the end, which tracefs refuses). ``uprobe_events`` only by appending: truncating it would
+    remove every uprobe on the machine."""
+    if path == "uprobe_events" and not append:
+        raise ValueError("uprobe_events is appended to, never truncated")
+    fd = os.open(os.path.join(TRACEFS, path), os.O_WRONLY | (os.O_APPEND if append else os.O_TRUNC))
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_traces() -> None:
+    """Remove the instances and probes of :class:`GilTrace` objects whose process is gone (killed
+    before it could leave its context)."""
+    instances = os.path.join(TRACEFS, "instances")
+    for name in os.listdir(instances) if os.path.isdir(instances) else ():
+        pid = name[len(_GROUP) :].split("_")[0]
+        if name.startswith(_GROUP) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _try(_tracefs_write, os.path.join("instances", name, "events", name, "enable"), "0")
+            _try(os.rmdir, os.path.join(instances, name))
+    with open(os.path.join(TRACEFS, "uprobe_events")) as f:
+        groups = {line.split()[0].split(":", 1)[1] for line in f if line.strip()}
+    for event in groups:
+        pid = event[len(_GROUP) :].split("_")[0]
+        if event.startswith(_GROUP) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _try(_tracefs_write, "uprobe_events", f"-:{event}\n", append=True)
 
 
 def gil_traced_fraction(make_loader: Callable[[int], object], seconds: float = 3.0, num_workers: int = 1) -> dict:
@@ -726,6 +839,7 @@ def gil_traced_fraction(make_loader: Callable[[int], object], seconds: float = 3
 
     Raises:
         UnavailableError: the GIL cannot be traced here (:class:`GilTrace`).
+        OSError: the trace lost events or could not be read (:meth:`GilTrace.record`).
     """
     with GilTrace() as trace:
         probe = trace.calibrate()
@@ -746,10 +860,10 @@ def gil_traced_fraction(make_loader: Callable[[int], object], seconds: float = 3
         finally:
             loader.close()
     taken = batches.taken - state["first"]
-    kinds: dict[str, dict] = {}
-    for thread, (kind, cpu) in state["cpu_after"].items():
-        acc = kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0, "holds": 0.0})
-        acc["cpu"] += (cpu - state["cpu"].get(thread, (kind, 0.0))[1]) * 1e6 / taken
+    kinds = {
+        kind: {"cpu": cpu, "held": 0.0, "holds": 0.0}
+        for kind, cpu in _cpu_us_per_batch(state["cpu"], state["cpu_after"], taken).items()
+    }
     for tid, (secs, holds) in held.items():
         kind = kinds_of.get(tid)
         if kind is not None:
@@ -838,14 +952,11 @@ def gil_sampled_fraction(
         loader.close()
     taken = batches.taken - first
     errors = _sampling_errors(log)
-    kinds: dict[str, dict] = {}
+    kinds = {kind: {"cpu": cpu, "held": 0.0} for kind, cpu in _cpu_us_per_batch(before, after, taken).items()}
     held_samples: dict[str, int] = {}
     for name, count in samples.items():
         kind = _thread_kind(name) or "other"
         held_samples[kind] = held_samples.get(kind, 0) + count
-    for thread, (kind, cpu) in after.items():
-        acc = kinds.setdefault(kind, {"cpu": 0.0, "held": 0.0})
-        acc["cpu"] += (cpu - before.get(thread, (kind, 0.0))[1]) * 1e6 / taken
     # the share of the sampling window each kind held the GIL, times the wall time per batch
     per_sample_us = wall / max(1, seconds * rate - errors) * 1e6 / taken
     for kind, count in held_samples.items():
