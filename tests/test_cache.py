@@ -315,6 +315,40 @@ def test_read_ahead_asks_for_no_batch_of_an_epoch_whose_payloads_are_cached(stam
         ahead.close()
 
 
+def test_read_ahead_checks_a_warm_epoch_against_the_runs_of_every_sample(stamped_dataset, monkeypatch):
+    """Given the loader's samples, the epoch check looks at their merged runs of pages, computed
+    once: a warm file's epochs neither sort their payloads nor ask for a batch; after an eviction
+    its batches are asked for. (Without ``samples``, the epoch's payloads are checked: the test
+    before.)"""
+    from ffload.loaders.memory import readahead
+
+    view = open_dataset(stamped_dataset)
+    columns = payload_columns(view, ["blob"])
+    samples = np.random.default_rng(5).permutation(N)
+    ahead = ReadAhead(view.data_path, view.data_size, columns, 1 << 30, record=True, samples=samples)
+    sorted_epochs = []  # calls of the per-epoch check, after the constructor compiled it
+    check = readahead.payloads_resident
+    monkeypatch.setattr(readahead, "payloads_resident", lambda *a: sorted_epochs.append(1) or check(*a))
+    try:
+        evict(view.data_path)
+        with open(view.data_path, "rb") as f:  # warm every page
+            f.read()
+        runs = []
+        merge = ahead._runs
+        monkeypatch.setattr(ahead, "_runs", lambda indices: runs.append(len(indices)) or merge(indices))
+        for epoch in range(2):
+            ahead.schedule(EpochBatches(np.random.default_rng(epoch).permutation(samples), 8), 0)
+            wait_until_stalled(ahead)
+            assert ahead._next == len(ahead._batches) and ahead.requested == []
+        assert sorted_epochs == [] and runs.count(N) == 1  # the samples' runs, merged once
+        evict(view.data_path)
+        ahead.schedule(EpochBatches(samples.copy(), 8), 0)
+        wait_until_stalled(ahead)
+        assert ahead.requested  # the first batch's probe finds the eviction: batches asked for
+    finally:
+        ahead.close()
+
+
 def test_read_ahead_compiles_its_kernels_before_its_thread_runs(stamped_dataset):
     """In a fresh process, every kernel of the IO thread has its signature once the constructor
     returns and before any epoch is scheduled: the IO thread never compiles (nor loads from the

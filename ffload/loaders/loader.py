@@ -512,7 +512,12 @@ class Loader:
             elif self.read_ahead and columns and self._local_files() and readahead.AVAILABLE:
                 unit = self._memory.block if isinstance(self._memory, ProcessCacheMemory) else ADVISE_PAGE
                 read_ahead = ReadAhead(
-                    self.view.shards or self.view.data_path, self.view.data_size, columns, self.read_ahead, unit=unit
+                    self.view.shards or self.view.data_path,
+                    self.view.data_size,
+                    columns,
+                    self.read_ahead,
+                    unit=unit,
+                    samples=self.indices,
                 )
             self._runner = BatchRunner(
                 self._pipelines,

@@ -33,9 +33,11 @@ of a dataset that fits in memory) is not asked for: the IO thread first checks a
 with ``mincore`` (:func:`sampled_resident`, :data:`RESIDENT_PROBES`), and asks for the whole batch
 when one is missing. Without that check, a warm dataset of small samples cost one ``madvise`` per
 run, hundreds per batch, as much CPU as decoding the batch, on a core the workers needed. Before
-that, at the start of each epoch, the IO thread checks every page the epoch's payloads span
-(:func:`payloads_resident`: the payloads in file order merged into runs of pages, ``mincore`` in
-chunks, stopping at the first missing page); when all are in the page cache it asks for none of
+that, at the start of each epoch, the IO thread checks every page the epoch's payloads span: the
+runs of pages of all the loader's samples, merged once (:func:`runs_resident`), and where one of
+those is missing, the epoch's own payloads (:func:`payloads_resident`: in file order merged into
+runs of pages), ``mincore`` in chunks, stopping at the first missing page: a warm file's payloads
+are sorted once, not once per epoch. When all are in the page cache it asks for none of
 the epoch's batches, so a warm dataset costs no GIL time per batch for read-ahead
 at all (the per-batch check took the GIL between the workers' compiled calls). Pages evicted later
 in that epoch are read when the decoders touch them; the next epoch checks again.
@@ -110,6 +112,10 @@ class ReadAhead:
         limit: bytes of pages requested beyond the batch being decoded (>= 0; 0 disables).
         unit: granularity of the requested ranges, bytes (a multiple of :data:`ADVISE_PAGE`):
             the unit the batch itself will read (see the module docstring).
+        samples: ``(M,) int64`` every sample id an epoch may hold (the loader's ``indices``;
+            repeats allowed), or None: their runs of pages, merged once, are what each epoch's
+            residency check looks at first (:func:`runs_resident`), instead of sorting that
+            epoch's payloads again.
 
     Attributes:
         requested: ``[(offset, length), ...]`` of the last epoch when ``record`` is True (tests): the
@@ -123,7 +129,16 @@ class ReadAhead:
         OSError: the data file cannot be opened.
     """
 
-    def __init__(self, path, data_size: int, columns, limit: int, record: bool = False, unit: int = ADVISE_PAGE):
+    def __init__(
+        self,
+        path,
+        data_size: int,
+        columns,
+        limit: int,
+        record: bool = False,
+        unit: int = ADVISE_PAGE,
+        samples: np.ndarray | None = None,
+    ):
         if unit < ADVISE_PAGE or unit % ADVISE_PAGE:
             raise ConfigurationError(f"unit must be a multiple of {ADVISE_PAGE} bytes, got {unit}")
         self.data_size = int(data_size)
@@ -131,6 +146,8 @@ class ReadAhead:
         self._vec = np.zeros(1, np.uint8)  # mincore's answer for one page
         self._pages = np.zeros(RESIDENT_CHUNK // ADVISE_PAGE, np.uint8)  # ... for a chunk of the region
         self._columns = columns
+        self._samples = samples
+        self._sample_runs: tuple[np.ndarray, np.ndarray] | None = None  # of ``samples``, at the first check
         if isinstance(path, ShardLayout):  # a sharded dataset: its own contiguous mapping of the shards
             self._map = FileMapping(path.paths, path.bases, path.sizes)
             self._address = self._map.address
@@ -152,6 +169,7 @@ class ReadAhead:
         advise_runs(self._address, starts, lengths, mmap.MADV_WILLNEED)  # no runs: no call
         if _MINCORE:
             sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data)
+            runs_resident(self._address, starts, lengths, self._pages, self._pages.ctypes.data)
             for ptrs, sizes in self._columns:
                 payloads_resident(
                     self._address, none, ptrs, sizes, self.data_size, self._pages, self._pages.ctypes.data
@@ -235,14 +253,21 @@ class ReadAhead:
     def _resident(self, batches, first: int) -> bool:
         """Whether every page the payloads of ``batches`` span is in the page cache (once per epoch,
         on the IO thread; compiled, without the GIL). Batch ``first`` (the next to decode) is probed
-        first: a cold epoch's first requests are not delayed by sorting the whole epoch."""
+        first: a cold epoch's first requests are not delayed by sorting the whole epoch. Then the
+        runs of every sample's pages (``samples``, merged at the first check), which hold the
+        epoch's; only when one is missing, the epoch's own payloads, sorted."""
         if not _MINCORE or not len(batches):
             return False
         starts, _ = self._runs(batches[first])
         if not sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data):
             return False
-        indices = batches.order  # the epoch's ids in one array: no copy under the GIL
         address, pages = self._address, self._pages
+        if self._samples is not None:
+            if self._sample_runs is None:
+                self._sample_runs = self._runs(self._samples)
+            if runs_resident(address, *self._sample_runs, pages, pages.ctypes.data):
+                return True
+        indices = batches.order  # the epoch's ids in one array: no copy under the GIL
         return all(
             payloads_resident(address, indices, ptrs, sizes, self.data_size, pages, pages.ctypes.data)
             for ptrs, sizes in self._columns
@@ -410,6 +435,20 @@ def _pages_resident(address, first, last, pages, pages_address):
             if (pages[i] & 1) == 0:
                 return False
         p += n
+    return True
+
+
+@njit(nogil=True, cache=True)
+def runs_resident(address, starts, lengths, pages, pages_address):
+    """Whether every page of the byte runs ``[starts[r], starts[r] + lengths[r])`` (``(R,) int64``
+    each, offsets into the mapping at ``address``) is in the page cache (:func:`_pages_resident`);
+    True for no run."""
+    for r in range(starts.shape[0]):
+        if lengths[r] > 0:
+            first = starts[r] // ADVISE_PAGE
+            last = (starts[r] + lengths[r] - 1) // ADVISE_PAGE
+            if not _pages_resident(address, first, last, pages, pages_address):
+                return False
     return True
 
 
