@@ -316,34 +316,46 @@ def test_read_ahead_asks_for_no_batch_of_an_epoch_whose_payloads_are_cached(stam
 
 
 def test_read_ahead_checks_a_warm_epoch_against_the_runs_of_every_sample(stamped_dataset, monkeypatch):
-    """Given the loader's samples, the epoch check looks at their merged runs of pages, computed
-    once: a warm file's epochs neither sort their payloads nor ask for a batch; after an eviction
-    its batches are asked for. (Without ``samples``, the epoch's payloads are checked: the test
-    before.)"""
+    """Given the loader's samples, the epoch check looks at the runs of pages their payloads span,
+    merged once: a warm file's epochs neither sort their own payloads nor ask for a batch. With only
+    an epoch's payloads cached, the runs miss a page of the others and the epoch's own payloads are
+    checked (cached: nothing asked for); after a whole eviction the batches are asked for.
+    (Without ``samples``, the epoch's payloads are checked: the test before.)"""
     from ffload.loaders.memory import readahead
 
     view = open_dataset(stamped_dataset)
     columns = payload_columns(view, ["blob"])
-    samples = np.random.default_rng(5).permutation(N)
+    ptrs, sizes = columns[0]
+    samples = np.random.default_rng(5).permutation(N).astype(np.int32)  # taken as int64
     ahead = ReadAhead(view.data_path, view.data_size, columns, 1 << 30, record=True, samples=samples)
-    sorted_epochs = []  # calls of the per-epoch check, after the constructor compiled it
-    check = readahead.payloads_resident
+    sorted_epochs, merged = [], []  # calls of the per-epoch check and of the merge, after the constructor
+    check, merge = readahead.payloads_resident, ahead._page_runs
     monkeypatch.setattr(readahead, "payloads_resident", lambda *a: sorted_epochs.append(1) or check(*a))
+    monkeypatch.setattr(ahead, "_page_runs", lambda indices, *a: merged.append(len(indices)) or merge(indices, *a))
+
+    def run_epoch(order):
+        ahead.schedule(EpochBatches(order.astype(np.int64), 8), 0)
+        wait_until_stalled(ahead)
+
     try:
         evict(view.data_path)
         with open(view.data_path, "rb") as f:  # warm every page
             f.read()
-        runs = []
-        merge = ahead._runs
-        monkeypatch.setattr(ahead, "_runs", lambda indices: runs.append(len(indices)) or merge(indices))
         for epoch in range(2):
-            ahead.schedule(EpochBatches(np.random.default_rng(epoch).permutation(samples), 8), 0)
-            wait_until_stalled(ahead)
+            run_epoch(np.random.default_rng(epoch).permutation(samples))
             assert ahead._next == len(ahead._batches) and ahead.requested == []
-        assert sorted_epochs == [] and runs.count(N) == 1  # the samples' runs, merged once
+        assert sorted_epochs == [] and merged == [N]  # the samples' runs, merged once
+        epoch = samples[: N // 2]
         evict(view.data_path)
-        ahead.schedule(EpochBatches(samples.copy(), 8), 0)
-        wait_until_stalled(ahead)
+        fd = os.open(view.data_path, os.O_RDONLY)  # warm the epoch's payloads only (no kernel read-ahead)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for s in epoch:
+            os.pread(fd, int(sizes[s]), int(ptrs[s]))
+        os.close(fd)
+        run_epoch(epoch)
+        assert sorted_epochs == [1] and ahead.requested == []
+        evict(view.data_path)
+        run_epoch(samples)
         assert ahead.requested  # the first batch's probe finds the eviction: batches asked for
     finally:
         ahead.close()
@@ -362,7 +374,8 @@ from ffload.loaders.memory import readahead as ra
 from ffload.loaders.memory.schedule import payload_columns
 view = open_dataset(sys.argv[1])
 ahead = ra.ReadAhead(view.data_path, view.data_size, payload_columns(view, ["blob"]), 1 << 20)
-kernels = ("spanned_units", "sort_unique", "unit_runs", "advise_runs", "sampled_resident", "payloads_resident")
+kernels = ("spanned_units", "sort_unique", "unit_runs", "advise_runs", "sampled_resident", "payloads_resident",
+           "runs_resident", "payload_page_runs")
 print(sorted(name for name in kernels if not getattr(ra, name).signatures))
 ahead.close()
 """

@@ -356,8 +356,9 @@ def test_gil_traced_fraction_tells_python_from_gil_free_work():
     """Every hold of the GIL, traced: a batch made of Python holds it nearly all its CPU time, one
     made by a nogil kernel nearly none, and drops it at least once per batch; the probes and their
     tracing instance are gone afterwards."""
-    from ffload.bench.serial import TRACEFS, GilTrace, gil_traced_fraction
+    from ffload.bench.serial import _GROUP, TRACEFS, GilTrace, _pid_namespace, gil_traced_fraction
 
+    mine = f"{_GROUP}{_pid_namespace()}_{os.getpid()}_"  # this process's traces
     try:
         GilTrace().close()
     except UnavailableError as e:  # not root, no uprobe events, a stripped interpreter
@@ -371,14 +372,15 @@ def test_gil_traced_fraction_tells_python_from_gil_free_work():
     k = kernel["per_batch_us"]["main"]
     assert k["held"] < 0.2 * k["cpu"] and k["holds"] >= 1
     with open(os.path.join(TRACEFS, "uprobe_events")) as f:
-        assert f"ffload_gil_{os.getpid()}" not in f.read()
-    assert not os.path.exists(os.path.join(TRACEFS, "instances", f"ffload_gil_{os.getpid()}"))
+        assert f"{mine}/" not in f.read()
+    assert not [name for name in os.listdir(os.path.join(TRACEFS, "instances")) if name.startswith(mine)]
 
 
 def test_gil_holds_pair_each_threads_events_of_this_process():
-    """A trace's events paired per thread: holds summed, other processes' events left out, a drop
-    without its took (a hold begun before the trace) and a took replaced by another counted as
-    unpaired; the header's overwritten events are read as lost."""
+    """A trace's events paired per thread: holds summed, other processes' events left out, a
+    thread's first event a drop (a hold begun before the trace) passed over, a later drop without
+    its took and a took replaced by another counted as unpaired; the header's overwritten events
+    are read as lost."""
     from ffload.bench.serial import _lost_events, gil_holds
 
     lines = [
@@ -390,6 +392,7 @@ def test_gil_holds_pair_each_threads_events_of_this_process():
         b"          python-12     (     10) [000] d..1.  5.000006: took: (0x7f <- 0x7e)\n",
         b"          python-12     (     10) [000] d..1.  5.000008: drop: (0x7f)\n",
         b"           other-99     (     99) [001] d..1.  5.000009: took: (0x7f <- 0x7e)\n",
+        b"          python-11     (     10) [001] d..1.  5.000010: drop: (0x7f)\n",
     ]
     held, unpaired = gil_holds(lines, 10)
     assert set(held) == {11, 12} and held[11][1] == held[12][1] == 1 and unpaired == 2
@@ -400,11 +403,14 @@ def test_gil_holds_pair_each_threads_events_of_this_process():
 def test_gil_trace_that_fails_to_set_up_removes_what_it_made(tmp_path, monkeypatch):
     """A tracefs where the instance cannot be sized (a stand-in directory: its files are missing):
     UnavailableError, the two probes it added are removed again, its instance directory is gone,
-    and a dead process's leftovers are removed first; uprobe_events is only ever appended to."""
+    and a dead process's leftovers in this PID namespace are removed first (another namespace's
+    are not: its pids are not this process's to check); uprobe_events is only ever appended to."""
     from ffload.bench import serial
 
-    (tmp_path / "instances" / "ffload_gil_999999999_abc").mkdir(parents=True)  # a killed process's
-    (tmp_path / "uprobe_events").write_text("p:ffload_gil_999999999_abc/drop /lib.so:0x10\n")
+    dead, foreign = f"ffload_gil_{serial._pid_namespace()}_999999999_abc", "ffload_gil_1_999999999_abc"
+    for name in (dead, foreign):
+        (tmp_path / "instances" / name).mkdir(parents=True)
+    (tmp_path / "uprobe_events").write_text(f"p:{dead}/drop /lib.so:0x10\np:{foreign}/drop /lib.so:0x10\n")
     monkeypatch.setattr(serial, "TRACEFS", str(tmp_path))
     monkeypatch.setattr(serial.sys, "platform", "linux")
     monkeypatch.setattr(serial.os, "geteuid", lambda: 0)
@@ -412,17 +418,37 @@ def test_gil_trace_that_fails_to_set_up_removes_what_it_made(tmp_path, monkeypat
     with pytest.raises(UnavailableError, match="uprobes on /lib.so"):
         serial.GilTrace()
     written = (tmp_path / "uprobe_events").read_text().splitlines()
-    assert written[1] == "-:ffload_gil_999999999_abc/drop"
-    group = written[2].split()[0].split(":", 1)[1].split("/")[0]
-    assert written[2:] == [
+    assert written[2] == f"-:{dead}/drop"
+    group = written[3].split()[0].split(":", 1)[1].split("/")[0]
+    assert written[3:] == [
         f"r:{group}/took /lib.so:0x10",
         f"p:{group}/drop /lib.so:0x20",
         f"-:{group}/drop",
         f"-:{group}/took",
     ]
-    assert os.listdir(tmp_path / "instances") == []
+    assert os.listdir(tmp_path / "instances") == [foreign]
     with pytest.raises(ValueError, match="never truncated"):
         serial._tracefs_write("uprobe_events", "")
+
+
+def test_gil_probe_points_refuse_clones_but_not_cold_parts(monkeypatch):
+    """A ``.cold`` part of take_gil is the same call (its probes see every hold); a
+    ``.constprop`` clone is another entry point, whose holds the probes would miss: refused."""
+    import subprocess
+
+    from ffload.bench import serial
+
+    listing = ["0000000000001000 t take_gil", "0000000000002000 t drop_gil", "0000000000003000 t take_gil.cold"]
+    monkeypatch.setattr(serial, "_interpreter_file", lambda: "/lib.so")
+    monkeypatch.setattr(serial, "_elf_file_offset", lambda path, address: address)
+    monkeypatch.setattr(serial.shutil, "which", lambda name: "/usr/bin/nm")
+    monkeypatch.setattr(
+        serial.subprocess, "run", lambda *a, **kw: subprocess.CompletedProcess(a, 0, "\n".join(listing), "")
+    )
+    assert serial.gil_probe_points() == ("/lib.so", 0x1000, 0x2000)
+    listing.append("0000000000004000 t drop_gil.constprop.0")
+    with pytest.raises(UnavailableError, match="copies of the GIL's functions"):
+        serial.gil_probe_points()
 
 
 def test_gil_probe_points_are_offsets_in_the_interpreter_file():

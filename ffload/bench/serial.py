@@ -48,6 +48,7 @@ thread may take the GIL over.
 from __future__ import annotations
 
 import cProfile
+import itertools
 import os
 import pstats
 import re
@@ -559,6 +560,7 @@ TRACEFS = "/sys/kernel/tracing"
 
 _TRACE_LINE = re.compile(rb"-(\d+)\s+\(\s*(\d+)\)\s+\[\d+\]\s+\S+\s+(\d+\.\d+): (took|drop):")
 _GROUP = "ffload_gil_"
+_COLD_PART = re.compile(r"\.cold(\.\d+)?$")
 
 
 def _interpreter_file() -> str:
@@ -612,8 +614,8 @@ def gil_probe_points() -> tuple[str, int, int]:
             continue
         if words[2] in ("take_gil", "drop_gil"):
             found[words[2]] = int(words[0], 16)
-        elif words[2].startswith(("take_gil.", "drop_gil.")):
-            copies.append(words[2])
+        elif words[2].startswith(("take_gil.", "drop_gil.")) and not _COLD_PART.search(words[2]):
+            copies.append(words[2])  # a clone (.constprop, .isra, .part); a .cold part is the same call
     if copies:
         raise UnavailableError(f"{path} has copies of the GIL's functions ({', '.join(copies)}): holds would be missed")
     if len(found) != 2:
@@ -627,7 +629,7 @@ def gil_holds(lines, pid: int) -> tuple[dict[int, tuple[float, int]], int]:
     unpaired)``, where ``unpaired`` counts a ``took`` that a second ``took`` replaced and a
     ``drop`` without its ``took`` (a hold begun before the trace). Timestamps are printed in
     microseconds: each hold is rounded to one, which a sum of many holds averages out."""
-    wanted, taken, held, unpaired = str(pid).encode(), {}, {}, 0
+    wanted, taken, held, seen, unpaired = str(pid).encode(), {}, {}, set(), 0
     for line in lines:
         m = _TRACE_LINE.search(line)
         if m is None or m.group(2) != wanted:
@@ -639,8 +641,9 @@ def gil_holds(lines, pid: int) -> tuple[dict[int, tuple[float, int]], int]:
         elif tid in taken:
             seconds, holds = held.get(tid, (0.0, 0))
             held[tid] = (seconds + at - taken.pop(tid), holds + 1)
-        else:
+        elif tid in seen:  # a thread's first drop ends a hold begun before the trace: not counted
             unpaired += 1
+        seen.add(tid)
     return held, unpaired
 
 
@@ -686,7 +689,7 @@ class GilTrace:
             raise UnavailableError(f"no uprobe events under {TRACEFS} (kernel without CONFIG_UPROBE_EVENTS?)")
         path, take, drop = gil_probe_points()
         _remove_stale_traces()
-        self.group = f"{_GROUP}{os.getpid()}_{secrets.token_hex(3)}"
+        self.group = f"{_GROUP}{_pid_namespace()}_{os.getpid()}_{secrets.token_hex(3)}"
         try:
             for event, spec in (
                 ("took", f"r:{self.group}/took {path}:{take:#x}"),
@@ -729,14 +732,21 @@ class GilTrace:
         self._enable(True)
         try:
             work()
-        finally:
-            self._enable(False)
+        except BaseException:
+            _try(self._enable, False)  # the work's exception is the one to see
+            raise
+        self._enable(False)
         with open(os.path.join(TRACEFS, self._instance, "trace"), "rb") as f:
-            lines = f.readlines()
-        lost = _lost_events(b"".join(line for line in lines[:20] if line.startswith(b"#")))
-        if lost:
-            raise OSError(f"the trace lost {lost} events: raise buffer_kib")
-        held, unpaired = gil_holds(lines, os.getpid())
+            header = []
+            for line in f:  # the header, then the events, read as they come (the text may be GBs)
+                if not line.startswith(b"#"):
+                    header.append(line)
+                    break
+                header.append(line)
+            lost = _lost_events(b"".join(header))
+            if lost:
+                raise OSError(f"the trace lost {lost} events: raise buffer_kib")
+            held, unpaired = gil_holds(itertools.chain(header[-1:], f), os.getpid())
         holds = sum(n for _, n in held.values())
         if not holds:
             raise UnavailableError("no GIL hold of this process was traced (another PID namespace?)")
@@ -767,10 +777,15 @@ class GilTrace:
         errors = []
         if self._instance is not None:
             errors += _try(self._enable, False)
-            errors += _try(os.rmdir, os.path.join(TRACEFS, self._instance))
-            self._instance = None
-        while self._added:
-            errors += _try(_tracefs_write, "uprobe_events", f"-:{self._added.pop()}\n", append=True)
+            failed = _try(os.rmdir, os.path.join(TRACEFS, self._instance))
+            errors += failed
+            if not failed:
+                self._instance = None
+        for event in list(reversed(self._added)):
+            failed = _try(_tracefs_write, "uprobe_events", f"-:{event}\n", append=True)
+            errors += failed
+            if not failed:
+                self._added.remove(event)
         if errors:
             raise errors[0]
 
@@ -809,20 +824,39 @@ def _tracefs_write(path: str, text: str, append: bool = False) -> None:
         os.close(fd)
 
 
+def _pid_namespace() -> int:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``), 0 where unreadable: a
+    trace's name carries it, so that only traces of processes in this namespace, whose pids are
+    this process's to check, are taken for dead."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _stale(group: str) -> bool:
+    """Whether ``group`` names a :class:`GilTrace` of a process in this PID namespace that is gone."""
+    parts = group[len(_GROUP) :].split("_") if group.startswith(_GROUP) else []
+    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return False
+    return int(parts[0]) == _pid_namespace() and not os.path.exists(f"/proc/{parts[1]}")
+
+
 def _remove_stale_traces() -> None:
     """Remove the instances and probes of :class:`GilTrace` objects whose process is gone (killed
-    before it could leave its context)."""
+    before it could leave its context). Best effort: what cannot be removed is left for later."""
     instances = os.path.join(TRACEFS, "instances")
-    for name in os.listdir(instances) if os.path.isdir(instances) else ():
-        pid = name[len(_GROUP) :].split("_")[0]
-        if name.startswith(_GROUP) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+    try:
+        names = os.listdir(instances) if os.path.isdir(instances) else []
+        for name in filter(_stale, names):
             _try(_tracefs_write, os.path.join("instances", name, "events", name, "enable"), "0")
             _try(os.rmdir, os.path.join(instances, name))
-    with open(os.path.join(TRACEFS, "uprobe_events")) as f:
-        groups = {line.split()[0].split(":", 1)[1] for line in f if line.strip()}
-    for event in groups:
-        pid = event[len(_GROUP) :].split("_")[0]
-        if event.startswith(_GROUP) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        with open(os.path.join(TRACEFS, "uprobe_events")) as f:
+            events = {line.split()[0].split(":", 1)[1] for line in f if line.strip()}
+    except OSError:
+        return
+    for event in events:
+        if _stale(event.split("/", 1)[0]):
             _try(_tracefs_write, "uprobe_events", f"-:{event}\n", append=True)
 
 

@@ -34,10 +34,10 @@ with ``mincore`` (:func:`sampled_resident`, :data:`RESIDENT_PROBES`), and asks f
 when one is missing. Without that check, a warm dataset of small samples cost one ``madvise`` per
 run, hundreds per batch, as much CPU as decoding the batch, on a core the workers needed. Before
 that, at the start of each epoch, the IO thread checks every page the epoch's payloads span: the
-runs of pages of all the loader's samples, merged once (:func:`runs_resident`), and where one of
-those is missing, the epoch's own payloads (:func:`payloads_resident`: in file order merged into
-runs of pages), ``mincore`` in chunks, stopping at the first missing page: a warm file's payloads
-are sorted once, not once per epoch. When all are in the page cache it asks for none of
+runs of pages of all the loader's samples' payloads, merged once (:func:`payload_page_runs`,
+:func:`runs_resident`), and where one of those is missing, the epoch's own payloads
+(:func:`payloads_resident`), ``mincore`` in chunks, stopping at the first missing page: a warm
+file's payloads are sorted once, not once per epoch. When all are in the page cache it asks for none of
 the epoch's batches, so a warm dataset costs no GIL time per batch for read-ahead
 at all (the per-batch check took the GIL between the workers' compiled calls). Pages evicted later
 in that epoch are read when the decoders touch them; the next epoch checks again.
@@ -112,10 +112,11 @@ class ReadAhead:
         limit: bytes of pages requested beyond the batch being decoded (>= 0; 0 disables).
         unit: granularity of the requested ranges, bytes (a multiple of :data:`ADVISE_PAGE`):
             the unit the batch itself will read (see the module docstring).
-        samples: ``(M,) int64`` every sample id an epoch may hold (the loader's ``indices``;
-            repeats allowed), or None: their runs of pages, merged once, are what each epoch's
-            residency check looks at first (:func:`runs_resident`), instead of sorting that
-            epoch's payloads again.
+        samples: ``(M,)`` integer sample ids that hold every id any epoch schedules (the
+            loader's ``indices``; repeats allowed; an id outside them goes unchecked), or None:
+            the runs of pages their payloads span, merged once (:func:`payload_page_runs`), are
+            what each epoch's residency check looks at first (:func:`runs_resident`), instead of
+            sorting that epoch's payloads again.
 
     Attributes:
         requested: ``[(offset, length), ...]`` of the last epoch when ``record`` is True (tests): the
@@ -146,8 +147,9 @@ class ReadAhead:
         self._vec = np.zeros(1, np.uint8)  # mincore's answer for one page
         self._pages = np.zeros(RESIDENT_CHUNK // ADVISE_PAGE, np.uint8)  # ... for a chunk of the region
         self._columns = columns
-        self._samples = samples
-        self._sample_runs: tuple[np.ndarray, np.ndarray] | None = None  # of ``samples``, at the first check
+        # int64 and contiguous, the types _compile compiled for: nothing compiles on the IO thread
+        self._samples = None if samples is None else np.ascontiguousarray(samples, np.int64)
+        self._sample_runs: list | None = None  # [(starts, lengths)] per column of ``samples``, at the first check
         if isinstance(path, ShardLayout):  # a sharded dataset: its own contiguous mapping of the shards
             self._map = FileMapping(path.paths, path.bases, path.sizes)
             self._address = self._map.address
@@ -171,6 +173,7 @@ class ReadAhead:
             sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data)
             runs_resident(self._address, starts, lengths, self._pages, self._pages.ctypes.data)
             for ptrs, sizes in self._columns:
+                self._page_runs(none, ptrs, sizes)
                 payloads_resident(
                     self._address, none, ptrs, sizes, self.data_size, self._pages, self._pages.ctypes.data
                 )
@@ -264,8 +267,8 @@ class ReadAhead:
         address, pages = self._address, self._pages
         if self._samples is not None:
             if self._sample_runs is None:
-                self._sample_runs = self._runs(self._samples)
-            if runs_resident(address, *self._sample_runs, pages, pages.ctypes.data):
+                self._sample_runs = [self._page_runs(self._samples, ptrs, sizes) for ptrs, sizes in self._columns]
+            if all(runs_resident(address, *runs, pages, pages.ctypes.data) for runs in self._sample_runs):
                 return True
         indices = batches.order  # the epoch's ids in one array: no copy under the GIL
         return all(
@@ -295,6 +298,14 @@ class ReadAhead:
         return (
             self.limit > 0 and max(self._next, self._decoding) < len(self._batches) and self._ahead_bytes < self.limit
         )
+
+    def _page_runs(self, indices: np.ndarray, ptrs, sizes) -> tuple[np.ndarray, np.ndarray]:
+        """``(offsets, lengths)`` of the runs of pages the payloads of ``indices`` span in one
+        column (:func:`payload_page_runs`), copied out of the scratch to their size."""
+        starts = np.empty(indices.size, np.int64)
+        lengths = np.empty(indices.size, np.int64)
+        n = payload_page_runs(indices, ptrs, sizes, self.data_size, starts, lengths)
+        return starts[:n].copy(), lengths[:n].copy()
 
     def _runs(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(offsets, lengths)``, two ``(R,) int64`` arrays (bytes): the runs of units the payloads
@@ -453,17 +464,18 @@ def runs_resident(address, starts, lengths, pages, pages_address):
 
 
 @njit(nogil=True, cache=True)
-def payloads_resident(address, indices, ptrs, sizes, data_size, pages, pages_address):
-    """Whether every page that the payloads ``[ptrs[s], ptrs[s] + sizes[s])`` of the samples
+def payload_page_runs(indices, ptrs, sizes, data_size, starts, lengths):
+    """Merge the pages that the payloads ``[ptrs[s], ptrs[s] + sizes[s])`` of the samples
     ``indices`` (``(B,) int64``, repeats allowed; ``ptrs``, ``sizes``: ``(N,) uint64`` bytes) span,
-    within the ``data_size`` bytes mapped at ``address`` (page-aligned), is in the page cache. The
-    payloads are taken in file order and merged into runs of consecutive pages, each checked by
-    :func:`_pages_resident` (``pages``: ``(P,) uint8`` scratch at ``pages_address``); stops at the first
-    missing page. Pages no payload touches (a page's unused tail, other fields) are not checked."""
+    within ``data_size`` bytes, into runs of consecutive pages, in file order: run ``r`` is bytes
+    ``[starts[r], starts[r] + lengths[r])`` (page multiples; ``starts``, ``lengths``: ``(B,) int64``
+    out). Returns the number of runs. Pages no payload touches (a page's unused tail, other
+    fields) are in none. One sort of ``B`` offsets, whatever the payloads' sizes."""
     at = np.empty(indices.shape[0], np.int64)
     for b in range(indices.shape[0]):
         at[b] = np.int64(ptrs[indices[b]])
     last_page = (data_size - 1) // ADVISE_PAGE
+    n = 0
     lo = np.int64(-1)
     hi = np.int64(-2)
     for b in np.argsort(at):
@@ -475,10 +487,26 @@ def payloads_resident(address, indices, ptrs, sizes, data_size, pages, pages_add
         if first <= hi + 1:
             hi = max(hi, last)
             continue
-        if lo >= 0 and not _pages_resident(address, lo, hi, pages, pages_address):
-            return False
+        if lo >= 0:
+            starts[n], lengths[n] = lo * ADVISE_PAGE, (hi - lo + 1) * ADVISE_PAGE
+            n += 1
         lo, hi = first, last
-    return lo < 0 or _pages_resident(address, lo, hi, pages, pages_address)
+    if lo >= 0:
+        starts[n], lengths[n] = lo * ADVISE_PAGE, (hi - lo + 1) * ADVISE_PAGE
+        n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def payloads_resident(address, indices, ptrs, sizes, data_size, pages, pages_address):
+    """Whether every page that the payloads of the samples ``indices`` span (:func:`payload_page_runs`,
+    arguments as there), within the ``data_size`` bytes mapped at ``address`` (page-aligned), is in
+    the page cache (:func:`runs_resident`; ``pages``: ``(P,) uint8`` scratch at ``pages_address``);
+    stops at the first missing page."""
+    starts = np.empty(indices.shape[0], np.int64)
+    lengths = np.empty(indices.shape[0], np.int64)
+    n = payload_page_runs(indices, ptrs, sizes, data_size, starts, lengths)
+    return runs_resident(address, starts[:n], lengths[:n], pages, pages_address)
 
 
 @njit(nogil=True, cache=True)
