@@ -16,8 +16,8 @@ Epochs (``--epochs``): ``cifar`` (50,000 samples, CIFAR-10's train set: 196 batc
 epoch caps the automatic size) and ``long`` (ImageNet-1k's train set, 1,281,167 samples: 5,005
 batches, where the job limits do: 42 per job at 16 workers). Progress goes to stderr; ``--out``
 gets ``results.md`` and ``results.json`` (per-round rates). Every config runs in this process,
-one ``Loader`` at a time, ``--seconds`` after its first batch; the configs run in order, then
-reversed, for ``--rounds``; the table shows medians.
+one ``Loader`` at a time, ``--seconds`` after its first batch and enough more to fill every job
+slot once; the configs run in order, then reversed, for ``--rounds``; the table shows medians.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ BATCH_SIZE = 256
 
 
 def rate(path: str, workers: int, per_job, indices: np.ndarray, seconds: float) -> tuple[float, int]:
-    """Images/s of one config over ``seconds`` after its first batch
-    (:func:`ffload.bench.doctor.probes.loader_rate`), and the job size it ran last."""
+    """Images/s of one config over ``seconds`` after its first batch and enough batches to fill
+    every job slot once (:func:`ffload.bench.doctor.probes.loader_rate` with ``warm_slots``: no
+    slot's first touch of its buffers is timed), and the job size it ran last."""
     import ffload
     from ffload.bench.doctor.probes import loader_rate
     from ffload.loaders import IntDecoder, RandomHorizontalFlip, SimpleRGBImageDecoder, ToTensor, ToTorchImage
@@ -61,7 +62,7 @@ def rate(path: str, workers: int, per_job, indices: np.ndarray, seconds: float) 
         built.append(loader)
         return loader
 
-    measured = loader_rate(make, workers, seconds)
+    measured = loader_rate(make, workers, seconds, warm_slots=True)
     return measured["img_s"], built[0].stats()["batches_per_job"]
 
 

@@ -312,6 +312,39 @@ class _Stepper:
         pass
 
 
+class _Counted:
+    """A stand-in loader of 100-batch epochs of one-row batches, 3 slots of 5 batches, counting
+    the batches it made."""
+
+    def __init__(self):
+        self.made = 0
+
+    def __len__(self):
+        return 100
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.made += 1
+        return (np.zeros(1),)
+
+    def stats(self):
+        return {"slots": 3, "batches_per_job": 5}
+
+    def close(self):
+        pass
+
+
+def test_loader_rate_warms_every_slot_when_asked():
+    """With ``warm_slots`` the rate is timed only after the first batch and a slot's job for each
+    slot (3 x 5 batches): 16 batches are made before any is counted; without it, one."""
+    for warm, before in ((True, 16), (False, 1)):
+        loader = _Counted()
+        r = probes.loader_rate(lambda w, made=loader: made, 1, 0.05, warm_slots=warm)
+        assert loader.made == before + r["batches"] and r["batches"] > 0
+
+
 def _spin_steps():
     """A Python step (200 us of CPU holding the GIL) and a compiled one (nogil)."""
     from numba import njit

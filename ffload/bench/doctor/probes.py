@@ -210,10 +210,16 @@ def memory_bandwidth(nbytes: int, seconds: float = 0.3) -> dict:
     return {"bytes_s": copies * nbytes / elapsed, "buffer_bytes": nbytes}
 
 
-def loader_rate(make_loader, num_workers: int, seconds: float, step_s: float | None = None) -> dict:
+def loader_rate(
+    make_loader, num_workers: int, seconds: float, step_s: float | None = None, warm_slots: bool = False
+) -> dict:
     """The loader's steady rate: ``make_loader(num_workers)`` built, its first batch taken (JIT and
-    warm-up, timed apart), then batches consumed for about ``seconds`` (across epochs), each followed
-    by ``time.sleep(step_s)`` when ``step_s`` is given (a consumer's step).
+    warm-up, timed apart), with ``warm_slots`` then as many batches as fill every job slot once
+    (``slots`` times ``batches_per_job`` of ``loader.stats()``, at most an epoch: a slot's first
+    job touches its buffers' pages for the first time, 134 MB for 170 raw 32x32 batches, which a
+    short timed run would count against large jobs), then batches consumed for about ``seconds``
+    (across epochs), each followed by ``time.sleep(step_s)`` when ``step_s`` is given (a
+    consumer's step).
 
     Returns ``{'num_workers', 'img_s', 'batches', 'first_batch_s', 'wait_fraction'}``:
     ``wait_fraction`` is the share of the timed run the consumer spent waiting for batches."""
@@ -223,6 +229,10 @@ def loader_rate(make_loader, num_workers: int, seconds: float, step_s: float | N
         it = iter(loader)
         next(it)
         first = time.perf_counter() - t0
+        if warm_slots:
+            stats = loader.stats()
+            for _ in range(min(stats["slots"] * stats["batches_per_job"], len(loader) - 1)):
+                next(it)
         images = batches = 0
         waited = 0.0
         start = time.perf_counter()
