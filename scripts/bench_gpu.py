@@ -32,9 +32,10 @@ capped so that the later ones still run):
              images cut from the photos): epoch time and data-wait fraction.
 ``scale``    the CPU loader at 1, 2, 4, 8, 12, 16 (up to the usable CPUs) workers: raw 32x32
              (random order + flip, batch 256, ImageNet-1k-length epochs, 5,005 batches, samples
-             repeated: the job limits, not the epoch, bound auto's size, 42 at 16 workers) with
-             ``batches_per_job`` "auto" and each of ``--scale-jobs`` (the job size is what limits
-             raw at many workers; 170 stands for jobs four times the limits); the same in
+             repeated: the job limits, not the epoch, bound auto's size, 42 at 16 workers, 170
+             from the second epoch once its jobs are measured fast) with ``batches_per_job``
+             "auto" and each of ``--scale-jobs`` (the job size is what limits raw at many
+             workers; every slot filled once before timing); the same in
              CIFAR-10-length epochs (50,000 samples, 196 batches) with "auto" and each of
              ``--scale-cifar-jobs`` (auto's epoch rule: 6 per job at 16 workers before its jobs
              are measured, 10 once they are measured fast; each run's last size is recorded); JPEG

@@ -14,7 +14,8 @@ built in ``--data`` and reused). Pipeline: ``SimpleRGBImageDecoder`` + ``RandomH
 ``ToTensor`` + ``ToTorchImage``, labels ``IntDecoder``; batch 256, random order, page cache warm.
 Epochs (``--epochs``): ``cifar`` (50,000 samples, CIFAR-10's train set: 196 batches, where the
 epoch caps the automatic size) and ``long`` (ImageNet-1k's train set, 1,281,167 samples: 5,005
-batches, where the job limits do: 42 per job at 16 workers). Progress goes to stderr; ``--out``
+batches, where the job limits do: 42 per job at 16 workers, 170 once the jobs are measured
+fast). Progress goes to stderr; ``--out``
 gets ``results.md`` and ``results.json`` (per-round rates). Every config runs in this process,
 one ``Loader`` at a time, ``--seconds`` after its first batch and enough more to fill every job
 slot once; the configs run in order, then reversed, for ``--rounds``; the table shows medians.

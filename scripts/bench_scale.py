@@ -60,7 +60,8 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   costs once its own payloads and outputs have evicted it from the caches. Amdahl's projection ``1 / (s + (1 - s) / n)`` for 16 and 32 workers (and
   its share of linear), next to the measured curve. ``--serial-jobs N``: the serial measures run
   jobs of N batches (``batches_per_job``) instead of the loader's choice for one worker, such as
-  the jobs the largest worker count runs (42 for raw 32x32 at 16 workers, 32 MiB), for a projection
+  the jobs the largest worker count runs (42 for raw 32x32 at 16 workers, 32 MiB; 170, 128 MiB, once
+  they are measured fast in a long epoch), for a projection
   of those workers; the scaling curve keeps the loader's choice. ``--serial-epoch-samples N``: the
   serial measures' epochs are N samples (samples repeated), as long as those workers' epochs: with
   the scaling curve's (40 batches per worker of the largest count: 80 at ``--workers 1,2``) an

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -166,6 +167,10 @@ def test_auto_jobs_grow_with_more_workers_than_four(dataset):
     assert _job_limits(16, plenty) == _job_limits(64, plenty) == (32 * mib, 64)  # measured up to 16
     assert _job_limits(16, 36 * 20 * mib) == (20 * mib, 64)  # 36 slots of 20 MiB fit
     assert _job_limits(16, 36 * mib) == (8 * mib, 64)
+    # the slots jobs measured fast may fill: the square of the growth (16 workers: 128 MiB, 256 batches)
+    assert _job_limits(4, plenty, fast=True) == (8 * mib, 16) and _job_limits(8, plenty, fast=True) == (32 * mib, 64)
+    assert _job_limits(16, plenty, fast=True) == _job_limits(64, plenty, fast=True) == (128 * mib, 256)
+    assert _job_limits(16, 36 * 20 * mib, fast=True) == (20 * mib, 256)
     assert _job_size_rule(True, 64, 196, 16) == 6 and _job_size_rule(True, 64, 196, 2) == 49
     assert _job_size_rule(True, 10, 5, 16) == 1 and _job_size_rule(False, 10, 5, 16) == 10
     with ffload.Loader(dataset, pipelines=augmenting(), batch_size=8, batches_per_job=1) as loader:
@@ -186,6 +191,78 @@ def test_an_epochs_jobs_grow_past_two_per_worker_only_when_measured_fast():
     assert _job_size_rule(True, 64, 196, 8, 0.3e-3) == 19 and _job_size_rule(True, 64, 196, 8, 10e-3) == 12
     assert _job_size_rule(True, 64, 196, 2, 0.0) == 49  # two per worker is the larger up to 2 workers
     assert _job_size_rule(True, 8, 196, 16, 0.0) == 8 and _job_size_rule(False, 3, 196, 16, 0.0) == 3
+
+
+def test_a_long_epochs_fast_jobs_fill_the_larger_slots():
+    """A long epoch (5000 batches, 16 workers): ``usual`` (64) before any measure and for slow jobs;
+    jobs fast at that size (under 16 ms each) grow to the slots' ``most`` (256), still more jobs
+    than slots; a short epoch is sized as before, whatever ``most``."""
+    assert _job_size_rule(True, 256, 5000, 16, None, 18, usual=64) == 64
+    assert _job_size_rule(True, 256, 5000, 16, 1e-3, 18, usual=64) == 64  # 64 ms per job: slow
+    assert _job_size_rule(True, 256, 5000, 16, 0.2e-3, 18, usual=64) == 256  # 12.8 ms: fast
+    assert _job_size_rule(True, 256, 5000, 16, 0.0, 0, usual=64) == 256  # what sizes the slots
+    assert _job_size_rule(True, 256, 3000, 16, 0.2e-3, 18, usual=64) == 166  # 19 jobs for 18 slots
+    assert _job_size_rule(True, 256, 196, 16, 0.2e-3, 18, usual=64) == 10  # a short epoch: as before
+    assert _job_size_rule(True, 256, 196, 16, None, 18, usual=64) == 6
+
+
+def test_sixteen_workers_size_their_slots_for_fast_jobs(dataset, monkeypatch):
+    """With 16 workers (this machine's CPUs patched) a long epoch of small batches: the slots hold
+    the larger fast jobs (:func:`_job_limits` with ``fast``), the first epoch runs the usual size,
+    and a measure of fast jobs grows the next epoch's to the slots; with 4 workers both sizes are
+    the same (16)."""
+    monkeypatch.setattr(loader_module, "available_cpus", lambda: 16)
+    indices = np.tile(np.arange(N), -(-5000 // N))[:5000]
+    kw = dict(batch_size=1, indices=indices, pipelines=augmenting())
+    with ffload.Loader(dataset, num_workers=16, **kw) as loader:
+        usual, most = loader._usual_job, loader.batches_per_job
+        assert usual == 64 and most == 256  # the batch caps bind: one small image per batch
+        assert loader._job_size(len(loader)) == usual
+        loader._tuner.job_seconds_per_batch = 1e-5
+        assert loader._job_size(len(loader)) == most
+        loader._tuner.job_seconds_per_batch = 1e-3
+        assert loader._job_size(len(loader)) == usual
+    with ffload.Loader(dataset, num_workers=4, **kw) as loader:
+        assert loader._usual_job == loader.batches_per_job == 16
+
+
+def test_the_usual_job_size_stays_for_pinned_slots_and_large_batches(dataset, monkeypatch):
+    """16 workers: pinned slots (committed whole) keep the usual size; so do batches of which the
+    usual job holds one (``JOB_BYTES`` patched to a quarter batch: the grown limit would hold 4)."""
+    monkeypatch.setattr(loader_module, "available_cpus", lambda: 16)
+    kw = dict(batch_size=1, num_workers=16, indices=np.resize(np.arange(N), 5000), pipelines=augmenting())
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: True)  # pinned buffers are allocated at the first job only
+        with ffload.Loader(dataset, pin_memory=True, **kw) as loader:
+            assert loader.batches_per_job == loader._usual_job == 64
+    with ffload.Loader(dataset, batches_per_job=1, **kw) as loader:
+        pipelines, per_batch = loader._pipelines, _slot_bytes(loader._pipelines)
+    monkeypatch.setattr(loader_module, "JOB_BYTES", per_batch // 4)
+    assert _batches_per_job("auto", pipelines, None, True, 16, 2**40, fast=True) == 4
+    with ffload.Loader(dataset, **kw) as loader:
+        assert loader.batches_per_job == loader._usual_job == 1
+
+
+def test_a_long_epochs_fast_jobs_grow_into_the_larger_slots(dataset, monkeypatch):
+    """8 workers, 600 one-sample batches: the first epoch runs the usual job (32 batches, the two
+    per worker, 37, capped), the next ones, measured fast (a job's GIL set at 10 ms), 59 (11 jobs
+    for the 10 slots; the fast limit is 64), which the slots hold; every size gives the batches of
+    one batch per job."""
+    monkeypatch.setattr(loader_module, "available_cpus", lambda: 8)
+    monkeypatch.setattr(loader_module, "JOB_PYTHON_S", 10e-3)
+    indices = np.resize(np.arange(N), 600)
+    kw = dict(batch_size=1, num_workers=8, order="random", seed=3, batches_ahead=3, indices=indices)
+    with ffload.Loader(dataset, pipelines=augmenting(), batches_per_job=1, **kw) as loader:
+        expected = [tuple(t.clone() for t in batch) for _ in range(3) for batch in loader]
+    got, sizes = [], []
+    with ffload.Loader(dataset, pipelines=augmenting(), **kw) as loader:
+        assert (loader._usual_job, loader.batches_per_job) == (32, 59)
+        for _ in range(3):
+            it = iter(loader)
+            sizes.append(loader.stats()["batches_per_job"])
+            got += [tuple(t.clone() for t in batch) for batch in it]
+    assert_same(expected, got)
+    assert sizes == [32, 59, 59]
 
 
 class _Sleep(ffload.loaders.Operation):
@@ -260,7 +337,8 @@ def test_auto_workers_size_each_epochs_jobs(dataset):
             it = iter(loader)
             sizes.append(loader.stats()["batches_per_job"])
             measured = loader._tuner.job_seconds_per_batch
-            assert sizes[-1] == _job_size_rule(True, ceiling, len(loader), loader._tuner.workers, measured)
+            admitted, usual = loader._tuner.workers, loader._usual_job
+            assert sizes[-1] == _job_size_rule(True, ceiling, len(loader), admitted, measured, usual=usual)
             got += [tuple(t.clone() for t in batch) for batch in it]
         assert sizes[0] < sizes[-1] == ceiling  # 51 batches: 6 (or 12 with 2 CPUs) and 16
     assert_same(expected, got)

@@ -150,7 +150,12 @@ class Loader:
             and per epoch few enough that every worker gets two jobs of it, or, once the jobs
             were measured fast against the GIL their Python holds (196-batch epochs at 16
             workers: under about 2.7 ms per batch), few enough that the epoch has more jobs
-            than slots where that allows larger jobs (``_job_size_rule``; with
+            than slots where that allows larger jobs; in a long epoch (more than the usual
+            size times ``num_workers + 2`` batches) up to that growth squared (16 workers: 128
+            MiB, at most 256 batches), where the usual job holds several batches and the slots
+            are not pinned (pinned ones keep the usual size, 32 MiB at 16 workers): the slots
+            reserve it as address space, whose pages stay resident once fast jobs have filled
+            them (``_job_size_rule``; with
             ``num_workers="auto"``, counted at the start of each epoch from the workers the
             tuner admits then; the slots hold the most a job may take, so they are sized for
             the larger jobs even where the jobs prove slow); and few enough that
@@ -276,9 +281,15 @@ class Loader:
         self.field_names: list[str] = [p.name for p in self._pipelines]
         self._read_fields = list(dict.fromkeys(p.source for p in self._pipelines))  # each field read once
         self._device = cuda_device(self._pipelines)
+        if pin_memory is None:
+            pin_memory = self._device is not None and torch.cuda.is_available()
+        elif pin_memory and not torch.cuda.is_available():
+            raise UnavailableError("pin_memory=True needs CUDA, which torch cannot use here")
+        self.pin_memory = bool(pin_memory)
         mapped = not self.remote and (self.os_cache or not self._local_files())  # OSCacheMemory
         self._auto_job = _is_auto("batches_per_job", batches_per_job)
-        self.batches_per_job = _batches_per_job(
+        limits = functools.partial(
+            _batches_per_job,
             batches_per_job,
             self._pipelines,
             self._device,
@@ -286,10 +297,16 @@ class Loader:
             workers,
             buffer_limit if auto_ahead and buffer_limit is not None else None,
         )
+        self._usual_job = limits()
+        # fast jobs of several batches may grow into larger slots (_job_size_rule): address space
+        # until a job that grows touches it; pinned buffers are committed whole, so they keep the
+        # usual size, and so do batches too large for the usual job to hold two (slow ones)
+        grow = self._auto_job and not self.pin_memory and self._usual_job > 1
+        most = limits(fast=True) if grow else self._usual_job
         # the slots: the largest job an epoch may get (auto workers are balanced per epoch in
         # __iter__, from one worker up; fast jobs may be larger, _job_size_rule)
         self.batches_per_job = _job_size_rule(
-            self._auto_job, self.batches_per_job, len(self), 1 if auto_workers else workers, seconds_per_batch=0.0
+            self._auto_job, most, len(self), 1 if auto_workers else workers, 0.0, usual=self._usual_job
         )
         if self.batches_per_job > 1:  # the slots' buffers hold a job's rows
             self._build = (
@@ -299,11 +316,6 @@ class Loader:
                 custom_field_mapper,
             )
             self._pipelines = build_pipelines(*self._build)
-        if pin_memory is None:
-            pin_memory = self._device is not None and torch.cuda.is_available()
-        elif pin_memory and not torch.cuda.is_available():
-            raise UnavailableError("pin_memory=True needs CUDA, which torch cannot use here")
-        self.pin_memory = bool(pin_memory)
 
         if self.order is OrderOption.QUASI_RANDOM:
             window = max(2 * self.batch_size * self.world_size, 4 * _samples_per_page(self.view))
@@ -317,7 +329,7 @@ class Loader:
             max_ahead = _auto_depth(per_slot, buffer_limit, workers)
         else:
             # an epoch's jobs with every worker admitted, before they are measured (the smallest)
-            smallest = _job_size_rule(self._auto_job, self.batches_per_job, len(self), workers)
+            smallest = _job_size_rule(self._auto_job, self.batches_per_job, len(self), workers, usual=self._usual_job)
             max_ahead = max(-(-self.batches_ahead // smallest), workers)
             _check_buffer_memory(per_slot, max_ahead + 2, self.batch_size, self.batches_ahead)
         self._tuner = AutoTuner(
@@ -328,6 +340,11 @@ class Loader:
             shares=PROCESS_SHARES,
             name=str(self.path),
             batches_per_job=self.batches_per_job,
+        )
+        # an epoch's job size, from the tuner's workers and measure (every epoch, its next one's
+        # early jobs, a restored state)
+        self._job_size = functools.partial(
+            _tuned_job_size, self._auto_job, self.batches_per_job, self._usual_job, self._tuner
         )
         self._next_epoch, self._start_batch = 0, 0
         self.cache_limit = default_cache_limit() if cache_limit is None else _check_int("cache_limit", cache_limit, 1)
@@ -427,7 +444,7 @@ class Loader:
         self._memory.schedule(batches, start)
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, start if adopted is None else adopted.next_submit)
-        per_job = _tuned_job_size(self._auto_job, self.batches_per_job, self._tuner, len(batches))
+        per_job = self._job_size(len(batches))
         self._tuner.set_batches_per_job(per_job)
         # Only an epoch with more jobs than slots, which reuses its own slots anyway: one that fits
         # keeps every batch it yielded intact to its end (``list(loader)`` of a small dataset).
@@ -437,7 +454,7 @@ class Loader:
                 runner,
                 epoch + 1,
                 functools.partial(self._epochs.ready, epoch + 1),
-                functools.partial(_tuned_job_size, self._auto_job, self.batches_per_job, self._tuner),
+                self._job_size,
                 functools.partial(_op_params, self._build[1]),
             )
         iterator = EpochIterator(
@@ -625,8 +642,8 @@ class Loader:
         self._close_current()
         tuned = state.get("autotune")
         if isinstance(tuned, Mapping) and all(isinstance(tuned.get(k), int) for k in ("num_workers", "batches_ahead")):
-            auto, most, tuner, batches = self._auto_job, self.batches_per_job, self._tuner, len(self)
-            tuner.restore(tuned, job_size=lambda workers: _tuned_job_size(auto, most, tuner, batches, workers))
+            batches = len(self)
+            self._tuner.restore(tuned, job_size=lambda workers: self._job_size(batches, workers))
             if self._runner is not None:
                 self._runner.set_workers(self._tuner.workers)
         finished = len(self) and done == len(self)
@@ -705,18 +722,25 @@ weighs a job's time against."""
 
 
 def _job_size_rule(
-    auto: bool, most: int, batches: int, workers: int, seconds_per_batch: float | None = None, slots: int = 0
+    auto: bool,
+    most: int,
+    batches: int,
+    workers: int,
+    seconds_per_batch: float | None = None,
+    slots: int = 0,
+    usual: int | None = None,
 ) -> int:
     """The batches per job of an epoch of ``batches`` batches run by ``workers``: ``most`` (the
     loader's ``batches_per_job``), or with ``auto`` at most that (the slots hold ``most`` batches;
     a job of fewer uses part) and:
 
-    * few enough that each worker gets two jobs of the epoch: the last round of jobs, where
-      workers fall idle one by one, is then short;
+    * at most ``usual`` (the loader's usual job, from :func:`_job_limits` without ``fast``;
+      default ``most``), and few enough that each worker gets two jobs of the epoch: the last
+      round of jobs, where workers fall idle one by one, is then short;
     * or, where that is larger, the largest that leaves the epoch more jobs than ``slots`` (the
       runner's now, ``tuner.ahead + 2``; at least ``workers + 2``, the fewest a loader keeps with
-      ``workers``, which gives the largest size), when such jobs are fast: ``seconds_per_batch``
-      (the jobs' wall time per batch measured so far,
+      ``workers``, which gives the largest size), up to ``most``, when such jobs are fast:
+      ``seconds_per_batch`` (the jobs' wall time per batch measured so far,
       :attr:`~.autotune.AutoTuner.job_seconds_per_batch`; ``None`` before any: the first epoch;
       ``0.0`` asks for the largest size the rule may give) times the first size is under
       twice ``workers`` times :data:`JOB_PYTHON_S`. The GIL that every job's Python holds then
@@ -726,22 +750,26 @@ def _job_size_rule(
       the workers' share of the GIL), so the measure does not hide what it looks for. Such an
       epoch still runs the next epoch's first jobs during its last ones
       (:class:`~.iterator.NextEpochJobs`). Slow jobs keep the first size: with 10 ms per batch
-      the larger jobs lost 6-11 % at 8 and 16 workers (``bench_scale.py --cases wait``).
+      the larger jobs lost 6-11 % at 8 and 16 workers (``bench_scale.py --cases wait``). In a
+      long epoch the first size is ``usual`` and the second up to ``most``: the larger slots
+      (:func:`_job_limits` with ``fast``) that fast jobs fill with many workers.
 
-    With ``workers + 2`` slots the second size is the larger from 3 workers on."""
+    Without ``usual``, with ``workers + 2`` slots, the second size is the larger from 3 workers on."""
     if not auto:
         return most
-    size = batches // (2 * workers)
+    size = min(most if usual is None else usual, batches // (2 * workers))
     if seconds_per_batch is not None and size * seconds_per_batch < 2 * workers * JOB_PYTHON_S:
         size = max(size, (batches - 1) // max(slots, workers + 2))
     return max(1, min(most, size))
 
 
-def _tuned_job_size(auto: bool, most: int, tuner: AutoTuner, batches: int, workers: int | None = None) -> int:
+def _tuned_job_size(
+    auto: bool, most: int, usual: int, tuner: AutoTuner, batches: int, workers: int | None = None
+) -> int:
     """:func:`_job_size_rule` for ``workers`` (default: those ``tuner`` admits now), with its
     measure of the jobs and its slots (``tuner.ahead + 2``)."""
     workers = tuner.workers if workers is None else workers
-    return _job_size_rule(auto, most, batches, workers, tuner.job_seconds_per_batch, tuner.ahead + 2)
+    return _job_size_rule(auto, most, batches, workers, tuner.job_seconds_per_batch, tuner.ahead + 2, usual)
 
 
 _PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic)
@@ -830,27 +858,34 @@ more workers: :data:`JOB_WORKERS`)."""
 JOB_WORKERS = (4, 16)
 """``batches_per_job="auto"``: up to the first count of workers ``JOB_BYTES`` and
 ``MAX_BATCHES_PER_JOB`` hold; from there to the second, both grow in proportion (:func:`_job_limits`;
-16 workers: 4 times). Every job costs about the same Python under the GIL, which all workers share,
-so the more workers run, the longer each job must be for that cost to stay a small part of the
-GIL's time. Beyond 16 workers (not measured) the limits stay at 16's."""
+16 workers: 4 times), and the slots that jobs measured fast may fill grow with its square (16
+times). Every job costs about the same Python under the GIL, which all workers share, so the
+more workers run, the longer each job must be for that cost to stay a small part of the GIL's
+time; and each batch costs some Python of its own besides (handing it out), so with small,
+fast batches the part left for the jobs shrinks as workers are added: 0.8 of linear at 16
+workers needs a serial fraction under 0.017, which raw 32x32 reaches with about 168 batches per
+job (developer notes, eleventh round). Beyond 16 workers (not measured) the limits stay at 16's."""
 
 
-def _job_limits(workers: int, budget: int) -> tuple[int, int]:
+def _job_limits(workers: int, budget: int, fast: bool = False) -> tuple[int, int]:
     """``(bytes, batches)``: the most an auto job fills with ``workers`` workers, ``JOB_BYTES`` and
-    ``MAX_BATCHES_PER_JOB`` times ``min(workers, 16) / 4`` where that is over 1 (:data:`JOB_WORKERS`).
-    The grown bytes stay within what lets ``2 * (workers + 2)`` slots fit in ``budget`` bytes (room
-    for a slot per worker, the consumer's two, and as many again for an auto prefetch depth); they
-    are never under ``JOB_BYTES``."""
-    scale = max(1.0, min(workers, JOB_WORKERS[1]) / JOB_WORKERS[0])
+    ``MAX_BATCHES_PER_JOB`` times ``min(workers, 16) / 4`` where that is over 1, or with ``fast``
+    (the slots that jobs measured fast may fill, :func:`_job_size_rule`) times its square
+    (:data:`JOB_WORKERS`). The grown bytes stay within what lets ``2 * (workers + 2)`` slots fit in
+    ``budget`` bytes (room for a slot per worker, the consumer's two, and as many again for an auto
+    prefetch depth); they are never under ``JOB_BYTES``."""
+    scale = max(1.0, min(workers, JOB_WORKERS[1]) / JOB_WORKERS[0]) ** (2 if fast else 1)
     grown = min(int(JOB_BYTES * scale), budget // (2 * (workers + 2)))
     return max(JOB_BYTES, grown), int(MAX_BATCHES_PER_JOB * scale)
 
 
-def _batches_per_job(value, pipelines, device, mapped: bool, workers: int, budget: int | None = None) -> int:
+def _batches_per_job(
+    value, pipelines, device, mapped: bool, workers: int, budget: int | None = None, fast: bool = False
+) -> int:
     """The most batches a job of a loader holds (see :class:`Loader`): ``value`` checked, or for
     ``"auto"`` the batches whose buffers make ``JOB_BYTES``, at most ``MAX_BATCHES_PER_JOB``, both
-    scaled up with more than ``JOB_WORKERS[0]`` workers (:func:`_job_limits`; the growth within a
-    quarter of the available memory, or ``budget``) and,
+    scaled up with more than ``JOB_WORKERS[0]`` workers (:func:`_job_limits`, ``fast`` passed on;
+    the growth within a quarter of the available memory, or ``budget``) and,
     with a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker (of
     ``workers``) and the consumer's two (``pipelines`` are built with one batch's rows); the
     epoch's length then caps an auto value (:func:`_job_size_rule`). 1 where a job cannot hold
@@ -861,7 +896,7 @@ def _batches_per_job(value, pipelines, device, mapped: bool, workers: int, budge
     above 1 where a job cannot hold several batches (naming why)."""
     if _is_auto("batches_per_job", value):
         per_batch = max(1, _slot_bytes(pipelines))
-        job_bytes, most = _job_limits(workers, available_memory() // 4 if budget is None else budget)
+        job_bytes, most = _job_limits(workers, available_memory() // 4 if budget is None else budget, fast)
         fit = job_bytes // per_batch
         if budget is not None:
             fit = min(fit, budget // (per_batch * (workers + 2)))
