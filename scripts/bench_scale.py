@@ -592,6 +592,16 @@ def summarize_measure(measures: list[dict]) -> tuple[float, dict, str, dict[str,
     return (fraction, median_round(measures), *projection(fraction))
 
 
+def measure_lines(measures: list[dict], key: str, head, per_kind) -> tuple[list[str], dict[str, object]]:
+    """The report of one unprofiled serial measure across a tree's rounds (:func:`summarize_measure`):
+    its line, ``head(fraction, round)`` then ``per_kind(kind, values)`` for each thread kind of the
+    printed round, joined by commas, and its Amdahl line; and the JSON entries ``{key}_fraction``
+    and ``{key}_amdahl``."""
+    fraction, x, amdahl_line, amdahl = summarize_measure(measures)
+    line = head(fraction, x) + ", ".join(per_kind(kind, v) for kind, v in x["per_batch_us"].items())
+    return [line, amdahl_line], {f"{key}_fraction": fraction, f"{key}_amdahl": amdahl}
+
+
 def scaling_report(results: dict, note: str) -> tuple[str, dict]:
     """Markdown and JSON of ``--scaling``: per case and tree, the median img/s per worker count,
     speed-up over one worker, the serial fraction and Amdahl's projection."""
@@ -643,44 +653,46 @@ def scaling_report(results: dict, note: str) -> tuple[str, dict]:
             elif unprofiled:
                 lines += ["", f"profiled serial fraction not measured: {unprofiled[0]}"]
             if timed:
-                t, x, amdahl_line, amdahl = summarize_measure(timed)
-                lines += [
-                    f"kernel-timed serial fraction {t:.3f} (no profiler: threads' CPU clocks against timed kernel calls): "
-                    f"per batch {x['held_us']:.0f} us CPU outside the nogil kernels, {x['nogil_us']:.0f} us inside; "
-                    + ", ".join(
-                        f"{kind} {v['cpu']:.0f} us CPU ({v['kernel']:.0f} in kernels)"
-                        for kind, v in x["per_batch_us"].items()
+                report, found = measure_lines(
+                    timed,
+                    "kernel_timed",
+                    lambda t, x: (
+                        f"kernel-timed serial fraction {t:.3f} (no profiler: threads' CPU clocks against timed "
+                        f"kernel calls): per batch {x['held_us']:.0f} us CPU outside the nogil kernels, "
+                        f"{x['nogil_us']:.0f} us inside; "
                     ),
-                    amdahl_line,
-                ]
-                entry.update(kernel_timed_fraction=t, kernel_timed_amdahl=amdahl)
+                    lambda kind, v: f"{kind} {v['cpu']:.0f} us CPU ({v['kernel']:.0f} in kernels)",
+                )
+                lines += report
+                entry.update(found)
             if failed:
                 lines.append(f"GIL sampling failed in {len(failed)} round(s): {failed[0][:300]}")
             if sampled:
-                g, x, amdahl_line, amdahl = summarize_measure(sampled)
-                lines += [
-                    f"GIL-sampled serial fraction {g:.3f} (py-spy --gil, {x['rate']} Hz for {x['seconds']} s, "
-                    f"+-{100 * (x['relative_error'] or 1):.0f} %): per batch {x['held_us']:.1f} us holding the GIL of "
-                    f"{x['cpu_us']:.0f} us CPU; "
-                    + ", ".join(
-                        f"{kind} {v['held']:.1f} of {v['cpu']:.0f} us" for kind, v in x["per_batch_us"].items()
+                report, found = measure_lines(
+                    sampled,
+                    "gil_sampled",
+                    lambda g, x: (
+                        f"GIL-sampled serial fraction {g:.3f} (py-spy --gil, {x['rate']} Hz for {x['seconds']} s, "
+                        f"+-{100 * (x['relative_error'] or 1):.0f} %): per batch {x['held_us']:.1f} us holding the "
+                        f"GIL of {x['cpu_us']:.0f} us CPU; "
                     ),
-                    amdahl_line,
-                ]
-                entry.update(gil_sampled_fraction=g, gil_sampled_amdahl=amdahl)
+                    lambda kind, v: f"{kind} {v['held']:.1f} of {v['cpu']:.0f} us",
+                )
+                lines += report
+                entry.update(found)
             if traced:
-                g, x, amdahl_line, amdahl = summarize_measure(traced)
-                lines += [
-                    f"GIL-traced serial fraction {g:.3f} (every hold, uprobes on take_gil/drop_gil, {x['seconds']} s; "
-                    f"{x['probe_us']:.2f} us probe cost per hold removed): per batch {x['held_us']:.1f} us holding "
-                    f"the GIL in {x['holds']:.1f} holds, of {x['cpu_us']:.0f} us CPU; "
-                    + ", ".join(
-                        f"{kind} {v['held']:.2f} us in {v['holds']:.2f} holds of {v['cpu']:.0f} us"
-                        for kind, v in x["per_batch_us"].items()
+                report, found = measure_lines(
+                    traced,
+                    "gil_traced",
+                    lambda g, x: (
+                        f"GIL-traced serial fraction {g:.3f} (every hold, uprobes on take_gil/drop_gil, "
+                        f"{x['seconds']} s; {x['probe_us']:.2f} us probe cost per hold removed): per batch "
+                        f"{x['held_us']:.1f} us holding the GIL in {x['holds']:.1f} holds, of {x['cpu_us']:.0f} us CPU; "
                     ),
-                    amdahl_line,
-                ]
-                entry.update(gil_traced_fraction=g, gil_traced_amdahl=amdahl)
+                    lambda kind, v: f"{kind} {v['held']:.2f} us in {v['holds']:.2f} holds of {v['cpu']:.0f} us",
+                )
+                lines += report
+                entry.update(found)
             elif untraced:
                 lines.append(f"GIL not traced: {untraced[0][:300]}")
             colds = [r["cold_cache"] for r in ok if r.get("cold_cache")]
