@@ -66,6 +66,9 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   serial measures' epochs are N samples (samples repeated), as long as those workers' epochs: with
   the scaling curve's (40 batches per worker of the largest count: 80 at ``--workers 1,2``) an
   epoch holds two 42-batch jobs, and each epoch's start and order are counted once per 80 batches.
+  ``--process-cache``: every loader reads through the process cache (``os_cache=False``: blocks
+  copied into the process's own memory, what a dataset larger than RAM is read with) instead of
+  the mapped file.
 * ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
   in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
 
@@ -457,6 +460,7 @@ def scaling_case(args) -> dict:
             pipelines=pipes,
             indices=indices,
             batches_per_job=batches_per_job,
+            os_cache=not args.process_cache,
         )
 
     def rate(workers):
@@ -529,30 +533,34 @@ def serial_measures():
 
 
 def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--scaling-case",
-        case,
-        "--data",
-        data,
-        "--workers",
-        ",".join(map(str, args.worker_list)),
-        "--seconds",
-        str(args.seconds),
-        "--serial-batches",
-        str(args.serial_batches),
-        "--wait-us",
-        str(args.wait_us),
-        "--epoch-samples",
-        str(args.epoch_samples or 0),
-        "--gil-seconds",
-        str(args.gil_seconds),
-        "--serial-jobs",
-        str(args.serial_jobs or 0),
-        "--serial-epoch-samples",
-        str(args.serial_epoch_samples or 0),
-    ] + (["--cold-cache"] if args.cold_cache else [])
+    cmd = (
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--scaling-case",
+            case,
+            "--data",
+            data,
+            "--workers",
+            ",".join(map(str, args.worker_list)),
+            "--seconds",
+            str(args.seconds),
+            "--serial-batches",
+            str(args.serial_batches),
+            "--wait-us",
+            str(args.wait_us),
+            "--epoch-samples",
+            str(args.epoch_samples or 0),
+            "--gil-seconds",
+            str(args.gil_seconds),
+            "--serial-jobs",
+            str(args.serial_jobs or 0),
+            "--serial-epoch-samples",
+            str(args.serial_epoch_samples or 0),
+        ]
+        + (["--cold-cache"] if args.cold_cache else [])
+        + (["--process-cache"] if args.process_cache else [])
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
@@ -755,6 +763,7 @@ def run_scaling(args) -> None:
         f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "
         f"wait {args.wait_us:g} us per row, serial measures with {args.serial_jobs or 'auto'} batches per job "
         f"in epochs of {args.serial_epoch_samples or 'those'} samples, "
+        f"{'os_cache=False (the process cache)' if args.process_cache else 'os_cache=True'}, "
         f"page cache warm, {args.rounds} round(s), {time.perf_counter() - t0:.0f} s"
     )
     text, data = scaling_report(results, note)
@@ -925,6 +934,11 @@ def main() -> None:
         "--cold-cache",
         action="store_true",
         help="--scaling, raw: also a 1-sample job's Python after 0-64 MiB copied (this checkout's loader only)",
+    )
+    parser.add_argument(
+        "--process-cache",
+        action="store_true",
+        help="--scaling: the loaders read through the process cache (os_cache=False), not the mapped file",
     )
     parser.add_argument("--baseline", default=None, help="--scaling: another checkout to compare, same run")
     parser.add_argument("--scaling-case", help=argparse.SUPPRESS)

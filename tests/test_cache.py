@@ -27,11 +27,16 @@ from ffload.loaders.memory.readahead import (
     advise_runs,
     payloads_resident,
     sampled_resident,
-    sort_unique,
-    spanned_units,
     unit_runs,
 )
-from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
+from ffload.loaders.memory.schedule import (
+    NEVER,
+    EpochSchedule,
+    batch_blocks,
+    payload_columns,
+    sort_unique,
+    sorted_unique,
+)
 from ffload.loaders.orders import EpochBatches
 from ffload.loaders.pagedsamples import PagedSamples
 
@@ -172,7 +177,7 @@ def test_page_pool_serves_quasi_random_order_from_fixed_slots(tmp_path, suffix, 
 
 
 def test_batch_larger_than_the_cache_fails_at_open(stamped_dataset):
-    with pytest.raises(ValueError, match=r"batch of 8 samples may need \d+ bytes.*cache_limit=65536"):
+    with pytest.raises(ValueError, match=r"batch \(or job\) of 8 samples may need \d+ bytes.*cache_limit=65536"):
         loader(stamped_dataset, os_cache=False, cache_limit=CACHE_BLOCK)
     with pytest.raises(ValueError, match="cache_limit"):
         loader(stamped_dataset, os_cache=False, cache_limit=0)
@@ -204,7 +209,7 @@ def test_every_memory_manager_has_the_hooks_the_loader_calls(stamped_dataset):
         region, ptrs = None, {}
 
         def schedule(self, batches, start=0): ...
-        def prepare(self, indices, batch=None): ...
+        def prepare(self, indices, batch=None, batches=1): ...
         def release(self, lease): ...
         def close(self): ...
 
@@ -370,13 +375,12 @@ def test_read_ahead_compiles_its_kernels_before_its_thread_runs(stamped_dataset)
     script = """
 import sys
 from ffload.formats import open_dataset
-from ffload.loaders.memory import readahead as ra
-from ffload.loaders.memory.schedule import payload_columns
+from ffload.loaders.memory import readahead as ra, schedule as sc
 view = open_dataset(sys.argv[1])
-ahead = ra.ReadAhead(view.data_path, view.data_size, payload_columns(view, ["blob"]), 1 << 20)
-kernels = ("spanned_units", "sort_unique", "unit_runs", "advise_runs", "sampled_resident", "payloads_resident",
-           "runs_resident", "payload_page_runs")
-print(sorted(name for name in kernels if not getattr(ra, name).signatures))
+ahead = ra.ReadAhead(view.data_path, view.data_size, sc.payload_columns(view, ["blob"]), 1 << 20)
+kernels = [(sc, "spanned_units"), (sc, "sort_unique")] + [(ra, name) for name in (
+    "unit_runs", "advise_runs", "sampled_resident", "payloads_resident", "runs_resident", "payload_page_runs")]
+print(sorted(name for module, name in kernels if not getattr(module, name).signatures))
 ahead.close()
 """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
@@ -497,6 +501,20 @@ def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared()
     assert schedule.next_use(units, 9).tolist() == [
         min((b for b in reversed_users.get(u, ()) if b >= 9), default=NEVER) for u in units
     ]
+    # an epoch's batches as the loader gives them (read through their order) and as a list agree;
+    # a job's batches are marked prepared together
+    epoch = EpochBatches(order.astype(np.int64), 32)
+    listed = EpochSchedule([(ptrs, sizes)], unit)
+    listed.set([b.copy() for b in epoch], 0)
+    schedule.set(epoch, 0)
+    for batch in (5, 0, 9):
+        assert schedule.next_use(units, batch).tolist() == listed.next_use(units, batch).tolist()
+    schedule.prepared(0, 3)
+    listed.prepared(0)
+    listed.prepared(1)
+    listed.prepared(2)
+    assert schedule.next_use(units, 7).tolist() == listed.next_use(units, 7).tolist()
+    assert schedule._low == listed._low == 3
 
 
 def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
@@ -582,9 +600,10 @@ def test_read_ahead_in_cache_blocks_covers_what_the_cache_reads(stamped_dataset)
         ReadAhead(view.data_path, view.data_size, columns, 1, unit=1000)
 
 
-def test_compiled_units_are_batch_blocks():
-    """spanned_units + sort_unique (the read-ahead's GIL-free path) give batch_blocks' units: empty,
-    one-unit and many-unit payloads, two columns sharing units."""
+def test_batch_blocks_are_every_unit_a_payload_touches():
+    """batch_blocks (compiled, the workers' and the read-ahead's path) against a byte-by-byte
+    reference: empty, one-unit and many-unit payloads, two columns sharing units, repeated
+    samples."""
     rng = np.random.default_rng(5)
     n, unit = 300, 4096
     columns = []
@@ -592,10 +611,11 @@ def test_compiled_units_are_batch_blocks():
         sizes = rng.integers(0, most, n).astype(np.uint64)
         sizes[::7] = 0
         columns.append((rng.integers(0, 1 << 24, n).astype(np.uint64), sizes))
-    indices = rng.choice(n, 64, replace=False).astype(np.int64)
-    units = np.concatenate([spanned_units(indices, p, s, unit) for p, s in columns])
-    count = sort_unique(units)
-    np.testing.assert_array_equal(units[:count], batch_blocks(columns, indices, unit))
+    indices = np.concatenate([rng.choice(n, 64, replace=False), [3, 3]]).astype(np.int64)
+    touched = {
+        byte // unit for p, s in columns for i in indices for byte in range(int(p[i]), int(p[i] + s[i]), 512)
+    } | {int(p[i] + s[i] - 1) // unit for p, s in columns for i in indices if s[i]}
+    np.testing.assert_array_equal(batch_blocks(columns, indices, unit), sorted(touched))
     assert sort_unique(np.zeros(0, np.int64)) == 0
 
 

@@ -26,6 +26,9 @@ from ffload.loaders import (
 )
 from ffload.loaders.autotune import AutoTuner
 from ffload.loaders.loader import _batches_per_job, _job_limits, _job_size_rule, _slot_bytes
+from ffload.loaders.memory.pagepool import PagePoolMemory
+from ffload.loaders.memory.process_cache import ProcessCacheMemory, cache_block, worst_batch_bytes
+from ffload.loaders.memory.schedule import payload_columns
 from ffload.system import available_cpus
 from tests.test_loader import N, check_batches_stay_valid, digit_images, write_digits
 
@@ -133,8 +136,9 @@ def test_resume_inside_a_job_is_bit_identical(dataset):
 
 def test_auto_takes_several_small_batches_per_job(dataset):
     """ "auto" fills a job with small batches where every stage is rowwise, keeping two jobs per
-    worker in an epoch at least; a stage that is not rowwise, os_cache=False or large batches
-    keep one batch per job."""
+    worker in an epoch at least, with os_cache=False too (the process cache); a stage that is not
+    rowwise, the page pool (os_cache=False in QUASI_RANDOM order) or large batches keep one batch
+    per job."""
     kw = dict(batch_size=2, num_workers=2, order="random")
     with ffload.Loader(dataset, pipelines=augmenting(), **kw) as loader:
         assert 1 < loader.batches_per_job <= len(loader) // (2 * loader._tuner.max_workers)
@@ -143,7 +147,10 @@ def test_auto_takes_several_small_batches_per_job(dataset):
     with ffload.Loader(dataset, pipelines=python, **kw) as loader:
         assert loader.batches_per_job == 1
     with ffload.Loader(dataset, pipelines=augmenting(), os_cache=False, **kw) as loader:
-        assert loader.batches_per_job == 1 or open_dataset(dataset).format == "lmdb"  # LMDB is always mapped
+        assert loader.batches_per_job > 1  # LMDB is always mapped; a .beton's process cache pins a job
+    pooled = dict(kw, order="quasi_random")
+    with ffload.Loader(dataset, pipelines=augmenting(), os_cache=False, **pooled) as loader:
+        assert (loader.batches_per_job == 1) == isinstance(loader._memory, PagePoolMemory)
     with ffload.Loader(dataset, pipelines=augmenting(), batch_size=64, num_workers=1) as loader:
         assert loader.batches_per_job == 1  # an epoch of 2 batches
     with ffload.Loader(dataset, pipelines=augmenting(), batches_per_job=1, **kw) as one:
@@ -177,7 +184,7 @@ def test_auto_jobs_grow_with_more_workers_than_four(dataset):
         pipelines, per_batch = loader._pipelines, _slot_bytes(loader._pipelines)
     for workers, limit in ((4, 8 * mib), (8, 16 * mib), (16, 32 * mib)):  # what a Loader with that many gets
         expected = min(limit // per_batch, 4 * max(4, workers))
-        assert _batches_per_job("auto", pipelines, None, True, workers, plenty) == expected > 1
+        assert _batches_per_job("auto", pipelines, None, None, workers, plenty) == expected > 1
 
 
 def test_an_epochs_jobs_grow_past_two_per_worker_only_when_measured_fast():
@@ -238,7 +245,7 @@ def test_the_usual_job_size_stays_for_pinned_slots_and_large_batches(dataset, mo
     with ffload.Loader(dataset, batches_per_job=1, **kw) as loader:
         pipelines, per_batch = loader._pipelines, _slot_bytes(loader._pipelines)
     monkeypatch.setattr(loader_module, "JOB_BYTES", per_batch // 4)
-    assert _batches_per_job("auto", pipelines, None, True, 16, 2**40, fast=True) == 4
+    assert _batches_per_job("auto", pipelines, None, None, 16, 2**40, fast=True) == 4
     with ffload.Loader(dataset, **kw) as loader:
         assert loader.batches_per_job == loader._usual_job == 1
 
@@ -378,8 +385,46 @@ def test_bad_batches_per_job_are_refused(dataset):
     with pytest.raises(ConfigurationError, match="stage PythonTransform of field 'image' is not rowwise"):
         ffload.Loader(dataset, batch_size=4, pipelines=python, batches_per_job=2)
     if open_dataset(dataset).format == "beton":
-        with pytest.raises(ConfigurationError, match="os_cache=False"):
-            ffload.Loader(dataset, batch_size=4, os_cache=False, batches_per_job=2)
+        with pytest.raises(ConfigurationError, match="needs one batch per job here: the page pool"):
+            ffload.Loader(dataset, batch_size=4, os_cache=False, order="quasi_random", batches_per_job=2)
+
+
+def test_process_cache_jobs_fit_every_workers_job_in_half_the_cache(tmp_path, digits):
+    """os_cache=False on a .beton: jobs of several batches give the batches of one batch per job
+    on the mapped file, bit for bit, also when the cache is smaller than the data (blocks are
+    evicted and read again, the limit holds); a job is only as large as lets every worker's job
+    fit in half of ``cache_limit`` (auto: capped; asked for: refused, naming the limit)."""
+    images, labels = digits
+    large = np.kron(images, np.ones((1, 12, 12, 1), np.uint8))  # 96 x 96: payloads of several blocks
+    path = write_digits(tmp_path / "digits.beton", large, labels)
+    view = open_dataset(path)
+    kw = dict(batch_size=4, num_workers=2, order="random", seed=5)
+    expected = run(path, batches_per_job=1, **kw)
+    payloads = payload_columns(view, ["image"])
+    per_batch = worst_batch_bytes(payloads, 4, cache_block(payloads, view.data_size))
+    small = 2 * 2 * 3 * per_batch  # room for 2 workers' jobs of 3 batches in its half
+    assert small < int(view.sizes["image"].sum())
+    for limit, per_job in ((None, 3), (None, "auto"), (small, 3), (small, "auto")):
+        with ffload.Loader(
+            path, pipelines=augmenting(), os_cache=False, cache_limit=limit, batches_per_job=per_job, **kw
+        ) as loader:
+            assert isinstance(loader._memory, ProcessCacheMemory) and loader.batches_per_job >= 3
+            got = [tuple(t.clone() for t in batch) for _ in range(2) for batch in loader]
+            assert loader._memory.peak_resident_bytes <= loader.cache_limit
+            if limit is not None:
+                assert loader._memory.bytes_read > int(view.sizes["image"].sum())  # evicted and read again
+        assert_same(expected, got)
+    tight = 2 * 2 * per_batch  # 2 workers' jobs of one batch fill half of it
+    with ffload.Loader(path, pipelines=augmenting(), os_cache=False, cache_limit=tight, **kw) as loader:
+        assert loader.batches_per_job == 1
+    with pytest.raises(
+        ConfigurationError, match=f"batches_per_job=4 is more than a job can hold here \\(3\\).*cache_limit={small}"
+    ):
+        ffload.Loader(path, pipelines=augmenting(), os_cache=False, cache_limit=small, batches_per_job=4, **kw)
+    with pytest.raises(
+        ConfigurationError, match=f"needs one batch per job here: os_cache=False pins .*cache_limit={tight}"
+    ):
+        ffload.Loader(path, pipelines=augmenting(), os_cache=False, cache_limit=tight, batches_per_job=2, **kw)
 
 
 def test_the_tuner_counts_jobs_and_reports_batches():

@@ -26,7 +26,7 @@ from ffload.loaders import (
     ToTorchImage,
 )
 from ffload.loaders.memory.process_cache import ProcessCacheMemory
-from ffload.loaders.memory.schedule import pages_spanned
+from ffload.loaders.memory.schedule import batch_blocks
 
 N = 101  # not a multiple of any batch size used below
 
@@ -518,11 +518,15 @@ def assert_no_block_read_twice(reads, block):
     assert blocks and len(blocks) == len(set(blocks))
 
 
-def test_pages_spanned():
-    ptrs = np.array([0, 10, 95, 300], np.uint64)
-    sizes = np.array([5, 0, 20, 100], np.uint64)
-    np.testing.assert_array_equal(pages_spanned(ptrs, sizes, 100), [0, 1, 3])
-    np.testing.assert_array_equal(pages_spanned(ptrs[:0], sizes[:0], 100), [])
+def test_batch_blocks():
+    """The sorted distinct blocks the payloads span: empty payloads span none, a payload ending on a
+    boundary stops before it, two payloads sharing a block count it once."""
+    ptrs = np.array([0, 10, 95, 300, 150], np.uint64)
+    sizes = np.array([5, 0, 20, 100, 10], np.uint64)
+    every = np.arange(5, dtype=np.int64)
+    np.testing.assert_array_equal(batch_blocks([(ptrs, sizes)], every, 100), [0, 1, 3])
+    np.testing.assert_array_equal(batch_blocks([(ptrs, sizes)], every[:0], 100), [])
+    np.testing.assert_array_equal(batch_blocks([(ptrs, sizes), (ptrs + 400, sizes)], every[1:2], 100), [])
 
 
 def test_wait_idle_waits_for_the_jobs_of_an_abandoned_iterator(dataset):
@@ -534,7 +538,7 @@ def test_wait_idle_waits_for_the_jobs_of_an_abandoned_iterator(dataset):
         pass
     assert len(runner._submitted) <= runner.num_slots
     started, release, compute = threading.Event(), threading.Event(), runner._compute
-    runner._compute = lambda *args: (started.set(), release.wait(), compute(*args))[2]
+    runner._compute = lambda *args, **kw: (started.set(), release.wait(), compute(*args, **kw))[2]
     iterator = iter(loader)
     assert started.wait(30)
     iterator.close()  # abandoned while a job runs: it blocks on ``release``

@@ -309,7 +309,7 @@ class BatchRunner:
         if len(lengths) == 1:
             return [self._compute(slot, rows, epoch, first)], None
         try:
-            out = self._compute(slot, rows, epoch, first)
+            out = self._compute(slot, rows, epoch, first, batches=len(lengths))
         except LoaderError:
             return self._one_by_one(slot, first, rows, lengths, epoch)
         return list(zip(*(_split(o, lengths) for o in out))), None
@@ -325,9 +325,10 @@ class BatchRunner:
             row += n
         return outputs, None
 
-    def _compute(self, slot, indices, epoch, batch, row=0):
-        """Every field of the samples ``indices`` (batch ``batch``, for errors) into the slot's
-        buffers from row ``row`` on; the tuple of the fields' outputs."""
+    def _compute(self, slot, indices, epoch, batch, row=0, batches=1):
+        """Every field of the samples ``indices`` (batch ``batch``, for errors; or ``batches``
+        consecutive batches from it, a job's) into the slot's buffers from row ``row`` on; the
+        tuple of the fields' outputs."""
         buffers = self._buffers.get(slot)
         if buffers is None:
             buffers = self._buffers[slot] = [p.allocate(self.pin_memory) for p in self.pipelines]
@@ -335,7 +336,7 @@ class BatchRunner:
             buffers = [[None if b is None else b[row:] for b in bufs] for bufs in buffers]
         try:
             seeds = sample_seeds(self.seed, epoch, indices)
-            lease = self.memory.prepare(indices, batch)
+            lease = self.memory.prepare(indices, batch, batches)
         except Exception as e:
             raise self._failed(e, indices, epoch, batch) from e
         out = []

@@ -30,7 +30,12 @@ from ffload.loaders.memory import readahead
 from ffload.loaders.memory.os_cache import OSCacheMemory
 from ffload.loaders.memory.pagepool import PagePoolMemory, page_pool_fits, remote_page_pool
 from ffload.loaders.memory.pagesource import DEFAULT_LOCAL_REQUESTS, DEFAULT_MAX_REQUESTS, FilePages
-from ffload.loaders.memory.process_cache import ProcessCacheMemory, default_cache_limit
+from ffload.loaders.memory.process_cache import (
+    ProcessCacheMemory,
+    cache_block,
+    default_cache_limit,
+    worst_batch_bytes,
+)
 from ffload.loaders.memory.readahead import ADVISE_PAGE, DEFAULT_READ_AHEAD, PagePoolReadAhead, ReadAhead
 from ffload.loaders.memory.schedule import payload_columns, sorted_unique
 from ffload.loaders.orders import (
@@ -117,7 +122,8 @@ class Loader:
             device.
         cache_limit: ``os_cache=False`` only: bytes of process cache resident at most, whatever
             the dataset's size (``None``: a quarter of the available memory, at most 8 GiB).
-            One batch must fit: the loader checks at open.
+            One batch must fit: the loader checks at open (and sizes its jobs by it:
+            ``batches_per_job``).
         read_ahead: bytes of the next batches' payload pages requested from the kernel ahead of
             the batch being decoded (``madvise(MADV_WILLNEED)`` from an IO thread, see
             :mod:`ffload.loaders.memory.readahead`); ``None``: 512 MiB; 0 disables it.
@@ -159,12 +165,15 @@ class Loader:
             ``num_workers="auto"``, counted at the start of each epoch from the workers the
             tuner admits then; the slots hold the most a job may take, so they are sized for
             the larger jobs even where the jobs prove slow); and few enough that
-            ``buffer_limit`` holds a slot per worker and two more; and 1 where several cannot
-            be run together: a stage that is not rowwise
+            ``buffer_limit`` holds a slot per worker and two more. With ``os_cache=False`` the
+            process cache pins a job's payloads until it is decoded: at most as many batches
+            as let every worker's job fit in half of ``cache_limit`` (a batch counted at its
+            worst case, its largest payloads), a larger value raising ConfigurationError.
+            1 where several cannot be run together: a stage that is not rowwise
             (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g. ``PythonTransform``, a
-            ``torch.nn.Module``, box stages), batches that end on a CUDA
-            device, ``os_cache=False`` or a remote dataset (their caches hold one batch's
-            payloads). When a job fails, its batches run again one by one, so the batches
+            ``torch.nn.Module``, box stages), batches that end on a CUDA device, or the page
+            pool (``os_cache=False`` in QUASI_RANDOM order, and remote datasets: it holds one
+            batch's pages). When a job fails, its batches run again one by one, so the batches
             before the failing one are yielded and the error names its batch.
 
     Attributes:
@@ -286,14 +295,25 @@ class Loader:
         elif pin_memory and not torch.cuda.is_available():
             raise UnavailableError("pin_memory=True needs CUDA, which torch cannot use here")
         self.pin_memory = bool(pin_memory)
-        mapped = not self.remote and (self.os_cache or not self._local_files())  # OSCacheMemory
+        self.cache_limit = default_cache_limit() if cache_limit is None else _check_int("cache_limit", cache_limit, 1)
+        self.read_ahead = DEFAULT_READ_AHEAD if read_ahead is None else _check_int("read_ahead", read_ahead, 0)
+        # where the payloads are read from (built below, once the job's rows are known)
+        quasi = self.order is OrderOption.QUASI_RANDOM
+        if self.remote:
+            memory = "remote"
+        elif self.os_cache or not self._local_files():
+            memory = "mapped"  # OSCacheMemory, built with the runner
+        elif quasi and page_pool_fits(self.view, self._read_fields, self.cache_limit, rows):
+            memory = "pages"
+        else:
+            memory = "process"
         self._auto_job = _is_auto("batches_per_job", batches_per_job)
         limits = functools.partial(
             _batches_per_job,
             batches_per_job,
             self._pipelines,
             self._device,
-            mapped,
+            _memory_job_limit(memory, self.view, self._read_fields, self.cache_limit, rows, workers),
             workers,
             buffer_limit if auto_ahead and buffer_limit is not None else None,
         )
@@ -347,22 +367,19 @@ class Loader:
             _tuned_job_size, self._auto_job, self.batches_per_job, self._usual_job, self._tuner
         )
         self._next_epoch, self._start_batch = 0, 0
-        self.cache_limit = default_cache_limit() if cache_limit is None else _check_int("cache_limit", cache_limit, 1)
-        self.read_ahead = DEFAULT_READ_AHEAD if read_ahead is None else _check_int("read_ahead", read_ahead, 0)
         self._memory = None
-        if self.remote:
+        if memory == "remote":
             self._memory = remote_page_pool(
                 self.view, self._read_fields, self.cache_limit, rows, cache_dir, max_requests
             )
-        elif not self.os_cache and self._local_files():  # checks that a batch fits
+        elif memory == "pages":
+            pages = FilePages(open_data_files(self.view), self.view.data_size, self.view.page_size, max_requests)
+            self._memory = PagePoolMemory(self.view, self._read_fields, self.cache_limit, rows, source=pages)
+        elif memory == "process":  # checks that a job's samples fit
             # whole .beton pages hold whole samples; LMDB records straddle its nominal pages
-            quasi = self.order is OrderOption.QUASI_RANDOM
             whole_pages = quasi and self.view.format in ("beton", "shards")
-            if quasi and page_pool_fits(self.view, self._read_fields, self.cache_limit, rows):
-                pages = FilePages(open_data_files(self.view), self.view.data_size, self.view.page_size, max_requests)
-                self._memory = PagePoolMemory(self.view, self._read_fields, self.cache_limit, rows, source=pages)
-            else:
-                self._memory = ProcessCacheMemory(self.view, self._read_fields, self.cache_limit, rows, whole_pages)
+            job_rows = min(rows * self.batches_per_job, self._samples_per_rank())
+            self._memory = ProcessCacheMemory(self.view, self._read_fields, self.cache_limit, job_rows, whole_pages)
         self._runner: BatchRunner | None = None
         self._current: weakref.ref | None = None
         self._closed = False
@@ -879,8 +896,35 @@ def _job_limits(workers: int, budget: int, fast: bool = False) -> tuple[int, int
     return max(JOB_BYTES, grown), int(MAX_BATCHES_PER_JOB * scale)
 
 
+def _memory_job_limit(memory: str, view, fields: Sequence[str], cache_limit: int, rows: int, workers: int):
+    """``None`` when the memory manager ``memory`` (``"mapped"``, ``"process"``, ``"pages"`` or
+    ``"remote"``, as :class:`Loader` picks it) holds a job of any size, else ``(most, why)``: the
+    most batches of ``rows`` samples a job may hold and why not more.
+
+    The process cache (``os_cache=False`` on local files) pins a job's blocks until it is decoded,
+    and every worker's job is pinned at once: ``workers`` jobs must fit in half of
+    ``cache_limit`` (bytes), the other half caching what later batches read again, with a batch
+    counted at its worst case (:func:`~.memory.process_cache.worst_batch_bytes`: the ``rows``
+    largest payloads). The page pools (QUASI_RANDOM order with ``os_cache=False``, a remote
+    dataset) hold one batch's pages at a time."""
+    if memory == "mapped":
+        return None
+    if memory != "process":
+        return 1, "the page pool (os_cache=False in QUASI_RANDOM order, remote datasets) holds one batch's pages"
+    payloads = payload_columns(view, fields)
+    per_batch = worst_batch_bytes(payloads, rows, cache_block(payloads, view.data_size))
+    if not per_batch:  # no payload is read: nothing is pinned
+        return None
+    most = max(1, cache_limit // (2 * workers * per_batch))
+    return most, (
+        f"os_cache=False pins each job's payloads in the process cache, a batch may need {per_batch} "
+        f"bytes of it, and the jobs of {workers} workers must fit in half of cache_limit={cache_limit} "
+        f"(raise cache_limit, or use os_cache=True)"
+    )
+
+
 def _batches_per_job(
-    value, pipelines, device, mapped: bool, workers: int, budget: int | None = None, fast: bool = False
+    value, pipelines, device, memory_limit, workers: int, budget: int | None = None, fast: bool = False
 ) -> int:
     """The most batches a job of a loader holds (see :class:`Loader`): ``value`` checked, or for
     ``"auto"`` the batches whose buffers make ``JOB_BYTES``, at most ``MAX_BATCHES_PER_JOB``, both
@@ -888,12 +932,13 @@ def _batches_per_job(
     the growth within a quarter of the available memory, or ``budget``) and,
     with a ``budget`` (bytes: ``buffer_limit``), at most what lets it hold a slot per worker (of
     ``workers``) and the consumer's two (``pipelines`` are built with one batch's rows); the
-    epoch's length then caps an auto value (:func:`_job_size_rule`). 1 where a job cannot hold
-    several batches: a pipeline that is
-    not rowwise (:class:`~ffload.loaders.pipeline.operation.Operation`), batches that end on a
-    CUDA device, or a memory manager that holds one batch's payloads (``os_cache=False``, remote
-    datasets). Raises ConfigurationError for another string, an integer under 1, or an integer
-    above 1 where a job cannot hold several batches (naming why)."""
+    epoch's length then caps an auto value (:func:`_job_size_rule`). At most what the memory
+    manager holds (``memory_limit``, :func:`_memory_job_limit`: ``None``, or ``(most, why)``;
+    the process cache's share of ``cache_limit``, one batch for the page pools), and 1 where a
+    job cannot hold several batches: a pipeline that is not rowwise
+    (:class:`~ffload.loaders.pipeline.operation.Operation`) or batches that end on a CUDA device.
+    Raises ConfigurationError for another string, an integer under 1, or an integer above what
+    a job can hold here (naming why)."""
     if _is_auto("batches_per_job", value):
         per_batch = max(1, _slot_bytes(pipelines))
         job_bytes, most = _job_limits(workers, available_memory() // 4 if budget is None else budget, fast)
@@ -906,20 +951,22 @@ def _batches_per_job(
     if wanted == 1:
         return 1
     stage = next(((p.name, op) for p in pipelines for op in p.ops if not op.rowwise), None)
-    why = (
-        f"stage {type(stage[1]).__name__} of field {stage[0]!r} is not rowwise"
+    most, why = (
+        (1, f"stage {type(stage[1]).__name__} of field {stage[0]!r} is not rowwise")
         if stage is not None
-        else f"the batches end on {device}"
+        else (1, f"the batches end on {device}")
         if device is not None
-        else None
-        if mapped
-        else "os_cache=False and remote datasets hold one batch's payloads at a time"
+        else memory_limit or (wanted, None)
     )
-    if why is None:
+    if wanted <= most:
         return wanted
     if value != "auto":
-        raise ConfigurationError(f"batches_per_job={value} needs one batch per job here: {why}")
-    return 1
+        raise ConfigurationError(
+            f"batches_per_job={value} is more than a job can hold here ({most}): {why}"
+            if most > 1
+            else f"batches_per_job={value} needs one batch per job here: {why}"
+        )
+    return most
 
 
 def _check_buffer_memory(per_slot: int, slots: int, batch_size: int, batches_ahead: int) -> None:

@@ -105,8 +105,8 @@ root = sys.argv[1]
 path = write(os.path.join(root, "d.beton"))
 checked = OSCacheMemory.prepare
 
-def prepare_then_truncate(self, indices, batch=None):  # the size check passes, then the file shrinks
-    checked(self, indices, batch)
+def prepare_then_truncate(self, indices, batch=None, batches=1):  # the size check passes, then the file shrinks
+    checked(self, indices, batch, batches)
     if batch == 2:
         os.truncate(path, 4096)  # every payload now lies past the end
 

@@ -39,11 +39,13 @@ class MemoryManager(Protocol):
         """A new epoch: its batches (each ``(B,) int64`` sample ids), of which ``start`` onwards
         will be prepared; a cache evicts by it (the furthest next use first)."""
 
-    def prepare(self, indices: np.ndarray, batch: int | None = None) -> Any:
-        """Before a batch's reads: make the payloads of samples ``indices`` (``(B,) int64``)
-        readable in ``region`` and keep them so until :meth:`release`; returns the lease to pass
-        to it. ``batch``: the batch's number in the :meth:`schedule` (``None``: outside it). May
-        block while other batches in progress hold the room it needs.
+    def prepare(self, indices: np.ndarray, batch: int | None = None, batches: int = 1) -> Any:
+        """Before a job's reads: make the payloads of samples ``indices`` (``(B,) int64``: one
+        batch's, or the consecutive batches of a job, one after the other) readable in
+        ``region`` and keep them so until :meth:`release`; returns the lease to pass to it.
+        ``batch``: the (first) batch's number in the :meth:`schedule` (``None``: outside it);
+        ``batches``: how many consecutive batches ``indices`` holds. May block while other jobs
+        in progress hold the room it needs.
 
         Raises:
             OSError or FormatError: a read failed or the data file shrank (named).

@@ -42,7 +42,7 @@ class OSCacheMemory:
         self._files = open_data_files(view)
         self._sharded = view.shards is not None
 
-    def prepare(self, indices: np.ndarray, batch: int | None = None) -> None:
+    def prepare(self, indices: np.ndarray, batch: int | None = None, batches: int = 1) -> None:
         """Check that the file (for a sharded dataset: the shards the batch's payloads lie in)
         still holds the mapped bytes (the page cache faults them in as the decoders read them).
         Raises FormatError naming the file when it shrank."""

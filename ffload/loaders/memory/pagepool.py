@@ -201,10 +201,11 @@ class PagePoolMemory:
         with self._cond:
             self._schedule.set(batches, start)
 
-    def prepare(self, indices: np.ndarray, batch: int | None = None) -> np.ndarray:
+    def prepare(self, indices: np.ndarray, batch: int | None = None, batches: int = 1) -> np.ndarray:
         """Load the pages the payloads of samples ``indices`` (``(B,) int64``) span, pin their
         slots and point ``ptrs[name][indices]`` at the payloads in ``region``; returns the lease
-        for :meth:`release`. ``batch``: its number in the :meth:`schedule`.
+        for :meth:`release`. ``batch``: its number in the :meth:`schedule` (``batches``: how
+        many consecutive batches ``indices`` holds; the loader gives this pool one at a time).
 
         Raises:
             OSError: a read failed or the file is shorter than ``data_size`` (truncated).
@@ -227,7 +228,7 @@ class PagePoolMemory:
             self._loading[free] = True
             slots = self._slot_of[pages]
             self._pins[slots] += 1
-            self._schedule.prepared(batch)
+            self._schedule.prepared(batch, batches)
             self._tick += 1
             self._last_use[slots] = self._tick
         try:

@@ -167,7 +167,8 @@ class ProcessCacheMemory(_FileBackedCache):
             ignored).
         cache_limit: bytes the resident blocks may occupy at most (``None``:
             :func:`default_cache_limit`).
-        batch_size: the largest batch the loader asks for, to check at open that one fits.
+        batch_size: the most samples the loader asks for at once (a batch, or a job of several
+            batches: :meth:`prepare`), to check at open that they fit.
         whole_pages: read every block of the ``view.page_size`` pages a batch touches, when
             they fit without evicting blocks of the batch (the loader sets it in QUASI_RANDOM
             order, where the next batches draw from the same pages: one large read per page
@@ -179,8 +180,8 @@ class ProcessCacheMemory(_FileBackedCache):
         bytes_read: bytes read from the file so far.
 
     Raises:
-        ConfigurationError: one batch may need more than ``cache_limit`` bytes (both named; a
-            ValueError).
+        ConfigurationError: ``batch_size`` samples may need more than ``cache_limit`` bytes (both
+            named; a ValueError).
         OSError: the data file cannot be opened or mapped (named in the message).
     """
 
@@ -201,7 +202,7 @@ class ProcessCacheMemory(_FileBackedCache):
         need = worst_batch_bytes(self._payloads, batch_size, self.block)
         if need > self.cache_limit:
             raise ConfigurationError(
-                f"{view.path}: a batch of {batch_size} samples may need {need} bytes of process "
+                f"{view.path}: a batch (or job) of {batch_size} samples may need {need} bytes of process "
                 f"cache ({self.block}-byte blocks), more than cache_limit={self.cache_limit} "
                 f"bytes; raise cache_limit, lower batch_size, or use os_cache=True"
             )
@@ -242,10 +243,11 @@ class ProcessCacheMemory(_FileBackedCache):
         with self._cond:
             self._schedule.set(batches, start)
 
-    def prepare(self, indices: np.ndarray, batch: int | None = None) -> np.ndarray:
-        """Make the blocks spanned by the payloads of samples ``indices`` (``(B,) int64``)
-        resident and pin them; returns the lease to pass to :meth:`release` once the batch has
-        been decoded. ``batch``: its number in the :meth:`schedule` (for eviction).
+    def prepare(self, indices: np.ndarray, batch: int | None = None, batches: int = 1) -> np.ndarray:
+        """Make the blocks spanned by the payloads of samples ``indices`` (``(B,) int64``: a
+        batch's, or a job's ``batches`` consecutive batches one after the other) resident and
+        pin them; returns the lease to pass to :meth:`release` once they have been decoded.
+        ``batch``: the (first) batch's number in the :meth:`schedule` (for eviction).
 
         Raises:
             OSError: a read failed or the file is shorter than ``data_size`` (truncated).
@@ -265,7 +267,7 @@ class ProcessCacheMemory(_FileBackedCache):
                     break
                 self._cond.wait()  # every other block is pinned by a batch in progress
             self._pins[blocks] += 1
-            self._schedule.prepared(batch)
+            self._schedule.prepared(batch, batches)
             self._tick += 1
             self._last_use[blocks] = self._tick
             self._resident[mine] = self._loading[mine] = True

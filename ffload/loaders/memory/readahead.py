@@ -15,9 +15,8 @@ one batch) ahead of the batch being decoded, so read-ahead cannot flood the page
 mapping itself costs no memory: WILLNEED fills the page cache without mapping pages into the
 process.
 
-Per batch, the IO thread computes the runs (:func:`spanned_units`, :func:`sort_unique`,
-:func:`unit_runs`) and issues the ``madvise`` calls (:func:`advise_runs`, through the C library's
-symbol, :mod:`ffload._jit.cextern`) in compiled calls that do not hold the GIL: a Python loop would
+Per batch, the IO thread computes the runs (:func:`~.schedule.batch_blocks`, :func:`unit_runs`)
+and issues the ``madvise`` calls (:func:`advise_runs`, through the C library's symbol, :mod:`ffload._jit.cextern`) in compiled calls that do not hold the GIL: a Python loop would
 make one call per run (hundreds per batch of small random samples), and even NumPy's steps held the
 GIL that the decoding workers need between their compiled calls about as long as a batch of small
 raw images takes to decode.
@@ -66,6 +65,7 @@ from numba import njit
 from ffload._jit.cextern import extern, process_symbol
 from ffload.errors import ConfigurationError
 from ffload.formats.shardio import FileMapping, ShardLayout
+from ffload.loaders.memory.schedule import batch_blocks
 
 AVAILABLE = process_symbol("madvise")
 """Whether the C library's ``madvise`` was found (POSIX systems); without it the loader runs
@@ -309,12 +309,9 @@ class ReadAhead:
 
     def _runs(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(offsets, lengths)``, two ``(R,) int64`` arrays (bytes): the runs of units the payloads
-        of ``indices`` span, clipped to the data region. Compiled calls without the GIL (the same
-        units as :func:`~.schedule.batch_blocks`, whose NumPy steps held the GIL the workers need
-        for about as long as a small-image batch's decoding)."""
-        parts = [spanned_units(indices, ptrs, sizes, self.unit) for ptrs, sizes in self._columns]
-        units = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        units = units[: sort_unique(units)]
+        of ``indices`` span, clipped to the data region (:func:`~.schedule.batch_blocks`'
+        units): compiled calls without the GIL."""
+        units = batch_blocks(self._columns, indices, self.unit)
         starts = np.empty(units.size, np.int64)
         lengths = np.empty(units.size, np.int64)
         n = unit_runs(units, self.unit, self.data_size, starts, lengths)
@@ -356,44 +353,6 @@ class PagePoolReadAhead(ReadAhead):
 
     def _finish(self) -> None:
         pass
-
-
-@njit(nogil=True, cache=True)
-def spanned_units(indices, ptrs, sizes, unit):
-    """``(U,) int64`` the unit numbers (``offset // unit``) the payloads ``[ptrs[s], ptrs[s] +
-    sizes[s])`` of the samples ``indices`` (``(B,) int64``) span, payload by payload (unsorted,
-    repeats kept; empty payloads span none); ``ptrs``, ``sizes``: ``(N,) uint64`` bytes."""
-    n = 0
-    for b in range(indices.shape[0]):
-        s = indices[b]
-        size = np.int64(sizes[s])
-        if size > 0:
-            p = np.int64(ptrs[s])
-            n += (p + size - 1) // unit - p // unit + 1
-    out = np.empty(n, np.int64)
-    k = 0
-    for b in range(indices.shape[0]):
-        s = indices[b]
-        size = np.int64(sizes[s])
-        if size > 0:
-            p = np.int64(ptrs[s])
-            for u in range(p // unit, (p + size - 1) // unit + 1):
-                out[k] = u
-                k += 1
-    return out
-
-
-@njit(nogil=True, cache=True)
-def sort_unique(values):
-    """Sort the 1-D ``int64`` array ``values`` in place and move its distinct values to the front;
-    returns their count (``values[:count]`` is :func:`~.schedule.sorted_unique` of the input)."""
-    values.sort()
-    n = 0
-    for i in range(values.shape[0]):
-        if n == 0 or values[i] != values[n - 1]:
-            values[n] = values[i]
-            n += 1
-    return n
 
 
 @njit(nogil=True, cache=True)

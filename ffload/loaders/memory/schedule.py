@@ -19,27 +19,6 @@ NEVER = np.iinfo(np.int64).max
 """The next use (:meth:`EpochSchedule.next_use`) of a unit that no scheduled batch needs."""
 
 
-def spanned(ptrs: np.ndarray, sizes: np.ndarray, page_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every (page, payload) pair of the payloads ``[ptr, ptr + size)``.
-
-    Args:
-        ptrs, sizes: ``(K,) uint64`` byte offsets and sizes (bytes); empty payloads touch nothing.
-        page_size: bytes per page.
-
-    Returns:
-        ``(pages, owners)``: two ``(P,) int64`` arrays, the page numbers (``offset // page_size``)
-        each payload touches and the position in ``ptrs`` of the payload touching it.
-    """
-    keep = np.flatnonzero(sizes > 0)
-    ptrs = ptrs[keep].astype(np.int64)
-    ends = ptrs + sizes[keep].astype(np.int64)
-    first = ptrs // page_size
-    counts = (ends - 1) // page_size - first + 1
-    starts_in_output = np.cumsum(counts) - counts
-    steps = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts_in_output, counts)
-    return np.repeat(first, counts) + steps, np.repeat(keep, counts)
-
-
 def sorted_unique(values: np.ndarray) -> np.ndarray:
     """The sorted distinct values of a 1-D integer array: ``np.unique`` without its hash table
     (NumPy 2.4's ``np.unique`` hashes integers before sorting the result, far slower than a sort
@@ -50,23 +29,88 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     return values[keep]
 
 
-def pages_spanned(ptrs: np.ndarray, sizes: np.ndarray, page_size: int) -> np.ndarray:
-    """``(P,) int64`` sorted unique pages touched by the payloads (see :func:`spanned`)."""
-    return sorted_unique(spanned(ptrs, sizes, page_size)[0])
-
-
 def payload_columns(view, field_names: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
     """``[(ptrs, sizes), ...]`` of the listed fields that have payloads (``(N,) uint64`` each)."""
     return [(view.ptrs[n], view.sizes[n]) for n in field_names if n in view.ptrs]
 
 
+@njit(nogil=True, cache=True)
+def spanned_units(indices, ptrs, sizes, unit):
+    """``(U,) int64`` the unit numbers (``offset // unit``) the payloads ``[ptrs[s], ptrs[s] +
+    sizes[s])`` of the samples ``indices`` (``(B,) int64``) span, payload by payload (unsorted,
+    repeats kept; empty payloads span none); ``ptrs``, ``sizes``: ``(N,) uint64`` bytes."""
+    n = 0
+    for b in range(indices.shape[0]):
+        s = indices[b]
+        size = np.int64(sizes[s])
+        if size > 0:
+            p = np.int64(ptrs[s])
+            n += (p + size - 1) // unit - p // unit + 1
+    out = np.empty(n, np.int64)
+    k = 0
+    for b in range(indices.shape[0]):
+        s = indices[b]
+        size = np.int64(sizes[s])
+        if size > 0:
+            p = np.int64(ptrs[s])
+            for u in range(p // unit, (p + size - 1) // unit + 1):
+                out[k] = u
+                k += 1
+    return out
+
+
+@njit(nogil=True, cache=True)
+def sort_unique(values):
+    """Sort the 1-D ``int64`` array ``values`` in place and move its distinct values to the front;
+    returns their count (``values[:count]`` is :func:`~.schedule.sorted_unique` of the input)."""
+    values.sort()
+    n = 0
+    for i in range(values.shape[0]):
+        if n == 0 or values[i] != values[n - 1]:
+            values[n] = values[i]
+            n += 1
+    return n
+
+
 def batch_blocks(columns, indices: np.ndarray, block: int) -> np.ndarray:
-    """``(P,) int64`` sorted block numbers spanned by the payloads of samples ``indices``."""
+    """``(P,) int64`` sorted block numbers spanned by the payloads of samples ``indices`` (``(B,)
+    int64``) in the columns ``[(ptrs, sizes), ...]``: compiled calls without the GIL
+    (:func:`spanned_units`, :func:`sort_unique`), which every worker makes per job and the
+    read-ahead per batch; NumPy's gathers and repeats held the GIL about as long as a small-image
+    batch's decoding."""
     if not columns:
         return np.zeros(0, np.int64)
-    return sorted_unique(
-        np.concatenate([spanned(p[indices], s[indices], block)[0] for p, s in columns])
-    )  # one sort for all fields
+    indices = np.ascontiguousarray(indices, dtype=np.int64)
+    parts = [spanned_units(indices, p, s, block) for p, s in columns]
+    units = parts[0] if len(parts) == 1 else np.concatenate(parts)  # one sort for all fields
+    return units[: sort_unique(units)]
+
+
+@njit(nogil=True, cache=True)
+def _epoch_uses(samples, bounds, ptrs, sizes, unit):
+    """``(U,) int64`` one ``unit_number * nb + b`` per unit that a payload of batch ``b`` spans
+    (repeats kept), batch ``b`` being ``samples[bounds[b]:bounds[b + 1]]`` and ``nb`` the
+    ``bounds.size - 1`` batches; ``ptrs``, ``sizes``: ``(N,) uint64`` bytes."""
+    nb = bounds.shape[0] - 1
+    n = 0
+    for i in range(samples.shape[0]):
+        s = samples[i]
+        size = np.int64(sizes[s])
+        if size > 0:
+            p = np.int64(ptrs[s])
+            n += (p + size - 1) // unit - p // unit + 1
+    out = np.empty(n, np.int64)
+    k = 0
+    for b in range(nb):
+        for i in range(bounds[b], bounds[b + 1]):
+            s = samples[i]
+            size = np.int64(sizes[s])
+            if size > 0:
+                p = np.int64(ptrs[s])
+                for u in range(p // unit, (p + size - 1) // unit + 1):
+                    out[k] = u * nb + b
+                    k += 1
+    return out
 
 
 @njit(nogil=True, cache=True)
@@ -106,19 +150,23 @@ class EpochSchedule:
         self._low = 0  # the first batch not prepared yet: units it or later batches need are in use
 
     def set(self, batches: Sequence[np.ndarray], start: int) -> None:
-        """A new epoch: ``batches`` (each ``(B,) int64`` sample ids), ``start`` onwards to come."""
+        """A new epoch: ``batches`` (each ``(B,) int64`` sample ids; an
+        :class:`~ffload.loaders.orders.EpochBatches` is read through its order, without a copy),
+        ``start`` onwards to come. Runs on the consumer's thread at each ``iter(loader)``: the
+        units are listed by a compiled call without the GIL (:func:`_epoch_uses`) and sorted by
+        NumPy, which lets the GIL go while it sorts."""
         nb = len(batches)
         uses = np.zeros(0, np.int64)
         if nb and self._columns:
-            samples = np.concatenate(batches)
-            batch_of = np.repeat(np.arange(nb, dtype=np.int64), [len(b) for b in batches])
+            order = getattr(batches, "order", None)
+            if order is None:
+                samples = np.concatenate(batches).astype(np.int64, copy=False)
+                bounds = np.concatenate([[0], np.cumsum([len(b) for b in batches])]).astype(np.int64)
+            else:  # consecutive batch_size views of the order (the last may be shorter)
+                samples = order
+                bounds = np.minimum(np.arange(nb + 1, dtype=np.int64) * batches.batch_size, order.size)
             uses = sorted_unique(
-                np.concatenate(
-                    [
-                        units * nb + batch_of[owners]
-                        for units, owners in (spanned(p[samples], s[samples], self._unit) for p, s in self._columns)
-                    ]
-                )
+                np.concatenate([_epoch_uses(samples, bounds, p, s, self._unit) for p, s in self._columns])
             )
         unit_of = uses // max(nb, 1)
         index = np.int32 if uses.size < 2**31 else np.int64  # 4 bytes per block and use
@@ -129,10 +177,11 @@ class EpochSchedule:
         self._prepared[:start] = True
         self._low = min(start, nb)
 
-    def prepared(self, batch: int | None) -> None:
-        """Batch ``batch``'s units are pinned (``None``: a batch outside the schedule)."""
-        if batch is not None and 0 <= batch < self._prepared.size:
-            self._prepared[batch] = True
+    def prepared(self, batch: int | None, batches: int = 1) -> None:
+        """The units of batches ``batch`` to ``batch + batches - 1`` (a job's) are pinned
+        (``None``: batches outside the schedule)."""
+        if batch is not None:
+            self._prepared[max(0, batch) : max(0, batch + batches)] = True
             while self._low < self._prepared.size and self._prepared[self._low]:
                 self._low += 1
 
