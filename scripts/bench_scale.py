@@ -68,7 +68,9 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   epoch holds two 42-batch jobs, and each epoch's start and order are counted once per 80 batches.
   ``--process-cache``: every loader reads through the process cache (``os_cache=False``: blocks
   copied into the process's own memory, what a dataset larger than RAM is read with) instead of
-  the mapped file.
+  the mapped file; ``--cache-limit BYTES`` gives them that ``cache_limit`` (below the data's size,
+  each epoch evicts blocks and reads them again, from the page cache: the loader's side of reading
+  a dataset larger than its cache).
 * ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
   in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
 
@@ -461,6 +463,7 @@ def scaling_case(args) -> dict:
             indices=indices,
             batches_per_job=batches_per_job,
             os_cache=not args.process_cache,
+            **({"cache_limit": args.cache_limit} if args.cache_limit else {}),
         )
 
     def rate(workers):
@@ -560,6 +563,7 @@ def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
         ]
         + (["--cold-cache"] if args.cold_cache else [])
         + (["--process-cache"] if args.process_cache else [])
+        + (["--cache-limit", str(args.cache_limit)] if args.cache_limit else [])
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -758,12 +762,15 @@ def run_scaling(args) -> None:
                     f"{case} {name} round {round_ + 1}: {summary} serial {sf}, GIL-sampled {gs}, GIL-traced {gt}",
                     flush=True,
                 )
+    memory = "os_cache=True"
+    if args.process_cache:
+        memory = f"os_cache=False (the process cache{f', cache_limit {args.cache_limit}' if args.cache_limit else ''})"
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
         f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "
         f"wait {args.wait_us:g} us per row, serial measures with {args.serial_jobs or 'auto'} batches per job "
         f"in epochs of {args.serial_epoch_samples or 'those'} samples, "
-        f"{'os_cache=False (the process cache)' if args.process_cache else 'os_cache=True'}, "
+        f"{memory}, "
         f"page cache warm, {args.rounds} round(s), {time.perf_counter() - t0:.0f} s"
     )
     text, data = scaling_report(results, note)
@@ -939,6 +946,13 @@ def main() -> None:
         "--process-cache",
         action="store_true",
         help="--scaling: the loaders read through the process cache (os_cache=False), not the mapped file",
+    )
+    parser.add_argument(
+        "--cache-limit",
+        type=int,
+        default=0,
+        help="--scaling --process-cache: the loaders' cache_limit, bytes (below the data's size: blocks are "
+        "evicted and read again every epoch, from the page cache)",
     )
     parser.add_argument("--baseline", default=None, help="--scaling: another checkout to compare, same run")
     parser.add_argument("--scaling-case", help=argparse.SUPPRESS)

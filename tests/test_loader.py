@@ -481,9 +481,8 @@ def test_os_cache_and_process_cache_give_identical_batches(dataset):
     assert_same_batches(a, b)
 
 
-def blob_cache(tmp_path, monkeypatch, payloads):
-    """A .beton of BytesField payloads on 2 MiB pages, a process cache over it, and the list of
-    ``(offset, bytes)`` every ``os.preadv`` reads."""
+def blob_dataset(tmp_path, payloads):
+    """A .beton of BytesField payloads on 2 MiB pages."""
     path = write_dataset(
         str(tmp_path / "blobs.beton"),
         {"blob": BytesField()},
@@ -491,31 +490,56 @@ def blob_cache(tmp_path, monkeypatch, payloads):
         len(payloads),
         page_size=1 << 21,
     )
-    view = open_dataset(path)
-    reads = []
-    real_preadv = os.preadv
-    monkeypatch.setattr(
-        os, "preadv", lambda fd, bufs, off: reads.append((off, sum(len(b) for b in bufs))) or real_preadv(fd, bufs, off)
-    )
-    return view, ProcessCacheMemory(view, ["blob"]), reads
+    return path
 
 
-def test_process_cache_reads_each_page_once(tmp_path, monkeypatch):
+def test_process_cache_reads_each_block_once(tmp_path):
+    """Batches sharing samples read each block once (the compiled reads, one per run): the bytes
+    read are those of the distinct blocks the payloads span, and every payload reads back."""
     n = 24
     payloads = [np.full(300_000 + 1000 * i, i, np.uint8) for i in range(n)]  # some span 2 pages
-    view, memory, reads = blob_cache(tmp_path, monkeypatch, payloads)
+    view = open_dataset(blob_dataset(tmp_path, payloads))
+    memory = ProcessCacheMemory(view, ["blob"])
     for batch in (np.array([5, 1]), np.array([1, 5]), np.arange(n), np.array([7])):
         memory.prepare(batch)
         for i in batch:
             p, s = int(view.ptrs["blob"][i]), int(view.sizes["blob"][i])
             np.testing.assert_array_equal(memory.region[p : p + s], payloads[i])
-    assert_no_block_read_twice(reads, memory.block)
+    assert_each_block_read_once(memory, view, np.arange(n))
     memory.close()
 
 
-def assert_no_block_read_twice(reads, block):
-    blocks = [b for off, n in reads for b in range(off // block, -(-(off + n) // block))]
-    assert blocks and len(blocks) == len(set(blocks))
+def assert_each_block_read_once(memory, view, samples):
+    """The cache read the blocks the payloads of ``samples`` span, each once: its bytes read are
+    theirs (the last block clipped to the data's end)."""
+    blocks = batch_blocks(memory._payloads, np.unique(samples).astype(np.int64), memory.block)
+    assert blocks.size and memory.bytes_read == sum(
+        min(memory.block, view.data_size - b * memory.block) for b in blocks.tolist()
+    )
+
+
+def test_process_cache_names_a_file_that_ends_early(tmp_path):
+    """A data file cut short under the loader: during an epoch, the compiled read stops at the
+    file's end and the error names the file and the byte (not zeros handed out); before the
+    first epoch, the read-ahead's mapping names it."""
+    payloads = [np.full(50_000, i, np.uint8) for i in range(40)]
+    path = blob_dataset(tmp_path, payloads)
+    size = os.path.getsize(path)
+    kw = dict(batch_size=8, num_workers=1, order="sequential", os_cache=False, batches_per_job=1)
+    with ffload.Loader(path, **kw) as loader:
+        it = iter(loader)
+        next(it)
+        os.truncate(path, size // 2)
+        ends = r"blobs\.beton: file ends at byte \d+, expected \d+ bytes \(truncated\?\)"
+        with pytest.raises(LoaderError, match=ends):
+            for _ in it:
+                pass
+    (tmp_path / "again").mkdir()
+    path = blob_dataset(tmp_path / "again", payloads)
+    with ffload.Loader(path, **kw) as loader:
+        os.truncate(path, size // 2)
+        with pytest.raises(FormatError, match=rf"blobs\.beton: the file shrank from {size} to {size // 2} bytes"):
+            iter(loader)
 
 
 def test_batch_blocks():
@@ -878,14 +902,15 @@ def test_last_batch_of_an_epoch_survives_the_next_iter(dataset):
         assert first[0] == 0
 
 
-def test_process_cache_concurrent_workers_read_each_page_once(tmp_path, monkeypatch):
-    """Workers preparing overlapping batches at once: every page read exactly once, in parallel
-    where the pages differ, and every payload correct."""
+def test_process_cache_concurrent_workers_read_each_page_once(tmp_path):
+    """Workers preparing overlapping batches at once: every block read exactly once, in parallel
+    where the blocks differ, and every payload correct."""
     import concurrent.futures
 
     n = 40
     payloads = [np.full(400_000 + 997 * i, i, np.uint8) for i in range(n)]
-    view, memory, reads = blob_cache(tmp_path, monkeypatch, payloads)
+    view = open_dataset(blob_dataset(tmp_path, payloads))
+    memory = ProcessCacheMemory(view, ["blob"])
     rng = np.random.default_rng(0)
     batches = [rng.choice(n, 6, replace=False) for _ in range(64)]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -894,7 +919,7 @@ def test_process_cache_concurrent_workers_read_each_page_once(tmp_path, monkeypa
         p, s = int(view.ptrs["blob"][i]), int(view.sizes["blob"][i])
         if any(i in b for b in batches):
             np.testing.assert_array_equal(memory.region[p : p + s], payloads[i])
-    assert_no_block_read_twice(reads, memory.block)
+    assert_each_block_read_once(memory, view, np.concatenate(batches))
     memory.close()
 
 

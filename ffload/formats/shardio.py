@@ -292,6 +292,10 @@ class LocalFile:
         """``os.preadv`` of the file into ``buffers`` at ``offset``: bytes read (0 at its end)."""
         return os.preadv(self._fd, buffers, offset)
 
+    def fileno(self) -> int:
+        """The file's descriptor (open until :meth:`close`), for compiled reads."""
+        return self._fd
+
     def check_size(self, shards=None) -> None:
         """Raise FormatError naming the file when it holds fewer than ``data_size`` bytes now (one
         ``fstat``, :func:`shrank`; ``shards`` unused: the interface of :meth:`ShardFiles.check_size`)."""

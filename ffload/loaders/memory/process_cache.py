@@ -3,11 +3,12 @@
 :class:`ProcessCacheMemory`'s ``region`` is an anonymous mapping as long as the data file,
 reserved with ``MAP_NORESERVE`` (address space only: no memory is committed for it), so that the
 decoders index it with the dataset's own offsets. Only the blocks (:func:`cache_block`: 4-64 KiB)
-that batches need are filled (with ``os.preadv``, one call per run of consecutive blocks) and the
-resident blocks never add up to more than ``cache_limit`` bytes: before reading, the cache frees
+that batches need are filled (one ``pread`` per run of consecutive blocks, all of a job's runs in
+one compiled call without the GIL: :func:`read_runs`; a sharded dataset's through
+:class:`~ffload.formats.shardio.ShardFiles`, one ``os.preadv`` per run) and the resident blocks never add up to more than ``cache_limit`` bytes: before reading, the cache frees
 blocks that no batch in progress needs, those whose next use in the epoch is furthest first
 (:class:`~ffload.loaders.memory.schedule.EpochSchedule`; ``madvise(MADV_DONTNEED)`` returns their
-memory to the kernel), and a batch waits while the blocks pinned by the other batches in progress
+memory to the kernel, again one compiled call for all runs), and a batch waits while the blocks pinned by the other batches in progress
 leave no room. In QUASI_RANDOM order a ``.beton`` batch reads the whole pages it touches when only
 blocks no later batch needs have to make room for them. Transparent huge pages are disabled on
 the mapping so that a resident block costs its own size in RSS, not 2 MiB.
@@ -29,12 +30,18 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
+from numba import njit
 
+from ffload._jit.cextern import extern, process_symbol
 from ffload.errors import ConfigurationError
-from ffload.formats.shardio import open_data_files
-from ffload.loaders.memory.anonymous import CAN_POPULATE, MAP_NORESERVE, populate, region_view
+from ffload.formats.shardio import LocalFile, open_data_files
+from ffload.loaders.memory.anonymous import CAN_POPULATE, MADV_POPULATE_WRITE, MAP_NORESERVE, region_view
+from ffload.loaders.memory.readahead import advise_runs, unit_runs
 from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
 from ffload.system import available_memory
+
+_PREAD = process_symbol("pread")
+_pread = extern("pread", "p", "ippp")
 
 CACHE_BLOCK = 1 << 16
 """The largest process-cache block, bytes (64 KiB); see :func:`cache_block`."""
@@ -130,6 +137,24 @@ def worst_batch_bytes(columns, batch_size: int, block: int) -> int:
         spans = spans + np.where(sizes > 0, (end - 1) // block - p // block + 1, 0)
     k = min(batch_size, len(spans))
     return int(np.partition(spans, len(spans) - k)[len(spans) - k :].sum()) * block
+
+
+@njit(nogil=True, cache=True)
+def read_runs(fd, address, starts, lengths):
+    """Read each run of bytes ``[starts[r], starts[r] + lengths[r])`` of the file ``fd`` to the same
+    offsets of the memory at ``address`` (``starts``, ``lengths``: ``(R,) int64``), ``pread`` after
+    ``pread``, without the GIL: a batch of small random samples is hundreds of runs, and a Python
+    call per run held the GIL longer than the batch takes to decode. Returns the first run not
+    read whole (a read that failed, or the file's end), which the caller reads again to raise the
+    error, or -1."""
+    for r in range(starts.shape[0]):
+        done = 0
+        while done < lengths[r]:
+            n = _pread(fd, address + starts[r] + done, lengths[r] - done, starts[r] + done)
+            if n <= 0:
+                return r
+            done += n
+    return -1
 
 
 class _FileBackedCache:
@@ -234,7 +259,9 @@ class ProcessCacheMemory(_FileBackedCache):
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
         self._populate = CAN_POPULATE
+        self._address = self.region.ctypes.data  # madvise and the compiled reads write there
         self._file = open_data_files(view)
+        self._fd = self._file.fileno() if _PREAD and isinstance(self._file, LocalFile) else None
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """The epoch's batches (each ``(B,) int64`` sample ids), of which ``start`` onwards will
@@ -335,32 +362,40 @@ class ProcessCacheMemory(_FileBackedCache):
         self._evict(candidates)
         return True
 
+    def _runs(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, lengths)``, ``(R,) int64`` bytes: the runs of consecutive ``blocks`` (sorted
+        distinct block numbers), the last clipped to the data's end."""
+        starts = np.empty(blocks.size, np.int64)
+        lengths = np.empty(blocks.size, np.int64)
+        n = unit_runs(blocks, self.block, self.data_size, starts, lengths)
+        return starts[:n], lengths[:n]
+
     def _evict(self, blocks: np.ndarray) -> None:
-        breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
-        for run in np.split(blocks, breaks):
-            start = int(run[0]) * self.block
-            length = min(self.data_size, (int(run[-1]) + 1) * self.block) - start
-            self._buffer.madvise(mmap.MADV_DONTNEED, start, length)
+        """Return the memory of ``blocks`` (sorted block numbers) to the kernel: one
+        ``madvise(MADV_DONTNEED)`` per run, in one compiled call. Holds the lock."""
+        starts, lengths = self._runs(blocks)
+        if advise_runs(self._address, starts, lengths, mmap.MADV_DONTNEED):
+            raise OSError(f"{self.path}: madvise(MADV_DONTNEED) failed on the process cache's blocks")
         self._resident[blocks] = False
         self.resident_bytes -= blocks.size * self.block
 
     def _read_blocks(self, blocks: np.ndarray) -> int:
-        """Read ``blocks`` (sorted block numbers), one call per run of consecutive blocks;
-        returns the bytes read."""
+        """Read ``blocks`` (sorted block numbers), one read per run of consecutive blocks (a
+        local file's all in one compiled call: :func:`read_runs`), after allocating the runs'
+        memory in one compiled call too (``madvise(MADV_POPULATE_WRITE)``: cheaper than
+        faulting the pages in one by one in the reads); returns the bytes read."""
         if blocks.size == 0:
             return 0
-        total = 0
-        breaks = np.flatnonzero(np.diff(blocks) != 1) + 1
-        for run in np.split(blocks, breaks):
-            start = int(run[0]) * self.block
-            stop = min((int(run[-1]) + 1) * self.block, self.data_size)
-            self._read(start, stop)
-            total += stop - start
-        return total
+        starts, lengths = self._runs(blocks)
+        if self._populate:  # stops asking where the kernel (< 5.14) refuses
+            self._populate = advise_runs(self._address, starts, lengths, MADV_POPULATE_WRITE) == 0
+        first = 0 if self._fd is None else read_runs(self._fd, self._address, starts, lengths)
+        if first >= 0:  # a sharded dataset's runs, or from a read that failed on: its error raised here
+            for start, length in zip(starts[first:].tolist(), lengths[first:].tolist()):
+                self._read(start, start + length)
+        return int(lengths.sum())
 
     def _read(self, start: int, stop: int) -> None:
-        if self._populate:  # one call allocates the run's pages, cheaper than faulting them one by one in preadv
-            self._populate = populate(self._buffer, start, stop - start)
         with memoryview(self._buffer) as whole:
             done = 0
             while start + done < stop:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import collections
 import mmap
+import os
 import sys
 import threading
 
@@ -64,7 +65,7 @@ from numba import njit
 
 from ffload._jit.cextern import extern, process_symbol
 from ffload.errors import ConfigurationError
-from ffload.formats.shardio import FileMapping, ShardLayout
+from ffload.formats.shardio import FileMapping, ShardLayout, shrank
 from ffload.loaders.memory.schedule import batch_blocks
 
 AVAILABLE = process_symbol("madvise")
@@ -155,6 +156,9 @@ class ReadAhead:
             self._address = self._map.address
         else:
             with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self.data_size:  # cut short since the dataset was opened: mmap would refuse it
+                    raise shrank(path, self.data_size, size)
                 self._map = mmap.mmap(f.fileno(), self.data_size, prot=mmap.PROT_READ)
             self._address = np.frombuffer(self._map, np.uint8).ctypes.data  # the view ends here: close() may unmap
         self._compile()
