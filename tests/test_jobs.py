@@ -147,7 +147,7 @@ def test_auto_takes_several_small_batches_per_job(dataset):
     with ffload.Loader(dataset, pipelines=python, **kw) as loader:
         assert loader.batches_per_job == 1
     with ffload.Loader(dataset, pipelines=augmenting(), os_cache=False, **kw) as loader:
-        assert loader.batches_per_job > 1  # LMDB is always mapped; a .beton's process cache pins a job
+        assert loader.batches_per_job > 1  # the process cache pins a job's blocks
     pooled = dict(kw, order="quasi_random")
     with ffload.Loader(dataset, pipelines=augmenting(), os_cache=False, **pooled) as loader:
         assert (loader.batches_per_job == 1) == isinstance(loader._memory, PagePoolMemory)
@@ -389,11 +389,12 @@ def test_bad_batches_per_job_are_refused(dataset):
             ffload.Loader(dataset, batch_size=4, os_cache=False, order="quasi_random", batches_per_job=2)
 
 
-def test_process_cache_jobs_fit_every_workers_job_in_half_the_cache(tmp_path, digits):
+def test_process_cache_jobs_fit_every_workers_job_in_half_the_cache(tmp_path, digits, monkeypatch):
     """os_cache=False on a .beton: jobs of several batches give the batches of one batch per job
     on the mapped file, bit for bit, also when the cache is smaller than the data (blocks are
     evicted and read again, the limit holds); a job is only as large as lets every worker's job
     fit in half of ``cache_limit`` (auto: capped; asked for: refused, naming the limit)."""
+    monkeypatch.setattr(loader_module, "available_cpus", lambda: 2)  # 2 workers on any machine
     images, labels = digits
     large = np.kron(images, np.ones((1, 12, 12, 1), np.uint8))  # 96 x 96: payloads of several blocks
     path = write_digits(tmp_path / "digits.beton", large, labels)

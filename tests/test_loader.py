@@ -551,6 +551,10 @@ def test_batch_blocks():
     np.testing.assert_array_equal(batch_blocks([(ptrs, sizes)], every, 100), [0, 1, 3])
     np.testing.assert_array_equal(batch_blocks([(ptrs, sizes)], every[:0], 100), [])
     np.testing.assert_array_equal(batch_blocks([(ptrs, sizes), (ptrs + 400, sizes)], every[1:2], 100), [])
+    with pytest.raises(IndexError, match="out of range"):  # the compiled loops check the ids
+        batch_blocks([(ptrs, sizes)], np.array([2, 5]), 100)
+    with pytest.raises(TypeError, match="integers"):
+        batch_blocks([(ptrs, sizes)], np.ones(5, bool), 100)
 
 
 def test_wait_idle_waits_for_the_jobs_of_an_abandoned_iterator(dataset):

@@ -210,8 +210,9 @@ class Loader:
             ``max_pixels`` (naming the sample).
         ffload.errors.ConfigurationError: (a ``ValueError``) bad ``batch_size``, ``num_workers``,
             ``batches_ahead`` (an integer or ``"auto"``), ``buffer_limit`` (under 2 slots),
-            ``batches_per_job`` (an integer or ``"auto"``; above 1 where a job holds one batch,
-            saying why),
+            ``batches_per_job`` (an integer or ``"auto"``; above what a job can hold here, saying
+            why: 1 for a stage that is not rowwise, CUDA batches or the page pool, the process
+            cache's share of ``cache_limit`` with ``os_cache=False``),
             ``order``, ``seed``, ``indices`` (out of range, not integers, empty), unknown field
             names in ``pipelines``; with ``os_cache=False``, a batch that may need more than
             ``cache_limit`` bytes (both named); the batch buffers (``batch_size`` rows, one slot

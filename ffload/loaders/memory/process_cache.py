@@ -3,13 +3,14 @@
 :class:`ProcessCacheMemory`'s ``region`` is an anonymous mapping as long as the data file,
 reserved with ``MAP_NORESERVE`` (address space only: no memory is committed for it), so that the
 decoders index it with the dataset's own offsets. Only the blocks (:func:`cache_block`: 4-64 KiB)
-that batches need are filled (one ``pread`` per run of consecutive blocks, all of a job's runs in
+that jobs need are filled (one ``pread`` per run of consecutive blocks, all of a job's runs in
 one compiled call without the GIL: :func:`read_runs`; a sharded dataset's through
-:class:`~ffload.formats.shardio.ShardFiles`, one ``os.preadv`` per run) and the resident blocks never add up to more than ``cache_limit`` bytes: before reading, the cache frees
-blocks that no batch in progress needs, those whose next use in the epoch is furthest first
+:class:`~ffload.formats.shardio.ShardFiles`, one ``os.preadv`` per run) and the resident blocks
+never add up to more than ``cache_limit`` bytes: before reading, the cache frees blocks that no
+job in progress needs, those whose next use in the epoch is furthest first
 (:class:`~ffload.loaders.memory.schedule.EpochSchedule`; ``madvise(MADV_DONTNEED)`` returns their
-memory to the kernel, again one compiled call for all runs), and a batch waits while the blocks pinned by the other batches in progress
-leave no room. In QUASI_RANDOM order a ``.beton`` batch reads the whole pages it touches when only
+memory to the kernel, again one compiled call for all runs), and a job (one batch, or several
+consecutive ones) waits while the blocks pinned by the other jobs in progress leave no room. In QUASI_RANDOM order a ``.beton`` batch reads the whole pages it touches when only
 blocks no later batch needs have to make room for them. Transparent huge pages are disabled on
 the mapping so that a resident block costs its own size in RSS, not 2 MiB.
 
@@ -179,12 +180,12 @@ class _FileBackedCache:
 class ProcessCacheMemory(_FileBackedCache):
     """``os_cache=False``: a private cache of at most ``cache_limit`` resident bytes.
 
-    :meth:`prepare` pins the blocks (:func:`cache_block` bytes) that the batch's payloads span
-    (the given fields only) and reads the missing ones: workers claim blocks under a lock, read
-    them in parallel outside it, and wait for blocks claimed by another worker; when the blocks
-    would exceed the limit, unpinned blocks are evicted (furthest next use in the epoch's
-    :meth:`schedule` first, then least recently used), or the worker waits for other batches to
-    :meth:`release` theirs.
+    :meth:`prepare` pins the blocks (:func:`cache_block` bytes) that a job's payloads span (one
+    batch's or several consecutive ones'; the given fields only) and reads the missing ones:
+    workers claim blocks under a lock, read them in parallel outside it, and wait for blocks
+    claimed by another worker; when the blocks would exceed the limit, unpinned blocks are
+    evicted (furthest next use in the epoch's :meth:`schedule` first, then least recently used),
+    or the worker waits for other jobs to :meth:`release` theirs.
 
     Args:
         view: the :class:`ffload.formats.DatasetView`.

@@ -38,10 +38,13 @@ def payload_columns(view, field_names: Sequence[str]) -> list[tuple[np.ndarray, 
 def spanned_units(indices, ptrs, sizes, unit):
     """``(U,) int64`` the unit numbers (``offset // unit``) the payloads ``[ptrs[s], ptrs[s] +
     sizes[s])`` of the samples ``indices`` (``(B,) int64``) span, payload by payload (unsorted,
-    repeats kept; empty payloads span none); ``ptrs``, ``sizes``: ``(N,) uint64`` bytes."""
+    repeats kept; empty payloads span none); ``ptrs``, ``sizes``: ``(N,) uint64`` bytes. Raises
+    IndexError for an id outside ``[0, N)``."""
     n = 0
     for b in range(indices.shape[0]):
         s = indices[b]
+        if s < 0 or s >= sizes.shape[0]:
+            raise IndexError("sample id out of range")
         size = np.int64(sizes[s])
         if size > 0:
             p = np.int64(ptrs[s])
@@ -77,9 +80,13 @@ def batch_blocks(columns, indices: np.ndarray, block: int) -> np.ndarray:
     int64``) in the columns ``[(ptrs, sizes), ...]``: compiled calls without the GIL
     (:func:`spanned_units`, :func:`sort_unique`), which every worker makes per job and the
     read-ahead per batch; NumPy's gathers and repeats held the GIL about as long as a small-image
-    batch's decoding."""
+    batch's decoding. Raises TypeError for ids that are not integers, IndexError for one out of
+    range."""
     if not columns:
         return np.zeros(0, np.int64)
+    indices = np.asarray(indices)
+    if indices.dtype.kind not in "iu":
+        raise TypeError(f"sample ids must be integers, got {indices.dtype}")
     indices = np.ascontiguousarray(indices, dtype=np.int64)
     parts = [spanned_units(indices, p, s, block) for p, s in columns]
     units = parts[0] if len(parts) == 1 else np.concatenate(parts)  # one sort for all fields
@@ -90,11 +97,14 @@ def batch_blocks(columns, indices: np.ndarray, block: int) -> np.ndarray:
 def _epoch_uses(samples, bounds, ptrs, sizes, unit):
     """``(U,) int64`` one ``unit_number * nb + b`` per unit that a payload of batch ``b`` spans
     (repeats kept), batch ``b`` being ``samples[bounds[b]:bounds[b + 1]]`` and ``nb`` the
-    ``bounds.size - 1`` batches; ``ptrs``, ``sizes``: ``(N,) uint64`` bytes."""
+    ``bounds.size - 1`` batches; ``ptrs``, ``sizes``: ``(N,) uint64`` bytes. Raises IndexError for
+    an id outside ``[0, N)``."""
     nb = bounds.shape[0] - 1
     n = 0
     for i in range(samples.shape[0]):
         s = samples[i]
+        if s < 0 or s >= sizes.shape[0]:
+            raise IndexError("sample id out of range")
         size = np.int64(sizes[s])
         if size > 0:
             p = np.int64(ptrs[s])
