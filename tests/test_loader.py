@@ -25,6 +25,7 @@ from ffload.loaders import (
     ToTensor,
     ToTorchImage,
 )
+from ffload.loaders.memory.os_cache import OSCacheMemory
 from ffload.loaders.memory.process_cache import ProcessCacheMemory
 from ffload.loaders.memory.schedule import batch_blocks
 
@@ -260,21 +261,26 @@ def _epoch_batches(loader):
     return out
 
 
-def test_next_epochs_jobs_run_during_the_last_one_and_change_no_batch(dataset, monkeypatch):
+@pytest.mark.parametrize("os_cache", [True, False])
+def test_next_epochs_jobs_run_during_the_last_one_and_change_no_batch(dataset, monkeypatch, os_cache):
     """Once an epoch's last job is submitted, the next epoch's first jobs are submitted in the slots
     the tail frees, and ``iter(loader)`` takes them over: no job is computed twice, and every batch
-    equals the one a loader started at that epoch computes (nothing carried over)."""
-    loader = _augmented_loader(dataset)
+    equals the one a loader started at that epoch computes (nothing carried over); with the
+    process cache too (os_cache=False), whose schedule then counts the adopted jobs as prepared."""
+    loader = _augmented_loader(dataset, os_cache=os_cache)
+    assert isinstance(loader.memory, OSCacheMemory if os_cache else ProcessCacheMemory)
     submits = _record_submits(monkeypatch, loader)
     with loader:
         got = [_epoch_batches(loader) for _ in range(3)]
+        if not os_cache:  # every batch of the last epoch counted as prepared, the adopted ones too
+            assert loader.memory._schedule._low == len(loader)
     monkeypatch.undo()
     early = {e for e, current in submits if current == e - 1}
     assert {1, 2} <= early <= {1, 2, 3}, submits  # epochs 1 and 2 (and 3, never used) started early
     jobs = -(-len(loader) // 2)
     for epoch in (1, 2):  # each job once, early or not
         assert sum(1 for e, _ in submits if e == epoch) == jobs, submits
-        fresh = _augmented_loader(dataset)
+        fresh = _augmented_loader(dataset, os_cache=os_cache)
         fresh.next_epoch = epoch
         with fresh:
             expected = _epoch_batches(fresh)

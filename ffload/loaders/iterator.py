@@ -47,6 +47,7 @@ import torch
 
 from ffload.errors import LoaderClosedError, LoaderError
 from ffload.loaders.autotune import AutoTuner, Observation
+from ffload.loaders.memory.schedule import LATER_EPOCH
 from ffload.loaders.orders import EpochBatches
 from ffload.loaders.pipeline.geometry import shared_rows
 from ffload.loaders.pipeline.operation import BatchContext
@@ -108,6 +109,9 @@ class BatchRunner:
         self._job_time: dict[int, float] = {}  # slot -> wall seconds of its last job
         self._tickets = 0
         self._first_done = threading.Event()  # the first job ended: later jobs may run (module docstring)
+        # the epoch of the memory manager's schedule (set by the loader after ``memory.schedule``): a
+        # job of a later epoch (the next one's, submitted early) prepares as LATER_EPOCH
+        self.scheduled_epoch: int | None = None
         if device is not None:
             self._streams: dict[int, torch.cuda.Stream] = {}
             self._done: dict[int, torch.cuda.Event] = {}
@@ -336,7 +340,7 @@ class BatchRunner:
             buffers = [[None if b is None else b[row:] for b in bufs] for bufs in buffers]
         try:
             seeds = sample_seeds(self.seed, epoch, indices)
-            lease = self.memory.prepare(indices, batch, batches)
+            lease = self.memory.prepare(indices, batch if epoch == self.scheduled_epoch else LATER_EPOCH, batches)
         except Exception as e:
             raise self._failed(e, indices, epoch, batch) from e
         out = []

@@ -193,8 +193,8 @@ class Loader:
     Epochs: each ``iter(loader)`` starts the next epoch (0, 1, 2, ...), re-shuffled; see
     :meth:`state_dict` to resume mid-epoch. Per-sample seeds are
     ``rng.sample_seeds(seed, epoch, index)``, so batches are identical for any ``num_workers``.
-    With ``os_cache=True``, batches on the CPU and an epoch of more jobs than batch slots, the
-    next epoch's first jobs run while the current epoch's last ones do
+    With batches on the CPU, an epoch of more jobs than batch slots and a local or mapped file
+    (not the page pool), the next epoch's first jobs run while the current epoch's last ones do
     (:class:`~ffload.loaders.iterator.NextEpochJobs`), so the workers do not idle between epochs
     (an epoch that fits in the slots keeps what it yielded to its end, as before); they are
     dropped, and computed again, when the next
@@ -459,15 +459,22 @@ class Loader:
                 adopted.discard()
             raise
         self._next_epoch, self._start_batch = epoch + 1, 0
-        self._memory.schedule(batches, start)
+        # adopted jobs pinned (or read and released) their batches' payloads: prepared already
+        first = start if adopted is None else adopted.next_submit
+        self._memory.schedule(batches, first)
+        runner.scheduled_epoch = epoch
         if runner.read_ahead is not None:
-            runner.read_ahead.schedule(batches, start if adopted is None else adopted.next_submit)
+            runner.read_ahead.schedule(batches, first)
         per_job = self._job_size(len(batches))
         self._tuner.set_batches_per_job(per_job)
         # Only an epoch with more jobs than slots, which reuses its own slots anyway: one that fits
         # keeps every batch it yielded intact to its end (``list(loader)`` of a small dataset).
         jobs = -(-(len(batches) - start) // per_job)
-        if self._device is None and isinstance(self._memory, OSCacheMemory) and jobs > runner.num_slots:
+        if (
+            self._device is None
+            and isinstance(self._memory, (OSCacheMemory, ProcessCacheMemory))
+            and jobs > runner.num_slots
+        ):
             self._next_jobs = NextEpochJobs(
                 runner,
                 epoch + 1,

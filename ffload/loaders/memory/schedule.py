@@ -18,6 +18,12 @@ from numba import njit
 NEVER = np.iinfo(np.int64).max
 """The next use (:meth:`EpochSchedule.next_use`) of a unit that no scheduled batch needs."""
 
+LATER_EPOCH = NEVER
+"""The batch number a job of a later epoch than the scheduled one passes to ``prepare`` (the next
+epoch's first jobs, submitted while this epoch's last ones run): after every scheduled batch, so
+its room is made from the units this epoch no longer needs first, and the batches still to come
+keep theirs (:meth:`EpochSchedule.next_use` counts from the oldest unprepared batch)."""
+
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
     """The sorted distinct values of a 1-D integer array: ``np.unique`` without its hash table
