@@ -519,6 +519,68 @@ def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared()
     assert schedule._low == listed._low == 3
 
 
+def _aligned_samples(tmp_path, n=20, sample=64 << 10):
+    """A file of ``n`` block-aligned samples of ``sample`` bytes (the uint32 ``k`` at byte ``4k``,
+    each word odd: no sample reads as zeros) and a view of it with one field ``x``."""
+    import types
+
+    data = tmp_path / "data.bin"
+    data.write_bytes((np.arange(n * sample // 4, dtype=np.uint32) * 2 + 1).tobytes())
+    return types.SimpleNamespace(
+        data_path=str(data),
+        path=str(data),
+        ptrs={"x": np.arange(n, dtype=np.uint64) * np.uint64(sample)},
+        sizes={"x": np.full(n, sample, np.uint64)},
+        data_size=n * sample,
+        page_size=1 << 20,
+        shards=None,
+    )
+
+
+def test_an_eviction_the_kernel_refuses_in_part_reads_the_blocks_again(tmp_path, monkeypatch):
+    """``madvise(MADV_DONTNEED)`` that frees some runs and refuses others: every evicted block
+    counts as gone (read again when needed), none is taken as resident with its memory zeroed."""
+    import ffload.loaders.memory.process_cache as pc
+
+    sample = 64 << 10
+    view = _aligned_samples(tmp_path, sample=sample)
+    memory = ProcessCacheMemory(view, ["x"], cache_limit=6 * sample, batch_size=2)
+    real = pc.advise_runs
+
+    def partly(address, starts, lengths, advice):  # frees the first run, refuses the others
+        if advice == mmap.MADV_DONTNEED and len(starts) > 1:
+            real(address, starts[:1], lengths[:1], advice)
+            return len(starts) - 1
+        return real(address, starts, lengths, advice)
+
+    monkeypatch.setattr(pc, "advise_runs", partly)
+    first = [np.array([0, 2]), np.array([4, 6]), np.array([8, 10])]
+    batches = first + [np.array([12, 14])] + first  # every block comes back: batch 3 evicts live ones
+    memory.schedule(batches)
+    for b in range(len(batches)):
+        lease = memory.prepare(batches[b], b)
+        for s in batches[b].tolist():
+            words = memory.region[s * sample : (s + 1) * sample].view(np.uint32)
+            np.testing.assert_array_equal(words[:4], np.arange(4) * 2 + 1 + s * sample // 2)
+        memory.release(lease)
+    assert memory.resident_bytes <= memory.cache_limit
+    memory.close()
+
+
+def test_a_closed_process_cache_reads_no_other_file(tmp_path):
+    """After ``close()`` the cache's file descriptor is not used again, even once the system has
+    given its number to another file."""
+    view = _aligned_samples(tmp_path)
+    memory = ProcessCacheMemory(view, ["x"], cache_limit=1 << 22, batch_size=2)
+    memory.close()
+    other = os.open(view.data_path, os.O_RDONLY)  # likely the descriptor number just freed
+    try:
+        with pytest.raises(ValueError, match="data.bin: the process cache is closed"):
+            memory.prepare(np.array([3], np.int64))
+    finally:
+        os.close(other)
+
+
 def test_a_later_epochs_job_makes_room_from_blocks_this_epoch_no_longer_needs(tmp_path):
     """The next epoch's first jobs run during this epoch's last ones (``LATER_EPOCH``): their room
     comes from blocks no batch still to come needs, never from those of a batch still to come

@@ -164,13 +164,15 @@ class _FileBackedCache:
     :meth:`close`."""
 
     _file = None
+    _fd: int | None = None  # the file's descriptor where compiled reads use it
 
     def check(self, indices: np.ndarray) -> None:
-        """Nothing to check after a batch's reads: they were ``preadv`` calls into the cache, which
+        """Nothing to check after a batch's reads: they were reads (``pread``) into the cache, which
         raise when the file ends early (see :meth:`OSCacheMemory.check`)."""
 
     def close(self) -> None:
         """Close the file(s); the memory is freed once no batch references it."""
+        self._fd = None  # a descriptor number the system may give to another file
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -305,8 +307,8 @@ class ProcessCacheMemory(_FileBackedCache):
             nread = self._read_blocks(mine)  # outside the lock: workers read in parallel
         except BaseException:
             with self._cond:
-                self._resident[mine] = self._loading[mine] = False
-                self.resident_bytes -= mine.size * self.block
+                self._evict(mine)  # their memory was allocated for the reads
+                self._loading[mine] = False
                 self._pins[blocks] -= 1
                 self._cond.notify_all()
             raise
@@ -373,10 +375,11 @@ class ProcessCacheMemory(_FileBackedCache):
 
     def _evict(self, blocks: np.ndarray) -> None:
         """Return the memory of ``blocks`` (sorted block numbers) to the kernel: one
-        ``madvise(MADV_DONTNEED)`` per run, in one compiled call. Holds the lock."""
+        ``madvise(MADV_DONTNEED)`` per run, in one compiled call. They count as gone whatever it
+        answers (a block read again is always safe, a freed one taken as resident would read as
+        zeros; a run the kernel kept only costs its memory). Holds the lock."""
         starts, lengths = self._runs(blocks)
-        if advise_runs(self._address, starts, lengths, mmap.MADV_DONTNEED):
-            raise OSError(f"{self.path}: madvise(MADV_DONTNEED) failed on the process cache's blocks")
+        advise_runs(self._address, starts, lengths, mmap.MADV_DONTNEED)
         self._resident[blocks] = False
         self.resident_bytes -= blocks.size * self.block
 
@@ -387,6 +390,8 @@ class ProcessCacheMemory(_FileBackedCache):
         faulting the pages in one by one in the reads); returns the bytes read."""
         if blocks.size == 0:
             return 0
+        if self._file is None:
+            raise ValueError(f"{self.path}: the process cache is closed")
         starts, lengths = self._runs(blocks)
         if self._populate:  # stops asking where the kernel (< 5.14) refuses
             self._populate = advise_runs(self._address, starts, lengths, MADV_POPULATE_WRITE) == 0

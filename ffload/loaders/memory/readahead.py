@@ -41,8 +41,8 @@ the epoch's batches, so a warm dataset costs no GIL time per batch for read-ahea
 at all (the per-batch check took the GIL between the workers' compiled calls). Pages evicted later
 in that epoch are read when the decoders touch them; the next epoch checks again.
 
-The same read-ahead serves ``os_cache=False`` in RANDOM order: the block cache's ``preadv``
-then copies from the page cache instead of waiting on the disk.
+The same read-ahead serves ``os_cache=False`` in RANDOM order: the block cache's reads then
+copy from the page cache instead of waiting on the disk.
 
 The page pool (QUASI_RANDOM with ``os_cache=False``, and every ``.beton`` on object storage) has
 its own, :class:`PagePoolReadAhead`: it walks the schedule the same way (same thread, same bound)
