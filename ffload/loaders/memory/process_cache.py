@@ -10,9 +10,10 @@ never add up to more than ``cache_limit`` bytes: before reading, the cache frees
 job in progress needs, those whose next use in the epoch is furthest first
 (:class:`~ffload.loaders.memory.schedule.EpochSchedule`; ``madvise(MADV_DONTNEED)`` returns their
 memory to the kernel, again one compiled call for all runs), and a job (one batch, or several
-consecutive ones) waits while the blocks pinned by the other jobs in progress leave no room. In QUASI_RANDOM order a ``.beton`` batch reads the whole pages it touches when only
-blocks no later batch needs have to make room for them. Transparent huge pages are disabled on
-the mapping so that a resident block costs its own size in RSS, not 2 MiB.
+consecutive ones) waits while the blocks pinned by the other jobs in progress leave no room. In
+QUASI_RANDOM order a ``.beton`` batch reads the whole pages it touches when only blocks no later
+batch needs have to make room for them. Transparent huge pages are disabled on the mapping so that
+a resident block costs its own size in RSS, not 2 MiB.
 
 In QUASI_RANDOM order consecutive batches read the same few pages, so with a limit of a few
 batches each block is read once per epoch; in RANDOM order only the blocks that hold the batch's

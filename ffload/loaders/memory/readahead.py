@@ -16,10 +16,11 @@ mapping itself costs no memory: WILLNEED fills the page cache without mapping pa
 process.
 
 Per batch, the IO thread computes the runs (:func:`~.schedule.batch_blocks`, :func:`unit_runs`)
-and issues the ``madvise`` calls (:func:`advise_runs`, through the C library's symbol, :mod:`ffload._jit.cextern`) in compiled calls that do not hold the GIL: a Python loop would
-make one call per run (hundreds per batch of small random samples), and even NumPy's steps held the
-GIL that the decoding workers need between their compiled calls about as long as a batch of small
-raw images takes to decode.
+and issues the ``madvise`` calls (:func:`advise_runs`, through the C library's symbol,
+:mod:`ffload._jit.cextern`) in compiled calls that do not hold the GIL: a Python loop would make one
+call per run (hundreds per batch of small random samples), and even NumPy's steps held the GIL that
+the decoding workers need between their compiled calls about as long as a batch of small raw images
+takes to decode.
 
 Why ``madvise``: WILLNEED only *submits* the reads and returns, so one thread keeps many requests
 in flight, and the block layer merges neighbours; ``posix_fadvise(WILLNEED)`` reached a fraction
