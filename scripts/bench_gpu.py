@@ -38,7 +38,8 @@ capped so that the later ones still run):
              workers; every slot filled once before timing); the same in
              CIFAR-10-length epochs (50,000 samples, 196 batches) with "auto" and each of
              ``--scale-cifar-jobs`` (auto's epoch rule: 6 per job at 16 workers before its jobs
-             are measured, 10 once they are measured fast; each run's last size is recorded); JPEG
+             are measured, 10 once they are measured fast; each run's last size is recorded), and
+             "auto" through the process cache (``os_cache=False``); JPEG
              ``RandomResizedCrop(224)`` + flip; each against linear scaling of its 1-worker rate.
 
 The ratios the issue's goals name are in ``results.json["goals"]``.
@@ -764,7 +765,7 @@ def scaling(run: Run, args) -> dict:
     for tag, (indices, sizes) in epochs.items():
         for jobs in ["auto"] + [int(j) for j in sizes.split(",") if j]:
             name = f"raw32_flip{tag}" + ("" if jobs == "auto" else f"_jobs{jobs}")
-            cases[name] = (run.data["raw"], raw_ops, args.scale_seconds, indices, jobs)
+            cases[name] = (run.data["raw"], raw_ops, args.scale_seconds, indices, jobs, {})
         if not tag:  # JPEG before the CIFAR-length cases, which the budget may cut
             cases["jpeg_rrc224_flip"] = (
                 run.data["jpeg"],
@@ -772,16 +773,19 @@ def scaling(run: Run, args) -> dict:
                 args.scale_seconds * 1.5,
                 None,
                 "auto",
+                {},
             )
+    # the process cache (what a dataset larger than RAM is read through), CIFAR-length epochs
+    cases["raw32_flip_cifar_process_cache"] = (*cases["raw32_flip_cifar"][:5], {"os_cache": False})
     out = {}
-    for name, (path, ops, seconds, indices, per_job) in cases.items():
+    for name, (path, ops, seconds, indices, per_job, memory) in cases.items():
         rows, sizes = {}, {}
         for workers in counts:
             if run.left() < 20:
                 rows[str(workers)] = "skipped: out of time"
                 continue
             pipes = {"image": ops(), "label": [IntDecoder()]}
-            kw = dict(order="random", seed=0, pipelines=pipes, indices=indices, batches_per_job=per_job)
+            kw = dict(order="random", seed=0, pipelines=pipes, indices=indices, batches_per_job=per_job, **memory)
             with Loader(path, batch_size=256, num_workers=workers, **kw) as ld:
                 rows[str(workers)] = round(loader_rate(ld, seconds), 1)
                 sizes[str(workers)] = ld.stats()["batches_per_job"]
