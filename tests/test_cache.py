@@ -567,6 +567,62 @@ def test_an_eviction_the_kernel_refuses_in_part_reads_the_blocks_again(tmp_path,
     memory.close()
 
 
+def test_a_job_reads_its_own_blocks_while_another_reads_the_ones_they_share(tmp_path):
+    """Job B shares a sample with job A, whose read is in progress: B reads its own missing blocks
+    meanwhile (not after A), then waits for the shared ones; when A's read fails, B claims and
+    reads them itself, and A's error is A's alone."""
+    import threading
+
+    sample = 64 << 10
+    view = _aligned_samples(tmp_path, sample=sample)
+    memory = ProcessCacheMemory(view, ["x"], cache_limit=1 << 22, batch_size=2)
+    real, order = memory._read_blocks, []
+    a_reads, b_waits, a_fail = threading.Event(), threading.Event(), threading.Event()
+    wait = memory._cond.wait
+
+    def waiting(timeout=None):
+        if threading.current_thread().name == "B":
+            b_waits.set()
+        return wait(timeout)
+
+    def read(blocks):
+        name = threading.current_thread().name
+        order.append((name, sorted({int(b) * memory.block // sample for b in blocks})))
+        if name == "A" and len(order) == 1:
+            a_reads.set()
+            assert a_fail.wait(30)  # held until B waits for the shared sample
+            raise OSError("injected")
+        return real(blocks)
+
+    memory._cond.wait, memory._read_blocks = waiting, read
+    errors, leases = {}, {}
+
+    def job(name, samples):
+        try:
+            leases[name] = memory.prepare(np.array(samples, np.int64))
+        except OSError as e:
+            errors[name] = e
+
+    a = threading.Thread(target=job, args=("A", [0, 1]), name="A", daemon=True)
+    a.start()
+    assert a_reads.wait(30)
+    b = threading.Thread(target=job, args=("B", [1, 2]), name="B", daemon=True)
+    b.start()
+    assert b_waits.wait(30)
+    assert order == [("A", [0, 1]), ("B", [2])]  # B read its own sample while A's read was in progress
+    a_fail.set()
+    a.join(30)
+    b.join(30)
+    assert str(errors.pop("A")) == "injected" and not errors
+    assert order[2:] == [("B", [1])]  # claimed again after A's read failed
+    for s in (1, 2):
+        words = memory.region[s * sample : s * sample + 16].view(np.uint32)
+        np.testing.assert_array_equal(words, np.arange(4) * 2 + 1 + s * sample // 2)
+    memory.release(leases["B"])
+    assert not memory._pins.any() and not memory._loading.any()
+    memory.close()
+
+
 def test_a_closed_process_cache_reads_no_other_file(tmp_path):
     """After ``close()`` the cache's file descriptor is not used again, even once the system has
     given its number to another file."""

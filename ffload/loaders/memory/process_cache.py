@@ -185,10 +185,11 @@ class ProcessCacheMemory(_FileBackedCache):
 
     :meth:`prepare` pins the blocks (:func:`cache_block` bytes) that a job's payloads span (one
     batch's or several consecutive ones'; the given fields only) and reads the missing ones:
-    workers claim blocks under a lock, read them in parallel outside it, and wait for blocks
-    claimed by another worker; when the blocks would exceed the limit, unpinned blocks are
-    evicted (furthest next use in the epoch's :meth:`schedule` first, then least recently used),
-    or the worker waits for other jobs to :meth:`release` theirs.
+    workers claim blocks under a lock, read them in parallel outside it, then wait for those of
+    their blocks another worker was reading (and claim them again if that read failed); when the
+    blocks would exceed the limit, unpinned blocks are evicted (furthest next use in the epoch's
+    :meth:`schedule` first, then least recently used), or the worker waits for other jobs to
+    :meth:`release` theirs.
 
     Args:
         view: the :class:`ffload.formats.DatasetView`.
@@ -284,40 +285,52 @@ class ProcessCacheMemory(_FileBackedCache):
             OSError: a read failed or the file is shorter than ``data_size`` (truncated).
         """
         blocks = batch_blocks(self._payloads, indices, self.block)
-        with self._cond:
-            while True:
-                if self._loading[blocks].any():  # another worker is reading some of them
-                    self._cond.wait()
-                    continue
-                mine = blocks[~self._resident[blocks]]
-                extra = self._rest_of_pages(mine)
-                if extra.size and self._make_room((mine.size + extra.size) * self.block, blocks, batch, dead_only=True):
-                    mine = np.union1d(mine, extra)
-                    break
-                if self._make_room(mine.size * self.block, blocks, batch):
-                    break
-                self._cond.wait()  # every other block is pinned by a batch in progress
-            self._pins[blocks] += 1
-            self._schedule.prepared(batch, batches)
-            self._tick += 1
-            self._last_use[blocks] = self._tick
-            self._resident[mine] = self._loading[mine] = True
-            self.resident_bytes += mine.size * self.block
-            self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
-        try:
-            nread = self._read_blocks(mine)  # outside the lock: workers read in parallel
-        except BaseException:
+        while True:
             with self._cond:
-                self._evict(mine)  # their memory was allocated for the reads
+                while True:
+                    mine = blocks[~self._resident[blocks]]  # neither resident nor being read by another job
+                    extra = self._rest_of_pages(mine)
+                    room = (mine.size + extra.size) * self.block
+                    if extra.size and self._make_room(room, blocks, batch, dead_only=True):
+                        mine = np.union1d(mine, extra)
+                        break
+                    if self._make_room(mine.size * self.block, blocks, batch):
+                        break
+                    self._cond.wait()  # every other block is pinned by a job in progress
+                self._pins[blocks] += 1
+                self._schedule.prepared(batch, batches)
+                self._tick += 1
+                self._last_use[blocks] = self._tick
+                self._resident[mine] = self._loading[mine] = True
+                self.resident_bytes += mine.size * self.block
+                self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+            try:
+                nread = self._read_blocks(mine)  # outside the lock: workers read in parallel
+            except BaseException:
+                with self._cond:
+                    self._evict(mine)  # their memory was allocated for the reads
+                    self._loading[mine] = False
+                    self._pins[blocks] -= 1
+                    self._cond.notify_all()
+                raise
+            with self._cond:
                 self._loading[mine] = False
-                self._pins[blocks] -= 1
+                self.bytes_read += nread
                 self._cond.notify_all()
-            raise
-        with self._cond:
-            self._loading[mine] = False
-            self.bytes_read += nread
-            self._cond.notify_all()
-        return blocks
+                # then the blocks another job was reading when this one claimed its own: waiting for
+                # them first would run the two jobs' reads one after the other (jobs of many random
+                # samples nearly always share a block)
+                try:
+                    while self._loading[blocks].any():
+                        self._cond.wait()
+                except BaseException:  # an interrupt while waiting: the job does not go on
+                    self._pins[blocks] -= 1
+                    self._cond.notify_all()
+                    raise
+                if self._resident[blocks].all():
+                    return blocks
+                self._pins[blocks] -= 1  # that job's read failed and dropped them: claim them again
+                self._cond.notify_all()
 
     def _rest_of_pages(self, blocks: np.ndarray) -> np.ndarray:
         """The blocks, neither resident nor in ``blocks``, of the pages ``blocks`` fall in
