@@ -641,24 +641,10 @@ def test_a_later_epochs_job_makes_room_from_blocks_this_epoch_no_longer_needs(tm
     """The next epoch's first jobs run during this epoch's last ones (``LATER_EPOCH``): their room
     comes from blocks no batch still to come needs, never from those of a batch still to come
     (which least-recent use would pick first here)."""
-    import types
-
     from ffload.loaders.memory.schedule import LATER_EPOCH
 
     sample = 64 << 10  # 20 block-aligned samples of 64 KiB, 8 KiB blocks
-    data = tmp_path / "data.bin"
-    data.write_bytes(np.arange(20 * sample // 4, dtype=np.uint32).tobytes())
-    ptrs = np.arange(20, dtype=np.uint64) * np.uint64(sample)
-    view = types.SimpleNamespace(
-        data_path=str(data),
-        path=str(data),
-        ptrs={"x": ptrs},
-        sizes={"x": np.full(20, sample, np.uint64)},
-        data_size=20 * sample,
-        page_size=1 << 20,
-        shards=None,
-    )
-    memory = ProcessCacheMemory(view, ["x"], cache_limit=12 * sample, batch_size=4)
+    memory = ProcessCacheMemory(_aligned_samples(tmp_path, sample=sample), ["x"], cache_limit=12 * sample, batch_size=4)
     batches = [np.arange(4 * b, 4 * b + 4, dtype=np.int64) for b in range(4)] + [np.arange(4, dtype=np.int64)]
     memory.schedule(batches)  # batch 4 reads batch 0's samples again
     for b in range(3):

@@ -45,27 +45,10 @@ def spanned_units(indices, ptrs, sizes, unit):
     """``(U,) int64`` the unit numbers (``offset // unit``) the payloads ``[ptrs[s], ptrs[s] +
     sizes[s])`` of the samples ``indices`` (``(B,) int64``) span, payload by payload (unsorted,
     repeats kept; empty payloads span none); ``ptrs``, ``sizes``: ``(N,) uint64`` bytes. Raises
-    IndexError for an id outside ``[0, N)``."""
-    n = 0
-    for b in range(indices.shape[0]):
-        s = indices[b]
-        if s < 0 or s >= sizes.shape[0]:
-            raise IndexError("sample id out of range")
-        size = np.int64(sizes[s])
-        if size > 0:
-            p = np.int64(ptrs[s])
-            n += (p + size - 1) // unit - p // unit + 1
-    out = np.empty(n, np.int64)
-    k = 0
-    for b in range(indices.shape[0]):
-        s = indices[b]
-        size = np.int64(sizes[s])
-        if size > 0:
-            p = np.int64(ptrs[s])
-            for u in range(p // unit, (p + size - 1) // unit + 1):
-                out[k] = u
-                k += 1
-    return out
+    IndexError for an id outside ``[0, N)``. :func:`_epoch_uses` with the samples as one batch."""
+    bounds = np.zeros(2, np.int64)
+    bounds[1] = indices.shape[0]
+    return _epoch_uses(indices, bounds, ptrs, sizes, unit)
 
 
 @njit(nogil=True, cache=True)
