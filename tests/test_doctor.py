@@ -433,6 +433,21 @@ def test_gil_holds_pair_each_threads_events_of_this_process():
     assert _lost_events(lines[0]) == 2 and _lost_events(b"# tracer: nop\n") == 0
 
 
+def test_gil_trace_records_only_while_every_probe_is_on(monkeypatch):
+    """The instance's buffer is off while the probes are switched (installing them in a busy
+    process takes long enough for drops to be traced without their takes), on only once all are."""
+    from ffload.bench import serial
+
+    written = []
+    monkeypatch.setattr(serial, "_tracefs_write", lambda path, value, append=False: written.append((path, value)))
+    trace = object.__new__(serial.GilTrace)
+    trace._instance, trace.group = "instances/g", "g"
+    trace._enable(True)
+    trace._enable(False)
+    buffer, probes = "instances/g/tracing_on", os.path.join("instances/g", "events", "g", "enable")
+    assert written == [(buffer, "0"), (probes, "1"), (buffer, "1"), (buffer, "0"), (probes, "0")]
+
+
 def test_gil_trace_that_fails_to_set_up_removes_what_it_made(tmp_path, monkeypatch):
     """A tracefs where the instance cannot be sized (a stand-in directory: its files are missing):
     UnavailableError, the two probes it added are removed again, its instance directory is gone,
