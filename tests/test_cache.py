@@ -368,6 +368,29 @@ def test_read_ahead_checks_a_warm_epoch_against_the_runs_of_every_sample(stamped
         ahead.close()
 
 
+def test_advise_vectored_gives_the_kernel_exactly_the_runs():
+    """``process_madvise`` on this process reaches the kernel with the right addresses and lengths,
+    over more runs than one call takes (``IOV_MAX``): MADV_DONTNEED zeroes exactly the pages
+    advised. Skipped where the kernel refuses the call (before Linux 6.13's PIDFD_SELF)."""
+    from ffload.loaders.memory.anonymous import IOV_MAX, VECTORED, advise_vectored
+
+    if not VECTORED:
+        pytest.skip("the C library has no process_madvise")
+    page, runs = mmap.PAGESIZE, 2 * IOV_MAX + 5
+    region = mmap.mmap(-1, 2 * runs * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    data = np.frombuffer(region, np.uint8)
+    data[:] = 0xAB
+    starts = np.arange(runs, dtype=np.int64) * 2 * page  # every other page
+    first = advise_vectored(data.ctypes.data, starts, np.full(runs, page, np.int64), mmap.MADV_DONTNEED)
+    if first == 0:
+        pytest.skip("this kernel refuses process_madvise(MADV_DONTNEED) on the calling process")
+    assert first == -1
+    pages = data.reshape(2 * runs, page)
+    assert (pages[0::2] == 0).all() and (pages[1::2] == 0xAB).all()
+    del data, pages
+    region.close()
+
+
 def test_read_ahead_compiles_its_kernels_before_its_thread_runs(stamped_dataset):
     """In a fresh process, every kernel of the IO thread has its signature once the constructor
     returns and before any epoch is scheduled: the IO thread never compiles (nor loads from the
@@ -565,6 +588,51 @@ def test_an_eviction_the_kernel_refuses_in_part_reads_the_blocks_again(tmp_path,
         memory.release(lease)
     assert memory.resident_bytes <= memory.cache_limit
     memory.close()
+
+
+def test_advice_goes_one_madvise_per_run_from_where_process_madvise_stopped(tmp_path, monkeypatch):
+    """The process cache gives its runs' advice through ``process_madvise`` and, from the first run
+    that call did not advise, one ``madvise`` each: a kernel that refuses the call outright is not
+    asked again, one that stopped part way is; either way every evicted block is freed and the
+    batches read right."""
+    import ffload.loaders.memory.process_cache as pc
+
+    sample = 64 << 10
+    view = _aligned_samples(tmp_path, sample=sample)
+    real_runs, calls = pc.advise_runs, []
+
+    def runs(address, starts, lengths, advice):
+        calls.append(("runs", advice, len(starts)))
+        return real_runs(address, starts, lengths, advice)
+
+    monkeypatch.setattr(pc, "advise_runs", runs)
+    batches = [np.array([0, 2]), np.array([4, 6]), np.array([8, 10]), np.array([0, 2])]
+    for stops, asked_again in ((lambda n: 0, False), (lambda n: n // 2, True)):
+
+        def vectored(address, starts, lengths, advice, stops=stops):
+            calls.append(("vectored", advice, len(starts)))
+            first = stops(len(starts))
+            real_runs(address, starts[:first], lengths[:first], advice)  # what the call did advise
+            return first
+
+        monkeypatch.setattr(pc, "advise_vectored", vectored)
+        memory = ProcessCacheMemory(view, ["x"], cache_limit=4 * sample, batch_size=2)
+        memory._vectored = True
+        calls.clear()
+        memory.schedule(batches)
+        for b, batch in enumerate(batches):
+            lease = memory.prepare(batch, b)
+            for s in batch.tolist():
+                words = memory.region[s * sample : (s + 1) * sample].view(np.uint32)
+                np.testing.assert_array_equal(words[:4], np.arange(4) * 2 + 1 + s * sample // 2)
+            memory.release(lease)
+        assert memory.resident_bytes <= memory.cache_limit
+        gone = np.flatnonzero(~memory._resident)  # freed: private anonymous memory reads as zeros again
+        assert gone.size and not memory.region.reshape(-1, memory.block)[gone].any()
+        vectored_calls = [c for c in calls if c[0] == "vectored"]
+        assert memory._vectored is asked_again and (len(vectored_calls) > 1) is asked_again
+        assert any(c[1] == mmap.MADV_DONTNEED for c in calls)  # blocks were evicted
+        memory.close()
 
 
 def test_a_job_reads_its_own_blocks_while_another_reads_the_ones_they_share(tmp_path):

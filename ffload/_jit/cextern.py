@@ -29,7 +29,7 @@ def extern(symbol: str, ret: str, args: str):
     """A numba ``@intrinsic`` calling the C function ``symbol``: ``ret`` and each character of
     ``args`` is ``'i'`` (a C ``int``) or ``'p'`` (64 bits: ``size_t``, a pointer, an 8-byte struct
     passed by value). It takes integers, converts each to its C type and returns an ``int64``;
-    nopython code only. Arities 1, 2, 3, 4 and 6."""
+    nopython code only. Arities 1 to 6."""
 
     def build(argtys):
         if len(argtys) != len(args) or not all(isinstance(t, types.Integer) for t in argtys):
@@ -52,6 +52,7 @@ def extern(symbol: str, ret: str, args: str):
         2: lambda typingctx, a, b: build((a, b)),
         3: lambda typingctx, a, b, c: build((a, b, c)),
         4: lambda typingctx, a, b, c, d: build((a, b, c, d)),
+        5: lambda typingctx, a, b, c, d, e: build((a, b, c, d, e)),
         6: lambda typingctx, a, b, c, d, e, f: build((a, b, c, d, e, f)),
     }
     return intrinsic(by_arity[len(args)])

@@ -1,10 +1,16 @@
-"""Anonymous memory for the process caches: the ``mmap`` flags they reserve it with and the
-advice that allocates it in one call.
+"""Anonymous memory for the process caches: the ``mmap`` flags they reserve it with, the advice
+that allocates it in one call, and advice for many runs in one system call.
 
 :class:`~ffload.loaders.memory.process_cache.ProcessCacheMemory` and
 :class:`~ffload.loaders.memory.pagepool.PagePoolMemory` reserve address space as long as their
 region without committing memory (``MAP_NORESERVE``), then allocate each run they fill with one
 ``madvise(MADV_POPULATE_WRITE)`` instead of one page fault per 4 KiB page.
+:class:`~ffload.loaders.memory.process_cache.ProcessCacheMemory` allocates and frees a job's runs
+(hundreds of single blocks for a batch of small random samples) with :func:`advise_vectored`:
+``process_madvise`` on this process, up to :data:`IOV_MAX` runs per call. A ``madvise`` per run
+freeing memory (``MADV_DONTNEED``) makes the kernel flush the TLB of every CPU running another
+thread of the process, once per run; a kernel that batches the flushes of a ``process_madvise``
+call does it once per call.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ import mmap
 import sys
 
 import numpy as np
+from numba import njit
+
+from ffload._jit.cextern import extern, process_symbol
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 """``madvise`` advice that allocates (and zeroes) a range's pages in one call."""
@@ -23,6 +32,48 @@ it a mapping larger than RAM + swap fails with ENOMEM under Linux's default over
 
 CAN_POPULATE = sys.platform.startswith("linux")
 """Whether to try :data:`MADV_POPULATE_WRITE` at all (Linux only)."""
+
+
+VECTORED = sys.platform.startswith("linux") and process_symbol("process_madvise")
+"""Whether the C library has ``process_madvise`` (glibc >= 2.36) for :func:`advise_vectored`;
+whether the kernel takes it on the calling process with a given advice shows at the first call."""
+_process_madvise = extern("process_madvise", "p", "ippii")
+
+PIDFD_SELF = -10001
+"""Linux's ``PIDFD_SELF_THREAD_GROUP``: the calling process, named without a descriptor (none that
+a forked child would inherit, still naming its parent). Kernels before 6.13 refuse it (``EBADF``)."""
+
+IOV_MAX = 1024
+"""The most runs one ``process_madvise`` call takes (Linux's ``UIO_MAXIOV``)."""
+
+
+@njit(nogil=True, cache=True)
+def advise_vectored(address, starts, lengths, advice):
+    """Give ``advice`` to each run of bytes ``[address + starts[r], address + starts[r] +
+    lengths[r])`` (``starts``, ``lengths``: ``(R,) int64``, the starts page-aligned) with
+    ``process_madvise`` on this process (:data:`PIDFD_SELF`), :data:`IOV_MAX` runs per call,
+    without the GIL. Returns the first run not advised in full, or -1 when all were: a kernel that
+    refuses the call (older than ``PIDFD_SELF``, or one that takes only some advice from
+    ``process_madvise``) stops it at run 0; one that failed part way (``ENOMEM`` allocating) at the
+    run it reached. The caller gives the runs from there one ``madvise`` each."""
+    iov = np.empty(2 * IOV_MAX, np.uint64)
+    n = starts.shape[0]
+    for first in range(0, n, IOV_MAX):
+        stop = min(n, first + IOV_MAX)
+        want = 0
+        for r in range(first, stop):
+            iov[2 * (r - first)] = address + starts[r]
+            iov[2 * (r - first) + 1] = lengths[r]
+            want += lengths[r]
+        done = _process_madvise(PIDFD_SELF, iov.ctypes.data, stop - first, advice, 0)
+        if done != want:
+            if done < 0:
+                return first
+            for r in range(first, stop):
+                if done < lengths[r]:
+                    return r
+                done -= lengths[r]
+    return -1
 
 
 def populate(buffer: mmap.mmap, start: int, length: int) -> bool:

@@ -8,8 +8,9 @@ one compiled call without the GIL: :func:`read_runs`; a sharded dataset's throug
 :class:`~ffload.formats.shardio.ShardFiles`, one ``os.preadv`` per run) and the resident blocks
 never add up to more than ``cache_limit`` bytes: before reading, the cache frees blocks that no
 job in progress needs, those whose next use in the epoch is furthest first
-(:class:`~ffload.loaders.memory.schedule.EpochSchedule`; ``madvise(MADV_DONTNEED)`` returns their
-memory to the kernel, again one compiled call for all runs), and a job (one batch, or several
+(:class:`~ffload.loaders.memory.schedule.EpochSchedule`; ``MADV_DONTNEED`` returns their memory to
+the kernel, in one compiled call for all runs, one ``process_madvise`` per 1024 of them where the
+kernel takes it: :func:`~ffload.loaders.memory.anonymous.advise_vectored`), and a job (one batch, or several
 consecutive ones) waits while the blocks pinned by the other jobs in progress leave no room. In
 QUASI_RANDOM order a ``.beton`` batch reads the whole pages it touches when only blocks no later
 batch needs have to make room for them. Transparent huge pages are disabled on the mapping so that
@@ -37,7 +38,14 @@ from numba import njit
 from ffload._jit.cextern import extern, process_symbol
 from ffload.errors import ConfigurationError
 from ffload.formats.shardio import LocalFile, open_data_files
-from ffload.loaders.memory.anonymous import CAN_POPULATE, MADV_POPULATE_WRITE, MAP_NORESERVE, region_view
+from ffload.loaders.memory.anonymous import (
+    CAN_POPULATE,
+    MADV_POPULATE_WRITE,
+    MAP_NORESERVE,
+    VECTORED,
+    advise_vectored,
+    region_view,
+)
 from ffload.loaders.memory.readahead import advise_runs, unit_runs
 from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
 from ffload.system import available_memory
@@ -264,9 +272,21 @@ class ProcessCacheMemory(_FileBackedCache):
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
         self._populate = CAN_POPULATE
+        self._vectored = VECTORED  # until the kernel refuses process_madvise (see _advise)
         self._address = self.region.ctypes.data  # madvise and the compiled reads write there
+        self._compile()
         self._file = open_data_files(view)
         self._fd = self._file.fileno() if _PREAD and isinstance(self._file, LocalFile) else None
+
+    def _compile(self) -> None:
+        """Compile (or load from numba's cache) the advice kernels on the constructing thread: the
+        first eviction, or the first fallback to one ``madvise`` per run, comes in a worker's job
+        while other workers run compiled code, which must not be compiling meanwhile (see
+        :class:`~ffload.loaders.memory.readahead.ReadAhead`)."""
+        none = np.zeros(0, np.int64)
+        if VECTORED:
+            advise_vectored(self._address, none, none, mmap.MADV_DONTNEED)
+        advise_runs(self._address, none, none, mmap.MADV_DONTNEED)
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """The epoch's batches (each ``(B,) int64`` sample ids), of which ``start`` onwards will
@@ -388,27 +408,42 @@ class ProcessCacheMemory(_FileBackedCache):
         return starts[:n], lengths[:n]
 
     def _evict(self, blocks: np.ndarray) -> None:
-        """Return the memory of ``blocks`` (sorted block numbers) to the kernel: one
-        ``madvise(MADV_DONTNEED)`` per run, in one compiled call. They count as gone whatever it
-        answers (a block read again is always safe, a freed one taken as resident would read as
-        zeros; a run the kernel kept only costs its memory). Holds the lock."""
+        """Return the memory of ``blocks`` (sorted block numbers) to the kernel:
+        ``MADV_DONTNEED`` on their runs (:meth:`_advise`). They count as gone whatever it answers
+        (a block read again is always safe, a freed one taken as resident would read as zeros; a
+        run the kernel kept only costs its memory). Holds the lock."""
         starts, lengths = self._runs(blocks)
-        advise_runs(self._address, starts, lengths, mmap.MADV_DONTNEED)
+        self._advise(starts, lengths, mmap.MADV_DONTNEED)
         self._resident[blocks] = False
         self.resident_bytes -= blocks.size * self.block
+
+    def _advise(self, starts: np.ndarray, lengths: np.ndarray, advice: int) -> int:
+        """Give ``advice`` to the runs ``(starts, lengths)`` (bytes of the region), without the GIL:
+        as many as one ``process_madvise`` call takes at once (:func:`advise_vectored`: for
+        ``MADV_DONTNEED``, one flush of the other CPUs' TLBs per call instead of one per run, on a
+        kernel that batches them), one ``madvise`` each from the first run that call did not
+        advise (:func:`~ffload.loaders.memory.readahead.advise_runs`). A kernel that refuses
+        ``process_madvise`` outright is not asked again. Returns the runs ``madvise`` refused."""
+        first = 0
+        if self._vectored:
+            first = advise_vectored(self._address, starts, lengths, advice)
+            if first < 0:
+                return 0
+            self._vectored = first > 0
+        return advise_runs(self._address, starts[first:], lengths[first:], advice)
 
     def _read_blocks(self, blocks: np.ndarray) -> int:
         """Read ``blocks`` (sorted block numbers), one read per run of consecutive blocks (a
         local file's all in one compiled call: :func:`read_runs`), after allocating the runs'
-        memory in one compiled call too (``madvise(MADV_POPULATE_WRITE)``: cheaper than
-        faulting the pages in one by one in the reads); returns the bytes read."""
+        memory (``MADV_POPULATE_WRITE``, :meth:`_advise`: cheaper than faulting the pages in one
+        by one in the reads); returns the bytes read."""
         if blocks.size == 0:
             return 0
         if self._file is None:
             raise ValueError(f"{self.path}: the process cache is closed")
         starts, lengths = self._runs(blocks)
         if self._populate:  # stops asking where the kernel (< 5.14) refuses
-            self._populate = advise_runs(self._address, starts, lengths, MADV_POPULATE_WRITE) == 0
+            self._populate = self._advise(starts, lengths, MADV_POPULATE_WRITE) == 0
         first = 0 if self._fd is None else read_runs(self._fd, self._address, starts, lengths)
         if first >= 0:  # a sharded dataset's runs, or from a read that failed on: its error raised here
             for start, length in zip(starts[first:].tolist(), lengths[first:].tolist()):
