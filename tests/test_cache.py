@@ -728,6 +728,55 @@ def test_a_later_epochs_job_makes_room_from_blocks_this_epoch_no_longer_needs(tm
     memory.close()
 
 
+def test_the_compiled_eviction_choice_is_belady_then_least_recent_use():
+    """``evictable`` against the NumPy rule it replaced, on random cache states and schedules:
+    candidates (resident, not loading, unpinned, not kept; with ``dead_only`` never used again),
+    none when fewer than ``count``, else the furthest next use first, then the least recent use,
+    then the lowest block, ``count`` of them or up to ``slack`` more never used again."""
+    from ffload.loaders.memory.process_cache import evictable
+    from ffload.loaders.memory.schedule import NEVER
+
+    def reference(resident, loading, pins, keep, last_use, starts, uses, low, count, slack, dead_only):
+        free = resident & ~loading & (pins == 0)
+        free[keep] = False
+        candidates = np.flatnonzero(free)
+        next_use = np.full(candidates.size, NEVER, np.int64)
+        for i, b in enumerate(candidates.tolist()):
+            if b + 1 < starts.size:
+                later = uses[starts[b] : starts[b + 1]]
+                later = later[later >= low]
+                if later.size:
+                    next_use[i] = later[0]
+        if dead_only:
+            candidates, next_use = candidates[next_use == NEVER], next_use[next_use == NEVER]
+        if candidates.size < count:
+            return candidates[:0]
+        count = max(count, min(int((next_use == NEVER).sum()), count + slack))
+        if candidates.size > count:
+            rank = np.lexsort((last_use[candidates], -next_use))
+            candidates = np.sort(candidates[rank[:count]])
+        return candidates
+
+    rng = np.random.default_rng(7)
+    for trial in range(400):
+        n = int(rng.integers(1, 60))
+        resident = rng.random(n) < 0.7
+        loading = resident & (rng.random(n) < 0.1)
+        pins = np.where(rng.random(n) < 0.2, rng.integers(1, 3, n), 0).astype(np.int32)
+        keep = np.flatnonzero(rng.random(n) < 0.15).astype(np.int64)
+        last_use = rng.integers(0, 6, n).astype(np.int64)  # ties, broken by block number
+        scheduled = int(rng.integers(0, n + 3))  # units past the schedule's end have no use
+        per_unit = rng.integers(0, 4, scheduled)
+        index = np.int32 if trial % 2 else np.int64
+        starts = np.concatenate([[0], np.cumsum(per_unit)]).astype(index)
+        uses = np.concatenate([np.sort(rng.choice(40, k, replace=False)) for k in per_unit] or [[]]).astype(index)
+        args = (starts, uses, int(rng.integers(0, 40)), int(rng.integers(1, 8)), int(rng.integers(0, 5)))
+        dead_only = bool(rng.random() < 0.3)
+        got = evictable(resident, loading, pins, keep, last_use, *args[:3], int(resident.sum()), *args[3:], dead_only)
+        want = reference(resident, loading, pins, keep, last_use, *args, dead_only)
+        assert got.tolist() == want.tolist(), trial
+
+
 def test_eviction_slack_takes_only_blocks_never_needed_again(tmp_path):
     import types
 

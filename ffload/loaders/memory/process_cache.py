@@ -167,6 +167,87 @@ def read_runs(fd, address, starts, lengths):
     return -1
 
 
+@njit(nogil=True, cache=True)
+def evictable(resident, loading, pins, keep, last_use, starts, uses, low, capacity, count, slack, dead_only):
+    """The blocks to evict to make room for ``count`` more, without the GIL: ``(E,) int64`` sorted
+    block numbers, or none when fewer than ``count`` can go.
+
+    A block can go when it is ``resident``, not ``loading``, has no ``pins`` and is not in ``keep``
+    (sorted block numbers: the asking job's own); with ``dead_only``, only if no scheduled batch
+    from ``low`` on uses it. Its next use is the first batch ``>= low`` of its uses in the
+    schedule's CSR arrays (``uses[starts[b]:starts[b + 1]]``; :data:`NEVER` when none). Chosen: the
+    furthest next use first, then the least recently used (``last_use``), then the lowest
+    number, the first of ``np.lexsort((last_use, -next_use))``; ``count`` of them, or up to
+    ``slack`` more where that many are never used again (:data:`EVICT_SLACK`). Chosen by selection
+    (``np.partition``), not a sort: a full cache of a few GiB holds hundreds of thousands of
+    candidates. ``capacity``: the resident blocks' count (a bound on the candidates).
+    ``resident``/``loading`` ``(N,) bool``, ``pins`` ``(N,) int32``, ``last_use`` ``(N,) int64``:
+    the cache's per-block state."""
+    blocks = np.empty(capacity, np.int64)
+    next_use = np.empty(capacity, np.int64)
+    c = 0
+    k = 0
+    for b in range(resident.shape[0]):
+        if not resident[b] or loading[b] or pins[b] != 0:
+            continue
+        while k < keep.shape[0] and keep[k] < b:
+            k += 1
+        if k < keep.shape[0] and keep[k] == b:
+            continue
+        use = NEVER
+        if b + 1 < starts.shape[0]:
+            for j in range(starts[b], starts[b + 1]):
+                if uses[j] >= low:
+                    use = np.int64(uses[j])
+                    break
+        if dead_only and use != NEVER:
+            continue
+        blocks[c] = b
+        next_use[c] = use
+        c += 1
+    if c < count:
+        return blocks[:0]
+    dead = 0
+    for i in range(c):
+        dead += next_use[i] == NEVER
+    target = max(count, min(dead, count + slack))
+    if c <= target:
+        return blocks[:c]
+    # Selection, not a sort (a full cache holds millions of blocks): the target-th furthest next
+    # use ``t`` goes in with all further ones, and of the blocks next used at ``t`` the least
+    # recently used, the lowest numbers among equals (the scan's order).
+    t = NEVER if dead >= target else np.partition(next_use[:c], c - target)[c - target]
+    need = target
+    ties = 0
+    for i in range(c):
+        need -= next_use[i] > t
+        ties += next_use[i] == t
+    recency = np.empty(ties, np.int64)
+    k = 0
+    for i in range(c):
+        if next_use[i] == t:
+            recency[k] = last_use[blocks[i]]
+            k += 1
+    newest = np.partition(recency, need - 1)[need - 1]  # the last use the chosen ties reach
+    equal = need
+    for i in range(ties):
+        equal -= recency[i] < newest
+    out = np.empty(target, np.int64)
+    k = 0
+    for i in range(c):
+        u = next_use[i]
+        if u == t:
+            r = last_use[blocks[i]]
+            if r > newest or (r == newest and equal == 0):
+                continue
+            equal -= r == newest
+        elif u < t:
+            continue
+        out[k] = blocks[i]
+        k += 1
+    return out
+
+
 class _FileBackedCache:
     """What the process caches share: the data file (or shards) they read by offset, ``_file``
     (:func:`ffload.formats.shardio.open_data_files`), and the ``region`` they serve, released by
@@ -279,14 +360,18 @@ class ProcessCacheMemory(_FileBackedCache):
         self._fd = self._file.fileno() if _PREAD and isinstance(self._file, LocalFile) else None
 
     def _compile(self) -> None:
-        """Compile (or load from numba's cache) the advice kernels on the constructing thread: the
-        first eviction, or the first fallback to one ``madvise`` per run, comes in a worker's job
-        while other workers run compiled code, which must not be compiling meanwhile (see
-        :class:`~ffload.loaders.memory.readahead.ReadAhead`)."""
+        """Compile (or load from numba's cache) the eviction's kernels on the constructing thread:
+        the first eviction, or the first fallback to one ``madvise`` per run, comes in a worker's
+        job while other workers run compiled code, which must not be compiling meanwhile (see
+        :class:`~ffload.loaders.memory.readahead.ReadAhead`). :func:`evictable` for both index
+        types of the schedule (:meth:`EpochSchedule.uses`)."""
         none = np.zeros(0, np.int64)
         if VECTORED:
             advise_vectored(self._address, none, none, mmap.MADV_DONTNEED)
         advise_runs(self._address, none, none, mmap.MADV_DONTNEED)
+        state = (self._resident[:0], self._loading[:0], self._pins[:0], none, self._last_use[:0])
+        for index in (np.int32, np.int64):
+            evictable(*state, np.zeros(1, index), np.zeros(0, index), 0, 0, 1, 0, False)
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """The epoch's batches (each ``(B,) int64`` sample ids), of which ``start`` onwards will
@@ -374,29 +459,30 @@ class ProcessCacheMemory(_FileBackedCache):
         """Evict unpinned blocks (the furthest next use after ``batch`` first, then the least
         recently used; never ``keep``; with ``dead_only``, only blocks the schedule never uses
         again) until ``nbytes`` more fit under the limit, plus up to :data:`EVICT_SLACK` of it
-        in blocks the schedule never uses again; False (nothing evicted) when they cannot. Holds
-        the lock."""
+        in blocks the schedule never uses again; False (nothing evicted) when they cannot. The
+        choice scans every block of the file: one compiled call without the GIL
+        (:func:`evictable`). Holds the lock."""
         excess = self.resident_bytes + nbytes - self.cache_limit
         if excess <= 0:
             return True
-        free = self._resident & ~self._loading & (self._pins == 0)
-        free[keep] = False
-        candidates = np.flatnonzero(free)
-        count = -(-excess // self.block)
-        if candidates.size < count:
+        starts, uses, low = self._schedule.uses(batch)
+        victims = evictable(
+            self._resident,
+            self._loading,
+            self._pins,
+            keep,
+            self._last_use,
+            starts,
+            uses,
+            low,
+            self.resident_bytes // self.block,
+            -(-excess // self.block),
+            int(self.cache_limit * EVICT_SLACK) // self.block,
+            dead_only,
+        )
+        if victims.size == 0:
             return False
-        next_use = self._schedule.next_use(candidates, batch)
-        if dead_only:
-            dead = next_use == NEVER
-            candidates, next_use = candidates[dead], next_use[dead]
-            if candidates.size < count:
-                return False
-        dead = int(np.count_nonzero(next_use == NEVER))  # the slack: blocks never needed again only
-        count = max(count, min(dead, count + int(self.cache_limit * EVICT_SLACK) // self.block))
-        if candidates.size > count:
-            rank = np.lexsort((self._last_use[candidates], -next_use))
-            candidates = np.sort(candidates[rank[:count]])
-        self._evict(candidates)
+        self._evict(victims)
         return True
 
     def _runs(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -184,6 +184,15 @@ class EpochSchedule:
             while self._low < self._prepared.size and self._prepared[self._low]:
                 self._low += 1
 
+    def uses(self, batch: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(starts, uses, low)``: unit ``u``'s scheduled batches are ``uses[starts[u]:starts[u +
+        1]]`` (ascending; ``int32``, or ``int64`` past 2**31 uses), and its next use the first of them
+        ``>= low`` (``min(batch, oldest unprepared)``), for compiled callers. Without a schedule or
+        ``batch`` (``None``), no unit has a next use."""
+        if batch is None or not self._batches.size:
+            return self._starts[:1], self._batches[:0], 0
+        return self._starts, self._batches, min(batch, self._low)
+
     def next_use(self, units: np.ndarray, batch: int | None) -> np.ndarray:
         """``(C,) int64`` the first scheduled batch ``>= min(batch, oldest unprepared)`` using
         each of ``units`` (``(C,) int64``; :data:`NEVER` when none, or without a schedule)."""
