@@ -44,6 +44,7 @@ import threading
 from collections.abc import Sequence
 
 import numpy as np
+from numba import njit
 
 from ffload.errors import ConfigurationError
 from ffload.formats.shardio import open_data_files
@@ -74,6 +75,20 @@ def page_pool_fits(view, field_names: Sequence[str], cache_limit: int, batch_siz
         return False
     pages = -(-int(view.data_size) // page)
     return cache_limit // (page + page_overhang(view, field_names)) >= min(batch_size, pages)
+
+
+@njit(nogil=True, cache=True)
+def translate(indices, ptrs, sizes, slot_of, page, stride, out):
+    """``out[s]`` for each sample ``s`` of ``indices`` (``(B,) int64``): where its payload
+    (``ptrs[s]``, ``sizes[s]``: ``(N,) uint64`` bytes of the data file) lies in the pool's region,
+    ``slot_of[page] * stride`` plus its offset in its page (``slot_of``: ``(pages,) int64``, the
+    slot holding each file page); 0 for an empty payload. ``out``: ``(N,) uint64``."""
+    for s in indices:
+        if sizes[s] > 0:
+            p = np.int64(ptrs[s])
+            out[s] = slot_of[p // page] * stride + p % page
+        else:
+            out[s] = 0
 
 
 class PagePoolMemory:
@@ -255,6 +270,8 @@ class PagePoolMemory:
         then those whose page's next scheduled use is furthest, least recently used first; None
         when fewer are free. With ``later_only`` (a prefetch for ``batch``), only slots whose
         page is next needed after ``batch``. Holds the lock."""
+        if count == 0:  # the batch's pages are all in the pool (read ahead)
+            return np.zeros(0, np.int64)
         usable = (self._pins == 0) & ~self._loading
         usable[keep] = False
         candidates = np.flatnonzero(usable)
@@ -343,12 +360,10 @@ class PagePoolMemory:
                 self.peak_resident_bytes = self.resident_bytes
 
     def _translate(self, indices: np.ndarray) -> None:
-        """``ptrs[name][indices]``: the payloads' offsets in ``region`` (0 for empty ones)."""
+        """``ptrs[name][indices]``: the payloads' offsets in ``region`` (0 for empty ones), one
+        compiled call per field (:func:`translate`)."""
         for name, ptrs, sizes in self._columns:
-            p, used = ptrs[indices].astype(np.int64), sizes[indices] > 0
-            slot = self._slot_of[np.where(used, p // self.page, 0)]
-            here = np.where(used, slot * self.stride + p % self.page, 0)
-            self.ptrs[name][indices] = here.astype(np.uint64)
+            translate(indices, ptrs, sizes, self._slot_of, self.page, self.stride, self.ptrs[name])
 
     def release(self, lease: np.ndarray) -> None:
         """Unpin the slots of a batch (the lease :meth:`prepare` returned); their pages stay
