@@ -12,7 +12,7 @@ import torch
 import ffload
 import ffload.loaders.loader as loader_module
 from ffload.errors import ConfigurationError
-from ffload.formats import open_dataset
+from ffload.formats import IntField, RGBImageField, open_dataset, write_dataset
 from ffload.loaders import (
     CenterCropRGBImageDecoder,
     Cutout,
@@ -136,9 +136,8 @@ def test_resume_inside_a_job_is_bit_identical(dataset):
 
 def test_auto_takes_several_small_batches_per_job(dataset):
     """ "auto" fills a job with small batches where every stage is rowwise, keeping two jobs per
-    worker in an epoch at least, with os_cache=False too (the process cache); a stage that is not
-    rowwise, the page pool (os_cache=False in QUASI_RANDOM order) or large batches keep one batch
-    per job."""
+    worker in an epoch at least, with os_cache=False too (the process cache, and the page pool in
+    QUASI_RANDOM order); a stage that is not rowwise or large batches keep one batch per job."""
     kw = dict(batch_size=2, num_workers=2, order="random")
     with ffload.Loader(dataset, pipelines=augmenting(), **kw) as loader:
         assert 1 < loader.batches_per_job <= len(loader) // (2 * loader._tuner.max_workers)
@@ -150,7 +149,7 @@ def test_auto_takes_several_small_batches_per_job(dataset):
         assert loader.batches_per_job > 1  # the process cache pins a job's blocks
     pooled = dict(kw, order="quasi_random")
     with ffload.Loader(dataset, pipelines=augmenting(), os_cache=False, **pooled) as loader:
-        assert (loader.batches_per_job == 1) == isinstance(loader._memory, PagePoolMemory)
+        assert loader.batches_per_job > 1
     with ffload.Loader(dataset, pipelines=augmenting(), batch_size=64, num_workers=1) as loader:
         assert loader.batches_per_job == 1  # an epoch of 2 batches
     with ffload.Loader(dataset, pipelines=augmenting(), batches_per_job=1, **kw) as one:
@@ -384,9 +383,49 @@ def test_bad_batches_per_job_are_refused(dataset):
     python["image"].insert(1, PythonTransform(lambda x: x, None))
     with pytest.raises(ConfigurationError, match="stage PythonTransform of field 'image' is not rowwise"):
         ffload.Loader(dataset, batch_size=4, pipelines=python, batches_per_job=2)
-    if open_dataset(dataset).format == "beton":
-        with pytest.raises(ConfigurationError, match="needs one batch per job here: the page pool"):
-            ffload.Loader(dataset, batch_size=4, os_cache=False, order="quasi_random", batches_per_job=2)
+
+
+def test_page_pool_jobs_fit_the_pool_epoch_by_epoch(tmp_path, digits, monkeypatch):
+    """os_cache=False in QUASI_RANDOM order (the page pool): jobs of several batches give the
+    batches of one batch per job on the mapped file, bit for bit; each epoch's jobs are halved until
+    every job's pages fit the pool's slots shared by the workers (auto), and a job asked for that
+    reads more pages than the pool holds is refused when its epoch starts, naming both."""
+    monkeypatch.setattr(loader_module, "available_cpus", lambda: 2)  # 2 workers on any machine
+    images, labels = digits
+    large = np.kron(images, np.ones((1, 24, 24, 1), np.uint8))  # 192 x 192: 18 samples per page, 6 pages
+    page = 1 << 21
+    fields = {"image": RGBImageField("raw"), "label": IntField()}
+    path = write_dataset(str(tmp_path / "d.beton"), fields, zip(large, labels.tolist()), len(large), page_size=page)
+    pipelines = {"image": [SimpleRGBImageDecoder(), RandomHorizontalFlip(), ToTensor(), ToTorchImage()]}
+    kw = dict(batch_size=4, num_workers=2, order="quasi_random", seed=3, pipelines=pipelines)
+
+    def run_pool(**more):
+        with ffload.Loader(path, os_cache=False, **kw, **more) as loader:
+            assert isinstance(loader._memory, PagePoolMemory)
+            got, jobs = [], []
+            for _ in range(2):
+                it = iter(loader)
+                jobs.append(it._per_job)
+                got += [tuple(t.clone() for t in batch) for batch in it]
+            assert loader._memory.peak_resident_bytes <= loader.cache_limit
+            return got, jobs, loader._memory._page_in.size
+
+    with ffload.Loader(path, batches_per_job=1, **kw) as loader:
+        expected = [tuple(t.clone() for t in batch) for _ in range(2) for batch in loader]
+    got, jobs, slots = run_pool(batches_per_job=8)
+    assert jobs == [8, 8]
+    assert_same(expected, got)
+    tight = 4 * page  # 4 slots: a batch's pages fit, 2 workers' jobs of 8 batches (32 samples) do not
+    got, jobs, slots = run_pool(batches_per_job="auto", cache_limit=tight)
+    assert slots == 4 and all(1 <= j < 8 for j in jobs)
+    assert_same(expected, got)
+    with ffload.Loader(path, os_cache=False, cache_limit=tight, batches_per_job=30, **kw) as loader:
+        for _ in range(2):  # the epoch does not start: asked again, refused again
+            with pytest.raises(
+                ConfigurationError, match="batches_per_job=30: a job reads up to 6 pages .* than the 4 that"
+            ):
+                iter(loader)
+        assert loader.state_dict()["epoch"] == 0
 
 
 def test_process_cache_jobs_fit_every_workers_job_in_half_the_cache(tmp_path, digits, monkeypatch):

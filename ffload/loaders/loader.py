@@ -169,11 +169,14 @@ class Loader:
             process cache pins a job's payloads until it is decoded: at most as many batches
             as let every worker's job fit in half of ``cache_limit`` (a batch counted at its
             worst case, its largest payloads), a larger value raising ConfigurationError.
+            The page pool (``os_cache=False`` in QUASI_RANDOM order) pins a job's pages: each
+            epoch's jobs are halved until every job's pages, counted on that epoch's order, fit
+            its slots shared by the workers; an explicit value is kept unless a job reads more
+            pages than the pool holds, which raises ConfigurationError when that epoch starts.
             1 where several cannot be run together: a stage that is not rowwise
             (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g. ``PythonTransform``, a
-            ``torch.nn.Module``, box stages), batches that end on a CUDA device, or the page
-            pool (``os_cache=False`` in QUASI_RANDOM order, and remote datasets: it holds one
-            batch's pages). When a job fails, its batches run again one by one, so the batches
+            ``torch.nn.Module``, box stages), batches that end on a CUDA device, or a remote
+            dataset (its page pool fetches one batch's pages per job). When a job fails, its batches run again one by one, so the batches
             before the failing one are yielded and the error names its batch.
 
     Attributes:
@@ -381,6 +384,7 @@ class Loader:
             whole_pages = quasi and self.view.format in ("beton", "shards")
             job_rows = min(rows * self.batches_per_job, self._samples_per_rank())
             self._memory = ProcessCacheMemory(self.view, self._read_fields, self.cache_limit, job_rows, whole_pages)
+        self._pool_jobs = memory == "pages" and self.batches_per_job > 1  # jobs sized per epoch (__iter__)
         self._runner: BatchRunner | None = None
         self._current: weakref.ref | None = None
         self._closed = False
@@ -454,7 +458,10 @@ class Loader:
             runner.wait_idle(keep=[future for _, _, future in adopted.futures] if adopted is not None else ())
             self._resize_if_asked(runner)
             batches = self._epochs.get(epoch, self._epoch_batches)
-        except BaseException:  # a new size that does not fit, an interrupt: this epoch starts at the next iter()
+            per_job = self._job_size(len(batches))
+            if self._pool_jobs:  # the epoch's jobs must fit the page pool (its order decides how many pages)
+                per_job = self._memory.job_batches(batches, start, per_job, self._tuner.max_workers, not self._auto_job)
+        except BaseException:  # a size that does not fit, an interrupt: this epoch starts at the next iter()
             if adopted is not None:
                 adopted.discard()
             raise
@@ -465,7 +472,6 @@ class Loader:
         runner.scheduled_epoch = epoch
         if runner.read_ahead is not None:
             runner.read_ahead.schedule(batches, first)
-        per_job = self._job_size(len(batches))
         self._tuner.set_batches_per_job(per_job)
         # Only an epoch with more jobs than slots, which reuses its own slots anyway: one that fits
         # keeps every batch it yielded intact to its end (``list(loader)`` of a small dataset).
@@ -913,12 +919,14 @@ def _memory_job_limit(memory: str, view, fields: Sequence[str], cache_limit: int
     and every worker's job is pinned at once: ``workers`` jobs must fit in half of
     ``cache_limit`` (bytes), the other half caching what later batches read again, with a batch
     counted at its worst case (:func:`~.memory.process_cache.worst_batch_bytes`: the ``rows``
-    largest payloads). The page pools (QUASI_RANDOM order with ``os_cache=False``, a remote
-    dataset) hold one batch's pages at a time."""
-    if memory == "mapped":
-        return None
-    if memory != "process":
-        return 1, "the page pool (os_cache=False in QUASI_RANDOM order, remote datasets) holds one batch's pages"
+    largest payloads). The local page pool (QUASI_RANDOM order with ``os_cache=False``) caps each
+    epoch's jobs by the pages they read instead, once its order is known
+    (:meth:`~.memory.pagepool.PagePoolMemory.job_batches`); a remote dataset's pool holds one
+    batch's pages per job."""
+    if memory in ("mapped", "pages"):
+        return None  # the local page pool sizes each epoch's jobs by its pages (PagePoolMemory.job_batches)
+    if memory == "remote":
+        return 1, "a remote dataset's page pool fetches one batch's pages per job"
     payloads = payload_columns(view, fields)
     per_batch = worst_batch_bytes(payloads, rows, cache_block(payloads, view.data_size))
     if not per_batch:  # no payload is read: nothing is pinned

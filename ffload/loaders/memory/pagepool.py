@@ -91,6 +91,25 @@ def translate(indices, ptrs, sizes, slot_of, page, stride, out):
             out[s] = 0
 
 
+@njit(nogil=True, cache=True)
+def count_job_pages(order, first, length, ptrs, sizes, page, stamp, counts):
+    """Add to ``counts[j]`` the pages (``offset // page`` of a non-empty payload's first byte, one
+    field's: ``ptrs``, ``sizes``, ``(N,) uint64``) that job ``j`` reads and no earlier call marked
+    for it in ``stamp``. Job ``j`` is the ``length`` samples of ``order`` (``(M,) int64``) from
+    position ``first + j * length`` on (the last one shorter). ``stamp``: ``(pages,) int64``, -1
+    where unmarked, shared by the calls for a job's fields so that each page counts once."""
+    job = 0
+    for start in range(first, order.shape[0], length):
+        for i in range(start, min(start + length, order.shape[0])):
+            s = order[i]
+            if sizes[s] > 0:
+                unit = np.int64(ptrs[s]) // page
+                if stamp[unit] != job:
+                    stamp[unit] = job
+                    counts[job] += 1
+        job += 1
+
+
 class PagePoolMemory:
     """``os_cache=False`` (and remote datasets): a fixed pool of ``cache_limit // (page_size +
     overhang)`` page slots.
@@ -220,7 +239,7 @@ class PagePoolMemory:
         """Load the pages the payloads of samples ``indices`` (``(B,) int64``) span, pin their
         slots and point ``ptrs[name][indices]`` at the payloads in ``region``; returns the lease
         for :meth:`release`. ``batch``: its number in the :meth:`schedule` (``batches``: how
-        many consecutive batches ``indices`` holds; the loader gives this pool one at a time).
+        many consecutive batches ``indices`` holds: a job's, sized by :meth:`job_batches`).
 
         Raises:
             OSError: a read failed or the file is shorter than ``data_size`` (truncated).
@@ -289,6 +308,45 @@ class PagePoolMemory:
         kind = np.where(self._allocated[candidates], np.where(next_use == NEVER, 0, 2), 1)
         rank = np.lexsort((self._last_use[candidates], -next_use, kind))
         return candidates[rank[:count]]
+
+    def job_batches(self, batches, start: int, per_job: int, workers: int, explicit: bool = False) -> int:
+        """How many consecutive batches of the epoch ``batches`` (an
+        :class:`~ffload.loaders.orders.EpochBatches`) a job may hold, from batch ``start`` on: at
+        most ``per_job``, halved until every job's pages fit in the pool's slots shared by
+        ``workers`` jobs in flight (at least 1: a batch fits the pool alone, see
+        :func:`page_pool_fits`). A job pins its pages until it is decoded; in QUASI_RANDOM order a
+        job of several batches draws them from a few pages. With ``explicit`` (the user's
+        ``batches_per_job``), ``per_job`` is kept unless a job would not fit the whole pool.
+
+        Raises:
+            ConfigurationError: ``explicit`` and a job of ``per_job`` batches reads more pages than
+                the pool has slots (both named).
+        """
+        if per_job <= 1 or not self._starts:
+            return max(1, per_job)
+        slots, size = self._page_in.size, batches.batch_size
+        while True:
+            pages = self._most_job_pages(batches.order, start * size, per_job * size)
+            if explicit:
+                if pages > slots:
+                    raise ConfigurationError(
+                        f"{self.path}: batches_per_job={per_job}: a job reads up to {pages} pages of "
+                        f"{self.page} bytes, more than the {slots} that cache_limit={self.cache_limit} holds; "
+                        f"raise cache_limit or lower batches_per_job"
+                    )
+                return per_job
+            if per_job == 1 or pages * max(1, workers) <= slots:
+                return per_job
+            per_job //= 2
+
+    def _most_job_pages(self, order: np.ndarray, first: int, length: int) -> int:
+        """The most pages one job reads: jobs of ``length`` consecutive samples of ``order`` from
+        position ``first`` on, every decoded field's payloads counted (:func:`count_job_pages`)."""
+        stamp = np.full(self._slot_of.size, -1, np.int64)
+        counts = np.zeros(max(1, -(-(order.size - first) // length)), np.int64)
+        for ptrs, sizes in self._payloads:
+            count_job_pages(order, first, length, ptrs, sizes, self.page, stamp, counts)
+        return int(counts.max())
 
     def _read_pages(self, pages: np.ndarray, slots: np.ndarray) -> int:
         """Read file ``pages`` (sorted) into ``slots`` through the source (each page with the
