@@ -70,7 +70,8 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   copied into the process's own memory, what a dataset larger than RAM is read with) instead of
   the mapped file; ``--cache-limit BYTES`` gives them that ``cache_limit`` (below the data's size,
   each epoch evicts blocks and reads them again, from the page cache: the loader's side of reading
-  a dataset larger than its cache).
+  a dataset larger than its cache). ``--quasi-random``: the loaders read in QUASI_RANDOM order
+  (with ``--process-cache``: the page pool, FFCV's setting for a dataset larger than RAM).
 * ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
   in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
 
@@ -458,7 +459,7 @@ def scaling_case(args) -> dict:
             args.data,
             batch_size=batch_size,
             num_workers=workers,
-            order="random",
+            order="quasi_random" if args.quasi_random else "random",
             pipelines=pipes,
             indices=indices,
             batches_per_job=batches_per_job,
@@ -563,6 +564,7 @@ def spawn_scaling(args, case: str, data: str, pythonpath: str) -> dict:
         ]
         + (["--cold-cache"] if args.cold_cache else [])
         + (["--process-cache"] if args.process_cache else [])
+        + (["--quasi-random"] if args.quasi_random else [])
         + (["--cache-limit", str(args.cache_limit)] if args.cache_limit else [])
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pythonpath, os.environ.get("PYTHONPATH")]))}
@@ -764,7 +766,10 @@ def run_scaling(args) -> None:
                 )
     memory = "os_cache=True"
     if args.process_cache:
-        memory = f"os_cache=False (the process cache{f', cache_limit {args.cache_limit}' if args.cache_limit else ''})"
+        kind = "the page pool" if args.quasi_random else "the process cache"
+        memory = f"os_cache=False ({kind}{f', cache_limit {args.cache_limit}' if args.cache_limit else ''})"
+    if args.quasi_random:
+        memory += ", QUASI_RANDOM order"
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
         f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "
@@ -946,6 +951,11 @@ def main() -> None:
         "--process-cache",
         action="store_true",
         help="--scaling: the loaders read through the process cache (os_cache=False), not the mapped file",
+    )
+    parser.add_argument(
+        "--quasi-random",
+        action="store_true",
+        help="--scaling: the loaders read in QUASI_RANDOM order (with --process-cache: the page pool)",
     )
     parser.add_argument(
         "--cache-limit",
