@@ -71,7 +71,9 @@ the page cache (``--quick``: <= 90 s on a 16-core node):
   the mapped file; ``--cache-limit BYTES`` gives them that ``cache_limit`` (below the data's size,
   each epoch evicts blocks and reads them again, from the page cache: the loader's side of reading
   a dataset larger than its cache). ``--quasi-random``: the loaders read in QUASI_RANDOM order
-  (with ``--process-cache``: the page pool, FFCV's setting for a dataset larger than RAM).
+  (with ``--process-cache``: the page pool, FFCV's setting for a dataset larger than RAM, where
+  ``cache_limit`` holds a batch's pages; the report names the memory manager each tree read
+  through).
 * ``--baseline DIR``: another checkout's ``ffload`` (its parent folder on ``PYTHONPATH``) measured
   in the same run, rounds interleaved (``--rounds``), with the ratio per worker count.
 
@@ -471,6 +473,7 @@ def scaling_case(args) -> dict:
         """img/s, and the median wall ms of ``iter(loader)`` at the epochs after the first (an
         epoch start, during which no worker has a job)."""
         with build(workers) as loader:
+            memories.add(type(loader.memory).__name__)
             it = iter(loader)
             next(it)  # compilation, buffers, page faults
             images, starts, t0 = 0, [], time.perf_counter()
@@ -483,6 +486,7 @@ def scaling_case(args) -> dict:
                     starts.append(time.perf_counter() - t)
             return images / (time.perf_counter() - t0), float(np.median(starts)) * 1e3 if starts else None
 
+    memories: set[str] = set()  # the memory manager each loader read through
     measured = {w: rate(w) for w in args.worker_list}
     rates = {w: r for w, (r, _) in measured.items()}
     starts = {w: ms for w, (_, ms) in measured.items()}
@@ -520,6 +524,7 @@ def scaling_case(args) -> dict:
         "traced": traced,
         "cold_cache": cold,
         "ffload": os.path.dirname(ffload.__file__),
+        "memory": ", ".join(sorted(memories)),
     }
 
 
@@ -764,12 +769,15 @@ def run_scaling(args) -> None:
                     f"{case} {name} round {round_ + 1}: {summary} serial {sf}, GIL-sampled {gs}, GIL-traced {gt}",
                     flush=True,
                 )
-    memory = "os_cache=True"
-    if args.process_cache:
-        kind = "the page pool" if args.quasi_random else "the process cache"
-        memory = f"os_cache=False ({kind}{f', cache_limit {args.cache_limit}' if args.cache_limit else ''})"
+    memory = f"os_cache={not args.process_cache}"
+    if args.cache_limit:
+        memory += f", cache_limit {args.cache_limit}"
     if args.quasi_random:
         memory += ", QUASI_RANDOM order"
+    read_through = sorted(
+        {r.get("memory") for runs in results.values() for r in sum(runs.values(), []) if r.get("memory")}
+    )
+    memory += f" (read through {', '.join(read_through) or 'unknown'})"
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
         f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "

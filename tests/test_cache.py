@@ -17,6 +17,7 @@ import pytest
 import ffload
 from ffload.errors import ConfigurationError
 from ffload.formats import BytesField, NDArrayField, open_dataset, write_dataset
+from ffload.loaders.memory.anonymous import MAP_NORESERVE
 from ffload.loaders.memory.base import MemoryManager
 from ffload.loaders.memory.os_cache import OSCacheMemory
 from ffload.loaders.memory.pagepool import PagePoolMemory
@@ -368,27 +369,57 @@ def test_read_ahead_checks_a_warm_epoch_against_the_runs_of_every_sample(stamped
         ahead.close()
 
 
-def test_advise_vectored_gives_the_kernel_exactly_the_runs():
-    """``process_madvise`` on this process reaches the kernel with the right addresses and lengths,
-    over more runs than one call takes (``IOV_MAX``): MADV_DONTNEED zeroes exactly the pages
-    advised. Skipped where the kernel refuses the call (before Linux 6.13's PIDFD_SELF)."""
-    from ffload.loaders.memory.anonymous import IOV_MAX, VECTORED, advise_vectored
+def _process_madvise_refusal() -> str | None:
+    """Why this machine's kernel or C library refuses ``process_madvise(MADV_DONTNEED)`` on the
+    calling process (``PIDFD_SELF``), asked directly; None where it takes it."""
+    from ffload.loaders.memory.anonymous import PIDFD_SELF, VECTORED
 
     if not VECTORED:
-        pytest.skip("the C library has no process_madvise")
+        return "the C library has no process_madvise"
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.process_madvise.restype = ctypes.c_ssize_t
+    region = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    iov = (ctypes.c_size_t * 2)(ctypes.addressof(ctypes.c_char.from_buffer(region)), mmap.PAGESIZE)
+    done = libc.process_madvise(PIDFD_SELF, iov, 1, mmap.MADV_DONTNEED, 0)
+    errno = ctypes.get_errno()
+    del iov
+    region.close()
+    return None if done == mmap.PAGESIZE else f"this kernel refuses it: {os.strerror(errno)}"
+
+
+def test_advise_vectored_gives_the_kernel_exactly_the_runs():
+    """``process_madvise`` on this process reaches the kernel with the right addresses and lengths,
+    over more runs than one call takes (``IOV_MAX``) and a run longer than one call advises
+    (``MAX_ADVISE``, in pieces): MADV_DONTNEED zeroes exactly the pages advised. Skipped where the
+    kernel refuses the call, asked directly; there the function says so (refused at run 0)."""
+    from ffload.loaders.memory.anonymous import IOV_MAX, MAX_ADVISE, advise_vectored
+
+    why = _process_madvise_refusal()
     page, runs = mmap.PAGESIZE, 2 * IOV_MAX + 5
     region = mmap.mmap(-1, 2 * runs * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     data = np.frombuffer(region, np.uint8)
     data[:] = 0xAB
     starts = np.arange(runs, dtype=np.int64) * 2 * page  # every other page
-    first = advise_vectored(data.ctypes.data, starts, np.full(runs, page, np.int64), mmap.MADV_DONTNEED)
-    if first == 0:
-        pytest.skip("this kernel refuses process_madvise(MADV_DONTNEED) on the calling process")
-    assert first == -1
+    got = advise_vectored(data.ctypes.data, starts, np.full(runs, page, np.int64), mmap.MADV_DONTNEED)
+    if why is not None:
+        assert got == (0, True)
+        pytest.skip(why)
+    assert got == (-1, False)
     pages = data.reshape(2 * runs, page)
     assert (pages[0::2] == 0).all() and (pages[1::2] == 0xAB).all()
     del data, pages
     region.close()
+    # one run of 3 GiB of address space (nothing committed but the pages written)
+    size = 3 << 30
+    big = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    data = np.frombuffer(big, np.uint8)
+    marks = [0, MAX_ADVISE - page, MAX_ADVISE, size - page]
+    for at in marks:
+        data[at : at + page] = 0xCD
+    got = advise_vectored(data.ctypes.data, np.array([0], np.int64), np.array([size], np.int64), mmap.MADV_DONTNEED)
+    assert got == (-1, False) and not any(data[at : at + page].any() for at in marks)
+    del data
+    big.close()
 
 
 def test_read_ahead_compiles_its_kernels_before_its_thread_runs(stamped_dataset):
@@ -592,9 +623,9 @@ def test_an_eviction_the_kernel_refuses_in_part_reads_the_blocks_again(tmp_path,
 
 def test_advice_goes_one_madvise_per_run_from_where_process_madvise_stopped(tmp_path, monkeypatch):
     """The process cache gives its runs' advice through ``process_madvise`` and, from the first run
-    that call did not advise, one ``madvise`` each: a kernel that refuses the call outright is not
-    asked again, one that stopped part way is; either way every evicted block is freed and the
-    batches read right."""
+    that call did not advise, one ``madvise`` each: an advice the kernel refuses the first time is
+    not asked that way again, one stopped part way is; either way every evicted block is freed and
+    the batches read right."""
     import ffload.loaders.memory.process_cache as pc
 
     sample = 64 << 10
@@ -602,22 +633,22 @@ def test_advice_goes_one_madvise_per_run_from_where_process_madvise_stopped(tmp_
     real_runs, calls = pc.advise_runs, []
 
     def runs(address, starts, lengths, advice):
-        calls.append(("runs", advice, len(starts)))
+        calls.append(("runs", advice, int(starts[0]) if len(starts) else None))
         return real_runs(address, starts, lengths, advice)
 
     monkeypatch.setattr(pc, "advise_runs", runs)
-    batches = [np.array([0, 2]), np.array([4, 6]), np.array([8, 10]), np.array([0, 2])]
-    for stops, asked_again in ((lambda n: 0, False), (lambda n: n // 2, True)):
+    monkeypatch.setattr(pc, "VECTORED", True)
+    batches = [np.array([k, k + 2]) for k in (0, 4, 8, 12, 16, 0)]  # each from the third evicts
+    for refuse in (True, False):
 
-        def vectored(address, starts, lengths, advice, stops=stops):
-            calls.append(("vectored", advice, len(starts)))
-            first = stops(len(starts))
+        def vectored(address, starts, lengths, advice, refuse=refuse):
+            first = 0 if refuse else len(starts) // 2  # refused, or stopped at the middle run
             real_runs(address, starts[:first], lengths[:first], advice)  # what the call did advise
-            return first
+            calls.append(("vectored", advice, int(starts[first]) if len(starts) else None))
+            return first, refuse
 
         monkeypatch.setattr(pc, "advise_vectored", vectored)
         memory = ProcessCacheMemory(view, ["x"], cache_limit=4 * sample, batch_size=2)
-        memory._vectored = True
         calls.clear()
         memory.schedule(batches)
         for b, batch in enumerate(batches):
@@ -629,9 +660,13 @@ def test_advice_goes_one_madvise_per_run_from_where_process_madvise_stopped(tmp_
         assert memory.resident_bytes <= memory.cache_limit
         gone = np.flatnonzero(~memory._resident)  # freed: private anonymous memory reads as zeros again
         assert gone.size and not memory.region.reshape(-1, memory.block)[gone].any()
-        vectored_calls = [c for c in calls if c[0] == "vectored"]
-        assert memory._vectored is asked_again and (len(vectored_calls) > 1) is asked_again
-        assert any(c[1] == mmap.MADV_DONTNEED for c in calls)  # blocks were evicted
+        for advice in (mmap.MADV_DONTNEED, pc.MADV_POPULATE_WRITE):
+            mine = [c for c in calls if c[1] == advice]
+            asked = [c for c in mine if c[0] == "vectored"]
+            assert (len(asked) == 1) if refuse else (len(asked) > 1)
+            for k, call in enumerate(mine):  # after a vectored call, madvise from the run it stopped at
+                if call[0] == "vectored":
+                    assert mine[k + 1] == ("runs", advice, call[2])
         memory.close()
 
 
@@ -772,7 +807,7 @@ def test_the_compiled_eviction_choice_is_belady_then_least_recent_use():
         uses = np.concatenate([np.sort(rng.choice(40, k, replace=False)) for k in per_unit] or [[]]).astype(index)
         args = (starts, uses, int(rng.integers(0, 40)), int(rng.integers(1, 8)), int(rng.integers(0, 5)))
         dead_only = bool(rng.random() < 0.3)
-        got = evictable(resident, loading, pins, keep, last_use, *args[:3], int(resident.sum()), *args[3:], dead_only)
+        got = evictable(resident, loading, pins, keep, last_use, *args, dead_only)
         want = reference(resident, loading, pins, keep, last_use, *args, dead_only)
         assert got.tolist() == want.tolist(), trial
 

@@ -171,8 +171,8 @@ class Loader:
             worst case, its largest payloads), a larger value raising ConfigurationError.
             The page pool (``os_cache=False`` in QUASI_RANDOM order) pins a job's pages: each
             epoch's jobs are halved until every job's pages, counted on that epoch's order, fit
-            its slots shared by the workers; an explicit value is kept unless a job reads more
-            pages than the pool holds, which raises ConfigurationError when that epoch starts.
+            its slots shared by the workers; an explicit value only until a job fits the whole
+            pool, with a warning naming both (the pages depend on each epoch's order).
             1 where several cannot be run together: a stage that is not rowwise
             (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g. ``PythonTransform``, a
             ``torch.nn.Module``, box stages), batches that end on a CUDA device, or a remote
@@ -214,8 +214,8 @@ class Loader:
         ffload.errors.ConfigurationError: (a ``ValueError``) bad ``batch_size``, ``num_workers``,
             ``batches_ahead`` (an integer or ``"auto"``), ``buffer_limit`` (under 2 slots),
             ``batches_per_job`` (an integer or ``"auto"``; above what a job can hold here, saying
-            why: 1 for a stage that is not rowwise, CUDA batches or the page pool, the process
-            cache's share of ``cache_limit`` with ``os_cache=False``),
+            why: 1 for a stage that is not rowwise, CUDA batches or a remote dataset, the
+            process cache's share of ``cache_limit`` with ``os_cache=False``),
             ``order``, ``seed``, ``indices`` (out of range, not integers, empty), unknown field
             names in ``pipelines``; with ``os_cache=False``, a batch that may need more than
             ``cache_limit`` bytes (both named); the batch buffers (``batch_size`` rows, one slot
@@ -950,7 +950,7 @@ def _batches_per_job(
     ``workers``) and the consumer's two (``pipelines`` are built with one batch's rows); the
     epoch's length then caps an auto value (:func:`_job_size_rule`). At most what the memory
     manager holds (``memory_limit``, :func:`_memory_job_limit`: ``None``, or ``(most, why)``;
-    the process cache's share of ``cache_limit``, one batch for the page pools), and 1 where a
+    the process cache's share of ``cache_limit``, one batch for a remote dataset's pool), and 1 where a
     job cannot hold several batches: a pipeline that is not rowwise
     (:class:`~ffload.loaders.pipeline.operation.Operation`) or batches that end on a CUDA device.
     Raises ConfigurationError for another string, an integer under 1, or an integer above what

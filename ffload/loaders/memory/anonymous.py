@@ -41,39 +41,65 @@ _process_madvise = extern("process_madvise", "p", "ippii")
 
 PIDFD_SELF = -10001
 """Linux's ``PIDFD_SELF_THREAD_GROUP``: the calling process, named without a descriptor (none that
-a forked child would inherit, still naming its parent). Kernels before 6.13 refuse it (``EBADF``)."""
+a forked child would inherit, still naming its parent). Older kernels refuse it (``EBADF``)."""
 
 IOV_MAX = 1024
 """The most runs one ``process_madvise`` call takes (Linux's ``UIO_MAXIOV``)."""
+
+MAX_ADVISE = 0x7FFFF000
+"""The most bytes one ``process_madvise`` call advises (Linux's ``MAX_RW_COUNT``: a call's iovecs
+are cut there); longer runs go in pieces of at most this, a multiple of the page."""
 
 
 @njit(nogil=True, cache=True)
 def advise_vectored(address, starts, lengths, advice):
     """Give ``advice`` to each run of bytes ``[address + starts[r], address + starts[r] +
     lengths[r])`` (``starts``, ``lengths``: ``(R,) int64``, the starts page-aligned) with
-    ``process_madvise`` on this process (:data:`PIDFD_SELF`), :data:`IOV_MAX` runs per call,
-    without the GIL. Returns the first run not advised in full, or -1 when all were: a kernel that
-    refuses the call (older than ``PIDFD_SELF``, or one that takes only some advice from
-    ``process_madvise``) stops it at run 0; one that failed part way (``ENOMEM`` allocating) at the
-    run it reached. The caller gives the runs from there one ``madvise`` each."""
+    ``process_madvise`` on this process (:data:`PIDFD_SELF`), up to :data:`IOV_MAX` pieces and
+    :data:`MAX_ADVISE` bytes per call, without the GIL.
+
+    Returns:
+        ``(first, refused)``: ``first`` the first run not advised in full, or -1 when all were;
+        ``refused`` when the very first call failed before advising anything (a kernel without
+        ``PIDFD_SELF``, or one that takes this advice only from ``madvise``, or an allocation
+        failing at once: the caller tells them apart by asking again). The caller gives the runs
+        from ``first`` on one ``madvise`` each.
+    """
     iov = np.empty(2 * IOV_MAX, np.uint64)
     n = starts.shape[0]
-    for first in range(0, n, IOV_MAX):
-        stop = min(n, first + IOV_MAX)
+    r = 0  # the run being packed
+    into = 0  # bytes of run r already packed into an earlier call
+    first_call = True
+    while r < n:
+        k = 0
         want = 0
-        for r in range(first, stop):
-            iov[2 * (r - first)] = address + starts[r]
-            iov[2 * (r - first) + 1] = lengths[r]
-            want += lengths[r]
-        done = _process_madvise(PIDFD_SELF, iov.ctypes.data, stop - first, advice, 0)
+        begin, begin_into = r, into
+        while r < n and k < IOV_MAX and want < MAX_ADVISE:
+            piece = min(lengths[r] - into, MAX_ADVISE - want)
+            iov[2 * k] = address + starts[r] + into
+            iov[2 * k + 1] = piece
+            k += 1
+            want += piece
+            into += piece
+            if into == lengths[r]:
+                r += 1
+                into = 0
+        done = _process_madvise(PIDFD_SELF, iov.ctypes.data, k, advice, 0)
         if done != want:
             if done < 0:
-                return first
-            for r in range(first, stop):
-                if done < lengths[r]:
-                    return r
-                done -= lengths[r]
-    return -1
+                return begin, first_call
+            # the first run the call did not finish: walk its pieces
+            rr, at = begin, begin_into
+            while done > 0:
+                step = min(lengths[rr] - at, done)
+                done -= step
+                at += step
+                if at == lengths[rr]:
+                    rr += 1
+                    at = 0
+            return rr, False
+        first_call = False
+    return -1, False
 
 
 def populate(buffer: mmap.mmap, start: int, length: int) -> bool:

@@ -37,6 +37,7 @@ the source's bounded concurrency.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import tempfile
@@ -52,6 +53,8 @@ from ffload.loaders.memory.anonymous import CAN_POPULATE, MAP_NORESERVE, populat
 from ffload.loaders.memory.pagesource import FilePages, RemotePages
 from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns
 from ffload.storage import default_cache_dir
+
+logger = logging.getLogger(__name__)
 
 
 def page_overhang(view, field_names: Sequence[str]) -> int:
@@ -92,22 +95,25 @@ def translate(indices, ptrs, sizes, slot_of, page, stride, out):
 
 
 @njit(nogil=True, cache=True)
-def count_job_pages(order, first, length, ptrs, sizes, page, stamp, counts):
-    """Add to ``counts[j]`` the pages (``offset // page`` of a non-empty payload's first byte, one
-    field's: ``ptrs``, ``sizes``, ``(N,) uint64``) that job ``j`` reads and no earlier call marked
-    for it in ``stamp``. Job ``j`` is the ``length`` samples of ``order`` (``(M,) int64``) from
-    position ``first + j * length`` on (the last one shorter). ``stamp``: ``(pages,) int64``, -1
-    where unmarked, shared by the calls for a job's fields so that each page counts once."""
+def most_job_pages(order, first, length, pages, stamp):
+    """The most distinct pages one job reads. Job ``j`` is the ``length`` samples of ``order``
+    (``(M,) int64``) from position ``first + j * length`` on (the last one shorter); ``pages``:
+    ``(F, N) int64`` the page each decoded field's payload of each sample starts in (-1: empty),
+    the pool's unit; ``stamp``: ``(pages,) int64`` scratch filled with -1."""
+    most = 0
     job = 0
     for start in range(first, order.shape[0], length):
+        count = 0
         for i in range(start, min(start + length, order.shape[0])):
             s = order[i]
-            if sizes[s] > 0:
-                unit = np.int64(ptrs[s]) // page
-                if stamp[unit] != job:
+            for f in range(pages.shape[0]):
+                unit = pages[f, s]
+                if unit >= 0 and stamp[unit] != job:
                     stamp[unit] = job
-                    counts[job] += 1
+                    count += 1
+        most = max(most, count)
         job += 1
+    return most
 
 
 class PagePoolMemory:
@@ -182,9 +188,22 @@ class PagePoolMemory:
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
         self._populate = CAN_POPULATE
+        self._start_pages: np.ndarray | None = None  # (F, N) for job_batches, made at its first call
+        self._compile()
         self.source = self._source = (
             source if source is not None else FilePages(open_data_files(view), self.data_size, self.page)
         )
+
+    def _compile(self) -> None:
+        """Compile (or load from numba's cache) the pool's kernels on the constructing thread: the
+        first batch's prepare runs on a worker while the read-ahead thread runs compiled code
+        (its prefetch), and a kernel must not be compiling or loading meanwhile (see
+        :class:`~ffload.loaders.memory.readahead.ReadAhead`)."""
+        none = np.zeros(0, np.int64)
+        batch_blocks(self._starts, none, self.page)
+        for name, ptrs, sizes in self._columns:
+            translate(none, ptrs, sizes, self._slot_of, self.page, self.stride, self.ptrs[name])
+        most_job_pages(none, 0, 1, np.zeros((1, 0), np.int64), none)
 
     def _map(self, nbytes: int, cache_dir: str | None) -> mmap.mmap:
         """The slots' memory: anonymous, or a sparse cache file in ``cache_dir`` mapped shared."""
@@ -311,42 +330,43 @@ class PagePoolMemory:
 
     def job_batches(self, batches, start: int, per_job: int, workers: int, explicit: bool = False) -> int:
         """How many consecutive batches of the epoch ``batches`` (an
-        :class:`~ffload.loaders.orders.EpochBatches`) a job may hold, from batch ``start`` on: at
-        most ``per_job``, halved until every job's pages fit in the pool's slots shared by
-        ``workers`` jobs in flight (at least 1: a batch fits the pool alone, see
-        :func:`page_pool_fits`). A job pins its pages until it is decoded; in QUASI_RANDOM order a
-        job of several batches draws them from a few pages. With ``explicit`` (the user's
-        ``batches_per_job``), ``per_job`` is kept unless a job would not fit the whole pool.
-
-        Raises:
-            ConfigurationError: ``explicit`` and a job of ``per_job`` batches reads more pages than
-                the pool has slots (both named).
-        """
-        if per_job <= 1 or not self._starts:
+        :class:`~ffload.loaders.orders.EpochBatches`) a job may hold, from batch ``start`` on:
+        ``per_job``, halved until every job's pages, counted on this epoch's order, fit the pool's
+        slots shared by ``workers`` jobs in flight (at least 1: a batch fits the pool alone, see
+        :func:`page_pool_fits`). A job pins its pages until it is decoded, and one that cannot fit
+        would wait for slots forever; in QUASI_RANDOM order a job of several batches draws them
+        from a few pages. With ``explicit`` (the user's ``batches_per_job``), only until every job
+        fits the whole pool, with a warning naming both when that lowers it (the pages depend on
+        each epoch's order: a size that fits epoch 0 may not fit a later one)."""
+        if per_job <= 1 or not self._payloads:
             return max(1, per_job)
-        slots, size = self._page_in.size, batches.batch_size
-        while True:
-            pages = self._most_job_pages(batches.order, start * size, per_job * size)
-            if explicit:
-                if pages > slots:
-                    raise ConfigurationError(
-                        f"{self.path}: batches_per_job={per_job}: a job reads up to {pages} pages of "
-                        f"{self.page} bytes, more than the {slots} that cache_limit={self.cache_limit} holds; "
-                        f"raise cache_limit or lower batches_per_job"
-                    )
-                return per_job
-            if per_job == 1 or pages * max(1, workers) <= slots:
-                return per_job
+        asked, slots, size = per_job, self._page_in.size, batches.batch_size
+        share = 1 if explicit else max(1, workers)
+        order = np.ascontiguousarray(batches.order, dtype=np.int64)  # the type _compile compiled for
+        while per_job > 1 and self._most_job_pages(order, start * size, per_job * size) * share > slots:
             per_job //= 2
+        if explicit and per_job < asked:
+            logger.warning(
+                "%s: batches_per_job=%d: a job of this epoch reads more pages of %d bytes than the %d that "
+                "cache_limit=%d holds; its jobs hold %d batches (raise cache_limit to keep them whole)",
+                self.path,
+                asked,
+                self.page,
+                slots,
+                self.cache_limit,
+                per_job,
+            )
+        return per_job
 
     def _most_job_pages(self, order: np.ndarray, first: int, length: int) -> int:
-        """The most pages one job reads: jobs of ``length`` consecutive samples of ``order`` from
-        position ``first`` on, every decoded field's payloads counted (:func:`count_job_pages`)."""
+        """The most pages one job of ``length`` consecutive samples of ``order`` from position
+        ``first`` on reads, every decoded field's payloads counted (:func:`most_job_pages`)."""
+        if self._start_pages is None:  # what the pool's unit is: the page of each payload's first byte
+            self._start_pages = np.stack(
+                [np.where(n > 0, p.astype(np.int64) // self.page, -1) for p, n in self._payloads]
+            )
         stamp = np.full(self._slot_of.size, -1, np.int64)
-        counts = np.zeros(max(1, -(-(order.size - first) // length)), np.int64)
-        for ptrs, sizes in self._payloads:
-            count_job_pages(order, first, length, ptrs, sizes, self.page, stamp, counts)
-        return int(counts.max())
+        return most_job_pages(order, first, length, self._start_pages, stamp)
 
     def _read_pages(self, pages: np.ndarray, slots: np.ndarray) -> int:
         """Read file ``pages`` (sorted) into ``slots`` through the source (each page with the

@@ -168,7 +168,7 @@ def read_runs(fd, address, starts, lengths):
 
 
 @njit(nogil=True, cache=True)
-def evictable(resident, loading, pins, keep, last_use, starts, uses, low, capacity, count, slack, dead_only):
+def evictable(resident, loading, pins, keep, last_use, starts, uses, low, count, slack, dead_only):
     """The blocks to evict to make room for ``count`` more, without the GIL: ``(E,) int64`` sorted
     block numbers, or none when fewer than ``count`` can go.
 
@@ -180,9 +180,11 @@ def evictable(resident, loading, pins, keep, last_use, starts, uses, low, capaci
     number, the first of ``np.lexsort((last_use, -next_use))``; ``count`` of them, or up to
     ``slack`` more where that many are never used again (:data:`EVICT_SLACK`). Chosen by selection
     (``np.partition``), not a sort: a full cache of a few GiB holds hundreds of thousands of
-    candidates. ``capacity``: the resident blocks' count (a bound on the candidates).
-    ``resident``/``loading`` ``(N,) bool``, ``pins`` ``(N,) int32``, ``last_use`` ``(N,) int64``:
+    candidates. ``resident``/``loading`` ``(N,) bool``, ``pins`` ``(N,) int32``, ``last_use`` ``(N,) int64``:
     the cache's per-block state."""
+    capacity = 0
+    for b in range(resident.shape[0]):
+        capacity += resident[b]
     blocks = np.empty(capacity, np.int64)
     next_use = np.empty(capacity, np.int64)
     c = 0
@@ -353,7 +355,7 @@ class ProcessCacheMemory(_FileBackedCache):
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
         self._populate = CAN_POPULATE
-        self._vectored = VECTORED  # until the kernel refuses process_madvise (see _advise)
+        self._vectored: dict[int, bool] = {}  # per advice: whether process_madvise took it (see _advise)
         self._address = self.region.ctypes.data  # madvise and the compiled reads write there
         self._compile()
         self._file = open_data_files(view)
@@ -371,7 +373,7 @@ class ProcessCacheMemory(_FileBackedCache):
         advise_runs(self._address, none, none, mmap.MADV_DONTNEED)
         state = (self._resident[:0], self._loading[:0], self._pins[:0], none, self._last_use[:0])
         for index in (np.int32, np.int64):
-            evictable(*state, np.zeros(1, index), np.zeros(0, index), 0, 0, 1, 0, False)
+            evictable(*state, np.zeros(1, index), np.zeros(0, index), 0, 1, 0, False)
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """The epoch's batches (each ``(B,) int64`` sample ids), of which ``start`` onwards will
@@ -475,7 +477,6 @@ class ProcessCacheMemory(_FileBackedCache):
             starts,
             uses,
             low,
-            self.resident_bytes // self.block,
             -(-excess // self.block),
             int(self.cache_limit * EVICT_SLACK) // self.block,
             dead_only,
@@ -508,14 +509,18 @@ class ProcessCacheMemory(_FileBackedCache):
         as many as one ``process_madvise`` call takes at once (:func:`advise_vectored`: for
         ``MADV_DONTNEED``, one flush of the other CPUs' TLBs per call instead of one per run, on a
         kernel that batches them), one ``madvise`` each from the first run that call did not
-        advise (:func:`~ffload.loaders.memory.readahead.advise_runs`). A kernel that refuses
-        ``process_madvise`` outright is not asked again. Returns the runs ``madvise`` refused."""
+        advise (:func:`~ffload.loaders.memory.readahead.advise_runs`). An advice the kernel refuses
+        through ``process_madvise`` the first time it is asked is not asked that way again (a
+        kernel without ``PIDFD_SELF``, or one that takes that advice only from ``madvise``).
+        Returns the runs ``madvise`` refused."""
         first = 0
-        if self._vectored:
-            first = advise_vectored(self._address, starts, lengths, advice)
+        if self._vectored.get(advice, VECTORED):
+            first, refused = advise_vectored(self._address, starts, lengths, advice)
             if first < 0:
+                self._vectored[advice] = True
                 return 0
-            self._vectored = first > 0
+            if refused and advice not in self._vectored:
+                self._vectored[advice] = False
         return advise_runs(self._address, starts[first:], lengths[first:], advice)
 
     def _read_blocks(self, blocks: np.ndarray) -> int:
