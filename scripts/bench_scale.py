@@ -473,7 +473,7 @@ def scaling_case(args) -> dict:
         """img/s, and the median wall ms of ``iter(loader)`` at the epochs after the first (an
         epoch start, during which no worker has a job)."""
         with build(workers) as loader:
-            memories.add(type(loader.memory).__name__)
+            memories.add(type(getattr(loader, "memory", None)).__name__)
             it = iter(loader)
             next(it)  # compilation, buffers, page faults
             images, starts, t0 = 0, [], time.perf_counter()
@@ -774,10 +774,11 @@ def run_scaling(args) -> None:
         memory += f", cache_limit {args.cache_limit}"
     if args.quasi_random:
         memory += ", QUASI_RANDOM order"
-    read_through = sorted(
-        {r.get("memory") for runs in results.values() for r in sum(runs.values(), []) if r.get("memory")}
-    )
-    memory += f" (read through {', '.join(read_through) or 'unknown'})"
+    trees: dict[str, set] = {}  # tree -> the memory managers its loaders read through
+    for runs in results.values():
+        for name, rs in runs.items():
+            trees.setdefault(name, set()).update(r["memory"] for r in rs if r.get("memory"))
+    memory += "; read through " + ", ".join(f"{name}: {' + '.join(sorted(m)) or '?'}" for name, m in trees.items())
     note = (
         f"{cpus} usable CPUs, workers {args.worker_list}, {args.seconds:g} s per count, raw {args.raw_samples} / "
         f"JPEG {args.jpeg_samples} samples, epochs of {args.epoch_samples or '40 batches per worker of'} samples, "

@@ -411,7 +411,10 @@ def test_advise_vectored_gives_the_kernel_exactly_the_runs():
     region.close()
     # one run of 3 GiB of address space (nothing committed but the pages written)
     size = 3 << 30
-    big = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    try:
+        big = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_NORESERVE)
+    except OSError as e:  # vm.overcommit_memory=2
+        pytest.skip(f"no 3 GiB of address space here: {e}")
     data = np.frombuffer(big, np.uint8)
     marks = [0, MAX_ADVISE - page, MAX_ADVISE, size - page]
     for at in marks:
@@ -420,6 +423,44 @@ def test_advise_vectored_gives_the_kernel_exactly_the_runs():
     assert got == (-1, False) and not any(data[at : at + page].any() for at in marks)
     del data
     big.close()
+
+
+def test_advise_vectored_resumes_at_the_run_the_kernel_stopped_in(monkeypatch):
+    """Its Python body against a stand-in kernel: calls of at most ``IOV_MAX`` pieces and
+    ``MAX_ADVISE`` bytes (a longer run split), and where a call stops part way (the bytes of the
+    whole pieces it did) or fails, the run it stopped in; refused only for a failing first call."""
+    from ffload.loaders.memory import anonymous
+
+    page = mmap.PAGESIZE
+    monkeypatch.setattr(anonymous, "IOV_MAX", 3)
+    monkeypatch.setattr(anonymous, "MAX_ADVISE", 4 * page)
+    lengths = np.array([page, 6 * page, page, 2 * page, page], np.int64)  # run 1 spans two calls
+    starts = np.concatenate([[0], np.cumsum(lengths[:-1])]).astype(np.int64) * 2
+    for fail_at in (None, 0, 1, 2, 3, 4, 5):  # the piece (in call order) the stand-in kernel stops at
+        calls, pieces = [], [0]
+
+        def kernel(pidfd, iov, count, advice, flags, fail_at=fail_at, calls=calls, pieces=pieces):
+            view = np.ctypeslib.as_array((ctypes.c_uint64 * (2 * count)).from_address(iov))
+            calls.append(view.reshape(count, 2).copy())
+            done = 0
+            for k in range(count):
+                if pieces[0] == fail_at:
+                    return -1 if done == 0 else done
+                pieces[0] += 1
+                done += int(view[2 * k + 1])
+            return done
+
+        monkeypatch.setattr(anonymous, "_process_madvise", kernel)
+        first, refused = anonymous.advise_vectored.py_func(1 << 20, starts, lengths, 4)
+        assert all(len(c) <= 3 and c[:, 1].sum() <= 4 * page for c in calls)
+        advised = np.concatenate(calls)
+        if fail_at is None:
+            assert (first, refused) == (-1, False)
+            assert advised[:, 1].sum() == lengths.sum()
+            continue
+        done_bytes = advised[:fail_at, 1].sum()  # what the pieces before the failing one covered
+        stopped = int(np.searchsorted(np.cumsum(lengths), done_bytes, side="right"))
+        assert (first, refused) == (stopped, fail_at == 0)
 
 
 def test_read_ahead_compiles_its_kernels_before_its_thread_runs(stamped_dataset):
@@ -443,6 +484,42 @@ ahead.close()
     out = subprocess.run([sys.executable, "-c", script, stamped_dataset], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_caches_compile_their_kernels_before_any_worker_runs(stamped_dataset):
+    """In a fresh process, once the page pool and the process cache are constructed, every kernel
+    their workers and read-ahead call has its signature, and an epoch of prepares, prefetches,
+    evictions and releases adds none: no kernel compiles (or loads from numba's cache) on a worker
+    or the IO thread while another runs compiled code."""
+    import subprocess
+
+    script = """
+import sys
+import numpy as np
+from ffload.formats import open_dataset
+from ffload.loaders.memory import anonymous as an, pagepool as pp, process_cache as pc, readahead as ra, schedule as sc
+view = open_dataset(sys.argv[1])
+kernels = [(sc, "spanned_units"), (sc, "sort_unique"), (sc, "_next_uses"), (pp, "translate"), (pp, "most_job_pages"),
+    (pc, "evictable"), (pc, "read_runs"), (ra, "advise_runs"), (ra, "unit_runs")] + [(an, "advise_vectored")] * an.VECTORED
+pool = pp.PagePoolMemory(view, ["blob"], cache_limit=1 << 28, batch_size=8)
+cache = pc.ProcessCacheMemory(view, ["blob"], cache_limit=1 << 19, batch_size=8)
+print(sorted(name for module, name in kernels if not getattr(module, name).signatures))
+before = {name: len(getattr(module, name).signatures) for module, name in kernels}
+batches = [np.arange(k, k + 8, dtype=np.int64) for k in range(0, 64, 8)]
+for memory in (pool, cache):
+    memory.schedule(batches)
+    for b, batch in enumerate(batches):
+        if memory is pool:
+            pool.prefetch(batches[(b + 1) % len(batches)], b)
+        memory.release(memory.prepare(batch, b))
+print(sorted(name for module, name in kernels if len(getattr(module, name).signatures) != before[name]))
+assert cache.bytes_read > cache.cache_limit  # blocks were evicted
+pool.close(); cache.close()
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", script, stamped_dataset], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-2:] == ["[]", "[]"]
 
 
 def wait_until_stalled(ahead: ReadAhead) -> None:

@@ -421,13 +421,27 @@ def test_page_pool_jobs_fit_the_pool_epoch_by_epoch(tmp_path, digits, monkeypatc
     got, jobs, slots = run_pool(batches_per_job=8)
     assert jobs == [8, 8]
     assert_same(expected, got)
+    view = open_dataset(path)
+    starts = [np.where(view.sizes[f] > 0, view.ptrs[f].astype(np.int64) // page, -1) for f in ("image", "vec")]
+
+    def halved(asked, share, epoch):  # the rule, counted with sets on the epoch's order
+        with ffload.Loader(path, **kw) as loader:
+            order = loader.epoch_order(epoch)
+        per_job = asked
+        while per_job > 1:
+            jobs = [order[i : i + 4 * per_job] for i in range(0, len(order), 4 * per_job)]
+            if max(len({int(p) for f in starts for p in f[job] if p >= 0}) for job in jobs) * share <= 4:
+                break
+            per_job //= 2
+        return per_job
+
     tight = 4 * page  # 4 slots: a batch's pages fit, 2 workers' jobs of 8 batches (32 samples) do not
     got, jobs, slots = run_pool(batches_per_job="auto", cache_limit=tight)
-    assert slots == 4 and all(1 <= j < 8 for j in jobs)
+    assert slots == 4 and jobs == [halved(8, 2, 0), halved(8, 2, 1)] and max(jobs) < 8
     assert_same(expected, got)
     with caplog.at_level("WARNING", logger="ffload.loaders.memory.pagepool"):
         got, jobs, slots = run_pool(batches_per_job=30, cache_limit=tight)  # a job of 30: all 6 pages
-    assert all(1 <= j < 30 for j in jobs)
+    assert jobs == [halved(30, 1, 0), halved(30, 1, 1)] and max(jobs) < 30
     assert_same(expected, got)
     assert "batches_per_job=30: a job of this epoch reads more pages of 2097152 bytes than the 4 that" in caplog.text
 

@@ -461,7 +461,7 @@ class Loader:
             per_job = self._job_size(len(batches))
             if self._pool_jobs:  # the epoch's jobs must fit the page pool (its order decides how many pages)
                 per_job = self._memory.job_batches(batches, start, per_job, self._tuner.max_workers, not self._auto_job)
-        except BaseException:  # a size that does not fit, an interrupt: this epoch starts at the next iter()
+        except BaseException:  # a new output size that does not fit, an interrupt: this epoch starts at the next iter()
             if adopted is not None:
                 adopted.discard()
             raise

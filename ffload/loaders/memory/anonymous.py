@@ -46,7 +46,7 @@ a forked child would inherit, still naming its parent). Older kernels refuse it 
 IOV_MAX = 1024
 """The most runs one ``process_madvise`` call takes (Linux's ``UIO_MAXIOV``)."""
 
-MAX_ADVISE = 0x7FFFF000
+MAX_ADVISE = (2**31 - 1) & ~(mmap.PAGESIZE - 1)
 """The most bytes one ``process_madvise`` call advises (Linux's ``MAX_RW_COUNT``: a call's iovecs
 are cut there); longer runs go in pieces of at most this, a multiple of the page."""
 
@@ -61,9 +61,8 @@ def advise_vectored(address, starts, lengths, advice):
     Returns:
         ``(first, refused)``: ``first`` the first run not advised in full, or -1 when all were;
         ``refused`` when the very first call failed before advising anything (a kernel without
-        ``PIDFD_SELF``, or one that takes this advice only from ``madvise``, or an allocation
-        failing at once: the caller tells them apart by asking again). The caller gives the runs
-        from ``first`` on one ``madvise`` each.
+        ``PIDFD_SELF``, or one that takes this advice only from ``madvise``; also an allocation
+        failing at once). The caller gives the runs from ``first`` on one ``madvise`` each.
     """
     iov = np.empty(2 * IOV_MAX, np.uint64)
     n = starts.shape[0]

@@ -98,7 +98,7 @@ def translate(indices, ptrs, sizes, slot_of, page, stride, out):
 def most_job_pages(order, first, length, pages, stamp):
     """The most distinct pages one job reads. Job ``j`` is the ``length`` samples of ``order``
     (``(M,) int64``) from position ``first + j * length`` on (the last one shorter); ``pages``:
-    ``(F, N) int64`` the page each decoded field's payload of each sample starts in (-1: empty),
+    ``(F, N) int32`` the page each decoded field's payload of each sample starts in (-1: empty),
     the pool's unit; ``stamp``: ``(pages,) int64`` scratch filled with -1."""
     most = 0
     job = 0
@@ -188,7 +188,8 @@ class PagePoolMemory:
         self._cond = threading.Condition()
         self.resident_bytes = self.peak_resident_bytes = self.bytes_read = 0
         self._populate = CAN_POPULATE
-        self._start_pages: np.ndarray | None = None  # (F, N) for job_batches, made at its first call
+        self._start_pages: np.ndarray | None = None  # (F, N) int32 for job_batches, made at its first call
+        self._warned: set[tuple[int, int]] = set()  # (asked, given) job sizes job_batches warned about
         self._compile()
         self.source = self._source = (
             source if source is not None else FilePages(open_data_files(view), self.data_size, self.page)
@@ -203,7 +204,8 @@ class PagePoolMemory:
         batch_blocks(self._starts, none, self.page)
         for name, ptrs, sizes in self._columns:
             translate(none, ptrs, sizes, self._slot_of, self.page, self.stride, self.ptrs[name])
-        most_job_pages(none, 0, 1, np.zeros((1, 0), np.int64), none)
+        most_job_pages(none, 0, 1, np.zeros((1, 0), np.int32), none)
+        EpochSchedule.compile()
 
     def _map(self, nbytes: int, cache_dir: str | None) -> mmap.mmap:
         """The slots' memory: anonymous, or a sparse cache file in ``cache_dir`` mapped shared."""
@@ -263,6 +265,7 @@ class PagePoolMemory:
         Raises:
             OSError: a read failed or the file is shorter than ``data_size`` (truncated).
         """
+        indices = np.ascontiguousarray(indices, dtype=np.int64)  # the type the kernels were compiled for
         pages = batch_blocks(self._starts, indices, self.page)
         with self._cond:
             while True:
@@ -338,14 +341,16 @@ class PagePoolMemory:
         from a few pages. With ``explicit`` (the user's ``batches_per_job``), only until every job
         fits the whole pool, with a warning naming both when that lowers it (the pages depend on
         each epoch's order: a size that fits epoch 0 may not fit a later one)."""
-        if per_job <= 1 or not self._payloads:
+        slots = self._page_in.size
+        if per_job <= 1 or not self._payloads or slots >= self._slot_of.size:  # (the pool holds the file)
             return max(1, per_job)
-        asked, slots, size = per_job, self._page_in.size, batches.batch_size
+        asked, size = per_job, batches.batch_size
         share = 1 if explicit else max(1, workers)
         order = np.ascontiguousarray(batches.order, dtype=np.int64)  # the type _compile compiled for
         while per_job > 1 and self._most_job_pages(order, start * size, per_job * size) * share > slots:
             per_job //= 2
-        if explicit and per_job < asked:
+        if explicit and per_job < asked and (asked, per_job) not in self._warned:
+            self._warned.add((asked, per_job))
             logger.warning(
                 "%s: batches_per_job=%d: a job of this epoch reads more pages of %d bytes than the %d that "
                 "cache_limit=%d holds; its jobs hold %d batches (raise cache_limit to keep them whole)",
@@ -362,8 +367,8 @@ class PagePoolMemory:
         """The most pages one job of ``length`` consecutive samples of ``order`` from position
         ``first`` on reads, every decoded field's payloads counted (:func:`most_job_pages`)."""
         if self._start_pages is None:  # what the pool's unit is: the page of each payload's first byte
-            self._start_pages = np.stack(
-                [np.where(n > 0, p.astype(np.int64) // self.page, -1) for p, n in self._payloads]
+            self._start_pages = np.stack(  # int32: pages of at least 2 MiB
+                [np.where(n > 0, (p // np.uint64(self.page)).astype(np.int32), -1) for p, n in self._payloads]
             )
         stamp = np.full(self._slot_of.size, -1, np.int64)
         return most_job_pages(order, first, length, self._start_pages, stamp)

@@ -365,12 +365,16 @@ class ProcessCacheMemory(_FileBackedCache):
         """Compile (or load from numba's cache) the eviction's kernels on the constructing thread:
         the first eviction, or the first fallback to one ``madvise`` per run, comes in a worker's
         job while other workers run compiled code, which must not be compiling meanwhile (see
-        :class:`~ffload.loaders.memory.readahead.ReadAhead`). :func:`evictable` for both index
-        types of the schedule (:meth:`EpochSchedule.uses`)."""
+        :class:`~ffload.loaders.memory.readahead.ReadAhead`); so do the reads' (:func:`read_runs`,
+        the runs of blocks). :func:`evictable` for both index types of the schedule
+        (:meth:`EpochSchedule.uses`)."""
         none = np.zeros(0, np.int64)
         if VECTORED:
             advise_vectored(self._address, none, none, mmap.MADV_DONTNEED)
         advise_runs(self._address, none, none, mmap.MADV_DONTNEED)
+        unit_runs(none, self.block, self.data_size, none, none)
+        if _PREAD:
+            read_runs(-1, self._address, none, none)  # no runs: no call
         state = (self._resident[:0], self._loading[:0], self._pins[:0], none, self._last_use[:0])
         for index in (np.int32, np.int64):
             evictable(*state, np.zeros(1, index), np.zeros(0, index), 0, 1, 0, False)
@@ -509,18 +513,20 @@ class ProcessCacheMemory(_FileBackedCache):
         as many as one ``process_madvise`` call takes at once (:func:`advise_vectored`: for
         ``MADV_DONTNEED``, one flush of the other CPUs' TLBs per call instead of one per run, on a
         kernel that batches them), one ``madvise`` each from the first run that call did not
-        advise (:func:`~ffload.loaders.memory.readahead.advise_runs`). An advice the kernel refuses
-        through ``process_madvise`` the first time it is asked is not asked that way again (a
-        kernel without ``PIDFD_SELF``, or one that takes that advice only from ``madvise``).
-        Returns the runs ``madvise`` refused."""
+        advise (:func:`~ffload.loaders.memory.readahead.advise_runs`). An advice that
+        ``process_madvise`` refused before it ever took it is not asked that way again (a kernel
+        without ``PIDFD_SELF``, or one that takes that advice only from ``madvise``; an
+        allocation failing at the very first call is taken for that too, which costs speed
+        only). Returns the runs ``madvise`` refused."""
         first = 0
         if self._vectored.get(advice, VECTORED):
             first, refused = advise_vectored(self._address, starts, lengths, advice)
-            if first < 0:
+            if refused:
+                self._vectored.setdefault(advice, False)  # one call: atomic against other workers
+            else:
                 self._vectored[advice] = True
+            if first < 0:
                 return 0
-            if refused and advice not in self._vectored:
-                self._vectored[advice] = False
         return advise_runs(self._address, starts[first:], lengths[first:], advice)
 
     def _read_blocks(self, blocks: np.ndarray) -> int:

@@ -184,6 +184,16 @@ class EpochSchedule:
             while self._low < self._prepared.size and self._prepared[self._low]:
                 self._low += 1
 
+    @staticmethod
+    def compile() -> None:
+        """Compile (or load from numba's cache) :meth:`next_use`'s kernel for both index types of
+        the schedule, on the calling thread: a cache calls it while constructed, so that no worker
+        or IO thread compiles it while others run compiled code (see
+        :class:`~ffload.loaders.memory.readahead.ReadAhead`)."""
+        none = np.zeros(0, np.int64)
+        for index in (np.int32, np.int64):
+            _next_uses(none, np.zeros(1, index), np.zeros(0, index), 0, none)
+
     def uses(self, batch: int | None) -> tuple[np.ndarray, np.ndarray, int]:
         """``(starts, uses, low)``: unit ``u``'s scheduled batches are ``uses[starts[u]:starts[u +
         1]]`` (ascending; ``int32``, or ``int64`` past 2**31 uses), and its next use the first of them
