@@ -172,3 +172,30 @@ def test_epochs_ahead_computes_the_prepared_epoch_on_its_thread():
     ahead.prepare(3, compute)  # a closed one starts a new thread
     assert ahead.get(3, compute)[0][0] == 30 and calls[-1][1].startswith("ffload-order")
     ahead.close()
+
+
+def test_window_order_is_lexsort_by_window_then_key():
+    """The compiled shuffle within windows orders positions as ``np.lexsort((keys, window))``:
+    windows first, then keys, ties by position (empty input, one window, many, repeated keys);
+    and QuasiRandom's epochs are the ones the NumPy formula gave."""
+    from ffload.loaders.orders import window_order
+
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        n = int(rng.integers(0, 400))
+        window = rng.integers(0, 1 + int(rng.integers(0, 30)), n).astype(np.int64)
+        keys = rng.random(n)
+        if trial % 3 == 0:
+            keys = np.round(keys, 1)  # ties, broken by position
+        np.testing.assert_array_equal(window_order(window, keys), np.lexsort((keys, window)))
+    indices = rng.permutation(1000).astype(np.int64)[:700]
+    sample_pages = np.repeat(np.arange(50), 20).astype(np.int64)
+    sample_pages[::37] = -1  # samples without a payload
+    quasi = QuasiRandom(indices, 11, sample_pages, window_size=48)
+    for epoch in range(3):  # the formula before the compiled shuffle, spelled out
+        r = np.random.default_rng([11, epoch, 1])
+        page_rank = r.permutation(quasi._num_pages)[quasi._page_of]
+        counts = np.bincount(page_rank, minlength=quasi._num_pages)
+        window = ((np.cumsum(counts) - counts) // 48)[page_rank]
+        expected = indices[np.lexsort((r.random(len(window)), window))]
+        np.testing.assert_array_equal(quasi.sample_order(epoch), expected)

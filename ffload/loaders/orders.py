@@ -15,7 +15,9 @@ does: every rank computes the same order, pads it by repeating it from the start
 of ``world_size`` (or truncates it to one when ``drop_last``), and rank ``r`` takes
 ``order[r::world_size]``.
 
-Everything here is plain numpy (nothing to compile), so building a loader stays cheap.
+Everything here is plain numpy but QUASI_RANDOM's shuffle within windows (:func:`window_order`,
+compiled, a counting sort of the windows and a sort of each window's keys: NumPy's ``lexsort`` of
+the whole epoch took longer per batch than many workers take to make a batch of small images).
 :class:`EpochsAhead` computes the next epoch's batches on a helper thread while the current
 epoch runs, so that an epoch starts without its permutation on the consumer's critical path.
 """
@@ -27,6 +29,7 @@ import enum
 from collections.abc import Callable
 
 import numpy as np
+from numba import njit
 
 from ffload.errors import ConfigurationError
 
@@ -92,6 +95,28 @@ class Random(TraversalOrder):
         return rng.permutation(self.indices)
 
 
+@njit(nogil=True, cache=True)
+def window_order(window, keys):
+    """The positions ``0 .. n-1`` ordered by ``window`` (``(n,) int64``, values ``>= 0``), then
+    by ``keys`` (``(n,) float64``), then by position: ``np.lexsort((keys, window))``, in linear
+    time for the windows (a counting sort) and a sort of each window's keys alone."""
+    n = window.shape[0]
+    starts = np.zeros(window.max() + 2 if n else 1, np.int64)
+    for i in range(n):
+        starts[window[i] + 1] += 1
+    for w in range(1, starts.shape[0]):
+        starts[w] += starts[w - 1]
+    fill = starts[:-1].copy()
+    positions = np.empty(n, np.int64)
+    for i in range(n):
+        positions[fill[window[i]]] = i
+        fill[window[i]] += 1
+    for w in range(starts.shape[0] - 1):
+        segment = positions[starts[w] : starts[w + 1]]
+        segment[:] = segment[np.argsort(keys[segment], kind="mergesort")]
+    return positions
+
+
 class QuasiRandom(TraversalOrder):
     """A page-aware shuffle: shuffled pages, grouped into windows, shuffled within windows.
 
@@ -126,6 +151,7 @@ class QuasiRandom(TraversalOrder):
         pages[no_page] = pages.max(initial=-1) + 1 + np.arange(int(no_page.sum()))
         _, self._page_of = np.unique(pages, return_inverse=True)  # dense page id per position
         self._num_pages = int(self._page_of.max(initial=-1)) + 1
+        window_order(np.zeros(1, np.int64), np.zeros(1))  # compiled here, not on the epochs' helper thread
 
     def sample_order(self, epoch: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, int(epoch), 1])
@@ -134,7 +160,7 @@ class QuasiRandom(TraversalOrder):
         start_of_rank = np.cumsum(counts) - counts  # samples before each page in the walk
         window = (start_of_rank // self.window_size)[page_rank]
         # Windows in walk order, samples shuffled inside each window.
-        positions = np.lexsort((rng.random(len(window)), window))
+        positions = window_order(window.astype(np.int64, copy=False), rng.random(len(window)))
         return self.indices[positions]
 
 
