@@ -987,3 +987,21 @@ def test_the_first_job_runs_alone(tmp_path, digits, num_workers):
         jobs = -(-len(loader) // loader.batches_per_job)
     assert log[:2] == ["start", "end"]
     assert log.count("start") == log.count("end") >= jobs  # and the next epoch's jobs started during this one
+
+
+def test_the_next_epochs_batches_are_computed_as_an_epoch_starts(dataset):
+    """``iter(loader)`` asks the helper thread for the next epoch's batches at once, not at the
+    epoch's last job: they are ready while the epoch has barely begun, and equal the order
+    computed when asked."""
+    import time
+
+    kw = dict(batch_size=4, num_workers=1, batches_ahead=1, batches_per_job=1)  # the last job comes late
+    with ffload.Loader(dataset, order="quasi_random", seed=2, **kw) as loader:
+        it = iter(loader)
+        next(it)
+        deadline = time.monotonic() + 30
+        while loader._epochs.ready(1) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ready = loader._epochs.ready(1)
+        assert ready is not None and it.batches_yielded < len(loader)
+        np.testing.assert_array_equal(np.concatenate(ready), loader.epoch_order(1))

@@ -457,8 +457,6 @@ class EpochIterator:
         batches_per_job: consecutive batches each job computes (``>= 1``; more than 1 only for
             rowwise pipelines, :meth:`BatchRunner._run`). The runner's ``tuner.ahead`` counts jobs,
             and the tuner observes one job per observation.
-        last_submitted: called (once, on the consumer's thread) when the epoch's last job has
-            been submitted: the loader then prepares the next epoch (:class:`~.orders.EpochsAhead`).
         next_jobs: where this epoch's spare job slots go once its last job is submitted: the
             next epoch's first jobs (:class:`NextEpochJobs`), or None.
         adopted: the jobs of this epoch submitted during the previous one (its ``next_jobs``),
@@ -478,7 +476,6 @@ class EpochIterator:
         start: int,
         owner: object = None,
         batches_per_job: int = 1,
-        last_submitted: Callable[[], None] | None = None,
         next_jobs: NextEpochJobs | None = None,
         adopted: NextEpochJobs | None = None,
     ):
@@ -498,7 +495,6 @@ class EpochIterator:
         if adopted is not None:
             self._futures, self._next_submit, self._cancel = adopted.futures, adopted.next_submit, adopted.cancel
         self._closed_reason: str | None = None
-        self._last_submitted = last_submitted
         self._next_jobs = next_jobs
         self.active = True
         self._fill()
@@ -525,9 +521,6 @@ class EpochIterator:
             self._futures.append((slot, b, future))
             self._next_submit = stop
         if self._next_submit >= len(self._batches):
-            if self._last_submitted is not None:
-                notify, self._last_submitted = self._last_submitted, None
-                notify()
             if self._next_jobs is not None:
                 self._next_jobs.fill(self._runner.tuner.ahead - len(self._futures))
 

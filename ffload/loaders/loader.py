@@ -466,6 +466,7 @@ class Loader:
                 adopted.discard()
             raise
         self._next_epoch, self._start_batch = epoch + 1, 0
+        self._epochs.prepare(epoch + 1, self._epoch_batches)  # on the helper thread, during this epoch
         # adopted jobs pinned (or read and released) their batches' payloads: prepared already
         first = start if adopted is None else adopted.next_submit
         self._memory.schedule(batches, first)
@@ -495,7 +496,6 @@ class Loader:
             start,
             owner=self,
             batches_per_job=per_job,
-            last_submitted=functools.partial(self._epochs.prepare, epoch + 1, self._epoch_batches),
             next_jobs=self._next_jobs,
             adopted=adopted,
         )

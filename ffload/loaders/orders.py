@@ -236,11 +236,12 @@ class EpochsAhead:
     """An epoch's batches computed one epoch ahead, on a helper thread.
 
     Starting an epoch takes its order (a permutation of ``M`` ids: about 1-2 ms per 100,000 on
-    one core) and its batch list. Done in ``iter(loader)``, that is time in which no worker has
-    a job: the previous epoch's jobs have drained and the new ones wait for the order. The
-    loader asks for epoch ``e + 1`` when epoch ``e``'s last job is submitted (:meth:`prepare`),
-    so it is computed while the workers run that epoch's tail, on one thread named
-    ``ffload-order`` (started on first use). ``compute`` (``epoch -> batches``, the loader's
+    one core; QUASI_RANDOM's about 6 ms) and its batch list. Done in ``iter(loader)``, that is
+    time in which no worker has a job: the previous epoch's jobs have drained and the new ones
+    wait for the order. The loader asks for epoch ``e + 1`` as epoch ``e`` starts
+    (:meth:`prepare`), so it is computed while the workers run that epoch, on one thread named
+    ``ffload-order`` (started on first use); asked at epoch ``e``'s last job, as before, it was
+    not done in time where the epoch's tail is shorter than the order takes. ``compute`` (``epoch -> batches``, the loader's
     :class:`EpochBatches`) must be a pure function of the epoch, so the result is
     the same as computing it when asked. It is passed to each call rather than kept: this object
     belongs to the loader, and holding the loader's method would make a reference cycle that
