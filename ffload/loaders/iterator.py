@@ -210,6 +210,12 @@ class BatchRunner:
             self._pool.submit(self._drain)
 
     @property
+    def first_job_done(self) -> bool:
+        """Whether the first job has ended (finished, failed or cancelled): the pipelines' kernels
+        are loaded, and other threads may run compiled code (module docstring)."""
+        return self._first_done.is_set()
+
+    @property
     def parked(self) -> int:
         """Pool threads beyond the workers admitted (auto workers: ``tuner.max_workers`` threads)."""
         return self._threads - self._limit

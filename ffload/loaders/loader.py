@@ -466,7 +466,9 @@ class Loader:
                 adopted.discard()
             raise
         self._next_epoch, self._start_batch = epoch + 1, 0
-        self._epochs.prepare(epoch + 1, self._epoch_batches)  # on the helper thread, during this epoch
+        # the next epoch's batches, on the helper thread during this epoch; here while no job has
+        # run yet (QUASI_RANDOM's is compiled code, not to run beside the first job's loading)
+        self._epochs.prepare(epoch + 1, self._epoch_batches, now=not runner.first_job_done)
         # adopted jobs pinned (or read and released) their batches' payloads: prepared already
         first = start if adopted is None else adopted.next_submit
         self._memory.schedule(batches, first)

@@ -236,12 +236,13 @@ class EpochsAhead:
     """An epoch's batches computed one epoch ahead, on a helper thread.
 
     Starting an epoch takes its order (a permutation of ``M`` ids: about 1-2 ms per 100,000 on
-    one core; QUASI_RANDOM's about 6 ms) and its batch list. Done in ``iter(loader)``, that is
-    time in which no worker has a job: the previous epoch's jobs have drained and the new ones
-    wait for the order. The loader asks for epoch ``e + 1`` as epoch ``e`` starts
-    (:meth:`prepare`), so it is computed while the workers run that epoch, on one thread named
-    ``ffload-order`` (started on first use); asked at epoch ``e``'s last job, as before, it was
-    not done in time where the epoch's tail is shorter than the order takes. ``compute`` (``epoch -> batches``, the loader's
+    one core, QUASI_RANDOM's about 6 ms per 100,000) and its batch list. Done in
+    ``iter(loader)``, that is time in which no worker has a job: the previous epoch's jobs have
+    drained and the new ones wait for the order. The loader asks for epoch ``e + 1`` as epoch
+    ``e`` starts (:meth:`prepare`), so it is computed while the workers run that epoch, on one
+    thread named ``ffload-order`` (started on first use); at the first epoch, before any job has
+    run, on the calling thread instead (QUASI_RANDOM's shuffle is compiled code, which must not
+    run while the first job loads the pipelines' kernels: :mod:`ffload.loaders.iterator`). ``compute`` (``epoch -> batches``, the loader's
     :class:`EpochBatches`) must be a pure function of the epoch, so the result is
     the same as computing it when asked. It is passed to each call rather than kept: this object
     belongs to the loader, and holding the loader's method would make a reference cycle that
@@ -252,15 +253,29 @@ class EpochsAhead:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: tuple[int, concurrent.futures.Future] | None = None
 
-    def prepare(self, epoch: int, compute: Callable[[int], list]) -> None:
-        """Start computing ``compute(epoch)`` (replacing a prepared other epoch)."""
+    def prepare(self, epoch: int, compute: Callable[[int], list], now: bool = False) -> None:
+        """Start computing ``compute(epoch)`` (replacing a prepared other epoch), or with ``now``
+        compute it on the calling thread (what it raises is kept for :meth:`get`). Without a
+        thread to run it (interpreter shutdown), nothing is prepared: :meth:`get` computes it."""
         if self._pending is not None:
             if self._pending[0] == epoch:
                 return
             self._pending[1].cancel()
+            self._pending = None
+        if now:
+            future: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                future.set_result(compute(epoch))
+            except Exception as e:
+                future.set_exception(e)
+            self._pending = (epoch, future)
+            return
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, "ffload-order")
-        self._pending = (epoch, self._pool.submit(compute, epoch))
+        try:
+            self._pending = (epoch, self._pool.submit(compute, epoch))
+        except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+            pass
 
     def ready(self, epoch: int) -> list | None:
         """``epoch``'s prepared batches if they are computed (the same list :meth:`get` then
