@@ -176,8 +176,9 @@ class Loader:
             1 where several cannot be run together: a stage that is not rowwise
             (:class:`~ffload.loaders.pipeline.operation.Operation`; e.g. ``PythonTransform``, a
             ``torch.nn.Module``, box stages), batches that end on a CUDA device, or a remote
-            dataset (its page pool fetches one batch's pages per job). When a job fails, its batches run again one by one, so the batches
-            before the failing one are yielded and the error names its batch.
+            dataset (its page pool fetches one batch's pages per job). When a job fails, its
+            batches run again one by one, so the batches before the failing one are yielded and
+            the error names its batch.
 
     Attributes:
         memory: the memory manager; for a remote ``path`` the :class:`~.pagepool.PagePoolMemory`
