@@ -47,7 +47,14 @@ from ffload.loaders.memory.anonymous import (
     region_view,
 )
 from ffload.loaders.memory.readahead import advise_runs, unit_runs
-from ffload.loaders.memory.schedule import NEVER, EpochSchedule, batch_blocks, payload_columns, sorted_unique
+from ffload.loaders.memory.schedule import (
+    NEVER,
+    EpochSchedule,
+    batch_blocks,
+    first_use,
+    payload_columns,
+    sorted_unique,
+)
 from ffload.system import available_memory
 
 _PREAD = process_symbol("pread")
@@ -174,8 +181,8 @@ def evictable(resident, loading, pins, keep, last_use, starts, uses, low, count,
 
     A block can go when it is ``resident``, not ``loading``, has no ``pins`` and is not in ``keep``
     (sorted block numbers: the asking job's own); with ``dead_only``, only if no scheduled batch
-    from ``low`` on uses it. Its next use is the first batch ``>= low`` of its uses in the
-    schedule's CSR arrays (``uses[starts[b]:starts[b + 1]]``; :data:`NEVER` when none). Chosen: the
+    from ``low`` on uses it. Its next use is :func:`~.schedule.first_use` in the schedule's CSR
+    arrays ``starts``, ``uses``. Chosen: the
     furthest next use first, then the least recently used (``last_use``), then the lowest
     number, the first of ``np.lexsort((last_use, -next_use))``; ``count`` of them, or up to
     ``slack`` more where that many are never used again (:data:`EVICT_SLACK`). Chosen by selection
@@ -196,12 +203,7 @@ def evictable(resident, loading, pins, keep, last_use, starts, uses, low, count,
             k += 1
         if k < keep.shape[0] and keep[k] == b:
             continue
-        use = NEVER
-        if b + 1 < starts.shape[0]:
-            for j in range(starts[b], starts[b + 1]):
-                if uses[j] >= low:
-                    use = np.int64(uses[j])
-                    break
+        use = first_use(starts, uses, b, low)
         if dead_only and use != NEVER:
             continue
         blocks[c] = b

@@ -113,16 +113,25 @@ def _epoch_uses(samples, bounds, ptrs, sizes, unit):
 
 
 @njit(nogil=True, cache=True)
+def first_use(starts, uses, unit, low):
+    """The first of unit ``unit``'s scheduled batches (``uses[starts[unit]:starts[unit + 1]]``,
+    ascending; the schedule's CSR arrays, :meth:`EpochSchedule.uses`) that is ``>= low``, or
+    :data:`NEVER` when there is none."""
+    if unit + 1 < starts.shape[0]:
+        for k in range(starts[unit], starts[unit + 1]):
+            if uses[k] >= low:
+                return np.int64(uses[k])
+    return NEVER
+
+
+@njit(nogil=True, cache=True)
 def _next_uses(units, starts, batches, low, out):
     """``out[i]``: the first of unit ``units[i]``'s batches (``batches[starts[u]:starts[u + 1]]``,
-    ascending) that is ``>= low``; left as is when there is none."""
+    ascending) that is ``>= low``; left as is when there is none (:func:`first_use`)."""
     for i in range(units.shape[0]):
-        u = units[i]
-        if u + 1 < starts.shape[0]:
-            for k in range(starts[u], starts[u + 1]):
-                if batches[k] >= low:
-                    out[i] = batches[k]
-                    break
+        use = first_use(starts, batches, units[i], low)
+        if use != NEVER:
+            out[i] = use
 
 
 class EpochSchedule:
