@@ -403,6 +403,43 @@ def test_next_epochs_jobs_leave_the_held_batches_alone(dataset):
         np.testing.assert_array_equal(np.asarray(first[index]), loader.epoch_order(1)[:8])
 
 
+def test_an_epochs_tail_offers_the_next_epochs_jobs_only_when_they_may_start(dataset, monkeypatch):
+    """At an epoch's tail (every job of it submitted), a batch taken out of a job already made offers
+    the next epoch's jobs a start only where what stopped them may have changed (their batch list was
+    not ready, or no slot was free and one is now): here, where the jobs in flight stop them, once or
+    twice per job taken instead of once per batch; and they still start during the epoch."""
+    from ffload.loaders.iterator import NextEpochJobs
+
+    calls = []
+    fill = NextEpochJobs.fill
+
+    def counted(self, room):
+        calls.append(self.epoch)
+        return fill(self, room)
+
+    monkeypatch.setattr(NextEpochJobs, "fill", counted)
+    with ffload.Loader(
+        dataset,
+        batch_size=2,
+        num_workers=2,
+        order="random",
+        indices=np.arange(128) % 101,
+        batches_ahead=32,  # 4 jobs of 8 batches: the last job is submitted as the fourth of 8 is taken
+        batches_per_job=8,
+        pipelines=indices_only(),
+    ) as loader:
+        _epoch_batches(loader)  # epoch 0
+        calls.clear()
+        got = _epoch_batches(loader)  # epoch 1, its tail offering epoch 2's jobs
+        jobs = len(loader) // 8
+        assert 0 < len(calls) <= 2 * jobs + 1, calls  # once per batch of the tail (about 36) before
+        assert set(calls) == {2}
+        assert loader._next_jobs is not None and loader._next_jobs.futures  # epoch 2's jobs started
+        index = loader.field_names.index("index")
+        np.testing.assert_array_equal(np.concatenate([b[index] for b in got]), loader.epoch_order(1))
+        np.testing.assert_array_equal(np.concatenate(epoch_indices(loader)), loader.epoch_order(2))
+
+
 def test_indices_subset(dataset):
     subset = [40, 3, 77, 3, 12, 100]
     seq = ffload.Loader(

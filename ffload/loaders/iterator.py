@@ -546,7 +546,8 @@ class EpochIterator:
             # older one frees nothing, and the batch is a row range the job already made. Jobs
             # are submitted only where that may have changed since the last request: a slot
             # freed meanwhile (an abandoned epoch's job ending) while submissions waited for
-            # one, and the epoch's tail, where the next epoch's jobs are offered.
+            # one, and, at the epoch's tail, the next epoch's jobs where what stopped them may
+            # have changed (NextEpochJobs.may_submit).
             k = self.batches_yielded - job[1]
             outputs = job[2]
             if 2 <= k < len(outputs):
@@ -554,8 +555,11 @@ class EpochIterator:
                 if k + 1 == len(outputs):
                     self._job_start = self.batches_yielded
                 runner = self._runner
-                if (self._slot_bound and runner.has_free_slot()) or self._next_submit >= len(self._batches):
+                if self._slot_bound and runner.has_free_slot():
                     self._fill()
+                elif self._next_submit >= len(self._batches) and self._next_jobs is not None:
+                    if self._next_jobs.may_submit():
+                        self._fill()
                 return outputs[k] if runner.device is None else runner.hand_over(job[0], outputs[k])
         if self._closed_reason is not None:
             raise LoaderClosedError(self._closed_reason)
@@ -670,10 +674,12 @@ class NextEpochJobs:
         self.futures: collections.deque = collections.deque()
         self.next_submit = 0
         self.cancel = threading.Event()
+        self._stopped = _READY  # what ended the last fill (the _READY, _SLOT, _ROOM, _DONE constants)
 
     def fill(self, room: int) -> None:
         """Submit jobs while fewer than ``room`` of them are in flight and a slot is free."""
         if self.cancel.is_set():
+            self._stopped = _DONE
             return
         if self._batches is None:
             self._batches = self._ready()
@@ -681,9 +687,16 @@ class NextEpochJobs:
                 return  # the batch list is still being computed: the next request looks again
             self._per_job = self._job_size(len(self._batches))
         batches, runner = self._batches, self._runner
-        while len(self.futures) < room and self.next_submit < len(batches):
+        while True:
+            if self.next_submit >= len(batches):
+                self._stopped = _DONE
+                return
+            if len(self.futures) >= room:
+                self._stopped = _ROOM
+                return
             slot = runner.acquire_slot()
             if slot is None:
+                self._stopped = _SLOT
                 return
             if self.params is None:
                 self.params = self._snapshot()
@@ -692,6 +705,22 @@ class NextEpochJobs:
             self.futures.append((slot, b, runner.submit(slot, b, *batches.rows(b, stop), self.epoch, self.cancel)))
             self.next_submit = stop
 
+    def may_submit(self) -> bool:
+        """Whether :meth:`fill` may now submit a job that its last call could not, by what changes
+        while the consumer takes batches out of a job already made: the batch list became ready,
+        or a slot came free (an abandoned job ended). The room (``ahead`` less the jobs in
+        flight) and the slots that may exist change only when the consumer takes a job or the
+        tuner decides, and the iterator then calls :meth:`fill` anyway: at a small epoch's tail
+        (every job submitted ahead), asking on every batch cost the consumer most of its Python
+        per batch."""
+        stopped = self._stopped
+        return stopped is _READY or (stopped is _SLOT and self._runner.has_free_slot())
+
     def discard(self) -> None:
         """Drop the jobs (:meth:`BatchRunner.abandon`); later :meth:`fill` calls do nothing."""
         self._runner.abandon(self.futures, self.cancel)
+
+
+_READY, _SLOT, _ROOM, _DONE = "ready", "slot", "room", "done"
+"""Why :meth:`NextEpochJobs.fill` stopped: the batch list was not ready, no slot was free, as many
+jobs as allowed were in flight, or nothing was left to submit (every job submitted, or dropped)."""
