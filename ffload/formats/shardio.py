@@ -252,15 +252,22 @@ def map_file(path: str, size: int) -> np.ndarray:
     return FileMapping([path], [0], [size]).array()
 
 
+def mapping_of(region) -> FileMapping | None:
+    """The :class:`FileMapping` under ``region`` (an array from :func:`map_file` or
+    :func:`map_shards`, or a view of one), or None for any other array."""
+    base = region
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return base if isinstance(base, FileMapping) else None
+
+
 def check_mapping(region) -> None:
     """Raise FormatError when ``region`` (an array from :func:`map_file` or :func:`map_shards`, or a
     view of one) was read past the end of a file that shrank (see :meth:`FileMapping.check`);
     nothing for any other array."""
-    base = region
-    while isinstance(base, np.ndarray):
-        base = base.base
-    if isinstance(base, FileMapping):
-        base.check()
+    mapping = mapping_of(region)
+    if mapping is not None:
+        mapping.check()
 
 
 def _clip(views: list[memoryview], n: int) -> list[memoryview]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ffload.formats.shardio import check_mapping, open_data_files
+from ffload.formats.shardio import mapping_of, open_data_files
 
 
 class OSCacheMemory:
@@ -38,6 +38,7 @@ class OSCacheMemory:
 
     def __init__(self, view):
         self.region, self.ptrs = view.open_region(), view.ptrs
+        self._mapping = mapping_of(self.region)  # its guard's record, asked after each job's reads
         self.path, self.data_size = view.data_path or view.path, int(view.data_size)
         self._files = open_data_files(view)
         self._sharded = view.shards is not None
@@ -52,11 +53,12 @@ class OSCacheMemory:
     def check(self, indices: np.ndarray) -> None:
         """After the reads of a batch of samples ``indices`` (``(B,) int64``): raise FormatError
         naming the file when a read found no data (the file shrank during the reads; what was read
-        there is zeros) or the file is shorter now than the mapped bytes (:meth:`prepare`)."""
-        region = self.region
-        if region is not None:
-            check_mapping(region)
-        self.prepare(indices)
+        there is zeros: the mapping's guard recorded the fault). No ``fstat`` here: a file that
+        shrank during the reads without a read finding it left the bytes read intact, and the
+        next :meth:`prepare` refuses it."""
+        mapping = self._mapping
+        if mapping is not None:
+            mapping.check()
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """Nothing to do (see :meth:`prepare`)."""
@@ -66,7 +68,7 @@ class OSCacheMemory:
 
     def close(self) -> None:
         """Drop the mapping (unmapped once no batch references it)."""
-        self.region = None
+        self.region = self._mapping = None
         if self._files is not None:
             self._files.close()
             self._files = None
