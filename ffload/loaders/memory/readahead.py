@@ -213,7 +213,12 @@ class ReadAhead:
 
     def started(self, batch: int) -> None:
         """Batch ``batch`` of the current epoch is being decoded: its pages no longer count as
-        ahead, and the read-ahead may move on."""
+        ahead, and the read-ahead may move on. Nothing to do, and the lock is not taken, where
+        every batch of the epoch was asked for (or found in the page cache: a warm file's every
+        job) and no bytes count as ahead: read without the lock, a new epoch's :meth:`schedule`
+        seen late only leaves this batch's bytes counted until the next call."""
+        if not self._ahead and self._next >= len(self._batches):
+            return
         with self._cond:
             self._decoding = max(self._decoding, batch + 1)
             while self._ahead and self._ahead[0][0] < self._decoding:
