@@ -179,6 +179,31 @@ def test_page_pool_serves_quasi_random_order_from_fixed_slots(tmp_path, suffix, 
             assert isinstance(other._memory, ProcessCacheMemory)
 
 
+@pytest.mark.parametrize("read_ahead", [None, 0])
+def test_a_page_pool_that_holds_the_data_reads_each_page_once(tmp_path, read_ahead):
+    """A page pool larger than the file keeps what it read: a page the epoch needs no more takes a
+    never used slot rather than evicting another page (the next epoch's), so the epochs after the
+    first read nothing, with or without the read-ahead."""
+    n = 2000
+    path = write_dataset(
+        str(tmp_path / "fits.beton"), {"blob": BytesField()}, ((stamped(i),) for i in range(n)), n, page_size=1 << 21
+    )
+    size = os.path.getsize(path)
+    kw = {} if read_ahead is None else {"read_ahead": read_ahead}
+    with ffload.Loader(
+        path, batch_size=32, num_workers=2, order="quasi_random", os_cache=False, cache_limit=2 * size, **kw
+    ) as loader:
+        memory = loader._memory
+        assert isinstance(memory, PagePoolMemory)
+        pages = np.unique(loader.view.sample_pages).size
+        for epoch in range(3):
+            got = np.concatenate([b[0][:, :8].numpy().copy().view(np.int64)[:, 0] for b in loader])
+            np.testing.assert_array_equal(got, loader.epoch_order(epoch))
+            loader._runner.wait_idle()
+            assert memory.bytes_read == pages * memory.stride  # the first epoch's reads, no more
+        assert memory.resident_bytes == pages * memory.stride
+
+
 def test_batch_larger_than_the_cache_fails_at_open(stamped_dataset):
     with pytest.raises(ValueError, match=r"batch \(or job\) of 8 samples may need \d+ bytes.*cache_limit=65536"):
         loader(stamped_dataset, os_cache=False, cache_limit=CACHE_BLOCK)
