@@ -179,6 +179,43 @@ def test_page_pool_serves_quasi_random_order_from_fixed_slots(tmp_path, suffix, 
             assert isinstance(other._memory, ProcessCacheMemory)
 
 
+@pytest.mark.parametrize("suffix", ["beton", "lmdb"])
+def test_the_page_pools_read_ahead_asks_for_nothing_in_an_epoch_the_pool_holds(tmp_path, suffix, monkeypatch):
+    """The page pool's read-ahead asks for no page in an epoch whose pages the pool holds at its
+    start (a pool as large as the file, after the first epoch), and keeps asking in every epoch of
+    a pool smaller than the file; the batches are the mapped file's either way."""
+    monkeypatch.setattr("ffload.formats.lmdb.reader.PROCESS_CACHE_PAGE", 1 << 21)
+    n = 2000
+    path = write_dataset(
+        str(tmp_path / f"pool.{suffix}"), {"blob": BytesField()}, ((stamped(i),) for i in range(n)), n, page_size=1 << 21
+    )
+    calls = []
+    prefetch = PagePoolMemory.prefetch
+
+    def counted(self, indices, batch):
+        calls.append(batch)
+        return prefetch(self, indices, batch)
+
+    monkeypatch.setattr(PagePoolMemory, "prefetch", counted)
+    kw = dict(batch_size=8, num_workers=2, order="quasi_random")
+    with ffload.Loader(path, os_cache=True, **kw) as mapped:
+        expected = [np.concatenate([b[0].numpy().copy() for b in mapped]) for _ in range(3)]
+    size = os.path.getsize(open_dataset(path).data_path)
+    for limit, asks in [(2 * size, False), (20 << 20, True)]:
+        with ffload.Loader(path, os_cache=False, cache_limit=limit, **kw) as cached:
+            assert isinstance(cached._memory, PagePoolMemory)
+            assert (cached._memory.region.nbytes < size) == asks
+            for epoch in range(3):
+                got = np.concatenate([b[0].numpy().copy() for b in cached])
+                np.testing.assert_array_equal(got, expected[epoch])
+                cached._runner.wait_idle()
+                if epoch == 0:
+                    assert calls  # a cold pool: the first epoch's pages are asked for
+                    calls.clear()
+            assert bool(calls) == asks, calls
+            calls.clear()
+
+
 @pytest.mark.parametrize("read_ahead", [None, 0])
 def test_a_page_pool_that_holds_the_data_reads_each_page_once(tmp_path, read_ahead):
     """A page pool larger than the file keeps what it read: a page the epoch needs no more takes a

@@ -384,6 +384,13 @@ class PagePoolMemory:
         with memoryview(self._buffer) as pool:
             return self._source.read(pool, pages, slots, self.stride)
 
+    def holds(self, indices: np.ndarray) -> bool:
+        """Whether every page the payloads of samples ``indices`` (``(n,)`` integer ids) start in
+        is in the pool now (read, or being read): a read-ahead has nothing to ask for them."""
+        pages = batch_blocks(self._starts, np.ascontiguousarray(indices, dtype=np.int64), self.page)
+        with self._cond:
+            return bool((self._slot_of[pages] >= 0).all())
+
     def prefetch(self, indices: np.ndarray, batch: int) -> int | None:
         """Start loading the pages of samples ``indices`` (batch ``batch`` of the schedule) that
         are not in the pool, in the background, without pinning them: only into slots whose page

@@ -50,7 +50,8 @@ its own, :class:`PagePoolReadAhead`: it walks the schedule the same way (same th
 and asks the pool to fetch each batch's missing pages in the background
 (:meth:`~ffload.loaders.memory.pagepool.PagePoolMemory.prefetch`: whole pages, several in flight:
 ``preadv`` threads for a local file, range GETs for an object); when the pool has no slot to
-spare yet, it waits for the batches in progress to move on and asks again.
+spare yet, it waits for the batches in progress to move on and asks again. An epoch whose pages
+are all in the pool at its start asks for none, as a warm file's epoch does above.
 """
 
 from __future__ import annotations
@@ -359,7 +360,12 @@ class PagePoolReadAhead(ReadAhead):
         return self._pool.prefetch(indices, batch)
 
     def _resident(self, batches, first: int) -> bool:
-        return False  # the pool's pages are its own, not the page cache's
+        """Whether the pool holds every page the epoch's payloads start in (batch ``first``'s
+        checked first: a cold epoch's first requests wait for no pass over the epoch): then the
+        epoch asks for nothing (a pool that holds the dataset, every epoch after the first, and
+        the read-ahead's per-batch work held the GIL for nothing). A page evicted meanwhile (by
+        the next epoch's first jobs) is read by the batch that needs it."""
+        return len(batches) > first and self._pool.holds(batches[first]) and self._pool.holds(batches.order)
 
     def _finish(self) -> None:
         pass
