@@ -187,7 +187,11 @@ def test_the_page_pools_read_ahead_asks_for_nothing_in_an_epoch_the_pool_holds(t
     monkeypatch.setattr("ffload.formats.lmdb.reader.PROCESS_CACHE_PAGE", 1 << 21)
     n = 2000
     path = write_dataset(
-        str(tmp_path / f"pool.{suffix}"), {"blob": BytesField()}, ((stamped(i),) for i in range(n)), n, page_size=1 << 21
+        str(tmp_path / f"pool.{suffix}"),
+        {"blob": BytesField()},
+        ((stamped(i),) for i in range(n)),
+        n,
+        page_size=1 << 21,
     )
     calls = []
     prefetch = PagePoolMemory.prefetch
