@@ -193,11 +193,11 @@ def test_the_page_pools_read_ahead_asks_for_nothing_in_an_epoch_the_pool_holds(t
         n,
         page_size=1 << 21,
     )
-    calls = []
+    asked = []  # the sample ids of every prefetch, as bytes (compared with each epoch's batches)
     prefetch = PagePoolMemory.prefetch
 
     def counted(self, indices, batch):
-        calls.append(batch)
+        asked.append(np.asarray(indices, np.int64).tobytes())
         return prefetch(self, indices, batch)
 
     monkeypatch.setattr(PagePoolMemory, "prefetch", counted)
@@ -206,18 +206,19 @@ def test_the_page_pools_read_ahead_asks_for_nothing_in_an_epoch_the_pool_holds(t
         expected = [np.concatenate([b[0].numpy().copy() for b in mapped]) for _ in range(3)]
     size = os.path.getsize(open_dataset(path).data_path)
     for limit, asks in [(2 * size, False), (20 << 20, True)]:
+        asked.clear()
         with ffload.Loader(path, os_cache=False, cache_limit=limit, **kw) as cached:
             assert isinstance(cached._memory, PagePoolMemory)
             assert (cached._memory.region.nbytes < size) == asks
             for epoch in range(3):
                 got = np.concatenate([b[0].numpy().copy() for b in cached])
                 np.testing.assert_array_equal(got, expected[epoch])
-                cached._runner.wait_idle()
-                if epoch == 0:
-                    assert calls  # a cold pool: the first epoch's pages are asked for
-                    calls.clear()
-            assert bool(calls) == asks, calls
-            calls.clear()
+            # which epoch each prefetch served (the IO thread may still walk an epoch's last
+            # batches when the next starts): a cold pool's first epoch always asks
+            epochs = {b.tobytes(): e for e in range(3) for b in cached._epoch_batches(e)}
+            served = {epochs.get(a) for a in asked}
+        assert 0 in served
+        assert bool(served & {1, 2}) == asks, served
 
 
 @pytest.mark.parametrize("read_ahead", [None, 0])

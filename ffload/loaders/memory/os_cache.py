@@ -53,12 +53,13 @@ class OSCacheMemory:
     def check(self, indices: np.ndarray) -> None:
         """After the reads of a batch of samples ``indices`` (``(B,) int64``): raise FormatError
         naming the file when a read found no data (the file shrank during the reads; what was read
-        there is zeros: the mapping's guard recorded the fault). No ``fstat`` here: a file that
-        shrank during the reads without a read finding it left the bytes read intact, and the
-        next :meth:`prepare` refuses it."""
+        there is zeros: the mapping's guard recorded the fault) or the file is shorter now than
+        the mapped bytes (:meth:`prepare`): a file rewritten in place (``cp`` over it, opened
+        with ``O_TRUNC``) shows its new bytes below its new end without a fault."""
         mapping = self._mapping
         if mapping is not None:
             mapping.check()
+        self.prepare(indices)
 
     def schedule(self, batches: Sequence[np.ndarray], start: int = 0) -> None:
         """Nothing to do (see :meth:`prepare`)."""

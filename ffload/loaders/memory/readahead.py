@@ -363,8 +363,8 @@ class PagePoolReadAhead(ReadAhead):
         """Whether the pool holds every page the epoch's payloads start in (batch ``first``'s
         checked first: a cold epoch's first requests wait for no pass over the epoch): then the
         epoch asks for nothing (a pool that holds the dataset, every epoch after the first, and
-        the read-ahead's per-batch work held the GIL for nothing). A page evicted meanwhile (by
-        the next epoch's first jobs) is read by the batch that needs it."""
+        the read-ahead's per-batch work held the GIL for nothing). No page of the epoch goes
+        missing during it: the pool evicts only to load a missing page."""
         return len(batches) > first and self._pool.holds(batches[first]) and self._pool.holds(batches.order)
 
     def _finish(self) -> None:
