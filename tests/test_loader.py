@@ -440,6 +440,53 @@ def test_an_epochs_tail_offers_the_next_epochs_jobs_only_when_they_may_start(dat
         np.testing.assert_array_equal(np.concatenate(epoch_indices(loader)), loader.epoch_order(2))
 
 
+def test_next_epochs_jobs_are_offered_again_where_what_stopped_them_changed():
+    """``NextEpochJobs.may_submit``, the rule the epoch tail follows between slow requests, over a
+    stand-in for the runner's slot table: after a fill stopped for want of its batch list, offer
+    again; for want of a slot, only once one is free; for want of room (jobs in flight) or with
+    nothing left, not (those change only where the consumer takes a job, which fills anyway)."""
+    from ffload.loaders.iterator import NextEpochJobs
+    from ffload.loaders.orders import EpochBatches
+
+    class Slots:  # the part of BatchRunner that NextEpochJobs uses
+        def __init__(self):
+            self.free, self.submitted = 0, []
+
+        def acquire_slot(self):
+            if not self.free:
+                return None
+            self.free -= 1
+            return 7
+
+        def has_free_slot(self):
+            return self.free > 0
+
+        def submit(self, slot, first, rows, lengths, epoch, cancel):
+            self.submitted.append(first)
+            return object()
+
+    slots, ready = Slots(), [None]
+    jobs = NextEpochJobs(slots, 3, lambda: ready[0], lambda n: 2, lambda: {})
+    assert jobs.may_submit()  # nothing asked yet
+    jobs.fill(room=4)
+    assert jobs.may_submit() and not slots.submitted  # the batch list is being computed
+    ready[0] = EpochBatches(np.arange(10, dtype=np.int64), 2)  # 5 batches, jobs of 2
+    jobs.fill(room=4)
+    assert not jobs.may_submit() and not slots.submitted  # no slot
+    slots.free = 1  # an abandoned job's slot came back
+    assert jobs.may_submit()
+    jobs.fill(room=4)
+    assert slots.submitted == [0] and not jobs.may_submit()  # the slot taken, none free
+    slots.free = 5
+    jobs.fill(room=2)
+    assert slots.submitted == [0, 2] and not jobs.may_submit()  # two in flight: no room, slots or not
+    jobs.fill(room=4)
+    assert slots.submitted == [0, 2, 4] and not jobs.may_submit()  # every batch submitted
+    jobs.cancel.set()
+    jobs.fill(room=4)
+    assert not jobs.may_submit()
+
+
 def test_indices_subset(dataset):
     subset = [40, 3, 77, 3, 12, 100]
     seq = ffload.Loader(
