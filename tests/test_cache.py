@@ -717,6 +717,64 @@ def test_epoch_schedule_next_use_is_the_first_batch_from_the_oldest_unprepared()
     assert schedule._low == listed._low == 3
 
 
+@pytest.mark.parametrize("unit", [4096, 3000])  # a power of two (shifted) and not (divided)
+@pytest.mark.parametrize("fields", [1, 3])
+def test_epoch_schedule_lists_each_units_batches_once_in_order(unit, fields):
+    """The schedule's CSR arrays: unit ``u``'s batches are exactly the batches one of whose
+    payloads, in any decoded field, spans ``u``, each once, ascending; on random layouts (empty
+    payloads, fields interleaved in the file, samples repeated within and across batches)."""
+    rng = np.random.default_rng(unit + fields)
+    n = 400
+    columns = []
+    for _ in range(fields):
+        sizes = rng.integers(0, 9000, n).astype(np.uint64)
+        sizes[rng.random(n) < 0.1] = 0
+        ptrs = rng.permutation(np.concatenate([[0], np.cumsum(sizes)[:-1]])).astype(np.uint64)
+        columns.append((ptrs + np.uint64(rng.integers(0, 50000)), rng.permutation(sizes)))
+    order = rng.integers(0, n, 700).astype(np.int64)
+    for batches in (EpochBatches(order, 37), [order[i : i + 50] for i in range(0, 700, 50)]):
+        schedule = EpochSchedule(columns, unit)
+        schedule.set(batches, 0)
+        starts, uses, _ = schedule.uses(0)
+        users: dict[int, set[int]] = {}
+        for b, batch in enumerate(batches):
+            for ptrs, sizes in columns:
+                for s in batch:
+                    if sizes[s]:
+                        for u in range(int(ptrs[s]) // unit, (int(ptrs[s] + sizes[s]) - 1) // unit + 1):
+                            users.setdefault(u, set()).add(b)
+        assert starts.size == max(users) + 2
+        for u in range(starts.size - 1):
+            assert uses[starts[u] : starts[u + 1]].tolist() == sorted(users.get(u, ())), u
+
+
+def test_only_a_cache_that_can_evict_lists_the_epochs_uses(stamped_dataset):
+    """The eviction schedule lists each unit's uses only where eviction can happen: a process
+    cache or page pool with room for every block or page of the file never evicts, so every next
+    use reads as never (nothing listed); a process cache smaller than the file lists them. The
+    batches prepared are tracked either way."""
+    view = open_dataset(stamped_dataset)
+    order = np.random.default_rng(3).permutation(N).astype(np.int64)
+    batches = EpochBatches(order, 8)
+    whole = 4 * view.data_size
+    for memory, listed in [
+        (ProcessCacheMemory(view, ["blob"], LIMIT, 8), True),
+        (ProcessCacheMemory(view, ["blob"], whole, 8), False),
+        (PagePoolMemory(view, ["blob"], whole, 8), False),
+    ]:
+        try:
+            memory.schedule(batches, 2)
+            schedule = memory._schedule
+            assert (schedule.uses(5)[1].size > 0) == listed
+            units = np.arange(view.data_size // 4096 + 1)  # every block or page, and more
+            assert (schedule.next_use(units, 5) < NEVER).any() == listed
+            assert schedule._low == 2  # the batches before ``start`` count as prepared
+            schedule.prepared(2, 3)
+            assert schedule._low == 5
+        finally:
+            memory.close()
+
+
 def _aligned_samples(tmp_path, n=20, sample=64 << 10):
     """A file of ``n`` block-aligned samples of ``sample`` bytes (the uint32 ``k`` at byte ``4k``,
     each word odd: no sample reads as zeros) and a view of it with one field ``x``."""

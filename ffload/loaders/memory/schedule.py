@@ -157,15 +157,17 @@ class EpochSchedule:
         self._prepared = np.zeros(0, dtype=bool)  # batches of the epoch whose units were pinned
         self._low = 0  # the first batch not prepared yet: units it or later batches need are in use
 
-    def set(self, batches: Sequence[np.ndarray], start: int) -> None:
+    def set(self, batches: Sequence[np.ndarray], start: int, list_uses: bool = True) -> None:
         """A new epoch: ``batches`` (each ``(B,) int64`` sample ids; an
         :class:`~ffload.loaders.orders.EpochBatches` is read through its order, without a copy),
         ``start`` onwards to come. Runs on the consumer's thread at each ``iter(loader)``: the
         units are listed by a compiled call without the GIL (:func:`_epoch_uses`) and sorted by
-        NumPy, which lets the GIL go while it sorts."""
+        NumPy, which lets the GIL go while it sorts. With ``list_uses=False`` (a cache that holds the
+        whole file and never evicts) the batches are tracked (:meth:`prepared`) but no unit's
+        uses are listed: every :meth:`next_use` is :data:`NEVER`."""
         nb = len(batches)
         uses = np.zeros(0, np.int64)
-        if nb and self._columns:
+        if nb and self._columns and list_uses:
             order = getattr(batches, "order", None)
             if order is None:
                 samples = np.concatenate(batches).astype(np.int64, copy=False)
