@@ -748,11 +748,12 @@ def test_epoch_schedule_lists_each_units_batches_once_in_order(unit, fields):
             assert uses[starts[u] : starts[u + 1]].tolist() == sorted(users.get(u, ())), u
 
 
-def test_only_a_cache_that_can_evict_lists_the_epochs_uses(stamped_dataset):
+def test_only_a_cache_that_can_evict_lists_the_epochs_uses(stamped_dataset, monkeypatch):
     """The eviction schedule lists each unit's uses only where eviction can happen: a process
     cache or page pool with room for every block or page of the file never evicts, so every next
     use reads as never (nothing listed); a process cache smaller than the file lists them. The
     batches prepared are tracked either way."""
+    monkeypatch.setattr("ffload.formats.lmdb.reader.PROCESS_CACHE_PAGE", 1 << 21)  # LMDB: the .beton's pages
     view = open_dataset(stamped_dataset)
     order = np.random.default_rng(3).permutation(N).astype(np.int64)
     batches = EpochBatches(order, 8)
@@ -761,8 +762,11 @@ def test_only_a_cache_that_can_evict_lists_the_epochs_uses(stamped_dataset):
         (ProcessCacheMemory(view, ["blob"], LIMIT, 8), True),
         (ProcessCacheMemory(view, ["blob"], whole, 8), False),
         (PagePoolMemory(view, ["blob"], whole, 8), False),
+        (PagePoolMemory(view, ["blob"], 5 << 20, 2), True),  # 2 slots, of fewer pages than the file
     ]:
         try:
+            if isinstance(memory, PagePoolMemory):
+                assert (memory._page_in.size < memory._slot_of.size) == listed
             memory.schedule(batches, 2)
             schedule = memory._schedule
             assert (schedule.uses(5)[1].size > 0) == listed
@@ -773,6 +777,39 @@ def test_only_a_cache_that_can_evict_lists_the_epochs_uses(stamped_dataset):
             assert schedule._low == 5
         finally:
             memory.close()
+
+
+def test_a_page_pool_fills_an_emptied_slot_before_it_evicts_a_page(stamped_dataset):
+    """A prefetch that failed leaves its slot allocated and empty; the next page to load takes
+    that slot, not the slot of a page still held (which would be read again), in a pool with a
+    slot for every page that lists no eviction schedule."""
+    import concurrent.futures
+
+    view = open_dataset(stamped_dataset)
+    pool = PagePoolMemory(view, ["blob"], 4 * view.data_size, 8)
+    try:
+        batches = EpochBatches(np.arange(N, dtype=np.int64), 8)
+        pool.schedule(batches, 0)
+        for b, batch in enumerate(batches):
+            pool.release(pool.prepare(batch, b))
+        held = pool._slot_of.copy()
+        page = int(np.flatnonzero(held >= 0)[0])
+        slot = int(held[page])
+        with pool._cond:
+            pool._loading[slot] = True  # as a prefetch into it, which then fails
+        failed: concurrent.futures.Future = concurrent.futures.Future()
+        failed.set_exception(OSError("the read failed"))
+        pool._prefetched(failed, page, slot)
+        assert pool._slot_of[page] == -1 and pool._page_in[slot] == -1 and pool._allocated[slot]
+        with pool._cond:  # the pool's other slots were used longer ago: least recent use alone would pick one
+            pool._last_use[slot] = pool._tick + 1
+        user = next(b for b, batch in enumerate(batches) if page in batch_blocks(pool._starts, batch, pool.page))
+        pool.release(pool.prepare(batches[user], user))
+        assert pool._slot_of[page] == slot
+        others = np.flatnonzero(held >= 0)
+        np.testing.assert_array_equal(pool._slot_of[others], held[others])
+    finally:
+        pool.close()
 
 
 def _aligned_samples(tmp_path, n=20, sample=64 << 10):

@@ -309,13 +309,14 @@ class PagePoolMemory:
     def _free_slots(
         self, count: int, keep: np.ndarray, batch: int | None, later_only: bool = False
     ) -> np.ndarray | None:
-        """``count`` unpinned slots to load pages into, never the slots ``keep``: never used ones
-        first (the pool grows to hold what it reads, up to ``cache_limit``, as the process cache
-        does: a page the epoch needs no more is the next epoch's, and a pool that holds the data
-        reads nothing after the first epoch), then allocated ones holding no page the schedule
-        needs again, then those whose page's next scheduled use is furthest, least recently used
-        first; None when fewer are free. With ``later_only`` (a prefetch for ``batch``), only
-        slots whose page is next needed after ``batch``. Holds the lock."""
+        """``count`` unpinned slots to load pages into, never the slots ``keep``: empty ones
+        first (emptied by a failed read, then never used: the pool grows to hold what it reads,
+        up to ``cache_limit``, as the process cache does; a page the epoch needs no more is the
+        next epoch's, and a pool that holds the data reads nothing after the first epoch), then
+        those holding no page the schedule needs again, then those whose page's next scheduled
+        use is furthest, least recently used first; None when fewer are free. With
+        ``later_only`` (a prefetch for ``batch``), only slots whose page is next needed after
+        ``batch``. Holds the lock."""
         if count == 0:  # the batch's pages are all in the pool (read ahead)
             return np.zeros(0, np.int64)
         usable = (self._pins == 0) & ~self._loading
@@ -331,8 +332,10 @@ class PagePoolMemory:
             candidates, held, next_use = candidates[later], held[later], next_use[later]
             if candidates.size < count:
                 return None
-        # fresh slots, then allocated ones whose page no scheduled batch needs, then the rest
-        kind = np.where(self._allocated[candidates], np.where(next_use == NEVER, 1, 2), 0)
+        # empty slots (emptied by a failed read, then never used), then those whose page no
+        # scheduled batch needs, then the rest
+        empty = np.where(self._allocated[candidates], 0, 1)
+        kind = np.where(held < 0, empty, np.where(next_use == NEVER, 2, 3))
         rank = np.lexsort((self._last_use[candidates], -next_use, kind))
         return candidates[rank[:count]]
 
