@@ -557,9 +557,12 @@ class EpochIterator:
                 runner = self._runner
                 if self._slot_bound and runner.has_free_slot():
                     self._fill()
-                elif self._next_submit >= len(self._batches) and self._next_jobs is not None:
-                    if self._next_jobs.may_submit():
-                        self._fill()
+                elif (
+                    self._next_jobs is not None
+                    and self._next_submit >= len(self._batches)
+                    and self._next_jobs.may_submit()
+                ):
+                    self._fill()
                 return outputs[k] if runner.device is None else runner.hand_over(job[0], outputs[k])
         if self._closed_reason is not None:
             raise LoaderClosedError(self._closed_reason)
@@ -710,9 +713,8 @@ class NextEpochJobs:
         while the consumer takes batches out of a job already made: the batch list became ready,
         or a slot came free (an abandoned job ended). The room (``ahead`` less the jobs in
         flight) and the slots that may exist change only when the consumer takes a job or the
-        tuner decides, and the iterator then calls :meth:`fill` anyway: at a small epoch's tail
-        (every job submitted ahead), asking on every batch cost the consumer most of its Python
-        per batch."""
+        tuner decides, and the iterator then calls :meth:`fill` anyway; asking on every batch
+        of the tail would add the consumer's Python per batch for nothing."""
         stopped = self._stopped
         return stopped is _READY or (stopped is _SLOT and self._runner.has_free_slot())
 

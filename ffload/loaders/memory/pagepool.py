@@ -180,6 +180,7 @@ class PagePoolMemory:
         self._pins = np.zeros(slots, np.int32)
         self._loading = np.zeros(slots, bool)
         self._allocated = np.zeros(slots, bool)  # memory populated once, kept until close()
+        self._holds_file = slots >= pages  # a slot for every page: never evicts
         self._last_use = np.zeros(slots, np.int64)
         self._tick = 0
         # a payload lives in the slot of the page it starts in (its first byte is its unit)
@@ -254,10 +255,10 @@ class PagePoolMemory:
         """The epoch's batches (each ``(B,) int64`` sample ids), ``start`` onwards to come:
         eviction frees the slots whose page's next use is furthest. A pool with a slot for every
         page of the file never evicts (a missing page always finds a never used or emptied
-        slot, which :meth:`_free_slots` takes first), so it lists no uses: that cost each
-        ``iter()`` about 0.7 ms at CIFAR-10's epoch length, under the lock the workers take."""
+        slot, which :meth:`_free_slots` takes first), so it lists no uses, a sort of the epoch's
+        that would run under the lock the workers take."""
         with self._cond:
-            self._schedule.set(batches, start, list_uses=self._page_in.size < self._slot_of.size)
+            self._schedule.set(batches, start, list_uses=not self._holds_file)
 
     def prepare(self, indices: np.ndarray, batch: int | None = None, batches: int = 1) -> np.ndarray:
         """Load the pages the payloads of samples ``indices`` (``(B,) int64``) span, pin their
@@ -350,7 +351,7 @@ class PagePoolMemory:
         fits the whole pool, with a warning naming both when that lowers it (the pages depend on
         each epoch's order: a size that fits epoch 0 may not fit a later one)."""
         slots = self._page_in.size
-        if per_job <= 1 or not self._payloads or slots >= self._slot_of.size:  # (the pool holds the file)
+        if per_job <= 1 or not self._payloads or self._holds_file:
             return max(1, per_job)
         asked, size = per_job, batches.batch_size
         share = 1 if explicit else max(1, workers)

@@ -386,8 +386,8 @@ class ProcessCacheMemory(_FileBackedCache):
         be prepared: eviction then frees the blocks whose next use is furthest (never used again
         first), instead of the least recently used (see :class:`EpochSchedule`). A cache that
         holds every block of the file never evicts (:meth:`_make_room` consults the schedule only
-        above ``cache_limit``), so it lists no uses: that cost each ``iter()`` about 1.5 ms at
-        CIFAR-10's epoch length, under the lock the workers take."""
+        above ``cache_limit``), so it lists no uses, a sort of the epoch's that would run under
+        the lock the workers take."""
         with self._cond:
             self._schedule.set(batches, start, list_uses=self._resident.size * self.block > self.cache_limit)
 
