@@ -144,6 +144,17 @@ def test_epoch_batches_rows_are_views_of_consecutive_batches(n):
             assert lengths == [len(b) for b in batches[first:stop]]
             assert rows.tolist() == np.concatenate(batches[first:stop]).tolist()
             assert np.shares_memory(rows, order)  # a view: no job copies its batches' ids
+    assert len(batches) == -(-n // 4)
+    assert batches[-1].tolist() == order[(len(batches) - 1) * 4 :].tolist()
+    assert batches[np.int64(0)].tolist() == order[:4].tolist()
+    for k in (len(batches), -len(batches) - 1):
+        with pytest.raises(IndexError):
+            batches[k]
+
+
+def test_epoch_batches_of_an_empty_order_are_none():
+    batches = EpochBatches(np.zeros(0, np.int64), 4)
+    assert len(batches) == 0 and list(batches) == []
 
 
 def test_epochs_ahead_computes_the_prepared_epoch_on_its_thread():

@@ -489,6 +489,7 @@ class EpochIterator:
         # nothing else references the loader, whose finalizer would stop the workers.
         self._owner = owner
         self._runner, self._batches = runner, batches
+        self._count = len(batches)  # read on every request
         self._per_job = max(1, int(batches_per_job))
         self.epoch, self.batches_yielded = epoch, start
         self._mark: tuple | None = None  # (wall, thread CPU, thread id) when the last job was taken
@@ -506,7 +507,7 @@ class EpochIterator:
         self._fill()
 
     def __len__(self) -> int:
-        return len(self._batches) - self.batches_yielded
+        return self._count - self.batches_yielded
 
     def __iter__(self):
         return self
@@ -514,7 +515,7 @@ class EpochIterator:
     def _fill(self, force: bool = False) -> None:
         """Submit jobs while fewer than ``tuner.ahead`` follow the one holding the next batch."""
         per_job = self._per_job
-        limit = min(len(self._batches), self._job_start + (self._runner.tuner.ahead + 1) * per_job)
+        limit = min(self._count, self._job_start + (self._runner.tuner.ahead + 1) * per_job)
         self._slot_bound = False
         while self._next_submit < limit:
             b = self._next_submit
@@ -522,11 +523,11 @@ class EpochIterator:
             self._slot_bound = slot is None
             if slot is None:
                 return  # the slots are in use: the next request frees one
-            stop = min(b + per_job, len(self._batches))
+            stop = min(b + per_job, self._count)
             future = self._runner.submit(slot, b, *self._batches.rows(b, stop), self.epoch, self._cancel)
             self._futures.append((slot, b, future))
             self._next_submit = stop
-        if self._next_submit >= len(self._batches):
+        if self._next_submit >= self._count:
             if self._next_jobs is not None:
                 self._next_jobs.fill(self._runner.tuner.ahead - len(self._futures))
 
@@ -557,16 +558,12 @@ class EpochIterator:
                 runner = self._runner
                 if self._slot_bound and runner.has_free_slot():
                     self._fill()
-                elif (
-                    self._next_jobs is not None
-                    and self._next_submit >= len(self._batches)
-                    and self._next_jobs.may_submit()
-                ):
+                elif self._next_jobs is not None and self._next_submit >= self._count and self._next_jobs.may_submit():
                     self._fill()
                 return outputs[k] if runner.device is None else runner.hand_over(job[0], outputs[k])
         if self._closed_reason is not None:
             raise LoaderClosedError(self._closed_reason)
-        if not self.active or self.batches_yielded >= len(self._batches):
+        if not self.active or self.batches_yielded >= self._count:
             self.close()
             raise StopIteration
         runner = self._runner

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import enum
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numba import njit
@@ -205,31 +206,49 @@ def samples_per_rank(num_indices: int, world_size: int, drop_last: bool) -> int:
     return -(-num_indices // world_size)
 
 
-class EpochBatches(list):
-    """An epoch's batches: the list of its order's consecutive ``batch_size`` views (``(B,) int64``
-    sample ids each; the last may be shorter), with the order kept. :meth:`rows` gives several
-    consecutive batches as one view, the rows a job of many batches decodes, so that no job
-    concatenates its batches' ids. A ``list`` (not a ``Sequence`` of Python methods): the consumer
-    takes its length and items on every batch.
+class EpochBatches(Sequence):
+    """An epoch's batches: its order's consecutive ``batch_size`` views (``(B,) int64`` sample
+    ids each; the last may be shorter), with the order kept. A view is made when it is asked
+    for, not for every batch when the epoch starts: a job reads its rows as one view
+    (:meth:`rows`), and only a cold file's read-ahead and the page pool's sizing read batches one
+    by one. Making every view ran under the GIL on the ``ffload-order`` thread each epoch, time
+    in which no worker's Python can run.
 
     Args:
         order: the epoch's ``(M,) int64`` C-contiguous sample ids (:meth:`Loader.epoch_order`).
         batch_size: samples per batch, ``>= 1``.
     """
 
+    __slots__ = ("order", "batch_size", "_count")
+
     def __init__(self, order: np.ndarray, batch_size: int):
-        size = int(batch_size)
-        super().__init__(order[i : i + size] for i in range(0, len(order), size))
-        self.order, self.batch_size = order, size
+        self.order, self.batch_size = order, int(batch_size)
+        self._count = -(-len(order) // self.batch_size)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, k):
+        """Batch ``k`` (negative counts from the end), a ``(B,) int64`` view of the order; a slice
+        gives a list of them. Raises IndexError for ``k`` out of range."""
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self._count))]
+        k = operator.index(k)
+        if k < 0:
+            k += self._count
+        if not 0 <= k < self._count:
+            raise IndexError(f"batch {k} of an epoch of {self._count}")
+        size = self.batch_size
+        return self.order[k * size : (k + 1) * size]
 
     def rows(self, first: int, stop: int) -> tuple[np.ndarray, list[int]]:
         """Batches ``first`` to ``stop - 1`` (``0 <= first < stop <= len(self)``): their sample ids
         as one ``(n,) int64`` view of the order, and each batch's length."""
         size = self.batch_size
         lengths = [size] * (stop - first)
-        if stop == len(self):
-            lengths[-1] = len(self[-1])
-        return self.order[first * size : (stop - 1) * size + lengths[-1]], lengths
+        end = min(stop * size, len(self.order))
+        lengths[-1] = end - (stop - 1) * size
+        return self.order[first * size : end], lengths
 
 
 class EpochsAhead:

@@ -149,6 +149,8 @@ class ReadAhead:
         self.unit = int(unit)
         self._vec = np.zeros(1, np.uint8)  # mincore's answer for one page
         self._pages = np.zeros(RESIDENT_CHUNK // ADVISE_PAGE, np.uint8)  # ... for a chunk of the region
+        # their addresses, read once: ``ndarray.ctypes`` makes a ctypes object per call, under the GIL
+        self._vec_address, self._pages_address = self._vec.ctypes.data, self._pages.ctypes.data
         self._columns = columns
         # int64 and contiguous, the types _compile compiled for: nothing compiles on the IO thread
         self._samples = None if samples is None else np.ascontiguousarray(samples, np.int64)
@@ -176,13 +178,11 @@ class ReadAhead:
         starts, lengths = self._runs(none)
         advise_runs(self._address, starts, lengths, mmap.MADV_WILLNEED)  # no runs: no call
         if _MINCORE:
-            sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data)
-            runs_resident(self._address, starts, lengths, self._pages, self._pages.ctypes.data)
+            sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec_address)
+            runs_resident(self._address, starts, lengths, self._pages, self._pages_address)
             for ptrs, sizes in self._columns:
                 self._page_runs(none, ptrs, sizes)
-                payloads_resident(
-                    self._address, none, ptrs, sizes, self.data_size, self._pages, self._pages.ctypes.data
-                )
+                payloads_resident(self._address, none, ptrs, sizes, self.data_size, self._pages, self._pages_address)
 
     def _start(self, limit: int, record: bool) -> None:
         """Set up the state and start the IO thread."""
@@ -273,17 +273,17 @@ class ReadAhead:
         if not _MINCORE or not len(batches):
             return False
         starts, _ = self._runs(batches[first])
-        if not sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data):
+        if not sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec_address):
             return False
-        address, pages = self._address, self._pages
+        address, pages, pages_address = self._address, self._pages, self._pages_address
         if self._samples is not None:
             if self._sample_runs is None:
                 self._sample_runs = [self._page_runs(self._samples, ptrs, sizes) for ptrs, sizes in self._columns]
-            if all(runs_resident(address, *runs, pages, pages.ctypes.data) for runs in self._sample_runs):
+            if all(runs_resident(address, *runs, pages, pages_address) for runs in self._sample_runs):
                 return True
         indices = batches.order  # the epoch's ids in one array: no copy under the GIL
         return all(
-            payloads_resident(address, indices, ptrs, sizes, self.data_size, pages, pages.ctypes.data)
+            payloads_resident(address, indices, ptrs, sizes, self.data_size, pages, pages_address)
             for ptrs, sizes in self._columns
         )
 
@@ -291,7 +291,7 @@ class ReadAhead:
         """Ask for the pages of one batch; the bytes asked for (None: not now, ask again). Runs
         on the IO thread, which alone uses ``_address`` (it unmaps at :meth:`_finish`)."""
         starts, lengths = self._runs(indices)
-        if _MINCORE and sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec.ctypes.data):
+        if _MINCORE and sampled_resident(self._address, starts, RESIDENT_PROBES, self._vec, self._vec_address):
             # a warm file: one madvise per run (hundreds per batch of small samples) would only
             # find the pages there, and take a core from the workers to do it
             return 0
