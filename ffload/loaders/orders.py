@@ -272,7 +272,7 @@ class EpochsAhead:
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: tuple[int, concurrent.futures.Future] | None = None
 
-    def prepare(self, epoch: int, compute: Callable[[int], list], now: bool = False) -> None:
+    def prepare(self, epoch: int, compute: Callable[[int], Sequence], now: bool = False) -> None:
         """Start computing ``compute(epoch)`` (replacing a prepared other epoch), or with ``now``
         compute it on the calling thread (what it raises is kept for :meth:`get`). Without a
         thread to run it (interpreter shutdown), nothing is prepared: :meth:`get` computes it."""
@@ -296,15 +296,15 @@ class EpochsAhead:
         except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
             pass
 
-    def ready(self, epoch: int) -> list | None:
-        """``epoch``'s prepared batches if they are computed (the same list :meth:`get` then
+    def ready(self, epoch: int) -> Sequence | None:
+        """``epoch``'s prepared batches if they are computed (the same object :meth:`get` then
         returns), else None: not asked for, still running, or failed (:meth:`get` raises it)."""
         pending = self._pending
         if pending is None or pending[0] != epoch or not pending[1].done() or pending[1].cancelled():
             return None
         return None if pending[1].exception() is not None else pending[1].result()
 
-    def get(self, epoch: int, compute: Callable[[int], list]) -> list:
+    def get(self, epoch: int, compute: Callable[[int], Sequence]) -> Sequence:
         """``epoch``'s batches: the prepared ones when :meth:`prepare` asked for this epoch
         (waiting for them if needed), else ``compute(epoch)`` now. What ``compute`` raised is
         raised."""

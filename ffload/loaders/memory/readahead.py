@@ -61,6 +61,7 @@ import mmap
 import os
 import sys
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 from numba import njit
@@ -188,7 +189,7 @@ class ReadAhead:
         """Set up the state and start the IO thread."""
         self.limit = int(limit)
         self._cond = threading.Condition()
-        self._batches: list = []
+        self._batches: Sequence = ()  # the epoch's EpochBatches
         self._next = 0  # next batch to request
         self._decoding = 0  # the earliest batch whose decoding may not have started yet
         self._ahead: collections.deque = collections.deque()  # (batch, bytes) requested
