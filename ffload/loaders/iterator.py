@@ -556,9 +556,9 @@ class EpochIterator:
                 if k + 1 == len(outputs):
                     self._job_start = self.batches_yielded
                 runner = self._runner
-                if self._slot_bound and runner.has_free_slot():
-                    self._fill()
-                elif self._next_jobs is not None and self._next_submit >= self._count and self._next_jobs.may_submit():
+                if (self._slot_bound and runner.has_free_slot()) or (
+                    self._next_jobs is not None and self._next_submit >= self._count and self._next_jobs.may_submit()
+                ):
                     self._fill()
                 return outputs[k] if runner.device is None else runner.hand_over(job[0], outputs[k])
         if self._closed_reason is not None:

@@ -349,6 +349,7 @@ class ProcessCacheMemory(_FileBackedCache):
             self.region.flags.writeable = False  # as region_view's: one array type for the kernels
         blocks = -(-self.data_size // self.block)
         self._resident = np.zeros(blocks, dtype=bool)  # filled, or being read
+        self._holds_file = blocks * self.block <= self.cache_limit  # every block fits: never evicts
         self._loading = np.zeros(blocks, dtype=bool)
         self._pins = np.zeros(blocks, dtype=np.int32)
         self._last_use = np.zeros(blocks, dtype=np.int64)
@@ -389,7 +390,7 @@ class ProcessCacheMemory(_FileBackedCache):
         above ``cache_limit``), so it lists no uses, a sort of the epoch's that would run under
         the lock the workers take."""
         with self._cond:
-            self._schedule.set(batches, start, list_uses=self._resident.size * self.block > self.cache_limit)
+            self._schedule.set(batches, start, list_uses=not self._holds_file)
 
     def prepare(self, indices: np.ndarray, batch: int | None = None, batches: int = 1) -> np.ndarray:
         """Make the blocks spanned by the payloads of samples ``indices`` (``(B,) int64``: a
